@@ -1,0 +1,347 @@
+"""The collectives users call: validate every argument before a byte moves, bind the
+user's buffers to the schedule's names, pick the algorithm, and run this rank's part."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from . import algorithms
+from .group import Group
+from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
+from .runtime import engine, resolve
+from .work import CollectiveWork, DoneWork
+
+log = logging.getLogger("ringlet")
+_DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
+
+
+def _pick(collective: str, algorithm: str, g: Group, nbytes: int) -> str:
+    table = algorithms.CATALOG[collective]
+    if algorithm == "auto":
+        name, why = _auto(collective, g, nbytes)
+        if _DEBUG_ALGO:
+            log.warning("ringlet rank %d: %s of %d bytes on %s (p=%d): auto chose %s (%s)",
+                        engine().rank, collective, nbytes, g.name, g.size, name, why)
+        return name
+    if algorithm not in table:
+        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
+                         f"auto, {', '.join(table)}")
+    return algorithm
+
+
+def _auto(collective: str, g: Group, nbytes: int) -> tuple[str, str]:
+    hosts = g.host_indices()
+    try:
+        from .cost import choose as cost_choose
+    except ImportError:
+        cost_choose = None
+    if cost_choose is not None:
+        try:
+            name, _table = cost_choose(collective, nbytes, g.size, hosts=hosts)
+            return name, "least predicted time (ringlet.cost)"
+        except (TypeError, ValueError, KeyError, AttributeError):
+            pass
+    return algorithms.choose(collective, g.size, nbytes, hosts=hosts), "size rule"
+
+
+def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
+         op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
+    nbytes = count * dtype.itemsize
+    name = _pick(collective, algorithm, g, nbytes)
+    hosts = g.host_indices() if name == "hierarchical" else None
+    sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
+                             root=0 if root is None else root, hosts=hosts, splits=splits)
+    tmp = sched.buffers.get("tmp", 0)
+    bufs["tmp"] = np.empty(tmp, dtype)
+    seq, tag = g.next_collective_tag()
+    ufunc = UFUNC[op] if op is not None else None
+    work = CollectiveWork(engine(), sched.rank_plan(g.rank), bufs, ufunc, g.ranks, tag,
+                          f"{collective} #{seq} of group {g.name} ({name})", finish)
+    if async_op:
+        return work
+    work.wait(timeout)
+    return None
+
+
+def _flat(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1)
+
+
+def _writable(buf, name: str) -> np.ndarray:
+    return as_array(buf, name, writable=True)
+
+
+def _check_algorithm(algorithm):
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a string, got {type(algorithm).__name__}")
+
+
+# -- broadcast, reduce, all_reduce -----------------------------------------------------------
+def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str = "auto",
+              timeout: float | None = None):
+    """Copy ``buf`` of group rank ``src`` into ``buf`` of every rank."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    _root(src, g, "broadcast", "src")
+    arr = _writable(buf, "broadcast buffer")
+    return _run("broadcast", g, algorithm, arr.size, arr.dtype, {"buf": _flat(arr)}, None,
+                async_op, timeout, root=src)
+
+
+def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
+               algorithm: str = "auto", timeout: float | None = None):
+    """Reduce ``buf`` across the group in place; every rank ends with the same bits."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    op = as_op(op)
+    arr = _writable(buf, "all_reduce buffer")
+    check_op_dtype(op, arr.dtype)
+    flat = _flat(arr)
+    return _run("all_reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
+                timeout, finish=_averager(op, flat, g.size))
+
+
+def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           algorithm: str = "auto", timeout: float | None = None):
+    """Reduce ``buf`` across the group into ``buf`` of group rank ``dst``; the other
+    ranks' buffers are left unchanged."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    op = as_op(op)
+    _root(dst, g, "reduce", "dst")
+    arr = _writable(buf, "reduce buffer") if g.rank == dst else as_array(buf, "reduce buffer")
+    check_op_dtype(op, arr.dtype)
+    flat = _flat(arr)
+    finish = _averager(op, flat, g.size) if g.rank == dst else None
+    return _run("reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
+                timeout, root=dst, finish=finish)
+
+
+def _averager(op: ReduceOp, flat: np.ndarray, p: int):
+    if op is not ReduceOp.AVG or p == 1:
+        return None
+    return lambda: np.true_divide(flat, p, out=flat)
+
+
+# -- gathering and scattering ------------------------------------------------------------
+def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
+    """Bind a (p, *shape) array — or a list of p arrays shaped like ``like`` — to one flat
+    buffer. Returns (flat, copy_back) where copy_back scatters a temporary into the list."""
+    if isinstance(x, (list, tuple)):
+        if len(x) != p:
+            raise ValueError(f"{what}: expected a list of {p} arrays (one per rank), got {len(x)}")
+        arrs = [as_array(a, f"{what}[{i}]", writable=writable) for i, a in enumerate(x)]
+        for i, a in enumerate(arrs):
+            if a.dtype != like.dtype or a.size != like.size:
+                raise ValueError(f"{what}[{i}]: expected {like.size} elements of {like.dtype}, "
+                                 f"got {a.size} of {a.dtype}")
+        flat = np.empty(p * like.size, like.dtype)
+        if not writable:
+            for i, a in enumerate(arrs):
+                flat[i * like.size:(i + 1) * like.size] = _flat(a)
+            return flat, None
+
+        def copy_back():
+            for i, a in enumerate(arrs):
+                _flat(a)[...] = flat[i * like.size:(i + 1) * like.size]
+        return flat, copy_back
+    arr = as_array(x, what, writable=writable)
+    if arr.dtype != like.dtype:
+        raise TypeError(f"{what}: dtype {arr.dtype} differs from {like.dtype}")
+    if arr.size != p * like.size:
+        raise ValueError(f"{what}: expected {p} x {like.size} = {p * like.size} elements "
+                         f"(shape ({p}, *{like.shape})), got {arr.size} (shape {arr.shape})")
+    return _flat(arr), None
+
+
+def _separate(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """An input that aliases the output (in-place all_gather) is copied first."""
+    return inp.copy() if np.shares_memory(inp, out) else inp
+
+
+def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
+               timeout: float | None = None):
+    """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
+    arrays) receives all contributions in rank order."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    a = as_array(inp, "all_gather input")
+    flat_out, copy_back = _blocks(out, g.size, a, "all_gather output", True)
+    bufs = {"in": _separate(_flat(a), flat_out), "out": flat_out}
+    return _run("all_gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
+                finish=copy_back)
+
+
+def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                   algorithm: str = "auto", timeout: float | None = None):
+    """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
+    rank i receives block i of the result in ``out``. ``inp`` is left unchanged."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    op = as_op(op)
+    o = _writable(out, "reduce_scatter output")
+    check_op_dtype(op, o.dtype)
+    flat_in, _ = _blocks(inp, g.size, o, "reduce_scatter input", False)
+    flat_out = _flat(o)
+    bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
+    return _run("reduce_scatter", g, algorithm, o.size, o.dtype, bufs, op, async_op, timeout,
+                finish=_averager(op, flat_out, g.size))
+
+
+def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
+           algorithm: str = "auto", timeout: float | None = None):
+    """Collect every rank's ``inp`` into ``out`` on group rank ``dst`` (``out`` is only
+    needed there: shape (p, *inp.shape) or a list of p arrays)."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    _root(dst, g, "gather", "dst")
+    a = as_array(inp, "gather input")
+    copy_back = None
+    if g.rank == dst:
+        if out is None:
+            raise ValueError(f"gather: the destination rank {dst} must pass an output")
+        flat_out, copy_back = _blocks(out, g.size, a, "gather output", True)
+    else:
+        flat_out = np.empty(0, a.dtype)
+    bufs = {"in": _separate(_flat(a), flat_out), "out": flat_out}
+    return _run("gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
+                root=dst, finish=copy_back)
+
+
+def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
+            algorithm: str = "auto", timeout: float | None = None):
+    """Group rank ``src`` splits ``inp`` (shape (p, *out.shape) or a list of p arrays);
+    rank i receives block i in ``out``."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    _root(src, g, "scatter", "src")
+    o = _writable(out, "scatter output")
+    if g.rank == src:
+        if inp is None:
+            raise ValueError(f"scatter: the source rank {src} must pass an input")
+        flat_in, _ = _blocks(inp, g.size, o, "scatter input", False)
+    else:
+        flat_in = np.empty(0, o.dtype)
+    bufs = {"in": _separate(flat_in, _flat(o)), "out": _flat(o)}
+    return _run("scatter", g, algorithm, o.size, o.dtype, bufs, None, async_op, timeout, root=src)
+
+
+# -- all-to-all --------------------------------------------------------------------------
+def all_to_all(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
+               timeout: float | None = None):
+    """Block j of ``inp`` goes to rank j; block i of ``out`` comes from rank i. ``out`` and
+    ``inp`` are arrays of shape (p, ...) or lists of p arrays (lists may differ in size:
+    they go as uneven splits)."""
+    g = resolve(group)
+    if isinstance(out, (list, tuple)) or isinstance(inp, (list, tuple)):
+        if not (isinstance(out, (list, tuple)) and isinstance(inp, (list, tuple))):
+            raise TypeError("all_to_all: pass both out and inp as lists, or both as arrays")
+        for what, x in (("output", out), ("input", inp)):
+            if len(x) != g.size:
+                raise ValueError(f"all_to_all {what}: expected a list of {g.size} arrays, got {len(x)}")
+        ins = [as_array(a, f"all_to_all input[{i}]") for i, a in enumerate(inp)]
+        outs = [as_array(a, f"all_to_all output[{i}]", writable=True) for i, a in enumerate(out)]
+        dtype = ins[0].dtype if ins else np.dtype(np.float32)
+        for i, a in enumerate(ins + outs):
+            if a.dtype != dtype:
+                raise TypeError(f"all_to_all: every array must have dtype {dtype}, one has {a.dtype}")
+        flat_in = np.concatenate([_flat(a) for a in ins]) if ins else np.empty(0, dtype)
+        flat_out = np.empty(sum(a.size for a in outs), dtype)
+
+        def copy_back():
+            off = 0
+            for a in outs:
+                _flat(a)[...] = flat_out[off:off + a.size]
+                off += a.size
+        return _all_to_all_v(g, flat_out, flat_in, [a.size for a in outs], [a.size for a in ins],
+                             algorithm, async_op, timeout, copy_back)
+    return all_to_all_single(out, inp, None, None, group, async_op, algorithm, timeout)
+
+
+def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
+                      async_op: bool = False, algorithm: str = "auto",
+                      timeout: float | None = None):
+    """All-to-all on single arrays. Without splits, dim 0 divides evenly among ranks; with
+    ``in_splits`` / ``out_splits`` (rows of dim 0 per rank, as in torch) the exchange is
+    uneven — the routing of mixture-of-experts tokens."""
+    g = resolve(group)
+    _check_algorithm(algorithm)
+    i = as_array(inp, "all_to_all input")
+    o = as_array(out, "all_to_all output", writable=True)
+    if i.dtype != o.dtype:
+        raise TypeError(f"all_to_all: input dtype {i.dtype} differs from output dtype {o.dtype}")
+    p = g.size
+    if out_splits is None and in_splits is None:
+        if i.size != o.size or i.size % p:
+            raise ValueError(f"all_to_all: input ({i.size} elements) and output ({o.size}) must "
+                             f"have the same size, divisible by the group size {p}; pass "
+                             f"in_splits/out_splits for uneven exchanges")
+        bufs = {"in": _separate(_flat(i), _flat(o)), "out": _flat(o)}
+        return _run("all_to_all", g, algorithm, i.size // p, i.dtype, bufs, None, async_op, timeout)
+    row_i = i.size // i.shape[0] if i.ndim and i.shape[0] else (i[0].size if i.ndim > 1 else 1)
+    row_o = o.size // o.shape[0] if o.ndim and o.shape[0] else (o[0].size if o.ndim > 1 else 1)
+    in_rows = _splits(in_splits, i, p, "in_splits")
+    out_rows = _splits(out_splits, o, p, "out_splits")
+    return _all_to_all_v(g, _flat(o), _flat(i), [r * row_o for r in out_rows],
+                         [r * row_i for r in in_rows], algorithm, async_op, timeout, None)
+
+
+def _splits(splits, arr, p, what):
+    rows = arr.shape[0] if arr.ndim else 0
+    if splits is None:
+        if rows % p:
+            raise ValueError(f"all_to_all_single: {what} omitted but dim 0 ({rows}) is not "
+                             f"divisible by the group size {p}")
+        return [rows // p] * p
+    splits = [int(s) for s in splits]
+    if len(splits) != p or min(splits, default=0) < 0:
+        raise ValueError(f"all_to_all_single: {what} must be {p} non-negative ints, got {splits}")
+    if sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {what} sums to {sum(splits)} but dim 0 has {rows} rows")
+    return splits
+
+
+def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_op, timeout,
+                  finish):
+    """Uneven all-to-all: first every rank learns the whole split matrix (a small
+    all_gather), so inconsistent splits raise on every rank before any data moves."""
+    p = g.size
+    mine = np.array(list(in_counts) + list(out_counts), np.int64)
+    table = np.empty((p, 2 * p), np.int64)
+    all_gather(table, mine, group=g, algorithm="auto", timeout=timeout)
+    sends, recvs = table[:, :p], table[:, p:]
+    bad = np.argwhere(sends != recvs.T)
+    if len(bad):
+        a, b = bad[0]
+        raise ValueError(f"all_to_all: rank {a} sends {sends[a, b]} elements to rank {b}, "
+                         f"which expects {recvs[b, a]} (check in_splits/out_splits on both)")
+    splits = tuple(tuple(int(x) for x in row) for row in sends)
+    bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
+    return _run("all_to_all", g, algorithm, 0, flat_in.dtype, bufs, None, async_op, timeout,
+                splits=splits, finish=finish)
+
+
+def barrier(group=None, async_op: bool = False, timeout: float | None = None):
+    """Return only when every rank of the group has entered the barrier."""
+    g = resolve(group)
+    return _run("barrier", g, "dissemination", 0, np.dtype(np.uint8), {}, None, async_op, timeout)
+
+
+def _root(root, g: Group, what: str, name: str) -> None:
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < g.size:
+        raise ValueError(f"{what}: {name}={root!r} is out of range for {g.name} of size {g.size}")
+
+
+def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: str = "ring",
+             root: int = 0, hosts=None, splits=None):
+    """The Schedule an algorithm runs — print it to see its rounds and transfers."""
+    hosts = tuple(hosts) if hosts is not None else None
+    splits = tuple(tuple(r) for r in splits) if splits is not None else None
+    return algorithms.build(collective, algorithm, p, count, itemsize=np.dtype(dtype).itemsize,
+                            root=root, hosts=hosts, splits=splits)
+
+
+__all__ = ["broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatter", "gather",
+           "scatter", "all_to_all", "all_to_all_single", "barrier", "schedule", "DoneWork"]

@@ -1,0 +1,48 @@
+"""Process groups: which world ranks take part, this rank's place among them, and the
+per-group sequence number that keeps two groups' (or two calls') traffic apart."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TAG_GROUP_SHIFT = 48
+TAG_COLLECTIVE = 1 << 47
+MAX_USER_TAG = 1 << 40
+
+
+@dataclass(eq=False)
+class Group:
+    id: int
+    ranks: tuple[int, ...]          # world rank of each group rank
+    rank: int                       # this process's rank in the group, -1 if not a member
+    hosts: tuple[str, ...]          # host identity of each group rank
+    name: str = ""
+    seq: int = 0                    # collectives issued on this group so far
+    _index: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._index = {w: g for g, w in enumerate(self.ranks)}
+        if not self.name:
+            self.name = "world" if self.id == 0 else f"group{self.id}{list(self.ranks)}"
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def group_rank(self, world_rank: int) -> int:
+        return self._index.get(world_rank, -1)
+
+    def p2p_tag(self, tag: int) -> int:
+        return (self.id << TAG_GROUP_SHIFT) | tag
+
+    def next_collective_tag(self) -> tuple[int, int]:
+        """(sequence number, wire tag) of the next collective on this group."""
+        self.seq += 1
+        return self.seq, (self.id << TAG_GROUP_SHIFT) | TAG_COLLECTIVE | (self.seq % TAG_COLLECTIVE)
+
+    def host_indices(self) -> tuple[int, ...]:
+        """Host of each group rank as small integers (first appearance order)."""
+        seen: dict[str, int] = {}
+        return tuple(seen.setdefault(h, len(seen)) for h in self.hosts)
+
+    def __repr__(self) -> str:
+        return f"<ringlet Group {self.name}: size {self.size}, my rank {self.rank}>"

@@ -1,0 +1,353 @@
+"""Rendezvous: how ranks find each other and prove they belong to the job.
+
+* ``handshake_server`` / ``handshake_client``: mutual HMAC-SHA256 challenge-response on
+  the job token; used by the store and by every rank-to-rank TCP connection.
+* ``StoreServer`` / ``TCPStore``: a small key-value store (set, get-with-wait, add,
+  wait-for-count) over authenticated TCP, hosted by the launcher or by rank 0.
+* ``FileStore``: the same operations on a private directory (``file://path``).
+* ``env_world``: rank, world size, local rank and master address from the variables of
+  torchrun, Open MPI, PMI/PMIx or SLURM.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import socketserver
+import struct
+import threading
+import time
+
+from .errors import AuthenticationError, RingletError, TimeoutError
+
+log = logging.getLogger("ringlet")
+
+MAGIC = b"RNGL1"
+NONCE = 32
+MAX_FRAME = 64 << 20  # a store value larger than this is refused, never allocated
+
+
+# -- authentication ------------------------------------------------------------------------
+def _mac(token: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(token, role + a + b, hashlib.sha256).digest()
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("connection closed during handshake")
+        got += k
+    return bytes(buf)
+
+
+def handshake_server(sock: socket.socket, token: bytes, payload: bytes = b"") -> bytes:
+    """Challenge the connecting side; return the payload it sent after proving the token.
+    Raises AuthenticationError on a wrong or missing token."""
+    nonce_s = secrets.token_bytes(NONCE)
+    sock.sendall(MAGIC + nonce_s)
+    head = recv_exact(sock, len(MAGIC) + NONCE + 32 + 4)
+    if head[:len(MAGIC)] != MAGIC:
+        raise AuthenticationError("peer does not speak the ringlet protocol")
+    nonce_c = head[len(MAGIC):len(MAGIC) + NONCE]
+    mac_c = head[len(MAGIC) + NONCE:len(MAGIC) + NONCE + 32]
+    if not hmac.compare_digest(mac_c, _mac(token, b"client", nonce_s, nonce_c)):
+        raise AuthenticationError("wrong job token")
+    (plen,) = struct.unpack("<I", head[-4:])
+    if plen > 4096:
+        raise AuthenticationError("oversized handshake payload")
+    their = recv_exact(sock, plen)
+    sock.sendall(_mac(token, b"server", nonce_c, nonce_s) + struct.pack("<I", len(payload)) + payload)
+    return their
+
+
+def handshake_client(sock: socket.socket, token: bytes, payload: bytes = b"") -> bytes:
+    head = recv_exact(sock, len(MAGIC) + NONCE)
+    if head[:len(MAGIC)] != MAGIC:
+        raise AuthenticationError("server does not speak the ringlet protocol")
+    nonce_s = head[len(MAGIC):]
+    nonce_c = secrets.token_bytes(NONCE)
+    sock.sendall(MAGIC + nonce_c + _mac(token, b"client", nonce_s, nonce_c)
+                 + struct.pack("<I", len(payload)) + payload)
+    reply = recv_exact(sock, 36)
+    if not hmac.compare_digest(reply[:32], _mac(token, b"server", nonce_c, nonce_s)):
+        raise AuthenticationError("server failed to prove the job token")
+    (plen,) = struct.unpack("<I", reply[32:])
+    if plen > 4096:
+        raise AuthenticationError("oversized handshake payload")
+    return recv_exact(sock, plen)
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+# -- the TCP store -------------------------------------------------------------------------
+_SET, _GET, _ADD, _WAITGE = 1, 2, 3, 4
+_OK, _MISSING = 0, 1
+
+
+class _Data:
+    def __init__(self):
+        self.kv: dict[bytes, bytes] = {}
+        self.cond = threading.Condition()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self):
+        server: StoreServer = self.server  # type: ignore[assignment]
+        sock = self.request
+        sock.settimeout(10.0)
+        try:
+            handshake_server(sock, server.token)
+        except (AuthenticationError, OSError, ConnectionError) as exc:
+            log.warning("ringlet store: refused connection from %s: %s", self.client_address, exc)
+            server.refused += 1
+            return
+        sock.settimeout(None)
+        data = server.data
+        try:
+            while True:
+                head = sock.recv(9, socket.MSG_WAITALL)
+                if len(head) < 9:
+                    return
+                op, klen, vlen = struct.unpack("<BII", head)
+                if klen > 4096 or vlen > MAX_FRAME or op not in (_SET, _GET, _ADD, _WAITGE):
+                    log.warning("ringlet store: dropped malformed request from %s", self.client_address)
+                    return
+                key = recv_exact(sock, klen)
+                val = recv_exact(sock, vlen)
+                if op == _SET:
+                    with data.cond:
+                        data.kv[key] = val
+                        data.cond.notify_all()
+                    self._reply(_OK, b"")
+                elif op == _ADD:
+                    with data.cond:
+                        cur = int(data.kv.get(key, b"0")) + int(val)
+                        data.kv[key] = str(cur).encode()
+                        data.cond.notify_all()
+                    self._reply(_OK, str(cur).encode())
+                else:  # GET or WAITGE: val carries "timeout" or "timeout,count"
+                    parts = val.split(b",")
+                    deadline = time.monotonic() + float(parts[0])
+                    need = int(parts[1]) if op == _WAITGE else None
+                    with data.cond:
+                        while True:
+                            cur = data.kv.get(key)
+                            if cur is not None and (need is None or int(cur) >= need):
+                                break
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                break
+                            data.cond.wait(min(left, 1.0))
+                    if cur is not None and (need is None or int(cur) >= need):
+                        self._reply(_OK, cur)
+                    else:
+                        self._reply(_MISSING, cur or b"")
+        except (OSError, ValueError, ConnectionError):
+            return
+
+    def _reply(self, status: int, value: bytes):
+        self.request.sendall(struct.pack("<BI", status, len(value)) + value)
+
+
+class StoreServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """Key-value store served from a background thread; every connection must prove
+    the job token. Bind to loopback unless ranks on other hosts must reach it."""
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, token: str):
+        self.token = token.encode()
+        self.data = _Data()
+        self.refused = 0
+        super().__init__((host, port), _Handler)
+        self._thread = threading.Thread(target=self.serve_forever, name="ringlet-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def close(self):
+        self.shutdown()
+        self.server_close()
+
+
+class TCPStore:
+    """Client of a StoreServer."""
+
+    def __init__(self, host: str, port: int, token: str, timeout: float = 60.0):
+        self.timeout = timeout
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:  # the server may not be up yet
+            try:
+                sock = socket.create_connection((host, port), timeout=min(10.0, timeout))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                handshake_client(sock, token.encode())
+                sock.settimeout(None)
+                break
+            except AuthenticationError:
+                raise
+            except (OSError, ConnectionError) as exc:
+                last = exc
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"could not reach the rendezvous store at {host}:{port} "
+                                       f"within {timeout:.0f} s ({last}); is rank 0 or the launcher "
+                                       f"running, and MASTER_ADDR/MASTER_PORT right?") from exc
+                time.sleep(0.05)
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def _call(self, op: int, key: str, val: bytes, wait: float = 0.0) -> tuple[int, bytes]:
+        k = key.encode()
+        with self.lock:
+            self.sock.settimeout(wait + 30.0 if op in (_GET, _WAITGE) else 30.0)
+            try:
+                self.sock.sendall(struct.pack("<BII", op, len(k), len(val)) + k + val)
+                status, n = struct.unpack("<BI", recv_exact(self.sock, 5))
+                return status, recv_exact(self.sock, n)
+            except (OSError, ConnectionError) as exc:
+                raise RingletError(f"lost the rendezvous store: {exc}") from exc
+
+    def set(self, key: str, value: bytes) -> None:
+        self._call(_SET, key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        t = self.timeout if timeout is None else timeout
+        status, val = self._call(_GET, key, f"{t}".encode(), t)
+        if status != _OK:
+            raise TimeoutError(f"rendezvous: key {key!r} did not appear within {t:.1f} s")
+        return val
+
+    def try_get(self, key: str) -> bytes | None:
+        status, val = self._call(_GET, key, b"0", 0)
+        return val if status == _OK else None
+
+    def add(self, key: str, delta: int) -> int:
+        return int(self._call(_ADD, key, str(delta).encode())[1])
+
+    def wait_count(self, key: str, count: int, timeout: float | None = None) -> int:
+        t = self.timeout if timeout is None else timeout
+        status, val = self._call(_WAITGE, key, f"{t},{count}".encode(), t)
+        if status != _OK:
+            have = int(val) if val else 0
+            raise TimeoutError(f"rendezvous: only {have} of {count} ranks reached {key!r} "
+                               f"within {t:.1f} s")
+        return int(val)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class FileStore:
+    """The store's operations on a directory only this user can read (file://path)."""
+
+    def __init__(self, path: str, timeout: float = 60.0):
+        self.path = path
+        self.timeout = timeout
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise RingletError(f"file store {path} must be a directory owned by you with mode 0700")
+
+    def _file(self, key: str) -> str:
+        return os.path.join(self.path, key.replace("/", "%"))
+
+    def set(self, key: str, value: bytes) -> None:
+        tmp = self._file(key) + f".tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+        os.replace(tmp, self._file(key))
+
+    def try_get(self, key: str) -> bytes | None:
+        try:
+            with open(self._file(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            val = self.try_get(key)
+            if val is not None:
+                return val
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rendezvous: key {key!r} did not appear in {self.path}")
+            time.sleep(0.005)
+
+    def add(self, key: str, delta: int) -> int:
+        import fcntl
+        fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            cur = int(self.try_get(key) or b"0") + delta
+            self.set(key, str(cur).encode())
+            return cur
+        finally:
+            os.close(fd)
+
+    def wait_count(self, key: str, count: int, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            cur = int(self.try_get(key) or b"0")
+            if cur >= count:
+                return cur
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rendezvous: only {cur} of {count} ranks reached {key!r}")
+            time.sleep(0.005)
+
+    def close(self):
+        pass
+
+
+# -- env:// --------------------------------------------------------------------------------
+_RANK = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+_SIZE = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_LOCAL = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+          "SLURM_LOCALID")
+
+
+def _first(env, names):
+    for n in names:
+        if env.get(n, "") != "":
+            return int(env[n])
+    return None
+
+
+def env_world(env=None) -> dict:
+    """Read rank, world size, local rank and master address from torchrun, Open MPI,
+    PMI/PMIx or SLURM variables (the first family present wins, in that order)."""
+    env = os.environ if env is None else env
+    rank, size = _first(env, _RANK), _first(env, _SIZE)
+    return {"rank": rank, "world_size": size, "local_rank": _first(env, _LOCAL),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": int(env.get("MASTER_PORT", "29500"))}
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local interface address that routes to ``host`` (bind only where needed)."""
+    if is_loopback(host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]

@@ -1,0 +1,253 @@
+"""The process-wide runtime: init and destroy, groups, point-to-point, counters."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .errors import RingletError
+from .group import MAX_USER_TAG, Group
+from .ops import as_array
+from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_address_towards, new_token
+from .transport.engine import Engine
+from .work import RequestWork
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class _State:
+    engine: Engine | None = None
+    world: Group | None = None
+    groups: list = []
+    store = None
+    server: StoreServer | None = None
+    generation = 0
+    timeout = DEFAULT_TIMEOUT
+
+
+_S = _State()
+
+
+# -- lifecycle ---------------------------------------------------------------------------
+def init(backend: str | None = None, init_method: str = "env://", rank: int | None = None,
+         world_size: int | None = None, timeout: float | None = None) -> Group:
+    """Join the job and return the world group.
+
+    ``init_method``: ``env://`` (torchrun, Open MPI, PMI or SLURM variables, plus
+    MASTER_ADDR/MASTER_PORT), ``tcp://host:port`` or ``file:///private/dir``. Every
+    connection proves the job token (RINGLET_TOKEN; ``ringlet run`` and ``spawn`` set it).
+    ``backend``: "auto" (shared memory inside a host, TCP between hosts), "tcp" or "shm";
+    default RINGLET_BACKEND, else "auto".
+    ``timeout``: default seconds for every blocking call (else RINGLET_TIMEOUT, else 60).
+    """
+    if _S.engine is not None:
+        raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
+    backend = backend or os.environ.get("RINGLET_BACKEND", "auto")
+    if backend not in ("auto", "tcp", "shm"):
+        raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
+    if timeout is None:
+        timeout = float(os.environ.get("RINGLET_TIMEOUT", DEFAULT_TIMEOUT))
+    if timeout <= 0:
+        raise ValueError("timeout must be positive (seconds)")
+    env = env_world()
+    rank = env["rank"] if rank is None else rank
+    world_size = env["world_size"] if world_size is None else world_size
+    if rank is None or world_size is None:
+        raise ValueError("rank and world_size are unknown: pass them to init() or launch with "
+                         "`ringlet run`, torchrun, mpirun or srun (which set RANK/WORLD_SIZE or "
+                         "their own equivalents)")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world of size {world_size}")
+    url = urlparse(init_method)
+    master_addr, master_port = env["master_addr"], env["master_port"]
+    token = os.environ.get("RINGLET_TOKEN")
+    server = None
+    if url.scheme == "file":
+        store = FileStore(url.path, timeout)
+        if token is None:  # the directory's permissions guard the token
+            if rank == 0:
+                store.set("token", new_token().encode())
+            token = store.get("token").decode()
+    elif url.scheme in ("env", "tcp"):
+        if url.scheme == "tcp":
+            master_addr, master_port = url.hostname or "127.0.0.1", url.port or master_port
+        if token is None:
+            if world_size > 1:
+                raise RingletError(
+                    "RINGLET_TOKEN is not set: every ringlet connection must prove a shared job "
+                    "secret. `ringlet run` and ringlet.spawn set it for you; under another launcher "
+                    "export the same random value on every rank, e.g. "
+                    "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))') "
+                    "and pass it on (mpirun -x RINGLET_TOKEN, srun --export=ALL)")
+            token = new_token()
+        hosted = os.environ.get("RINGLET_STORE_HOSTED") == "1"
+        if rank == 0 and not hosted:
+            bind = local_address_towards(master_addr, master_port)
+            server = StoreServer(bind, master_port, token)
+        store = TCPStore(master_addr, master_port, token, timeout)
+    else:
+        raise ValueError(f"unknown init_method {init_method!r}; use env://, tcp://host:port or "
+                         f"file:///path")
+    host_id = os.environ.get("RINGLET_HOST_ID") or socket.gethostname()
+    job = hashlib.sha256(token.encode()).hexdigest()[:12]
+    try:
+        engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
+                        master_addr=master_addr, master_port=master_port, timeout=timeout,
+                        generation=_S.generation)
+        hosts = tuple(_host_of(store, r, _S.generation, timeout) for r in range(world_size))
+    except BaseException:
+        store.close()
+        if server is not None:
+            server.close()
+        raise
+    _S.generation += 1
+    _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
+    _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
+    _S.groups = [_S.world]
+    return _S.world
+
+
+def _host_of(store, rank: int, gen: int, timeout: float) -> str:
+    import json
+    return json.loads(store.get(f"g{gen}/addr/{rank}", timeout=timeout))["host"]
+
+
+def destroy() -> None:
+    """Leave the job: flush and close every connection. Safe to call twice."""
+    eng = _S.engine
+    if eng is None:
+        return
+    try:
+        if _S.world.size > 1:  # nobody may leave while a peer still needs them
+            try:
+                _S.store.add(f"g{_S.generation - 1}/bye", 1)
+                _S.store.wait_count(f"g{_S.generation - 1}/bye", _S.world.size, timeout=_S.timeout)
+            except RingletError:
+                pass
+        eng.close()
+    finally:
+        _S.store.close()
+        if _S.server is not None:
+            _S.server.close()
+        _S.engine = _S.world = _S.store = _S.server = None
+        _S.groups = []
+
+
+def is_initialized() -> bool:
+    return _S.engine is not None
+
+
+def engine() -> Engine:
+    if _S.engine is None:
+        raise RingletError("ringlet is not initialized: call ringlet.init() first "
+                           "(or it was destroyed)")
+    return _S.engine
+
+
+def resolve(group: Group | None) -> Group:
+    """The group a call acts on; it must be live and include this rank."""
+    engine()
+    g = _S.world if group is None else group
+    if not isinstance(g, Group) or g not in _S.groups:
+        raise ValueError(f"{group!r} is not a live ringlet group")
+    if g.rank < 0:
+        raise ValueError(f"rank {_S.world.rank} is not a member of {g.name} (ranks {list(g.ranks)})")
+    return g
+
+
+def get_rank(group: Group | None = None) -> int:
+    engine()
+    g = _S.world if group is None else group
+    return g.rank
+
+
+def get_world_size(group: Group | None = None) -> int:
+    engine()
+    return (_S.world if group is None else group).size
+
+
+def new_group(ranks=None, timeout: float | None = None) -> Group:
+    """Create a subgroup. Every world rank must call it, in the same order (as in torch);
+    ranks not in ``ranks`` get a handle whose ``rank`` is -1 and cannot use it."""
+    engine()
+    world = _S.world
+    ranks = tuple(range(world.size)) if ranks is None else tuple(int(r) for r in ranks)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: ranks {list(ranks)} contain duplicates")
+    for r in ranks:
+        if not 0 <= r < world.size:
+            raise ValueError(f"new_group: rank {r} is outside the world of size {world.size}")
+    gid = max(g.id for g in _S.groups) + 1
+    g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
+              tuple(world.hosts[r] for r in ranks))
+    _S.groups.append(g)
+    return g
+
+
+def default_timeout() -> float:
+    return _S.timeout
+
+
+# -- point-to-point ---------------------------------------------------------------------
+def _peer(g: Group, peer: int, what: str) -> int:
+    if not isinstance(peer, (int, np.integer)):
+        raise TypeError(f"{what}: peer rank must be an int, got {type(peer).__name__}")
+    if not 0 <= peer < g.size:
+        raise ValueError(f"{what}: rank {peer} is out of range for {g.name} of size {g.size}")
+    if peer == g.rank:
+        raise ValueError(f"{what}: rank {g.rank} cannot {what} to/from itself")
+    return g.ranks[peer]
+
+
+def _tag(g: Group, tag: int) -> int:
+    if not isinstance(tag, (int, np.integer)) or not 0 <= tag < MAX_USER_TAG:
+        raise ValueError(f"tag must be an int in [0, 2**40), got {tag!r}")
+    return g.p2p_tag(int(tag))
+
+
+def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
+    g = resolve(group)
+    peer = _peer(g, dst, "send")
+    arr = as_array(buf, "send buffer")
+    req = engine().isend(peer, _tag(g, tag), memoryview(arr.reshape(-1).view(np.uint8)))
+    return RequestWork(_S.engine, req, f"send to rank {dst} (tag {tag}, {g.name})")
+
+
+def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
+    g = resolve(group)
+    peer = _peer(g, src, "recv")
+    arr = as_array(buf, "receive buffer", writable=True)
+    req = engine().irecv(peer, _tag(g, tag), arr.reshape(-1))
+    return RequestWork(_S.engine, req, f"recv from rank {src} (tag {tag}, {g.name})")
+
+
+def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
+    isend(buf, dst, group, tag).wait(timeout)
+
+
+def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
+    irecv(buf, src, group, tag).wait(timeout)
+    return src
+
+
+# -- counters ----------------------------------------------------------------------------
+def stats() -> dict:
+    """Per-peer (world rank) messages and bytes sent and received since init or reset."""
+    eng = engine()
+    out = {"sent": {}, "received": {}}
+    for r, p in sorted(eng.peers.items()):
+        out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
+        out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
+    out["collectives"] = dict(getattr(eng, "coll_stats", {}))
+    return out
+
+
+def reset_stats() -> None:
+    eng = engine()
+    for p in eng.peers.values():
+        p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
+    if hasattr(eng, "coll_stats"):
+        eng.coll_stats.clear()

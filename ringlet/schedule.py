@@ -1,0 +1,277 @@
+"""The Schedule: one description of a collective algorithm, used by the runtime (which
+executes one rank's part), the cost model (which prices all of it) and the tracer.
+
+A schedule is a list of rounds; a round is a set of transfers. A transfer moves ``n``
+elements from a region of rank ``src``'s buffer ``sbuf`` to a region of rank ``dst``'s
+buffer ``dbuf``, either copying or reducing:
+
+    copy:    dst.dbuf[doff:doff+n] = src.sbuf[soff:soff+n]
+    reduce:  dst.dbuf[doff:doff+n] = op(dst.abuf[aoff:aoff+n], src.sbuf[soff:soff+n])
+             (the accumulator region (abuf, aoff) defaults to the destination itself)
+
+A transfer with ``src == dst`` is a local step (no message). Within one round each rank
+first runs its local steps in the order they were added, then posts all its sends and
+receives of the round at once and waits for them; the round is over for that rank when
+they are done. Messages between the same pair in one round are matched in the order
+they were added. ``Schedule.validate`` checks that no two transfers of a round write
+the same region of a rank and that no message writes a region another message of the
+same round reads.
+
+Rounds store their transfers as NumPy columns, and builders add a whole vector of
+transfers in one call (``rnd.copy(src=r, dst=(r + 1) % p, ...)`` with ``r = arange(p)``),
+so a 4096-rank ring builds and prices in seconds while reading like the textbook.
+
+Buffer names are bound by the runtime per collective (counts in elements):
+
+    broadcast, all_reduce, reduce   "buf" (count)          reduce leaves non-roots' "buf" unchanged
+    all_gather                      "in" (count)       -> "out" (p*count)
+    reduce_scatter                  "in" (p*count)     -> "out" (count); "in" unchanged
+    all_to_all                      "in" (p*count)     -> "out" (p*count); block j of "in" goes to rank j
+    all_to_all_single (uneven)      "in" (sum splits[r]) -> "out" (sum of column r); splits[i][j]
+                                    elements go from rank i to rank j, blocks in rank order
+    gather                          "in" (count)       -> root's "out" (p*count)
+    scatter                         root's "in" (p*count) -> "out" (count)
+    barrier                         zero-element messages only
+    every collective                "tmp": scratch of buffers["tmp"] elements on every rank
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+COPY = "copy"
+REDUCE = "reduce"
+BUFFER_NAMES = ("buf", "in", "out", "tmp")
+_BUF_ID = {name: i for i, name in enumerate(BUFFER_NAMES)}
+_NO_ACC = -1
+
+
+class Transfer(NamedTuple):
+    """One transfer, as the runtime and the printout see it."""
+    src: int
+    dst: int
+    n: int
+    sbuf: str
+    soff: int
+    dbuf: str
+    doff: int
+    op: str = COPY
+    abuf: str | None = None
+    aoff: int = 0
+
+    @property
+    def local(self) -> bool:
+        return self.src == self.dst
+
+    @property
+    def acc(self) -> tuple[str, int]:
+        """The accumulator region of a reduce (defaults to the destination)."""
+        return (self.abuf, self.aoff) if self.abuf is not None else (self.dbuf, self.doff)
+
+    def __str__(self) -> str:
+        arrow = "+=" if self.op == REDUCE else "<-"
+        acc = f" {self.abuf}[{self.aoff}:{self.aoff + self.n}] +" if self.abuf is not None else ""
+        return (f"r{self.dst}.{self.dbuf}[{self.doff}:{self.doff + self.n}] {arrow}{acc} "
+                f"r{self.src}.{self.sbuf}[{self.soff}:{self.soff + self.n}]")
+
+
+_COLUMNS = ("src", "dst", "n", "sbuf", "soff", "dbuf", "doff", "reduce", "abuf", "aoff")
+
+
+class Round:
+    """The transfers of one round, one row per transfer, stored as NumPy columns."""
+
+    def __init__(self):
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._cols: dict[str, np.ndarray] | None = None
+
+    # -- building ----------------------------------------------------------------------
+    def copy(self, src, dst, n, sbuf, soff, dbuf, doff) -> "Round":
+        """Add transfers ``dst.dbuf[doff:+n] = src.sbuf[soff:+n]``; every argument may be
+        a scalar or an array (broadcast together, one transfer per element)."""
+        return self._add(src, dst, n, sbuf, soff, dbuf, doff, False, None, 0)
+
+    def reduce(self, src, dst, n, sbuf, soff, dbuf, doff, abuf=None, aoff=0) -> "Round":
+        """Add transfers ``dst.dbuf[doff:+n] = op(dst.abuf[aoff:+n], src.sbuf[soff:+n])``
+        (accumulator defaults to the destination)."""
+        return self._add(src, dst, n, sbuf, soff, dbuf, doff, True, abuf, aoff)
+
+    def _add(self, src, dst, n, sbuf, soff, dbuf, doff, red, abuf, aoff) -> "Round":
+        # Broadcast views keep scalar columns at zero bytes: a 4096-rank ring is 33M rows.
+        cols = np.broadcast_arrays(
+            *(np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in
+              (src, dst, n, _BUF_ID[sbuf], soff, _BUF_ID[dbuf], doff, int(red),
+               _NO_ACC if abuf is None else _BUF_ID[abuf], aoff)))
+        if cols[0].ndim != 1:
+            raise ValueError("transfer arguments must be scalars or 1-D arrays")
+        self._parts.append(tuple(cols))
+        self._cols = None
+        return self
+
+    # -- reading ---------------------------------------------------------------------
+    @property
+    def cols(self) -> dict[str, np.ndarray]:
+        if self._cols is None:
+            if len(self._parts) == 1:
+                stacked = list(self._parts[0])
+            elif self._parts:
+                stacked = [np.concatenate([p[i] for p in self._parts]) for i in range(len(_COLUMNS))]
+            else:
+                stacked = [np.zeros(0, np.int64) for _ in _COLUMNS]
+            self._cols = dict(zip(_COLUMNS, stacked))
+            self._parts = [tuple(stacked)]
+        return self._cols
+
+    def __len__(self) -> int:
+        return len(self.cols["src"])
+
+    def rows(self, mask=None) -> list[Transfer]:
+        c = self.cols
+        idx = np.arange(len(self)) if mask is None else np.flatnonzero(mask)
+        out = []
+        for i in idx:
+            a = int(c["abuf"][i])
+            out.append(Transfer(int(c["src"][i]), int(c["dst"][i]), int(c["n"][i]),
+                                BUFFER_NAMES[c["sbuf"][i]], int(c["soff"][i]),
+                                BUFFER_NAMES[c["dbuf"][i]], int(c["doff"][i]),
+                                REDUCE if c["reduce"][i] else COPY,
+                                None if a == _NO_ACC else BUFFER_NAMES[a], int(c["aoff"][i])))
+        return out
+
+    def __iter__(self):
+        return iter(self.rows())
+
+
+class RankRound(NamedTuple):
+    """One rank's part of one round: local steps, then messages out and in."""
+    local: tuple[Transfer, ...]
+    sends: tuple[Transfer, ...]
+    recvs: tuple[Transfer, ...]
+
+
+@dataclass(eq=False)
+class Schedule:
+    collective: str
+    algorithm: str
+    p: int
+    count: int
+    rounds: list[Round] = field(default_factory=list)
+    buffers: dict[str, int] = field(default_factory=dict)
+    itemsize: int = 4
+    root: int | None = None
+    splits: tuple[tuple[int, ...], ...] | None = None
+    hosts: tuple[int, ...] | None = None
+    notes: dict = field(default_factory=dict)
+
+    def round(self) -> Round:
+        """Append a new, empty round and return it for the builder to fill."""
+        rnd = Round()
+        self.rounds.append(rnd)
+        return rnd
+
+    # -- per-rank views, computed once (schedules are cached, so are these) -------------
+    def rank_plan(self, rank: int) -> tuple[RankRound, ...]:
+        plan = self._plans.get(rank)
+        if plan is None:
+            plan = self._plans[rank] = self._make_plan(rank)
+        return plan
+
+    @cached_property
+    def _plans(self) -> dict:
+        return {}
+
+    def _make_plan(self, rank: int) -> tuple[RankRound, ...]:
+        plan = []
+        for rnd in self.rounds:
+            c = rnd.cols
+            mine_src, mine_dst = c["src"] == rank, c["dst"] == rank
+            local = mine_src & mine_dst
+            sends = rnd.rows(mine_src & ~local)
+            recvs = rnd.rows(mine_dst & ~local)
+            loc = rnd.rows(local)
+            if loc or sends or recvs:
+                plan.append(RankRound(tuple(loc), tuple(sends), tuple(recvs)))
+        return tuple(plan)
+
+    # -- counting: what the tracer and the textbook formulas compare ---------------------
+    def traffic(self) -> dict[str, np.ndarray]:
+        """Per-rank arrays: messages and bytes sent and received (local steps excluded)."""
+        out = {k: np.zeros(self.p, np.int64)
+               for k in ("sent_messages", "sent_bytes", "recv_messages", "recv_bytes")}
+        for rnd in self.rounds:
+            c = rnd.cols
+            msg = c["src"] != c["dst"]
+            s, d, n = c["src"][msg], c["dst"][msg], c["n"][msg] * self.itemsize
+            np.add.at(out["sent_messages"], s, 1)
+            np.add.at(out["sent_bytes"], s, n)
+            np.add.at(out["recv_messages"], d, 1)
+            np.add.at(out["recv_bytes"], d, n)
+        return out
+
+    @property
+    def messages(self) -> int:
+        return int(sum(np.count_nonzero(r.cols["src"] != r.cols["dst"]) for r in self.rounds))
+
+    def validate(self) -> None:
+        """Raise ValueError if a transfer names a rank or region outside the schedule, or a
+        round breaks the write rules in the module docstring."""
+        for i, rnd in enumerate(self.rounds):
+            c = rnd.cols
+            for who in ("src", "dst"):
+                if len(c[who]) and (c[who].min() < 0 or c[who].max() >= self.p):
+                    raise ValueError(f"round {i}: a transfer names a rank outside 0..{self.p - 1}")
+            if len(c["n"]) and c["n"].min() < 0:
+                raise ValueError(f"round {i}: a transfer has a negative size")
+            for t in rnd:
+                regions = [(t.sbuf, t.soff), (t.dbuf, t.doff)]
+                if t.op == REDUCE:
+                    regions.append(t.acc)
+                for buf, off in regions:
+                    size = self.buffers.get(buf)
+                    if size is None:
+                        raise ValueError(f"round {i}: {t} uses undeclared buffer {buf!r}")
+                    if t.n and (off < 0 or off + t.n > size):
+                        raise ValueError(f"round {i}: {t} overruns {buf!r} of {size} elements")
+            rows = [t for t in rnd if t.n]
+            for a_i, a in enumerate(rows):
+                wa = (a.dst, a.dbuf, a.doff, a.doff + a.n)
+                for b in rows[a_i + 1:]:
+                    if _overlap(wa, (b.dst, b.dbuf, b.doff, b.doff + b.n)):
+                        raise ValueError(f"round {i}: {a} and {b} write the same region")
+                    if not a.local and not b.local:
+                        if _overlap(wa, (b.src, b.sbuf, b.soff, b.soff + b.n)) or _overlap(
+                                (b.dst, b.dbuf, b.doff, b.doff + b.n),
+                                (a.src, a.sbuf, a.soff, a.soff + a.n)):
+                            raise ValueError(f"round {i}: {a} and {b}: a message writes what "
+                                             f"another message of the round reads")
+
+    def __str__(self) -> str:
+        head = (f"Schedule {self.collective}/{self.algorithm}: p={self.p}, count={self.count}, "
+                f"{len(self.rounds)} rounds, {self.messages} messages, buffers {self.buffers}"
+                + (f", root {self.root}" if self.root is not None else ""))
+        lines = [head]
+        for i, rnd in enumerate(self.rounds):
+            lines.append(f"  round {i}:")
+            lines.extend(f"    {t}" for t in rnd)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _overlap(a, b) -> bool:
+    """Do regions (rank, buf, start, stop) a and b share an element?"""
+    return a[0] == b[0] and a[1] == b[1] and a[2] < b[3] and b[2] < a[3]
+
+
+def chunks(count: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``count`` elements into ``parts`` contiguous pieces whose sizes differ by at
+    most one (the first ``count % parts`` get the extra element): (offsets, sizes)."""
+    base, extra = divmod(count, parts)
+    sizes = np.full(parts, base, np.int64)
+    sizes[:extra] += 1
+    offsets = np.zeros(parts, np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    return offsets, sizes

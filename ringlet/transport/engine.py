@@ -1,0 +1,253 @@
+"""The progress engine: owns this rank's connections to every peer and drives them.
+
+There are no background threads. Whoever waits (a blocking call, ``Work.wait``) turns
+the crank: every peer's packets move and every in-flight collective advances, so any mix
+of isend/irecv and async collectives makes progress together. A waiter spins briefly
+(just yielding the core when ranks outnumber cores), then sleeps in ``select`` on its TCP
+sockets and its doorbell, which local senders poke when they see it asleep.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import socket
+import time
+
+from ..errors import AuthenticationError, RingletError, TimeoutError
+from ..rendezvous import handshake_client, handshake_server, local_address_towards
+from .protocol import RecvRequest, SendRequest, peer_failure
+from .shm import Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
+from .tcp import TcpPeer
+
+log = logging.getLogger("ringlet")
+
+LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
+SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
+SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
+
+
+class Engine:
+    def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
+                 host_id: str, backend: str, master_addr: str, master_port: int,
+                 timeout: float, generation: int = 0):
+        self.rank, self.world_size, self.store = rank, world_size, store
+        self.job, self.token = job, token.encode()
+        self.host_id, self.backend = host_id, backend
+        self.timeout = timeout
+        self.peers: dict[int, object] = {}
+        self.works: list = []
+        self.sel = selectors.DefaultSelector()
+        self.capacity = int(os.environ.get("RINGLET_SHM_RING", 4 << 20)) & ~63
+        self.seg = None
+        self.seg_path = None
+        self.doorbell = None
+        self.closed = False
+        self._last_liveness = 0.0
+        self._connect(master_addr, master_port, generation)
+        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
+        self.crowded = local > (ncpu or 1)
+        self.spin = SPIN_CROWDED if self.crowded else SPIN_FREE
+
+    # -- setup ---------------------------------------------------------------------------
+    def _connect(self, master_addr: str, master_port: int, gen: int) -> None:
+        prefix = f"g{gen}/"
+        use_shm = self.backend in ("auto", "shm")
+        me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
+        if use_shm and self.world_size > 1:
+            self.seg_path = f"/dev/shm/ringlet-{self.job}-{gen}-{self.rank}"
+            self.seg = create_segment(self.seg_path, segment_size(self.world_size, self.capacity))
+            name = f"ringlet-{self.job}-{gen}-{self.rank}".encode()
+            self.doorbell = make_doorbell(name)
+            self.sel.register(self.doorbell, selectors.EVENT_READ, None)
+            me.update(seg=self.seg_path, doorbell=name.decode())
+        listener = None
+        if self.world_size > 1:
+            bind = local_address_towards(master_addr, master_port)
+            listener = socket.create_server((bind, 0), backlog=self.world_size)
+            listener.settimeout(1.0)
+            me.update(addr=bind, port=listener.getsockname()[1])
+        self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
+        infos = [json.loads(self.store.get(f"{prefix}addr/{r}", timeout=self.timeout))
+                 for r in range(self.world_size)]
+        remote = []
+        for info in infos:
+            r = info["rank"]
+            if r == self.rank:
+                continue
+            if use_shm and info["host"] == self.host_id:
+                theirs = open_segment(info["seg"], segment_size(self.world_size, self.capacity))
+                self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
+                                        Ring(theirs, self.rank, self.capacity),
+                                        info["doorbell"].encode(), info["pid"])
+            else:
+                remote.append(info)
+        try:
+            self._connect_tcp(remote, listener)
+        finally:
+            if listener is not None:
+                listener.close()
+        # Everyone has mapped everything: remove the names so nothing can outlive the job.
+        self.store.add(f"{prefix}mapped", 1)
+        self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
+        if self.seg_path:
+            os.unlink(self.seg_path)
+            self.seg_path = None
+
+    def _connect_tcp(self, remote: list, listener) -> None:
+        """Higher ranks dial lower ones; every connection proves the token both ways."""
+        me = str(self.rank).encode()
+        for info in remote:
+            if info["rank"] < self.rank:
+                sock = socket.create_connection((info["addr"], info["port"]), timeout=self.timeout)
+                sock.settimeout(self.timeout)
+                their = handshake_client(sock, self.token, me)
+                if their != str(info["rank"]).encode():
+                    raise RingletError(f"rank {self.rank}: connected to {info['addr']}:{info['port']} "
+                                       f"expecting rank {info['rank']} but it says {their!r}")
+                self._add_tcp(info["rank"], sock)
+        expect = {info["rank"] for info in remote if info["rank"] > self.rank}
+        deadline = time.monotonic() + self.timeout
+        while expect:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: ranks {sorted(expect)} never connected "
+                                   f"within {self.timeout:.0f} s")
+            try:
+                sock, addr = listener.accept()
+            except socket.timeout:
+                continue
+            sock.settimeout(10.0)
+            try:
+                their = handshake_server(sock, self.token, me)
+                r = int(their)
+                if r not in expect:
+                    raise AuthenticationError(f"unexpected rank {their!r}")
+            except (AuthenticationError, OSError, ValueError, ConnectionError) as exc:
+                log.warning("ringlet rank %d: refused connection from %s: %s", self.rank, addr, exc)
+                sock.close()
+                continue
+            expect.discard(r)
+            self._add_tcp(r, sock)
+
+    def _add_tcp(self, rank: int, sock: socket.socket) -> None:
+        peer = TcpPeer(self, rank, sock)
+        self.peers[rank] = peer
+        self.sel.register(sock, selectors.EVENT_READ, peer)
+
+    # -- moving bytes --------------------------------------------------------------------
+    def isend(self, peer: int, tag: int, data: memoryview) -> SendRequest:
+        req = SendRequest(peer, tag, data)
+        self.peers[peer].post_send(req)
+        return req
+
+    def irecv(self, peer: int, tag: int, dst, ufunc=None, acc=None) -> RecvRequest:
+        req = RecvRequest(peer, tag, dst, ufunc, acc)
+        self.peers[peer].post_recv(req)
+        return req
+
+    def progress(self) -> bool:
+        moved = False
+        for peer in self.peers.values():
+            if peer.progress():
+                moved = True
+        if self.works:
+            for work in list(self.works):
+                if work.advance():
+                    moved = True
+        return moved
+
+    def wait(self, done, timeout: float | None, describe, peers=()) -> None:
+        """Drive progress until ``done()``; on expiry raise TimeoutError(describe())."""
+        if done():
+            return
+        limit = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        deadline = start + limit
+        idle_since = None
+        while True:
+            if self.progress():
+                idle_since = None
+                if done():
+                    return
+                continue
+            if done():
+                return
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            if now - self._last_liveness > LIVENESS_EVERY:
+                self._last_liveness = now
+                self.check_liveness(peers)
+                if done():
+                    return
+            if now > deadline:
+                raise TimeoutError(describe(limit))
+            if now - idle_since < self.spin:
+                continue
+            if self.crowded and now - idle_since < 50e-6:
+                os.sched_yield()
+                continue
+            self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
+
+    def _sleep(self, seconds: float) -> None:
+        flag = None
+        if self.seg is not None:
+            import numpy as np
+            flag = np.frombuffer(self.seg, np.uint64, 1, 0)
+            flag[0] = 1
+        try:
+            if self.progress():  # something arrived before we announced the nap
+                return
+            for key, _ in self.sel.select(max(seconds, 0)):
+                if key.fileobj is self.doorbell:
+                    try:
+                        while self.doorbell.recv(64):
+                            pass
+                    except (BlockingIOError, InterruptedError):
+                        pass
+        finally:
+            if flag is not None:
+                flag[0] = 0
+
+    def ring_doorbell(self, name: bytes) -> None:
+        try:
+            self.doorbell.sendto(b"!", b"\0" + name)
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
+            pass  # the peer is awake already, or gone (its liveness check will tell)
+
+    def check_liveness(self, peers=()) -> None:
+        for r in peers or self.peers:
+            peer = self.peers.get(r)
+            if isinstance(peer, ShmPeer) and not peer.dead:
+                peer.check_alive()
+
+    def protocol_violation(self, peer, why: str) -> None:
+        log.warning("ringlet rank %d: dropping rank %d: protocol violation: %s", self.rank, peer.rank, why)
+        peer.fail(peer_failure(peer.rank, f"protocol violation ({why})"))
+
+    # -- teardown ------------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # Flush what is queued and say goodbye, so peers see a clean exit, not a failure.
+        for peer in self.peers.values():
+            if isinstance(peer, TcpPeer) and not peer.dead:
+                peer.send_bye()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+                getattr(p, "wpending", None) and not p.dead for p in self.peers.values()):
+            self.progress()
+            time.sleep(0.0005)
+        for peer in self.peers.values():
+            peer.close()
+        self.sel.close()
+        if self.doorbell is not None:
+            self.doorbell.close()
+        if self.seg_path:
+            try:
+                os.unlink(self.seg_path)
+            except FileNotFoundError:
+                pass

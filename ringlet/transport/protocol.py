@@ -1,0 +1,276 @@
+"""The wire protocol every transport speaks, and the matching logic shared by all.
+
+A transport moves *packets* between two ranks, in order, in each direction. Each packet
+has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DATA, a payload.
+
+* A message of at most ``eager`` bytes travels at once as one EAGER packet. If no receive
+  is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
+* A larger message is announced by RTS (ready to send). The receiver answers CTS (clear
+  to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
+  and only then do DATA fragments flow. So an unmatched large message never blocks the
+  stream, and nothing is ever allocated on the strength of a peer's claimed size.
+
+Messages of one (pair, tag) are matched in the order they were sent.
+"""
+from __future__ import annotations
+
+import struct
+from collections import deque
+
+import numpy as np
+
+from ..errors import PeerFailure, RingletError
+
+HEADER = struct.Struct("<IIqqqq")  # kind, flags, tag, msgid, length, aux
+HEADER_SIZE = 64
+EAGER, RTS, CTS, DATA, PAD, BYE = 1, 2, 3, 4, 5, 6
+CTS_OK, CTS_REJECT = 0, 1
+KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE}
+
+
+class Request:
+    """One posted send or receive. ``done`` turns true on completion or failure."""
+    __slots__ = ("peer", "tag", "nbytes", "done", "error", "msgid", "offset", "what")
+
+    def __init__(self, peer: int, tag: int, nbytes: int, what: str):
+        self.peer, self.tag, self.nbytes, self.what = peer, tag, nbytes, what
+        self.done = False
+        self.error: BaseException | None = None
+        self.msgid = -1
+        self.offset = 0
+
+    def fail(self, exc: BaseException):
+        if not self.done:
+            self.error = exc
+            self.done = True
+
+
+class SendRequest(Request):
+    __slots__ = ("data",)
+
+    def __init__(self, peer, tag, data: memoryview):
+        super().__init__(peer, tag, data.nbytes, "send")
+        self.data = data  # flat bytes view of the caller's buffer
+
+
+class RecvRequest(Request):
+    __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize")
+
+    def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None):
+        super().__init__(peer, tag, dst.nbytes, "recv")
+        self.dst = dst            # typed flat array receiving the data
+        self.ufunc = ufunc        # None: copy; else dst = ufunc(acc, incoming)
+        self.acc = dst if acc is None else acc
+        self.dtype = dst.dtype
+        self.itemsize = dst.dtype.itemsize
+
+    def deliver(self, payload) -> None:
+        """Apply one in-order piece of the message (a bytes-like of whole elements)."""
+        n = len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
+        if n == 0:
+            return
+        if self.ufunc is None:
+            dst = self.dst.reshape(-1).view(np.uint8)
+            dst[self.offset:self.offset + n] = np.frombuffer(payload, np.uint8) \
+                if not isinstance(payload, np.ndarray) else payload.view(np.uint8)
+        else:
+            e0, e1 = self.offset // self.itemsize, (self.offset + n) // self.itemsize
+            incoming = (np.frombuffer(payload, self.dtype) if not isinstance(payload, np.ndarray)
+                        else payload.view(self.dtype))
+            self.ufunc(self.acc[e0:e1], incoming, out=self.dst[e0:e1])
+        self.offset += n
+
+
+class Peer:
+    """Matching and flow logic for one remote rank; subclasses move the packets.
+
+    Subclasses implement ``_write(kind, flags, tag, msgid, length, aux, payload) -> bool``
+    (False: no room now, try later) and ``_poll_in() -> bool`` which reads packets and
+    calls ``_on_packet``; ``_payload_for`` tells them where DATA for a message goes.
+    """
+
+    def __init__(self, engine, rank: int, eager: int, frag: int):
+        self.engine, self.rank, self.eager, self.frag = engine, rank, eager, frag
+        self.posted: dict[int, deque] = {}
+        self.unexpected: dict[int, deque] = {}
+        self.outq: deque = deque()
+        self.awaiting_cts: dict[int, SendRequest] = {}
+        self.incoming: dict[int, RecvRequest] = {}
+        self.next_msgid = 0
+        self.dead: BaseException | None = None
+        self.closing = False
+        self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
+
+    # -- posting -------------------------------------------------------------------------
+    def post_send(self, req: SendRequest) -> None:
+        if self.dead:
+            req.fail(self.dead)
+            return
+        if req.nbytes <= self.eager:
+            self.outq.append(("eager", req))
+        else:
+            req.msgid = self.next_msgid
+            self.next_msgid += 1
+            self.awaiting_cts[req.msgid] = req
+            self.outq.append(("rts", req))
+        self.pump_out()
+
+    def post_recv(self, req: RecvRequest) -> None:
+        if self.dead:
+            req.fail(self.dead)
+            return
+        q = self.unexpected.get(req.tag)
+        if q:
+            item = q.popleft()
+            if item[0] == "eager":
+                self._finish_eager(req, item[1])
+            else:
+                self._accept(req, item[1], item[2])
+            return
+        self.posted.setdefault(req.tag, deque()).append(req)
+
+    # -- progress ------------------------------------------------------------------------
+    def progress(self) -> bool:
+        if self.dead:
+            return False
+        moved = self._poll_in()
+        return self.pump_out() or moved
+
+    def pump_out(self) -> bool:
+        moved = False
+        while self.outq:
+            kind, item = self.outq[0]
+            if kind == "eager":
+                if not self._write(EAGER, 0, item.tag, -1, item.nbytes, 0, item.data):
+                    break
+                self._sent(item)
+            elif kind == "rts":
+                if not self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None):
+                    break
+            elif kind == "cts":
+                msgid, flags, aux = item
+                if not self._write(CTS, flags, 0, msgid, 0, aux, None):
+                    break
+            elif kind == "data":
+                req = item
+                while req.offset < req.nbytes:
+                    n = min(self.frag, req.nbytes - req.offset)
+                    if not self._write(DATA, 0, 0, req.msgid, n, req.offset,
+                                       req.data[req.offset:req.offset + n]):
+                        return moved
+                    req.offset += n
+                    moved = True
+                self._sent(req)
+            elif kind == "bye":
+                if not self._write(BYE, 0, 0, 0, 0, 0, None):
+                    break
+            self.outq.popleft()
+            moved = True
+        return moved
+
+    def _sent(self, req: SendRequest):
+        self.msgs_sent += 1
+        self.bytes_sent += req.nbytes
+        req.done = True
+
+    # -- packets in ----------------------------------------------------------------------
+    def _on_packet(self, kind, flags, tag, msgid, length, aux, payload) -> None:
+        """Handle one packet; ``payload`` is a bytes-like of ``length`` bytes (EAGER, DATA
+        are delivered by the subclass through ``_payload_for`` for zero-copy paths)."""
+        if kind == EAGER:
+            q = self.posted.get(tag)
+            if q:
+                self._finish_eager(q.popleft(), payload)
+            else:
+                self.unexpected.setdefault(tag, deque()).append(("eager", bytes(payload)))
+        elif kind == RTS:
+            q = self.posted.get(tag)
+            if q:
+                self._accept(q.popleft(), msgid, length)
+            else:
+                self.unexpected.setdefault(tag, deque()).append(("rts", msgid, length))
+        elif kind == CTS:
+            req = self.awaiting_cts.pop(msgid, None)
+            if req is None:
+                raise ProtocolError(f"CTS for unknown message {msgid}")
+            if flags == CTS_REJECT:
+                req.fail(ValueError(
+                    f"send to rank {self.rank} failed: the receiver posted a buffer of {aux} "
+                    f"bytes for this {req.nbytes}-byte message"))
+            else:
+                self.outq.append(("data", req))
+        elif kind == BYE:
+            self.closing = True
+        elif kind != PAD:
+            raise ProtocolError(f"unexpected packet kind {kind}")
+
+    def data_target(self, msgid: int, length: int, aux: int) -> RecvRequest:
+        """Validate a DATA header and return the receive it belongs to."""
+        req = self.incoming.get(msgid)
+        if req is None or aux != req.offset or req.offset + length > req.nbytes:
+            raise ProtocolError(f"DATA fragment ({msgid}, {aux}+{length}) matches no posted receive")
+        return req
+
+    def data_done(self, req: RecvRequest) -> None:
+        if req.offset == req.nbytes:
+            del self.incoming[req.msgid]
+            self._received(req)
+
+    def _finish_eager(self, req: RecvRequest, payload) -> None:
+        n = len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
+        if n != req.nbytes:
+            req.fail(ValueError(f"recv from rank {self.rank}: message has {n} bytes but the "
+                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+            return
+        req.deliver(payload)
+        self._received(req)
+
+    def _accept(self, req: RecvRequest, msgid: int, length: int) -> None:
+        if length != req.nbytes:
+            self.outq.append(("cts", (msgid, CTS_REJECT, req.nbytes)))
+            req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
+                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+        else:
+            req.msgid = msgid
+            self.incoming[msgid] = req
+            self.outq.append(("cts", (msgid, CTS_OK, 0)))
+        self.pump_out()
+
+    def _received(self, req: RecvRequest):
+        self.msgs_recv += 1
+        self.bytes_recv += req.nbytes
+        req.done = True
+
+    # -- failure -------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        """The peer is gone: fail everything that depends on it."""
+        if self.dead:
+            return
+        self.dead = exc
+        for q in self.posted.values():
+            for req in q:
+                req.fail(exc)
+        for req in list(self.incoming.values()) + list(self.awaiting_cts.values()):
+            req.fail(exc)
+        for kind, item in self.outq:
+            if isinstance(item, Request):
+                item.fail(exc)
+        self.posted.clear()
+        self.incoming.clear()
+        self.awaiting_cts.clear()
+        self.outq.clear()
+
+    def pending(self) -> bool:
+        return bool(self.outq or self.incoming or self.awaiting_cts
+                    or any(self.posted.values()))
+
+    def close(self) -> None:
+        pass
+
+
+class ProtocolError(RingletError):
+    """A peer sent a packet that breaks the protocol (corrupt, malicious or out of order)."""
+
+
+def peer_failure(rank: int, why: str) -> PeerFailure:
+    return PeerFailure(f"rank {rank} failed: {why}", rank=rank)

@@ -1,0 +1,154 @@
+"""Shared-memory transport between ranks of one host.
+
+Every rank owns one *inbox* segment (``/dev/shm/ringlet-<job>-<rank>``, mode 0600) holding
+one ring per local peer; a peer writes packets into its ring in the owner's inbox and the
+owner reads them in place — copying or reducing straight out of the ring into the
+destination. Once every local rank has mapped the segments they are unlinked, so nothing
+of the job stays under /dev/shm even if a rank is SIGKILLed.
+
+Layout: a 64-byte segment header (byte 0: "owner is asleep" flag) then, per peer slot,
+128 bytes of control (head at +0, written by the sender; tail at +64, written by the
+owner) and ``capacity`` bytes of ring. Head and tail are byte counters that only grow.
+Packets are 64-byte aligned and never wrap (a PAD packet skips the ring's tail end).
+Ordering relies on x86-64's total store order: payload stores are visible before the
+head store that publishes them.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+
+import numpy as np
+
+from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, peer_failure
+
+SEG_HEADER = 64
+SLOT_CTRL = 128
+
+
+def segment_size(slots: int, capacity: int) -> int:
+    return SEG_HEADER + slots * (SLOT_CTRL + capacity)
+
+
+def create_segment(path: str, size: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def open_segment(path: str, size: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != size:
+            raise OSError(f"shared-memory segment {path} has the wrong size")
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _round64(n: int) -> int:
+    return (n + 63) & ~63
+
+
+class Ring:
+    """One direction of one pair: a ring inside some rank's inbox segment."""
+
+    def __init__(self, seg: mmap.mmap, slot: int, capacity: int):
+        base = SEG_HEADER + slot * (SLOT_CTRL + capacity)
+        self.seg = seg
+        self.ctrl = np.frombuffer(seg, np.uint64, 16, base)   # [0] head, [8] tail
+        self.base = base + SLOT_CTRL
+        self.data = np.frombuffer(seg, np.uint8, capacity, self.base)
+        self.capacity = capacity
+        self.asleep = np.frombuffer(seg, np.uint64, 1, 0)       # the owner's sleep flag
+
+
+class ShmPeer(Peer):
+    def __init__(self, engine, rank: int, inbox: Ring, outbox: Ring, doorbell: bytes, pid: int,
+                 eager: int = 16 << 10, frag: int = 256 << 10):
+        super().__init__(engine, rank, eager, min(frag, outbox.capacity // 4))
+        self.inbox, self.outbox = inbox, outbox
+        self.doorbell, self.pid = doorbell, pid
+        self.tail = int(inbox.ctrl[8])
+        self.head = int(outbox.ctrl[0])
+
+    # -- out -----------------------------------------------------------------------------
+    def _write(self, kind, flags, tag, msgid, length, aux, payload) -> bool:
+        ring = self.outbox
+        cap = ring.capacity
+        need = HEADER_SIZE + (_round64(length) if payload is not None else 0)
+        free = cap - (self.head - int(ring.ctrl[8]))
+        pos = self.head % cap
+        if cap - pos < need:  # skip the ring's tail end
+            if free < (cap - pos) + need:
+                return False
+            HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0)
+            self.head += cap - pos
+            free -= cap - pos
+            pos = 0
+        if free < need:
+            return False
+        if payload is not None and length:
+            ring.data[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = np.frombuffer(payload, np.uint8)
+        HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux)
+        self.head += need
+        ring.ctrl[0] = self.head          # publish (stores are ordered on x86-64)
+        if ring.asleep[0]:
+            self.engine.ring_doorbell(self.doorbell)
+        return True
+
+    # -- in ------------------------------------------------------------------------------
+    def _poll_in(self) -> bool:
+        ring = self.inbox
+        head = int(ring.ctrl[0])
+        if head == self.tail:
+            return False
+        cap, seg, base, data = ring.capacity, ring.seg, ring.base, ring.data
+        while self.tail < head:
+            pos = self.tail % cap
+            kind, flags, tag, msgid, length, aux = HEADER.unpack_from(seg, base + pos)
+            if kind == PAD:
+                self.tail += cap - pos
+            else:
+                carries = kind in (DATA, EAGER)
+                if length < 0 or carries and pos + HEADER_SIZE + length > cap:
+                    self.engine.protocol_violation(self, f"packet length {length} out of range")
+                    return True
+                payload = data[pos + HEADER_SIZE:pos + HEADER_SIZE + length]
+                if kind == DATA:
+                    req = self.data_target(msgid, length, aux)
+                    req.deliver(payload)
+                    self.data_done(req)
+                elif kind == EAGER and length > self.eager:
+                    self.engine.protocol_violation(self, "oversized eager packet")
+                    return True
+                else:
+                    self._on_packet(kind, flags, tag, msgid, length, aux, payload)
+                self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
+            ring.ctrl[8] = self.tail      # hand the space back to the sender
+        return True
+
+    # -- liveness ------------------------------------------------------------------------
+    def check_alive(self) -> bool:
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state in (b"Z", b"X"):
+                raise FileNotFoundError
+            return True
+        except (FileNotFoundError, IndexError, ProcessLookupError):
+            self.fail(peer_failure(self.rank, f"process {self.pid} exited"))
+            return False
+
+
+def make_doorbell(name: bytes) -> socket.socket:
+    """A datagram socket in the abstract namespace (no file, gone with the process) that
+    local senders poke to wake this rank when it sleeps."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(b"\0" + name)
+    s.setblocking(False)
+    return s

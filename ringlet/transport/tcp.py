@@ -1,0 +1,181 @@
+"""TCP transport between ranks on different hosts: one authenticated connection per pair,
+non-blocking in both directions (full duplex: large simultaneous sends never deadlock).
+Copy-DATA is received straight into the destination; reduce-DATA and EAGER payloads go
+through a bounce buffer the size of a fragment."""
+from __future__ import annotations
+
+import errno
+import socket
+
+import numpy as np
+
+from .protocol import (BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer, ProtocolError,
+                       peer_failure)
+
+_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
+
+
+class TcpPeer(Peer):
+    def __init__(self, engine, rank: int, sock: socket.socket,
+                 eager: int = 64 << 10, frag: int = 1 << 20):
+        super().__init__(engine, rank, eager, frag)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+            except OSError:
+                pass
+        self.sock = sock
+        self.wpending: list = []                  # bytes not yet accepted by the kernel
+        self.hbuf = bytearray(HEADER_SIZE)
+        self.hgot = 0
+        self.bounce = bytearray(max(eager, frag))
+        self.pkt = None                           # header of the packet whose payload we read
+        self.ptarget: memoryview | None = None
+        self.pgot = 0
+
+    # -- out -----------------------------------------------------------------------------
+    def _flush(self) -> bool:
+        while self.wpending:
+            buf = self.wpending[0]
+            try:
+                n = self.sock.send(buf)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError as exc:
+                self._lost(exc)
+                return False
+            if n < len(buf):
+                self.wpending[0] = buf[n:]
+                return False
+            self.wpending.pop(0)
+        return True
+
+    def _write(self, kind, flags, tag, msgid, length, aux, payload) -> bool:
+        if not self._flush():
+            return False
+        head = HEADER.pack(kind, flags, tag, msgid, length, aux).ljust(HEADER_SIZE, b"\0")
+        if payload is None or length == 0:
+            parts = [head]
+        elif length <= 16 << 10:
+            parts = [head + bytes(payload)]
+        else:
+            parts = [head, payload]
+        for i, part in enumerate(parts):
+            try:
+                n = self.sock.send(part)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:
+                self._lost(exc)
+                return True
+            if n < len(part):
+                # The caller may reuse its buffer once we return: keep a private copy.
+                self.wpending.append(bytes(memoryview(part)[n:]))
+                self.wpending.extend(bytes(p) for p in parts[i + 1:])
+                break
+        return True
+
+    def pump_out(self) -> bool:
+        flushed_before = not self.wpending
+        moved = super().pump_out()
+        if not self.outq and self.wpending:
+            moved = self._flush() or moved
+        return moved or (not flushed_before and not self.wpending)
+
+    def pending(self) -> bool:
+        return bool(self.wpending) or super().pending()
+
+    # -- in ------------------------------------------------------------------------------
+    def _recv_into(self, view: memoryview) -> int:
+        try:
+            n = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return -1
+        except OSError as exc:
+            self._lost(exc)
+            return -1
+        if n == 0:
+            self._lost(None)
+            return -1
+        return n
+
+    def _poll_in(self) -> bool:
+        moved = False
+        while not self.dead:
+            if self.pkt is None:
+                n = self._recv_into(memoryview(self.hbuf)[self.hgot:])
+                if n < 0:
+                    return moved
+                moved = True
+                self.hgot += n
+                if self.hgot < HEADER_SIZE:
+                    continue
+                self.hgot = 0
+                kind, flags, tag, msgid, length, aux = HEADER.unpack_from(self.hbuf)
+                if kind not in KINDS or length < 0:
+                    self.engine.protocol_violation(self, f"bad header kind={kind} length={length}")
+                    return True
+                if kind == EAGER and length > self.eager or kind == DATA and length > self.frag:
+                    self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
+                    return True
+                self.pkt = (kind, flags, tag, msgid, length, aux)
+                self.pgot = 0
+                if kind == DATA:
+                    try:
+                        req = self.data_target(msgid, length, aux)
+                    except ProtocolError as exc:
+                        self.engine.protocol_violation(self, str(exc))
+                        return True
+                    if req.ufunc is None:  # straight into the destination
+                        dst = req.dst.reshape(-1).view(np.uint8)
+                        self.ptarget = memoryview(dst)[req.offset:req.offset + length]
+                    else:
+                        self.ptarget = memoryview(self.bounce)[:length]
+                elif kind == EAGER:
+                    self.ptarget = memoryview(self.bounce)[:length]
+                else:
+                    self.ptarget = None
+            if self.ptarget is not None and self.pgot < len(self.ptarget):
+                n = self._recv_into(self.ptarget[self.pgot:])
+                if n < 0:
+                    return moved
+                moved = True
+                self.pgot += n
+                if self.pgot < len(self.ptarget):
+                    continue
+            kind, flags, tag, msgid, length, aux = self.pkt
+            self.pkt = None
+            try:
+                if kind == DATA:
+                    req = self.incoming[msgid]
+                    if req.ufunc is None:
+                        req.offset += length
+                    else:
+                        req.deliver(self.ptarget)
+                    self.data_done(req)
+                else:
+                    self._on_packet(kind, flags, tag, msgid, length, aux, self.ptarget)
+            except ProtocolError as exc:
+                self.engine.protocol_violation(self, str(exc))
+                return True
+            self.ptarget = None
+        return moved
+
+    def _lost(self, exc) -> None:
+        if self.closing:
+            self.fail(peer_failure(self.rank, "it has left the job (destroy was called)"))
+        else:
+            why = f"connection lost ({exc})" if exc else "connection closed"
+            self.fail(peer_failure(self.rank, why))
+
+    def send_bye(self) -> None:
+        self.outq.append(("bye", None))
+        self.pump_out()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,155 @@
+"""Work handles for asynchronous operations, and the executor of one rank's part of a
+Schedule (a resumable state machine, so several collectives can be in flight at once)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .schedule import REDUCE
+
+
+class Work:
+    """Handle of an operation started with ``async_op=True``, ``isend`` or ``irecv``."""
+
+    def __init__(self, engine, what: str):
+        self.engine = engine
+        self.what = what
+        self.error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        self.engine.progress()
+        return self._done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the operation completes; raise its error if it failed.
+        ``timeout`` (seconds) defaults to the one given to ``init``."""
+        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on())
+        if self.error is None:
+            self.error = self._error()
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def _done(self) -> bool:
+        raise NotImplementedError
+
+    def _error(self):
+        return None
+
+    def _waiting_on(self):
+        return ()
+
+    def _describe_timeout(self, limit: float) -> str:
+        peers = sorted(self._waiting_on())
+        who = f" waiting for rank(s) {peers}" if peers else ""
+        return f"rank {self.engine.rank}: {self.what} timed out after {limit:g} s{who}"
+
+
+class RequestWork(Work):
+    """A single point-to-point send or receive."""
+
+    def __init__(self, engine, req, what: str, on_done=None):
+        super().__init__(engine, what)
+        self.req = req
+        self.on_done = on_done
+
+    def _done(self) -> bool:
+        return self.req.done
+
+    def _error(self):
+        return self.req.error
+
+    def _waiting_on(self):
+        return () if self.req.done else (self.req.peer,)
+
+
+class CollectiveWork(Work):
+    """Runs one rank's plan of a schedule: per round, local steps, then post all receives
+    and sends; the next round starts when they are all done."""
+
+    def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what: str,
+                 finish=None):
+        super().__init__(engine, what)
+        self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
+        self.bytes = {k: v.view(np.uint8) for k, v in bufs.items()}
+        self.world_of = world_of          # group rank -> world rank
+        self.tag = tag
+        self.finish = finish
+        self.i = 0
+        self.reqs: list = []
+        self.done = False
+        self.round_peers: tuple = ()
+        engine.works.append(self)
+        self.advance()
+
+    def _done(self) -> bool:
+        return self.done
+
+    def _waiting_on(self):
+        return tuple(r.peer for r in self.reqs if not r.done)
+
+    def advance(self) -> bool:
+        if self.done:
+            return False
+        moved = False
+        while all(r.done for r in self.reqs):
+            for r in self.reqs:
+                if r.error is not None:
+                    self._end(r.error)
+                    return True
+            if self.i == len(self.plan):
+                err = None
+                if self.finish is not None:
+                    try:
+                        self.finish()
+                    except BaseException as exc:  # surfaced at wait()
+                        err = exc
+                self._end(err)
+                return True
+            self._post(self.plan[self.i])
+            self.i += 1
+            moved = True
+        return moved
+
+    def _end(self, error) -> None:
+        self.error = error
+        self.done = True
+        self.reqs = []
+        try:
+            self.engine.works.remove(self)
+        except ValueError:
+            pass
+
+    def _post(self, rnd) -> None:
+        bufs, ufunc = self.bufs, self.ufunc
+        for t in rnd.local:
+            src = bufs[t.sbuf][t.soff:t.soff + t.n]
+            dst = bufs[t.dbuf][t.doff:t.doff + t.n]
+            if t.op == REDUCE:
+                ab, ao = t.acc
+                ufunc(bufs[ab][ao:ao + t.n], src, out=dst)
+            else:
+                np.copyto(dst, src)
+        eng, world, tag = self.engine, self.world_of, self.tag
+        reqs = []
+        for t in rnd.recvs:
+            dst = bufs[t.dbuf][t.doff:t.doff + t.n]
+            if t.op == REDUCE:
+                ab, ao = t.acc
+                reqs.append(eng.irecv(world[t.src], tag, dst, ufunc, bufs[ab][ao:ao + t.n]))
+            else:
+                reqs.append(eng.irecv(world[t.src], tag, dst))
+        for t in rnd.sends:
+            isz = bufs[t.sbuf].itemsize
+            data = memoryview(self.bytes[t.sbuf][t.soff * isz:(t.soff + t.n) * isz])
+            reqs.append(eng.isend(world[t.dst], tag, data))
+        self.reqs = reqs
+
+
+class DoneWork(Work):
+    """An operation that finished (or failed validation) at once."""
+
+    def __init__(self, engine, what: str):
+        super().__init__(engine, what)
+
+    def _done(self) -> bool:
+        return True

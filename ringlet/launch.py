@@ -56,6 +56,9 @@ def _describe_exit(code: int) -> str:
 def _spawn_child(fn, rank, nprocs, args, env, backend, errq):
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs))
+    split = os.environ.get("RINGLET_HOST_ID_SPLIT")
+    if split:  # emulate two hosts on one machine (TCP between them, shm inside)
+        os.environ["RINGLET_HOST_ID"] = "hostA" if rank < int(split) else "hostB"
     from . import runtime
     try:
         runtime.init(backend=backend)

@@ -74,7 +74,11 @@ def handshake_client(sock: socket.socket, token: bytes, payload: bytes = b"") ->
     nonce_c = secrets.token_bytes(NONCE)
     sock.sendall(MAGIC + nonce_c + _mac(token, b"client", nonce_s, nonce_c)
                  + struct.pack("<I", len(payload)) + payload)
-    reply = recv_exact(sock, 36)
+    try:
+        reply = recv_exact(sock, 36)
+    except ConnectionError as exc:
+        raise AuthenticationError("the other side refused our job token (is RINGLET_TOKEN "
+                                  "the same on every rank?)") from exc
     if not hmac.compare_digest(reply[:32], _mac(token, b"server", nonce_c, nonce_s)):
         raise AuthenticationError("server failed to prove the job token")
     (plen,) = struct.unpack("<I", reply[32:])

@@ -1,0 +1,41 @@
+"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate."""
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: ringlet COMMAND [args]
+
+commands:
+  run        start ranks of a job (like torchrun):  ringlet run -n 4 script.py [args]
+  bench      nccl-tests style benchmark:           ringlet bench -n 4 --op all_reduce --sizes 8:64M
+  plan       communication/computation ratio planner (no arguments: the seed's worked example)
+  tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
+  explain    predicted time of every algorithm, the winner and crossovers
+  calibrate  measure this host's alpha, beta, gamma and save the profile
+"""
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        from .launch import run_main
+        return run_main(rest)
+    if cmd == "bench":
+        from .bench import main as bench_main
+        return bench_main(rest) or 0
+    if cmd in ("plan", "tiers", "explain"):
+        from .cost import commands
+        return getattr(commands, f"{cmd}_main")(rest) or 0
+    if cmd == "calibrate":
+        from .cost.calibrate import main as calibrate_main
+        return calibrate_main(rest) or 0
+    print(f"ringlet: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""The substrate: process groups, point-to-point over shm and TCP, launch, trust, failure."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from ringlet.rendezvous import StoreServer, TCPStore, env_world, handshake_client
+from ringlet.errors import AuthenticationError
+from conftest import run, two_hosts
+
+ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+              np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
+              np.dtype("S7"), np.dtype("datetime64[ns]"), np.dtype([("a", "<i4"), ("b", "<f8")])]
+
+
+def _ring(rank, count):
+    p = rl.get_world_size()
+    assert rl.get_rank() == rank and rl.is_initialized()
+    if p == 1:
+        return
+    x = np.arange(count, dtype=np.int64) + rank
+    y = np.empty(count, np.int64)
+    ws, wr = rl.isend(x, (rank + 1) % p), rl.irecv(y, (rank - 1) % p)
+    wr.wait()
+    ws.wait()
+    assert wr.is_completed() and ws.is_completed()
+    np.testing.assert_array_equal(y, np.arange(count) + (rank - 1) % p)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_ring_exchange_every_size(n, backend):
+    run(_ring, n, 1000 + n, backend=backend)
+
+
+def _sizes(rank):
+    other = 1 - rank
+    for nbytes in (0, 1, 8, 16 << 10, (16 << 10) + 1, 1 << 20, 256 << 20):
+        if rank == 0:
+            rl.send(np.full(nbytes, nbytes % 251, np.uint8), other)
+        else:
+            buf = np.zeros(nbytes, np.uint8)
+            assert rl.recv(buf, other) == other
+            assert (buf == nbytes % 251).all()
+
+
+def test_zero_bytes_to_256mib(backend):
+    run(_sizes, 2, backend=backend)
+
+
+def _dtypes(rank):
+    rng = np.random.default_rng(0)
+    for dt in ALL_DTYPES:
+        dt = np.dtype(dt)
+        raw = rng.integers(0, 256, size=37 * dt.itemsize, dtype=np.uint8)
+        ref = raw.view(dt).reshape(37)
+        if rank == 0:
+            rl.send(ref, 1)
+        else:
+            got = np.zeros(37, dt)
+            rl.recv(got, 0)
+            assert got.tobytes() == ref.tobytes(), dt
+
+
+def test_every_dtype(backend):
+    run(_dtypes, 2, backend=backend)
+
+
+def _tags(rank):
+    # Tag 7 is sent first but received last; per (pair, tag) order holds, small and large mixed.
+    sizes = [10, 200_000, 3, 1 << 20, 0, 50_000]
+    if rank == 0:
+        works = [rl.isend(np.full(s, i, np.int32), 1, tag=7) for i, s in enumerate(sizes)]
+        works += [rl.isend(np.full(s, 100 + i, np.int32), 1, tag=9) for i, s in enumerate(sizes)]
+        for w in works:
+            w.wait()
+    else:
+        for tag, base in ((9, 100), (7, 0)):
+            for i, s in enumerate(sizes):
+                buf = np.empty(s, np.int32)
+                rl.recv(buf, 0, tag=tag)
+                assert (buf == base + i).all(), (tag, i)
+
+
+def test_tags_and_ordering(backend):
+    run(_tags, 2, backend=backend)
+
+
+def _neighbour(rank, nbytes):
+    p = rl.get_world_size()
+    out = np.full(nbytes, rank, np.uint8)
+    inn = np.empty(nbytes, np.uint8)
+    ws = rl.isend(out, (rank + 1) % p)          # everyone sends before anyone receives
+    wr = rl.irecv(inn, (rank - 1) % p)
+    ws.wait()
+    wr.wait()
+    assert inn[0] == (rank - 1) % p and inn[-1] == (rank - 1) % p
+
+
+def test_ring_neighbour_no_deadlock_256mib(backend):
+    run(_neighbour, 4 if backend == "auto" else 2, 256 << 20, backend=backend)
+
+
+def _subgroups(rank):
+    # Data-parallel groups {0,2},{1,3} and tensor-parallel groups {0,1},{2,3} on one world.
+    dp = [rl.new_group([0, 2]), rl.new_group([1, 3])]
+    tp = [rl.new_group([0, 1]), rl.new_group([2, 3])]
+    mine_dp, mine_tp = dp[rank % 2], tp[rank // 2]
+    assert rl.get_rank(mine_dp) == rank // 2 and rl.get_rank(mine_tp) == rank % 2
+    assert dp[1 - rank % 2].rank == -1
+    with pytest.raises(ValueError, match="not a member"):
+        rl.send(np.zeros(1), 0, group=dp[1 - rank % 2])
+    a = np.full(1000, rank, np.int64)
+    b = np.full(1000, rank, np.int64)
+    ra, rb = np.empty_like(a), np.empty_like(b)
+    other_dp, other_tp = 1 - rl.get_rank(mine_dp), 1 - rl.get_rank(mine_tp)
+    works = [rl.isend(a, other_dp, group=mine_dp), rl.isend(b, other_tp, group=mine_tp),
+             rl.irecv(rb, other_tp, group=mine_tp), rl.irecv(ra, other_dp, group=mine_dp)]
+    for w in works:
+        w.wait()
+    assert (ra == mine_dp.ranks[other_dp]).all() and (rb == mine_tp.ranks[other_tp]).all()
+    # Same tag, same pair, different groups: never confused.
+    s1, s2 = rl.new_group([0, 1, 2, 3]), rl.new_group([0, 1, 2, 3])
+    if rank < 2:
+        x1, x2 = np.empty(4, np.int64), np.empty(4, np.int64)
+        other = 1 - rank
+        w2 = rl.irecv(x2, other, group=s2)
+        w1 = rl.irecv(x1, other, group=s1)
+        rl.send(np.full(4, 1, np.int64), other, group=s1)
+        rl.send(np.full(4, 2, np.int64), other, group=s2)
+        w1.wait(), w2.wait()
+        assert (x1 == 1).all() and (x2 == 2).all()
+
+
+def test_overlapping_subgroups():
+    run(_subgroups, 4)
+
+
+def _mixed(rank):
+    from ringlet.runtime import engine
+    from ringlet.transport.shm import ShmPeer
+    from ringlet.transport.tcp import TcpPeer
+    peers = engine().peers
+    for r, peer in peers.items():
+        same = (r < 2) == (rank < 2)
+        assert isinstance(peer, ShmPeer if same else TcpPeer), (rank, r, type(peer))
+    _ring(rank, 300_000)
+
+
+def test_emulated_two_hosts_mixed_transports():
+    run(_mixed, 4, env=two_hosts(4))
+
+
+def _naive_ring_by_hand(rank):
+    # Seed 000, Code 4.2.2: a running sum walks the ring, then the total walks back.
+    K = rl.get_world_size()
+    local = np.random.default_rng(rank).integers(1, 10, size=3)
+    rl.reset_stats()
+    acc = local.copy()
+    if rank > 0:
+        rl.recv(acc, rank - 1)
+        acc += local
+    if rank < K - 1:
+        rl.send(acc, rank + 1)
+    total = acc
+    if rank == K - 1:
+        rl.send(total, 0)
+    else:
+        rl.recv(total, rank - 1 if rank > 0 else K - 1)
+        if rank < K - 2:
+            rl.send(total, rank + 1)
+    ref = sum(np.random.default_rng(r).integers(1, 10, size=3) for r in range(K))
+    np.testing.assert_array_equal(total, ref)
+    sent = sum(v["messages"] for v in rl.stats()["sent"].values())
+    if rank != 0:
+        rl.send(np.array([sent], np.int64), 0, tag=5)
+    else:
+        total_msgs = sent
+        for r in range(1, K):
+            buf = np.empty(1, np.int64)
+            rl.recv(buf, r, tag=5)
+            total_msgs += int(buf[0])
+        assert total_msgs == 2 * (K - 1), total_msgs
+
+
+def test_stats_count_the_seed_hand_built_ring():
+    run(_naive_ring_by_hand, 4)
+
+
+# -- bad input --------------------------------------------------------------------------
+def _bad_input(rank):
+    other = 1 - rank
+    with pytest.raises(ValueError, match="out of range"):
+        rl.send(np.zeros(2), 5)
+    with pytest.raises(ValueError, match="itself"):
+        rl.send(np.zeros(2), rank)
+    with pytest.raises(ValueError, match="contiguous"):
+        rl.recv(np.zeros((4, 4))[:, 1], other)
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        rl.recv(ro, other)
+    with pytest.raises(TypeError):
+        rl.send([1, 2, 3], other)
+    with pytest.raises(TypeError):
+        rl.send(np.array([object()]), other)
+    # Size mismatch: the receiver names both sizes and writes nothing past its buffer.
+    for n in (8, 1 << 20):
+        if rank == 0:
+            with pytest.raises(ValueError, match=f"{n * 4} bytes"):
+                rl.send(np.ones(n, np.float32), 1)
+        else:
+            guard = np.full(2 * n, 7, np.float32)
+            with pytest.raises(ValueError, match=rf"{n * 4} bytes.*{n * 2} bytes"):
+                rl.recv(guard[:n // 2], 0)
+            assert (guard == 7).all()
+    rl.barrier()
+
+
+def test_bad_input_rejected_before_any_byte_moves():
+    run(_bad_input, 2)
+
+
+def test_calls_before_init_and_after_destroy():
+    assert not rl.is_initialized()
+    with pytest.raises(rl.RingletError, match="not initialized"):
+        rl.send(np.zeros(1), 0)
+    with pytest.raises(rl.RingletError, match="not initialized"):
+        rl.all_reduce(np.zeros(1))
+    os.environ.pop("RINGLET_TOKEN", None)
+    rl.init(init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        assert rl.get_world_size() == 1
+    finally:
+        rl.destroy()
+    with pytest.raises(rl.RingletError, match="not initialized"):
+        rl.recv(np.zeros(1), 0)
+
+
+def test_multi_rank_init_requires_a_token(monkeypatch):
+    monkeypatch.delenv("RINGLET_TOKEN", raising=False)
+    with pytest.raises(rl.RingletError, match="RINGLET_TOKEN"):
+        rl.init(init_method="tcp://127.0.0.1:1", rank=1, world_size=2)
+
+
+# -- timeouts and failures ----------------------------------------------------------------
+def _timeout(rank):
+    if rank == 0:
+        t = time.monotonic()
+        with pytest.raises(rl.TimeoutError) as info:
+            rl.recv(np.zeros(4), 1, timeout=1.0)
+        assert 0.9 < time.monotonic() - t < 3
+        msg = str(info.value)
+        assert "recv" in msg and "rank 0" in msg and "[1]" in msg and "world" in msg, msg
+    rl.barrier()
+
+
+def test_timeout_names_operation_group_rank_and_peer():
+    run(_timeout, 2)
+
+
+def _peer_death(rank, path):
+    if rank == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = time.monotonic()
+    try:
+        rl.recv(np.zeros(1 << 20), 1, timeout=30)
+    except rl.PeerFailure as exc:
+        with open(path, "w") as f:
+            json.dump({"rank": exc.rank, "msg": str(exc), "after": time.monotonic() - t}, f)
+        raise
+
+
+@pytest.mark.parametrize("env", [None, two_hosts(2)], ids=["shm", "tcp"])
+def test_peer_death_raises_peer_failure_within_5s(tmp_path, env):
+    path = str(tmp_path / "seen.json")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_peer_death, 2, path, env=env)
+    assert info.value.rank == 1 and "SIGKILL" in info.value.detail
+    seen = json.load(open(path))
+    assert seen["rank"] == 1 and "rank 1" in seen["msg"] and seen["after"] < 5.0, seen
+
+
+def _fails(rank):
+    if rank == 2:
+        raise RuntimeError("boom on purpose")
+    rl.recv(np.zeros(1), 2, timeout=60)   # would wait a minute: the launcher stops us
+
+
+def test_spawn_names_first_failing_rank():
+    t = time.monotonic()
+    with pytest.raises(rl.ProcessFailed, match="rank 2 failed: RuntimeError: boom on purpose"):
+        run(_fails, 3)
+    assert time.monotonic() - t < 20
+
+
+def test_ringlet_run_tears_down_and_names_failure(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import numpy as np, ringlet as rl\n"
+        "rl.init()\n"
+        "if rl.get_rank() == 1:\n"
+        "    raise ValueError('bad shard 17')\n"
+        "rl.recv(np.zeros(1), 1, timeout=120)\n")
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("ringlet run:")]
+    assert lines == ["ringlet run: rank 1 failed first: ValueError: bad shard 17"], proc.stderr
+    assert time.monotonic() - t < 30
+
+
+def test_ringlet_run_success(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text(
+        "import numpy as np, ringlet as rl, os\n"
+        "rl.init()\n"
+        "x = np.ones(10)\n"
+        "rl.all_reduce(x)\n"
+        "assert x[0] == rl.get_world_size() == int(os.environ['WORLD_SIZE'])\n"
+        "print('rank', rl.get_rank(), 'local', os.environ['LOCAL_RANK'], 'ok')\n"
+        "rl.destroy()\n")
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} local {r} ok" for r in range(3)]
+
+
+# -- trust --------------------------------------------------------------------------------
+def test_store_refuses_wrong_or_missing_token_and_keeps_serving():
+    server = StoreServer("127.0.0.1", 0, "right-token")
+    try:
+        with pytest.raises(AuthenticationError):
+            TCPStore("127.0.0.1", server.port, "wrong-token", timeout=5)
+        with socket.create_connection(("127.0.0.1", server.port)) as s:   # no token at all
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 200)
+            s.settimeout(5)
+            while s.recv(4096):
+                pass
+        good = TCPStore("127.0.0.1", server.port, "right-token", timeout=5)
+        good.set("k", b"v")
+        assert good.get("k") == b"v" and good.add("n", 2) == 2
+        good.close()
+        assert server.refused >= 2
+    finally:
+        server.close()
+
+
+def _intruded(rank, port):
+    x = np.full(1000, rank, np.float64)
+    rl.all_reduce(x)
+    assert (x == sum(range(rl.get_world_size()))).all()
+
+
+def test_job_runs_while_a_stranger_knocks():
+    """A stranger hammering the job's store with wrong tokens is refused; the job completes."""
+    import threading
+    from ringlet import launch
+    stop = threading.Event()
+    refused = []
+    orig = launch.StoreServer
+
+    class Watched(orig):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            refused.append(self)
+            threading.Thread(target=self._knock, daemon=True).start()
+
+        def _knock(self):
+            while not stop.is_set():
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                        s.settimeout(2)
+                        handshake_client(s, b"not-the-token")
+                except (AuthenticationError, OSError, ConnectionError):
+                    pass
+                time.sleep(0.01)
+
+    launch.StoreServer = Watched
+    try:
+        run(_intruded, 3, 0)
+    finally:
+        launch.StoreServer = orig
+        stop.set()
+    assert refused and refused[0].refused > 0
+
+
+def test_shm_segments_are_private_while_they_exist(tmp_path):
+    from ringlet.transport.shm import create_segment
+    path = f"/dev/shm/ringlet-test-{os.getpid()}"
+    seg = create_segment(path, 4096)
+    try:
+        assert os.stat(path).st_mode & 0o777 == 0o600
+    finally:
+        seg.close()
+        os.unlink(path)
+
+
+def test_env_understands_torchrun_openmpi_pmi_slurm():
+    assert env_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})["rank"] == 3
+    ompi = env_world({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
+                      "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+    assert (ompi["rank"], ompi["world_size"], ompi["local_rank"]) == (2, 4, 0)
+    pmi = env_world({"PMI_RANK": "5", "PMI_SIZE": "6"})
+    assert (pmi["rank"], pmi["world_size"]) == (5, 6)
+    slurm = env_world({"SLURM_PROCID": "7", "SLURM_NTASKS": "16", "SLURM_LOCALID": "3",
+                       "MASTER_ADDR": "node1", "MASTER_PORT": "1234"})
+    assert (slurm["rank"], slurm["world_size"], slurm["local_rank"]) == (7, 16, 3)
+    assert (slurm["master_addr"], slurm["master_port"]) == ("node1", 1234)
+
+
+def _torch(rank):
+    import torch
+    t = torch.full((5,), float(rank))
+    if rank == 0:
+        rl.send(t, 1)
+    else:
+        rl.recv(t, 0)
+        assert t.tolist() == [0.0] * 5
+    t = torch.ones(3)
+    rl.all_reduce(t)
+    assert t.tolist() == [2.0] * 3
+
+
+def test_cpu_torch_tensors():
+    pytest.importorskip("torch")
+    run(_torch, 2)

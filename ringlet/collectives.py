@@ -46,19 +46,36 @@ def _auto(collective: str, g: Group, nbytes: int) -> tuple[str, str]:
     return algorithms.choose(collective, g.size, nbytes, hosts=hosts), "size rule"
 
 
+_CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op) -> prepared call
+
+
+def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
+    """Everything about a call that does not depend on the buffers' addresses, computed once:
+    the algorithm (auto asks the cost model), the schedule, this rank's plan, the ufunc."""
+    key = (collective, algorithm, g.id, count, dtype.str, root, splits, op)
+    hit = _CALLS.get(key)
+    if hit is None:
+        name = _pick(collective, algorithm, g, count * dtype.itemsize)
+        hosts = g.host_indices() if name == "hierarchical" else None
+        sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
+                                 root=0 if root is None else root, hosts=hosts, splits=splits)
+        hit = (name, sched.rank_plan(g.rank), sched.buffers.get("tmp", 0),
+               UFUNC[op] if op is not None else None)
+        if len(_CALLS) > 4096:
+            _CALLS.clear()
+        _CALLS[key] = hit
+    elif _DEBUG_ALGO and algorithm == "auto":
+        _pick(collective, algorithm, g, count * dtype.itemsize)
+    return hit
+
+
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
-    nbytes = count * dtype.itemsize
-    name = _pick(collective, algorithm, g, nbytes)
-    hosts = g.host_indices() if name == "hierarchical" else None
-    sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
-                             root=0 if root is None else root, hosts=hosts, splits=splits)
-    tmp = sched.buffers.get("tmp", 0)
+    name, plan, tmp, ufunc = _prepare(collective, algorithm, g, count, dtype, op, root, splits)
     bufs["tmp"] = np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
-    ufunc = UFUNC[op] if op is not None else None
-    work = CollectiveWork(engine(), sched.rank_plan(g.rank), bufs, ufunc, g.ranks, tag,
-                          f"{collective} #{seq} of group {g.name} ({name})", finish)
+    work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,
+                          (collective, seq, g.name, name), finish)
     if async_op:
         return work
     work.wait(timeout)

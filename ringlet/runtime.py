@@ -212,7 +212,7 @@ def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWor
     g = resolve(group)
     peer = _peer(g, dst, "send")
     arr = as_array(buf, "send buffer")
-    req = engine().isend(peer, _tag(g, tag), memoryview(arr.reshape(-1).view(np.uint8)))
+    req = engine().isend(peer, _tag(g, tag), arr.reshape(-1).view(np.uint8))
     return RequestWork(_S.engine, req, f"send to rank {dst} (tag {tag}, {g.name})")
 
 

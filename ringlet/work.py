@@ -10,10 +10,14 @@ from .schedule import REDUCE
 class Work:
     """Handle of an operation started with ``async_op=True``, ``isend`` or ``irecv``."""
 
-    def __init__(self, engine, what: str):
+    def __init__(self, engine, what):
         self.engine = engine
-        self.what = what
+        self._what = what
         self.error: BaseException | None = None
+
+    @property
+    def what(self) -> str:
+        return self._what
 
     def is_completed(self) -> bool:
         self.engine.progress()
@@ -22,7 +26,7 @@ class Work:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the operation completes; raise its error if it failed.
         ``timeout`` (seconds) defaults to the one given to ``init``."""
-        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on())
+        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on)
         if self.error is None:
             self.error = self._error()
         if self.error is not None:
@@ -64,13 +68,18 @@ class RequestWork(Work):
 
 class CollectiveWork(Work):
     """Runs one rank's plan of a schedule: per round, local steps, then post all receives
-    and sends; the next round starts when they are all done."""
+    and sends; the next round starts when they are all done. ``what`` is (collective,
+    sequence number, group name, algorithm)."""
+
+    @property
+    def what(self) -> str:
+        coll, seq, group, algo = self._what
+        return f"{coll} #{seq} of group {group} ({algo})"
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what: str,
                  finish=None):
         super().__init__(engine, what)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
-        self.bytes = {k: v.view(np.uint8) for k, v in bufs.items()}
         self.world_of = world_of          # group rank -> world rank
         self.tag = tag
         self.finish = finish
@@ -139,9 +148,7 @@ class CollectiveWork(Work):
             else:
                 reqs.append(eng.irecv(world[t.src], tag, dst))
         for t in rnd.sends:
-            isz = bufs[t.sbuf].itemsize
-            data = memoryview(self.bytes[t.sbuf][t.soff * isz:(t.soff + t.n) * isz])
-            reqs.append(eng.isend(world[t.dst], tag, data))
+            reqs.append(eng.isend(world[t.dst], tag, bufs[t.sbuf][t.soff:t.soff + t.n].view(np.uint8)))
         self.reqs = reqs
 
 

@@ -137,7 +137,8 @@ class Engine:
         self.sel.register(sock, selectors.EVENT_READ, peer)
 
     # -- moving bytes --------------------------------------------------------------------
-    def isend(self, peer: int, tag: int, data: memoryview) -> SendRequest:
+    def isend(self, peer: int, tag: int, data) -> SendRequest:
+        """Post a send of ``data`` (a flat uint8 array viewing the caller's buffer)."""
         req = SendRequest(peer, tag, data)
         self.peers[peer].post_send(req)
         return req
@@ -158,7 +159,7 @@ class Engine:
                     moved = True
         return moved
 
-    def wait(self, done, timeout: float | None, describe, peers=()) -> None:
+    def wait(self, done, timeout: float | None, describe, peers=tuple) -> None:
         """Drive progress until ``done()``; on expiry raise TimeoutError(describe())."""
         if done():
             return
@@ -179,7 +180,7 @@ class Engine:
                 idle_since = now
             if now - self._last_liveness > LIVENESS_EVERY:
                 self._last_liveness = now
-                self.check_liveness(peers)
+                self.check_liveness(peers())
                 if done():
                     return
             if now > deadline:

@@ -48,9 +48,9 @@ class Request:
 class SendRequest(Request):
     __slots__ = ("data",)
 
-    def __init__(self, peer, tag, data: memoryview):
+    def __init__(self, peer, tag, data: np.ndarray):
         super().__init__(peer, tag, data.nbytes, "send")
-        self.data = data  # flat bytes view of the caller's buffer
+        self.data = data  # flat uint8 view of the caller's buffer
 
 
 class RecvRequest(Request):

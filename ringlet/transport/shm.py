@@ -93,7 +93,7 @@ class ShmPeer(Peer):
         if free < need:
             return False
         if payload is not None and length:
-            ring.data[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = np.frombuffer(payload, np.uint8)
+            ring.data[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
         HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux)
         self.head += need
         ring.ctrl[0] = self.head          # publish (stores are ordered on x86-64)

@@ -1,0 +1,327 @@
+"""``ringlet bench``: an nccl-tests style benchmark of ringlet's collectives, with the cost
+model's prediction beside each measurement and, on request, Open MPI (mpi4py) and Gloo
+(torch) measured on the same sizes in the same invocation.
+
+Conventions (as nccl-tests): ``size`` is the per-rank buffer for all_reduce, broadcast,
+reduce and all_to_all, and the whole gathered array for all_gather, reduce_scatter,
+gather and scatter; time is the median over iterations of the slowest rank;
+algbw = size / time; busbw = algbw x factor (all_reduce 2(p-1)/p; all_gather,
+reduce_scatter, all_to_all, gather, scatter (p-1)/p; broadcast, reduce 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
+          "reduce": lambda p: 1.0, "all_gather": lambda p: (p - 1) / p,
+          "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
+          "gather": lambda p: (p - 1) / p, "scatter": lambda p: (p - 1) / p}
+TOTAL_SIZED = {"all_gather", "reduce_scatter", "gather", "scatter"}
+OPS = sorted(FACTOR)
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
+
+
+def parse_sizes(spec: str) -> list[int]:
+    """"8,1K,1M" or "8:256M" (doubling) or "8:256M:4" (multiply by 4)."""
+    if ":" in spec:
+        parts = spec.split(":")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) > 2 else 2
+        out, s = [], max(lo, 1)
+        while s <= hi:
+            out.append(s)
+            s *= factor
+        return out
+    return [parse_size(x) for x in spec.split(",")]
+
+
+def counts(op: str, nbytes: int, p: int, itemsize: int) -> tuple[int, int]:
+    """(elements per rank block, elements in the full buffer) for a benchmark size."""
+    n = max(nbytes // itemsize, 1)
+    if op in TOTAL_SIZED or op == "all_to_all":
+        n = max(n - n % p, p)
+        return n // p, n
+    return n, n
+
+
+def iters_for(nbytes: int, iters: int | None) -> int:
+    return iters if iters else max(5, min(1000, int(2e8 // max(nbytes, 1))))
+
+
+def _make_call(rl, op, nbytes, p, rank, dtype, algo):
+    """A closure running one collective, plus a checker returning #wrong elements."""
+    per, total = counts(op, nbytes, p, dtype.itemsize)
+    fill = lambda r: np.full(total, r + 1, dtype)  # noqa: E731
+    expect_sum = sum(range(1, p + 1))
+    if op == "all_reduce":
+        x = fill(rank)
+        def call():
+            x[...] = rank + 1
+            rl.all_reduce(x, algorithm=algo)
+        return call, lambda: int(np.count_nonzero(x != expect_sum))
+    if op == "broadcast":
+        x = fill(rank)
+        def call():
+            rl.broadcast(x, 0, algorithm=algo)
+        return call, lambda: int(np.count_nonzero(x != 1))
+    if op == "reduce":
+        x = fill(rank)
+        def call():
+            if rank == 0:
+                x[...] = 1
+            rl.reduce(x, 0, algorithm=algo)
+        return call, lambda: int(np.count_nonzero(x != expect_sum)) if rank == 0 else 0
+    if op == "all_gather":
+        x, y = np.full(per, rank + 1, dtype), np.empty((p, per), dtype)
+        want = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per)
+        return (lambda: rl.all_gather(y, x, algorithm=algo)), lambda: int(np.count_nonzero(y != want))
+    if op == "reduce_scatter":
+        x, y = np.full((p, per), rank + 1, dtype), np.empty(per, dtype)
+        return (lambda: rl.reduce_scatter(y, x, algorithm=algo)), \
+            lambda: int(np.count_nonzero(y != expect_sum))
+    if op == "all_to_all":
+        x = np.repeat(np.arange(p, dtype=dtype) + 100 * rank, per).reshape(p, per)
+        y = np.empty_like(x)
+        want = np.repeat(rank + 100 * np.arange(p, dtype=dtype), per).reshape(p, per)
+        return (lambda: rl.all_to_all(y, x, algorithm=algo)), lambda: int(np.count_nonzero(y != want))
+    if op == "gather":
+        x = np.full(per, rank + 1, dtype)
+        y = np.empty((p, per), dtype) if rank == 0 else None
+        want = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per)
+        return (lambda: rl.gather(x, y, 0, algorithm=algo)), \
+            lambda: int(np.count_nonzero(y != want)) if rank == 0 else 0
+    if op == "scatter":
+        x = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per) if rank == 0 else None
+        y = np.empty(per, dtype)
+        return (lambda: rl.scatter(y, x, 0, algorithm=algo)), lambda: int(np.count_nonzero(y != rank + 1))
+    raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
+
+
+def _worker(rank, cfg, out_path):
+    import ringlet as rl
+    p = rl.get_world_size()
+    dtype = np.dtype(cfg["dtype"])
+    rows = []
+    bar = None
+    total_steps = len(cfg["algos"]) * len(cfg["sizes"])
+    if rank == 0 and cfg.get("progress", True):
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=total_steps, desc=f"ringlet {cfg['op']} p={p}", file=sys.stderr,
+                       leave=False)
+        except ImportError:
+            bar = None
+    for algo in cfg["algos"]:
+        for nbytes in cfg["sizes"]:
+            call, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo)
+            n = iters_for(nbytes, cfg["iters"])
+            for _ in range(cfg["warmup"]):
+                call()
+            times = np.empty(n)
+            for i in range(n):
+                rl.barrier()
+                t0 = time.perf_counter()
+                call()
+                times[i] = time.perf_counter() - t0
+            t = np.array([np.median(times)])
+            rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
+            wrong = np.array([check() if cfg["check"] else 0], np.int64)
+            rl.all_reduce(wrong, algorithm="recursive_doubling")
+            if rank == 0:
+                rows.append({"lib": "ringlet", "op": cfg["op"], "p": p, "bytes": nbytes,
+                             "dtype": dtype.name, "algorithm": algo, "time_us": t[0] * 1e6,
+                             "wrong": int(wrong[0]) if cfg["check"] else None})
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+
+
+def _finish_row(row: dict, p: int) -> dict:
+    t = row["time_us"] * 1e-6
+    row["algbw_GBps"] = row["bytes"] / t / 1e9
+    row["busbw_GBps"] = row["algbw_GBps"] * FACTOR[row["op"]](p)
+    return row
+
+
+def _predict(row: dict, backend: str) -> float | None:
+    try:
+        from . import cost
+        pred = cost.predict_host(row["op"], row["bytes"], row["p"], row["algorithm"], backend)
+        return pred
+    except (ImportError, AttributeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_ringlet(op, n, sizes, algos, dtype, iters, warmup, check, backend, env) -> list[dict]:
+    from .launch import spawn
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rows.json")
+        cfg = {"op": op, "sizes": sizes, "algos": algos, "dtype": dtype, "iters": iters,
+               "warmup": warmup, "check": check}
+        spawn(_worker, n, args=(cfg, path), backend=backend, env=env)
+        with open(path) as f:
+            rows = json.load(f)
+    return rows
+
+
+# -- peers: Open MPI through mpi4py, Gloo through torch --------------------------------------
+def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> list[dict] | str:
+    """Measure a peer library the same way; returns rows, or a reason it was skipped."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.jsonl")
+        args = ["--op", op, "--sizes", ",".join(map(str, sizes)), "--json", out, "-n", str(n)]
+        if iters:
+            args += ["--iters", str(iters)]
+        if lib == "mpi":
+            try:
+                import mpi4py  # noqa: F401
+            except ImportError:
+                return "mpi4py is not installed (pip install mpi4py; apt-get install openmpi-bin)"
+            if not shutil.which("mpirun"):
+                return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+                   sys.executable, "-m", "ringlet.peers", "mpi", *args]
+        elif lib == "gloo":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                return "torch is not installed (pip install torch==2.13.0)"
+            cmd = [sys.executable, "-m", "ringlet.peers", "gloo", *args]
+        else:
+            return f"unknown peer {lib!r} (valid: mpi, gloo)"
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"{lib} run failed: {proc.stderr.strip().splitlines()[-1:]}"
+        with open(out) as f:
+            return [json.loads(line) for line in f]
+
+
+def _fmt_size(n: int) -> str:
+    for unit, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= s and n % s == 0:
+            return f"{n // s}{unit}"
+    return str(n)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ringlet bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=2, help="ranks")
+    ap.add_argument("--op", default="all_reduce", choices=OPS)
+    ap.add_argument("--algo", default="auto", help="comma-separated algorithm names")
+    ap.add_argument("--sizes", default="8:64M:8", help='"8,1K,1M", "8:256M" or "8:256M:4"')
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="verify results (#wrong column)")
+    ap.add_argument("--backend", default=None, choices=["auto", "shm", "tcp"])
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="emulate this many hosts with RINGLET_HOST_ID (TCP between them)")
+    ap.add_argument("--compare", default="", help="peers to run too: mpi,gloo")
+    ap.add_argument("--json", help="append one JSON object per row to this file")
+    ap.add_argument("--plot", help="save busbw vs size to this PNG (needs matplotlib)")
+    a = ap.parse_args(argv)
+    sizes = parse_sizes(a.sizes)
+    algos = [x for x in a.algo.split(",") if x]
+    env = None
+    if a.hosts > 1:
+        if a.n % a.hosts:
+            ap.error("--hosts must divide -n")
+        env = {"RINGLET_HOST_ID_SPLIT": str(a.n // a.hosts)} if a.hosts == 2 else None
+        if a.hosts != 2:
+            ap.error("--hosts supports 1 or 2 emulated hosts")
+    rows = run_ringlet(a.op, a.n, sizes, algos, a.dtype, a.iters, a.warmup, a.check,
+                       a.backend, env)
+    backend = "tcp" if (a.backend == "tcp" or a.hosts > 1) else "shm"
+    for r in rows:
+        _finish_row(r, a.n)
+        pred = _predict(r, backend)
+        r["pred_us"] = pred * 1e6 if pred is not None else None
+    peers = {}
+    for lib in [x for x in a.compare.split(",") if x]:
+        got = run_peer(lib, a.op, a.n, sizes, a.iters)
+        if isinstance(got, str):
+            print(f"# {lib}: skipped — {got}")
+        else:
+            peers[lib] = {row["bytes"]: _finish_row(row, a.n) for row in got}
+    _print(rows, peers, a.check)
+    if a.json:
+        with open(a.json, "a") as f:
+            for r in rows + [row for v in peers.values() for row in v.values()]:
+                f.write(json.dumps(r) + "\n")
+    if a.plot:
+        _plot(rows, peers, a.plot, a.op, a.n)
+    return 0
+
+
+def _print(rows, peers, check):
+    head = (f"{'size':>8} {'count':>10} {'dtype':>8} {'op':>14} {'algorithm':>18} {'time(us)':>10} "
+            f"{'algbw':>8} {'busbw':>8} {'pred(us)':>9} {'err':>6}")
+    if check:
+        head += f" {'#wrong':>6}"
+    for lib in peers:
+        head += f" {lib + '(us)':>10} {'x' + lib:>7}"
+    print(head)
+    for r in rows:
+        per, total = counts(r["op"], r["bytes"], r["p"], np.dtype(r["dtype"]).itemsize)
+        pred = r.get("pred_us")
+        err = f"{(pred - r['time_us']) / r['time_us'] * 100:+5.0f}%" if pred else "   n/a"
+        line = (f"{_fmt_size(r['bytes']):>8} {total:>10} {r['dtype']:>8} {r['op']:>14} "
+                f"{r['algorithm']:>18} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
+                f"{r['busbw_GBps']:>8.3f} {pred if pred is None else round(pred, 1)!s:>9} {err:>6}")
+        if check:
+            line += f" {r['wrong']:>6}"
+        for lib, by_size in peers.items():
+            pr = by_size.get(r["bytes"])
+            if pr is None:
+                line += f" {'-':>10} {'-':>7}"
+            else:  # ratio > 1: ringlet is faster
+                line += f" {pr['time_us']:>10.1f} {pr['time_us'] / r['time_us']:>6.2f}x"
+        print(line)
+
+
+def _plot(rows, peers, path, op, p):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# --plot needs matplotlib: pip install 'ringlet[plot]'")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for algo in sorted({r["algorithm"] for r in rows}):
+        pts = [(r["bytes"], r["busbw_GBps"]) for r in rows if r["algorithm"] == algo]
+        ax.plot(*zip(*pts), marker="o", label=f"ringlet {algo}")
+    for lib, by_size in peers.items():
+        pts = sorted((b, r["busbw_GBps"]) for b, r in by_size.items())
+        ax.plot(*zip(*pts), marker="s", linestyle="--", label=lib)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"{op}, p={p}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"# plot saved to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

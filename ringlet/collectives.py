@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, fingerprint
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, resolve
@@ -59,8 +59,10 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
         hosts = g.host_indices() if name == "hierarchical" else None
         sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
+        fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
+                                count, root, op)
         hit = (name, sched.rank_plan(g.rank), sched.buffers.get("tmp", 0),
-               UFUNC[op] if op is not None else None)
+               UFUNC[op] if op is not None else None, fp)
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
@@ -71,11 +73,11 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
-    name, plan, tmp, ufunc = _prepare(collective, algorithm, g, count, dtype, op, root, splits)
+    name, plan, tmp, ufunc, fp = _prepare(collective, algorithm, g, count, dtype, op, root, splits)
     bufs["tmp"] = np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
     work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,
-                          (collective, seq, g.name, name), finish)
+                          (collective, seq, g.name, name), fp, finish)
     if async_op:
         return work
     work.wait(timeout)

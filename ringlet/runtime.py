@@ -104,10 +104,17 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
             server.close()
         raise
     _S.generation += 1
+    engine.coll_stats = {}
+    engine.describe_fp = _describe_fp
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
     return _S.world
+
+
+def _describe_fp(fp) -> dict:
+    from . import algorithms, fingerprint
+    return fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c]))
 
 
 def _host_of(store, rank: int, gen: int, timeout: float) -> str:

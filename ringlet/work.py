@@ -2,6 +2,8 @@
 Schedule (a resumable state machine, so several collectives can be in flight at once)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .schedule import REDUCE
@@ -76,19 +78,23 @@ class CollectiveWork(Work):
         coll, seq, group, algo = self._what
         return f"{coll} #{seq} of group {group} ({algo})"
 
-    def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what: str,
+    def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
                  finish=None):
         super().__init__(engine, what)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
-        self.tag = tag
+        self.tag, self.fp = tag, fp
         self.finish = finish
         self.i = 0
         self.reqs: list = []
         self.done = False
-        self.round_peers: tuple = ()
+        self.waited = 0.0                 # seconds spent waiting on peers, and on whom last
+        self.last_peer = None
+        self._posted_at = 0.0
         engine.works.append(self)
-        self.advance()
+        engine.start_collective(self)
+        if not self.done:
+            self.advance()
 
     def _done(self) -> bool:
         return self.done
@@ -100,7 +106,13 @@ class CollectiveWork(Work):
         if self.done:
             return False
         moved = False
-        while all(r.done for r in self.reqs):
+        while True:
+            pending = [r for r in self.reqs if not r.done]
+            if pending:
+                self.last_peer = pending[-1].peer
+                return moved
+            if self.reqs:
+                self.waited += time.perf_counter() - self._posted_at
             for r in self.reqs:
                 if r.error is not None:
                     self._end(r.error)
@@ -117,16 +129,29 @@ class CollectiveWork(Work):
             self._post(self.plan[self.i])
             self.i += 1
             moved = True
-        return moved
+
+    def fail(self, exc) -> None:
+        if not self.done:
+            self._end(exc)
 
     def _end(self, error) -> None:
         self.error = error
         self.done = True
         self.reqs = []
+        eng = self.engine
         try:
-            self.engine.works.remove(self)
+            eng.works.remove(self)
         except ValueError:
             pass
+        eng.end_collective(self)
+        st = eng.coll_stats.setdefault(self._what[0], {"calls": 0, "wait_s": 0.0, "max_wait_s": 0.0,
+                                                      "last_arrival": None})
+        st["calls"] += 1
+        st["wait_s"] += self.waited
+        if self.waited >= st["max_wait_s"]:
+            st["max_wait_s"] = self.waited
+        if self.last_peer is not None:
+            st["last_arrival"] = self.last_peer
 
     def _post(self, rnd) -> None:
         bufs, ufunc = self.bufs, self.ufunc
@@ -138,18 +163,20 @@ class CollectiveWork(Work):
                 ufunc(bufs[ab][ao:ao + t.n], src, out=dst)
             else:
                 np.copyto(dst, src)
-        eng, world, tag = self.engine, self.world_of, self.tag
+        eng, world, tag, fp = self.engine, self.world_of, self.tag, self.fp
         reqs = []
         for t in rnd.recvs:
             dst = bufs[t.dbuf][t.doff:t.doff + t.n]
             if t.op == REDUCE:
                 ab, ao = t.acc
-                reqs.append(eng.irecv(world[t.src], tag, dst, ufunc, bufs[ab][ao:ao + t.n]))
+                reqs.append(eng.irecv(world[t.src], tag, dst, ufunc, bufs[ab][ao:ao + t.n], fp))
             else:
-                reqs.append(eng.irecv(world[t.src], tag, dst))
+                reqs.append(eng.irecv(world[t.src], tag, dst, None, None, fp))
         for t in rnd.sends:
-            reqs.append(eng.isend(world[t.dst], tag, bufs[t.sbuf][t.soff:t.soff + t.n].view(np.uint8)))
+            reqs.append(eng.isend(world[t.dst], tag,
+                                  bufs[t.sbuf][t.soff:t.soff + t.n].view(np.uint8), fp))
         self.reqs = reqs
+        self._posted_at = time.perf_counter()
 
 
 class DoneWork(Work):

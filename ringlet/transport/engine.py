@@ -15,7 +15,7 @@ import selectors
 import socket
 import time
 
-from ..errors import AuthenticationError, RingletError, TimeoutError
+from ..errors import AuthenticationError, CollectiveMismatch, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
@@ -23,6 +23,7 @@ from .tcp import TcpPeer
 
 log = logging.getLogger("ringlet")
 
+STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
@@ -38,6 +39,10 @@ class Engine:
         self.timeout = timeout
         self.peers: dict[int, object] = {}
         self.works: list = []
+        self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
+        self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
+        self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
+        self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", 4 << 20)) & ~63
         self.seg = None
@@ -137,16 +142,104 @@ class Engine:
         self.sel.register(sock, selectors.EVENT_READ, peer)
 
     # -- moving bytes --------------------------------------------------------------------
-    def isend(self, peer: int, tag: int, data) -> SendRequest:
+    def isend(self, peer: int, tag: int, data, fp=(0, 0)) -> SendRequest:
         """Post a send of ``data`` (a flat uint8 array viewing the caller's buffer)."""
-        req = SendRequest(peer, tag, data)
+        req = SendRequest(peer, tag, data, fp)
         self.peers[peer].post_send(req)
         return req
 
-    def irecv(self, peer: int, tag: int, dst, ufunc=None, acc=None) -> RecvRequest:
-        req = RecvRequest(peer, tag, dst, ufunc, acc)
+    def irecv(self, peer: int, tag: int, dst, ufunc=None, acc=None, fp=(0, 0)) -> RecvRequest:
+        req = RecvRequest(peer, tag, dst, ufunc, acc, fp)
         self.peers[peer].post_recv(req)
         return req
+
+    # -- agreeing on the collective ------------------------------------------------------
+    def start_collective(self, work) -> None:
+        """Register a collective; fail it at once if a peer already reported a mismatch
+        for its tag, or a message already waiting for it carries another fingerprint."""
+        tag = work.tag
+        exc = self.aborts.pop(tag, None)
+        if exc is None and self.aborts:
+            # A call of this group that this rank finished was aborted by a peer that
+            # disagreed with it: report it now rather than never.
+            group = tag >> 48
+            earlier = [t for t in self.aborts if t >> 48 == group and t < tag]
+            if earlier:
+                exc = self.aborts.pop(min(earlier))
+                for t in earlier:
+                    self.aborts.pop(t, None)
+                # Peers entering this call would wait for us forever: abort it for them too.
+                for r in work.world_of:
+                    peer = self.peers.get(r)
+                    if peer is not None and not peer.dead:
+                        peer.send_abort(tag, work.fp, (min(earlier), 0), STALE)
+                self.failed[tag] = True
+        if exc is not None:
+            work.fail(exc)
+            return
+        self.active[tag] = work
+        for peer in self.peers.values():
+            q = peer.unexpected.get(tag)
+            if q and q[0][-1] != work.fp:
+                self.mismatch(tag, work.fp, q[0][-1], peer.rank)
+                return
+
+    def end_collective(self, work) -> None:
+        if self.active.get(work.tag) is work:
+            del self.active[work.tag]
+
+    def check_fingerprint(self, tag: int, fp, rank: int) -> None:
+        work = self.active.get(tag)
+        if work is not None and work.fp != fp:
+            self.mismatch(tag, work.fp, fp, rank)
+
+    def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
+        from ..fingerprint import diff
+        work = self.active.get(tag)
+        call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+        text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
+        via = f" (reported by rank {reporter})" if reporter is not None else ""
+        return CollectiveMismatch(f"{call}: ranks disagree: {text}{via}")
+
+    def mismatch(self, tag: int, mine, theirs, culprit: int) -> None:
+        """This rank saw a message of another fingerprint: fail here and tell every peer
+        of the collective, so nobody waits for a call that cannot complete."""
+        exc = self._mismatch_error(tag, mine, self.rank, theirs, culprit)
+        work = self.active.get(tag)
+        members = [w for w in (work.world_of if work is not None else self.peers) if w != self.rank]
+        for r in members:
+            peer = self.peers.get(r)
+            if peer is not None and not peer.dead:
+                peer.send_abort(tag, mine, theirs, culprit)
+        self._fail_collective(tag, exc)
+
+    def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
+        if tag in self.failed:
+            return
+        if culprit == STALE:
+            work = self.active.get(tag)
+            call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+            exc = CollectiveMismatch(
+                f"{call}: rank {sender} refused it because collective "
+                f"#{culprit_fp[0] & ((1 << 47) - 1)} of this group was mismatched across ranks")
+        else:
+            exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
+        if tag in self.active:
+            self._fail_collective(tag, exc)
+        else:
+            self.aborts[tag] = exc
+
+    def _fail_collective(self, tag: int, exc) -> None:
+        self.failed[tag] = True
+        if len(self.failed) > 1024:
+            self.failed.pop(next(iter(self.failed)))
+        work = self.active.pop(tag, None)
+        for peer in self.peers.values():
+            peer.fail_tag(tag, exc)
+        if work is not None:
+            work.fail(exc)
+        else:
+            self.aborts[tag] = exc
 
     def progress(self) -> bool:
         moved = False

@@ -21,19 +21,21 @@ import numpy as np
 
 from ..errors import PeerFailure, RingletError
 
-HEADER = struct.Struct("<IIqqqq")  # kind, flags, tag, msgid, length, aux
+HEADER = struct.Struct("<IIqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2
 HEADER_SIZE = 64
-EAGER, RTS, CTS, DATA, PAD, BYE = 1, 2, 3, 4, 5, 6
+EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 CTS_OK, CTS_REJECT = 0, 1
-KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE}
+KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
+NO_FP = (0, 0)
 
 
 class Request:
-    """One posted send or receive. ``done`` turns true on completion or failure."""
-    __slots__ = ("peer", "tag", "nbytes", "done", "error", "msgid", "offset", "what")
+    """One posted send or receive. ``done`` turns true on completion or failure. ``fp`` is
+    the fingerprint of the collective it belongs to (NO_FP for point-to-point)."""
+    __slots__ = ("peer", "tag", "nbytes", "done", "error", "msgid", "offset", "what", "fp")
 
-    def __init__(self, peer: int, tag: int, nbytes: int, what: str):
-        self.peer, self.tag, self.nbytes, self.what = peer, tag, nbytes, what
+    def __init__(self, peer: int, tag: int, nbytes: int, what: str, fp=NO_FP):
+        self.peer, self.tag, self.nbytes, self.what, self.fp = peer, tag, nbytes, what, fp
         self.done = False
         self.error: BaseException | None = None
         self.msgid = -1
@@ -48,16 +50,17 @@ class Request:
 class SendRequest(Request):
     __slots__ = ("data",)
 
-    def __init__(self, peer, tag, data: np.ndarray):
-        super().__init__(peer, tag, data.nbytes, "send")
+    def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
+        super().__init__(peer, tag, data.nbytes, "send", fp)
         self.data = data  # flat uint8 view of the caller's buffer
 
 
 class RecvRequest(Request):
     __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize")
 
-    def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None):
-        super().__init__(peer, tag, dst.nbytes, "recv")
+    def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None,
+                 fp=NO_FP):
+        super().__init__(peer, tag, dst.nbytes, "recv", fp)
         self.dst = dst            # typed flat array receiving the data
         self.ufunc = ufunc        # None: copy; else dst = ufunc(acc, incoming)
         self.acc = dst if acc is None else acc
@@ -79,6 +82,18 @@ class RecvRequest(Request):
                         else payload.view(self.dtype))
             self.ufunc(self.acc[e0:e1], incoming, out=self.dst[e0:e1])
         self.offset += n
+
+
+class _Discard:
+    """Sink for the rest of a message whose receive was cancelled."""
+    __slots__ = ("msgid", "nbytes", "offset", "tag", "ufunc", "done", "error")
+
+    def __init__(self, req):
+        self.msgid, self.nbytes, self.offset, self.tag = req.msgid, req.nbytes, req.offset, req.tag
+        self.ufunc, self.done, self.error = True, True, None
+
+    def deliver(self, payload) -> None:
+        self.offset += len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
 
 
 class Peer:
@@ -121,6 +136,10 @@ class Peer:
             return
         q = self.unexpected.get(req.tag)
         if q:
+            if q[0][-1] != req.fp:
+                self.posted.setdefault(req.tag, deque()).append(req)
+                self.engine.mismatch(req.tag, req.fp, q[0][-1], self.rank)
+                return
             item = q.popleft()
             if item[0] == "eager":
                 self._finish_eager(req, item[1])
@@ -141,15 +160,19 @@ class Peer:
         while self.outq:
             kind, item = self.outq[0]
             if kind == "eager":
-                if not self._write(EAGER, 0, item.tag, -1, item.nbytes, 0, item.data):
+                if not self._write(EAGER, 0, item.tag, -1, item.nbytes, 0, item.data, *item.fp):
                     break
                 self._sent(item)
             elif kind == "rts":
-                if not self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None):
+                if not self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None, *item.fp):
                     break
             elif kind == "cts":
                 msgid, flags, aux = item
                 if not self._write(CTS, flags, 0, msgid, 0, aux, None):
+                    break
+            elif kind == "abort":
+                tag, mine, theirs, culprit = item
+                if not self._write(ABORT, culprit, tag, theirs[0], theirs[1], 0, None, *mine):
                     break
             elif kind == "data":
                 req = item
@@ -174,21 +197,28 @@ class Peer:
         req.done = True
 
     # -- packets in ----------------------------------------------------------------------
-    def _on_packet(self, kind, flags, tag, msgid, length, aux, payload) -> None:
-        """Handle one packet; ``payload`` is a bytes-like of ``length`` bytes (EAGER, DATA
-        are delivered by the subclass through ``_payload_for`` for zero-copy paths)."""
-        if kind == EAGER:
+    def _on_packet(self, kind, flags, tag, msgid, length, aux, fp, payload) -> None:
+        """Handle one packet (DATA is handled by the subclasses, which deliver it in place).
+        EAGER and RTS carry the sender's collective fingerprint ``fp``: a receive posted
+        with another fingerprint, or a collective of this rank running under the same tag
+        with another one, is a mismatch that aborts the collective on every rank."""
+        if kind == EAGER or kind == RTS:
             q = self.posted.get(tag)
+            if q and q[0].fp != fp:
+                self.engine.mismatch(tag, q[0].fp, fp, self.rank)
+                return
             if q:
-                self._finish_eager(q.popleft(), payload)
-            else:
-                self.unexpected.setdefault(tag, deque()).append(("eager", bytes(payload)))
-        elif kind == RTS:
-            q = self.posted.get(tag)
-            if q:
-                self._accept(q.popleft(), msgid, length)
-            else:
-                self.unexpected.setdefault(tag, deque()).append(("rts", msgid, length))
+                if kind == EAGER:
+                    self._finish_eager(q.popleft(), payload)
+                else:
+                    self._accept(q.popleft(), msgid, length)
+                return
+            if fp != NO_FP:
+                self.engine.check_fingerprint(tag, fp, self.rank)
+            item = ("eager", bytes(payload), fp) if kind == EAGER else ("rts", msgid, length, fp)
+            self.unexpected.setdefault(tag, deque()).append(item)
+        elif kind == ABORT:
+            self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
             req = self.awaiting_cts.pop(msgid, None)
             if req is None:
@@ -214,7 +244,8 @@ class Peer:
     def data_done(self, req: RecvRequest) -> None:
         if req.offset == req.nbytes:
             del self.incoming[req.msgid]
-            self._received(req)
+            if not isinstance(req, _Discard):
+                self._received(req)
 
     def _finish_eager(self, req: RecvRequest, payload) -> None:
         n = len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
@@ -259,6 +290,20 @@ class Peer:
         self.incoming.clear()
         self.awaiting_cts.clear()
         self.outq.clear()
+
+    def send_abort(self, tag, mine, theirs, culprit) -> None:
+        self.outq.append(("abort", (tag, mine, theirs, culprit)))
+        self.pump_out()
+
+    def fail_tag(self, tag, exc) -> None:
+        """Fail every posted receive of one collective (it was aborted)."""
+        for req in self.posted.pop(tag, ()):
+            req.fail(exc)
+        for msgid, req in list(self.incoming.items()):
+            if req.tag == tag and not isinstance(req, _Discard):
+                req.fail(exc)
+                # Fragments may still be on their way: drain them instead of failing the link.
+                self.incoming[msgid] = _Discard(req)
 
     def pending(self) -> bool:
         return bool(self.outq or self.incoming or self.awaiting_cts

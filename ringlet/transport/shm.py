@@ -77,7 +77,7 @@ class ShmPeer(Peer):
         self.head = int(outbox.ctrl[0])
 
     # -- out -----------------------------------------------------------------------------
-    def _write(self, kind, flags, tag, msgid, length, aux, payload) -> bool:
+    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0) -> bool:
         ring = self.outbox
         cap = ring.capacity
         need = HEADER_SIZE + (_round64(length) if payload is not None else 0)
@@ -86,7 +86,7 @@ class ShmPeer(Peer):
         if cap - pos < need:  # skip the ring's tail end
             if free < (cap - pos) + need:
                 return False
-            HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0)
+            HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0, 0, 0)
             self.head += cap - pos
             free -= cap - pos
             pos = 0
@@ -94,7 +94,7 @@ class ShmPeer(Peer):
             return False
         if payload is not None and length:
             ring.data[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
-        HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux)
+        HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2)
         self.head += need
         ring.ctrl[0] = self.head          # publish (stores are ordered on x86-64)
         if ring.asleep[0]:
@@ -110,12 +110,12 @@ class ShmPeer(Peer):
         cap, seg, base, data = ring.capacity, ring.seg, ring.base, ring.data
         while self.tail < head:
             pos = self.tail % cap
-            kind, flags, tag, msgid, length, aux = HEADER.unpack_from(seg, base + pos)
+            kind, flags, tag, msgid, length, aux, fp1, fp2 = HEADER.unpack_from(seg, base + pos)
             if kind == PAD:
                 self.tail += cap - pos
             else:
                 carries = kind in (DATA, EAGER)
-                if length < 0 or carries and pos + HEADER_SIZE + length > cap:
+                if carries and (length < 0 or pos + HEADER_SIZE + length > cap):
                     self.engine.protocol_violation(self, f"packet length {length} out of range")
                     return True
                 payload = data[pos + HEADER_SIZE:pos + HEADER_SIZE + length]
@@ -127,7 +127,7 @@ class ShmPeer(Peer):
                     self.engine.protocol_violation(self, "oversized eager packet")
                     return True
                 else:
-                    self._on_packet(kind, flags, tag, msgid, length, aux, payload)
+                    self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2), payload)
                 self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
             ring.ctrl[8] = self.tail      # hand the space back to the sender
         return True

@@ -9,7 +9,7 @@ import socket
 
 import numpy as np
 
-from .protocol import (BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer, ProtocolError,
+from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer, ProtocolError,
                        peer_failure)
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
@@ -52,10 +52,10 @@ class TcpPeer(Peer):
             self.wpending.pop(0)
         return True
 
-    def _write(self, kind, flags, tag, msgid, length, aux, payload) -> bool:
+    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0) -> bool:
         if not self._flush():
             return False
-        head = HEADER.pack(kind, flags, tag, msgid, length, aux).ljust(HEADER_SIZE, b"\0")
+        head = HEADER.pack(kind, flags, tag, msgid, length, aux, fp1, fp2).ljust(HEADER_SIZE, b"\0")
         if payload is None or length == 0:
             parts = [head]
         elif length <= 16 << 10:
@@ -113,14 +113,14 @@ class TcpPeer(Peer):
                 if self.hgot < HEADER_SIZE:
                     continue
                 self.hgot = 0
-                kind, flags, tag, msgid, length, aux = HEADER.unpack_from(self.hbuf)
-                if kind not in KINDS or length < 0:
+                kind, flags, tag, msgid, length, aux, fp1, fp2 = HEADER.unpack_from(self.hbuf)
+                if kind not in KINDS or length < 0 and kind != ABORT:
                     self.engine.protocol_violation(self, f"bad header kind={kind} length={length}")
                     return True
                 if kind == EAGER and length > self.eager or kind == DATA and length > self.frag:
                     self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
                     return True
-                self.pkt = (kind, flags, tag, msgid, length, aux)
+                self.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
                 self.pgot = 0
                 if kind == DATA:
                     try:
@@ -145,7 +145,7 @@ class TcpPeer(Peer):
                 self.pgot += n
                 if self.pgot < len(self.ptarget):
                     continue
-            kind, flags, tag, msgid, length, aux = self.pkt
+            kind, flags, tag, msgid, length, aux, fp = self.pkt
             self.pkt = None
             try:
                 if kind == DATA:
@@ -156,7 +156,7 @@ class TcpPeer(Peer):
                         req.deliver(self.ptarget)
                     self.data_done(req)
                 else:
-                    self._on_packet(kind, flags, tag, msgid, length, aux, self.ptarget)
+                    self._on_packet(kind, flags, tag, msgid, length, aux, fp, self.ptarget)
             except ProtocolError as exc:
                 self.engine.protocol_violation(self, str(exc))
                 return True

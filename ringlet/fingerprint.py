@@ -1,0 +1,44 @@
+"""A collective's fingerprint: what a rank believes the call is — collective, algorithm,
+dtype, count, root and reduce op — packed into two integers carried in the header of
+every message of the call (its sequence number travels in the tag). A receiver that sees
+another fingerprint than its own knows the ranks disagree, and says exactly how."""
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import ReduceOp
+
+COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatter",
+               "all_to_all", "gather", "scatter", "barrier")
+_OPS = (None,) + tuple(ReduceOp)
+
+
+def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, count: int,
+           root: int | None, op: ReduceOp | None) -> tuple[int, int]:
+    code = ((COLLECTIVES.index(collective) + 1)
+            | (algorithms.index(algorithm) + 1) << 8
+            | ord(dtype.char) << 16 | dtype.itemsize << 24
+            | _OPS.index(op) << 32
+            | ((root or 0) & 0xFFFFFF) << 40)
+    return code, count
+
+
+def decode(fp: tuple[int, int], algorithms_of) -> dict:
+    code, count = fp
+    coll = COLLECTIVES[(code & 0xFF) - 1]
+    algos = algorithms_of(coll)
+    a = (code >> 8 & 0xFF) - 1
+    op = _OPS[code >> 32 & 0xFF]
+    return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
+            "dtype": str(np.dtype(chr(code >> 16 & 0xFF))), "count": count,
+            "root": code >> 40 & 0xFFFFFF, "op": op.name if op else None}
+
+
+def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
+    """'rank 0: all_reduce(count=10, ...) vs rank 1: broadcast(...); differs in: ...'"""
+    def show(d):
+        args = ", ".join(f"{k}={v}" for k, v in d.items() if k != "collective" and v is not None)
+        return f"{d['collective']}({args})"
+    fields = [k for k in mine if mine[k] != theirs[k]]
+    return (f"rank {me} called {show(mine)} but rank {them} called {show(theirs)}; "
+            f"they differ in {', '.join(fields) or 'nothing visible'}")

@@ -299,8 +299,7 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
                              f"in_splits/out_splits for uneven exchanges")
         bufs = {"in": _separate(_flat(i), _flat(o)), "out": _flat(o)}
         return _run("all_to_all", g, algorithm, i.size // p, i.dtype, bufs, None, async_op, timeout)
-    row_i = i.size // i.shape[0] if i.ndim and i.shape[0] else (i[0].size if i.ndim > 1 else 1)
-    row_o = o.size // o.shape[0] if o.ndim and o.shape[0] else (o[0].size if o.ndim > 1 else 1)
+    row_i, row_o = int(np.prod(i.shape[1:])), int(np.prod(o.shape[1:]))  # elements per row
     in_rows = _splits(in_splits, i, p, "in_splits")
     out_rows = _splits(out_splits, o, p, "out_splits")
     return _all_to_all_v(g, _flat(o), _flat(i), [r * row_o for r in out_rows],

@@ -1,0 +1,142 @@
+"""Every collective algorithm, written once as a function returning a ``Schedule``.
+
+One module per collective (``all_reduce.py``, ``broadcast.py``, …), one small function per
+algorithm, its α-β-γ cost in its docstring. The runtime executes one rank's part of the
+schedule, the cost model prices all of it, ``ringlet.reference.run`` executes all of it
+in one process (the tests' oracle).
+
+    CATALOG["all_reduce"]["ring"]                       # the builder function
+    build("all_reduce", "ring", p=4, count=1000)        # a cached Schedule
+    choose("all_reduce", p=8, nbytes=1 << 20)           # a size rule until the cost model
+
+Uneven all-to-all: ``build("all_to_all", alg, p, count, splits=...)`` (count is then
+ignored); "all_to_all_single" is the same catalog under its torch name.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+from ..schedule import Schedule
+from . import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, reduce,
+               reduce_scatter, scatter)
+from .all_reduce import tree_segments
+from .broadcast import pipeline_segments
+
+__all__ = ["CATALOG", "ROOTED", "build", "choose", "pipeline_segments", "tree_segments"]
+
+
+def _table(module, *names):
+    return {name: getattr(module, name) for name in names}
+
+
+CATALOG: dict[str, dict] = {
+    "all_reduce": _table(all_reduce, "naive_ring", "direct", "ring", "recursive_doubling",
+                         "rabenseifner", "tree", "double_tree", "hierarchical"),
+    "broadcast": _table(broadcast, "direct", "binomial", "pipeline", "scatter_allgather"),
+    "reduce": _table(reduce, "direct", "binomial", "rabenseifner"),
+    "all_gather": _table(all_gather, "ring", "recursive_doubling", "bruck", "direct"),
+    "reduce_scatter": _table(reduce_scatter, "ring", "recursive_halving", "direct"),
+    "all_to_all": _table(all_to_all, "pairwise", "bruck", "direct"),
+    "gather": _table(gather, "direct", "binomial"),
+    "scatter": _table(scatter, "direct", "binomial"),
+    "barrier": _table(barrier, "dissemination"),
+}
+CATALOG["all_to_all_single"] = CATALOG["all_to_all"]
+
+#: collectives with a root (the ``root`` argument of ``build`` matters only for these)
+ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+
+
+_PARAMS = {id(b): frozenset(inspect.signature(b).parameters) for t in CATALOG.values() for b in t.values()}
+
+
+def _accepts(builder, name: str) -> bool:
+    return name in _PARAMS[id(builder)]
+
+
+def build(collective: str, algorithm: str, p: int, count: int, *, itemsize: int = 4,
+          root: int = 0, hosts=None, splits=None) -> Schedule:
+    """The schedule of ``algorithm`` for ``collective`` on ``p`` ranks and ``count``
+    elements per rank (the collective's own count: see ``ringlet.schedule``), cached.
+
+    ``root`` is used by rooted collectives (and range-checked for all); ``hosts`` (host id
+    of each rank) by ``hierarchical`` and ignored by the rest; ``splits`` (p×p) only by
+    all_to_all / all_to_all_single, where it makes the exchange uneven.
+    """
+    table = CATALOG.get(collective)
+    if table is None:
+        raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(CATALOG)}")
+    builder = table.get(algorithm)
+    if builder is None:
+        raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: {', '.join(table)}")
+    if isinstance(p, bool) or int(p) != p or p < 1:
+        raise ValueError(f"group size p must be an integer >= 1, got {p!r}")
+    if isinstance(count, bool) or int(count) != count or count < 0:
+        raise ValueError(f"count must be an integer >= 0, got {count!r}")
+    if int(itemsize) != itemsize or itemsize < 1:
+        raise ValueError(f"itemsize must be an integer >= 1, got {itemsize!r}")
+    if isinstance(root, bool) or int(root) != root or not 0 <= root < p:
+        raise ValueError(f"root {root!r} is out of range for a group of {p} ranks")
+    p, count, itemsize, root = int(p), int(count), int(itemsize), int(root)
+    if hosts is not None:
+        hosts = tuple(hosts)
+        if len(hosts) != p:
+            raise ValueError(f"hosts must give the host of each of the {p} ranks, got {len(hosts)}")
+    if splits is not None:
+        if not _accepts(builder, "splits"):
+            raise ValueError(f"splits only apply to all_to_all, not {collective}")
+        splits = tuple(tuple(int(x) for x in row) for row in splits)
+        if len(splits) != p or any(len(row) != p for row in splits):
+            raise ValueError(f"splits must be {p}x{p} (elements from rank i to rank j)")
+        if any(x < 0 for row in splits for x in row):
+            raise ValueError("splits must be non-negative")
+    # Normalise what a builder ignores, so the cache holds one schedule per distinct one.
+    return _build(collective, algorithm, p, count, itemsize,
+                  root if collective in ROOTED else None,
+                  hosts if _accepts(builder, "hosts") else None, splits)
+
+
+@lru_cache(maxsize=1024)
+def _build(collective, algorithm, p, count, itemsize, root, hosts, splits) -> Schedule:
+    kwargs = {"itemsize": itemsize}
+    if root is not None:
+        kwargs["root"] = root
+    if hosts is not None:
+        kwargs["hosts"] = hosts
+    if splits is not None:
+        kwargs["splits"] = splits
+    s = CATALOG[collective][algorithm](p, count, **kwargs)
+    s.collective = collective
+    return s
+
+
+#: below this many bytes per rank a collective is latency-bound (a rule of thumb: about
+#: α·bandwidth for a 5 µs, 10 GB/s link)
+SMALL = 64 * 1024
+
+
+def choose(collective: str, p: int, nbytes: int, hosts=None) -> str:
+    """A simple size rule, until the cost model replaces it: latency-bound small messages
+    take the lg p-round algorithm, large ones the bandwidth-optimal one, and large
+    all-reduces over several multi-rank hosts the hierarchical one. ``nbytes`` is the
+    per-rank buffer the collective is called with (count·itemsize)."""
+    if collective not in CATALOG:
+        raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(CATALOG)}")
+    small = nbytes <= SMALL
+    pow2 = p & (p - 1) == 0
+    multihost = hosts is not None and 1 < len(set(hosts)) < len(tuple(hosts))
+    rule = {
+        "all_reduce": ("recursive_doubling" if small else
+                       "hierarchical" if multihost else "ring"),
+        "broadcast": "binomial" if small or p <= 2 else "pipeline",
+        "reduce": "binomial" if small else "rabenseifner",
+        "all_gather": ("recursive_doubling" if pow2 else "bruck") if small else "ring",
+        "reduce_scatter": "recursive_halving" if small else "ring",
+        "all_to_all": "bruck" if small else "pairwise",
+        "all_to_all_single": "bruck" if small else "pairwise",
+        "gather": "binomial" if small else "direct",
+        "scatter": "binomial" if small else "direct",
+        "barrier": "dissemination",
+    }
+    return rule[collective]

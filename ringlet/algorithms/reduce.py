@@ -1,0 +1,106 @@
+"""reduce: the root's "buf" becomes op over all ranks' "buf" (count elements); every other
+rank's "buf" is left unchanged (partial results live in "tmp").
+
+Ranks are handled as virtual ranks v = (r − root) mod p, so the root is v = 0.
+Costs: α per message, β per byte, γ per byte reduced, n = count·itemsize, lg = ceil(log2 p).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import binomial_rounds, chain_reduce, chunks, fold, new
+
+__all__ = ["direct", "binomial", "rabenseifner"]
+
+
+def _new(algorithm, p, count, itemsize, root, tmp):
+    s = new("reduce", algorithm, p, count, itemsize, root=root, buf=count, tmp=tmp)
+    return s, (lambda v: (np.asarray(v) + root) % p)
+
+
+def direct(p, count, *, itemsize=4, root=0):
+    """Every rank sends its buffer to the root, which folds them in rank order 0..p−1.
+
+    The root receives p−1 messages of n:  T = (p−1)(α + nβ) + (p−1)nγ.  Root's tmp = p·count.
+    """
+    s, real = _new("direct", p, count, itemsize, root, p * count if p > 1 else 0)
+    if p == 1:
+        return s
+    others = real(np.arange(1, p))
+    # Round 0: rank i's buf lands in slot i of the root's tmp.
+    rnd = s.round()
+    rnd.copy(src=root, dst=root, n=count, sbuf="buf", soff=0, dbuf="tmp", doff=root * count)
+    rnd.copy(src=others, dst=root, n=count, sbuf="buf", soff=0, dbuf="tmp", doff=others * count)
+    # Round 1: the root folds the slots in rank order into its buf.
+    chain_reduce(s.round(), root, p, count, "buf", 0)
+    return s
+
+
+def binomial(p, count, *, itemsize=4, root=0):
+    """Binomial tree, leaves first: in the round for mask = 2^k, virtual rank v with
+    v mod 2^(k+1) = 2^k sends its partial to v − mask. The root accumulates in buf; other
+    ranks with children accumulate in tmp, starting from their own buf.
+
+    p−1 messages of n, lg at the root:  T = lg(α + nβ + nγ).
+    """
+    v = np.arange(p)
+    has_children = (v % 2 == 0) & (v + 1 < p)     # they receive in the first round
+    s, real = _new("binomial", p, count, itemsize, root, count if has_children[1:].any() else 0)
+    for k, (_, child, parent) in enumerate(binomial_rounds(p)):
+        rnd = s.round()
+        for part in ("buf", "tmp"):               # where each child's partial is
+            sel = has_children[child] == (part == "tmp")
+            c, q = child[sel], parent[sel]
+            to_root = q == 0
+            rnd.reduce(src=real(c[to_root]), dst=root, n=count, sbuf=part, soff=0,
+                       dbuf="buf", doff=0)
+            rnd.reduce(src=real(c[~to_root]), dst=real(q[~to_root]), n=count, sbuf=part, soff=0,
+                       dbuf="tmp", doff=0, abuf="buf" if k == 0 else "tmp", aoff=0)
+    return s
+
+
+def rabenseifner(p, count, *, itemsize=4, root=0):
+    """Rabenseifner: recursive-halving reduce-scatter over the p2 core ranks (odd virtual
+    ranks v < 2·rem first fold into v−1), then a binomial gather of the p2 reduced chunks
+    to the root (core rank 0). Partials live in tmp; the root's chunks land in its buf.
+
+    p a power of two: T = 2·lg·α + 2(p−1)/p·nβ + (p−1)/p·nγ; the fold adds α + nβ + nγ.
+    """
+    s, real = _new("rabenseifner", p, count, itemsize, root, count if p > 1 else 0)
+    if p == 1:
+        return s
+    p2, core, extra = fold(p)
+    rem = len(extra)
+    off, _ = chunks(count, p2)
+    edge = np.append(off, count)                  # chunk c is edge[c]:edge[c+1]
+    u = np.arange(p2)
+    if rem:   # fold in: every core rank's partial goes to tmp
+        rnd = s.round()
+        rnd.reduce(src=real(extra), dst=real(extra - 1), n=count, sbuf="buf", soff=0,
+                   dbuf="tmp", doff=0, abuf="buf", aoff=0)
+        rnd.copy(src=real(core[rem:]), dst=real(core[rem:]), n=count, sbuf="buf", soff=0,
+                 dbuf="tmp", doff=0)
+    # Phase 1: recursive halving (see all_reduce.rabenseifner); the first step reads buf
+    # when there was no fold.
+    part, d = ("tmp" if rem else "buf"), p2 // 2
+    while d >= 1:
+        lo = u & ~(2 * d - 1)
+        give = np.where(u & d, lo, lo + d)
+        s.round().reduce(src=real(core), dst=real(core[u ^ d]), n=edge[give + d] - edge[give],
+                         sbuf=part, soff=edge[give], dbuf="tmp", doff=edge[give],
+                         abuf=part, aoff=edge[give])
+        part, d = "tmp", d // 2
+    # Phase 2: binomial gather of chunk ranges to core rank 0, the root (into its buf).
+    rnd = s.round()
+    rnd.copy(src=root, dst=root, n=edge[1], sbuf="tmp", soff=0, dbuf="buf", doff=0)
+    for i, (mask, child, parent) in enumerate(binomial_rounds(p2)):
+        if i:
+            rnd = s.round()
+        end = np.minimum(child + mask, p2)
+        dbuf = np.where(parent == 0, "buf", "tmp")
+        for name in ("buf", "tmp"):
+            m = dbuf == name
+            rnd.copy(src=real(core[child[m]]), dst=real(core[parent[m]]),
+                     n=edge[end[m]] - edge[child[m]], sbuf="tmp", soff=edge[child[m]],
+                     dbuf=name, doff=edge[child[m]])
+    return s

@@ -1,0 +1,313 @@
+"""The eight collectives and barrier on real ranks, every algorithm, against NumPy.
+
+Hypothesis runs inside every rank with derandomize=True and no shrinking, so all ranks
+draw the same examples in the same order and call the collectives in lockstep; each rank
+rebuilds every rank's input from the drawn seed to compute the reference."""
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import ringlet as rl
+from ringlet import algorithms
+from conftest import run
+
+INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+FLOATS = [np.float16, np.float32, np.float64]
+REDUCING = {"all_reduce", "reduce", "reduce_scatter"}
+UFUNC = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+         "AVG": np.add, "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
+
+
+def in_rank_settings(n):
+    return settings(max_examples=n, derandomize=True, deadline=None, database=None,
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck))
+
+
+def dtype_and_op(reducing):
+    ops_for = {"f": ["SUM", "PROD", "MIN", "MAX", "AVG"],
+               "i": ["SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"],
+               "b": ["SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"]}
+    dtypes = st.sampled_from(INTS + FLOATS + [np.bool_])
+    if not reducing:
+        return st.tuples(dtypes, st.just(None))
+    return dtypes.flatmap(lambda d: st.tuples(
+        st.just(d), st.sampled_from(ops_for["i" if np.dtype(d).kind in "iu" else np.dtype(d).kind])))
+
+
+def make_input(seed, r, shape, dtype, op):
+    """Values whose reduction is exact in any order (so every algorithm must match NumPy
+    exactly): small integers, and tiny ones for PROD."""
+    rng = np.random.default_rng([seed, r])
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    lo, hi = (-2, 3) if op == "PROD" else (-8, 9)
+    if dt.kind == "u":
+        lo, hi = 0, hi
+    return rng.integers(lo, hi, size=shape).astype(dt)
+
+
+def reference(op, arrays):
+    out = functools.reduce(UFUNC[op], arrays)
+    if op == "AVG":
+        out = out / np.array(len(arrays), dtype=out.dtype)
+    return out
+
+
+counts = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 13, 31, 1009]), st.integers(0, 2500))
+
+
+def _property(rank, collective, examples):
+    p = rl.get_world_size()
+    algos = list(algorithms.CATALOG[collective])
+    reducing = collective in REDUCING
+
+    @in_rank_settings(examples)
+    @given(algo=st.sampled_from(algos), count=counts, dt_op=dtype_and_op(reducing),
+           root=st.integers(0, p - 1), seed=st.integers(0, 2 ** 31), variant=st.booleans())
+    def check(algo, count, dt_op, root, seed, variant):
+        dtype, op = dt_op
+        dtype = np.dtype(dtype)
+        if collective == "all_to_all" and variant:
+            _uneven_all_to_all(rank, p, algo, count, dtype, seed)
+            return
+        shape = (count,)
+        full = (p, count)
+        ins = [make_input(seed, r, full if collective in ("reduce_scatter", "all_to_all") or
+                          (collective == "scatter" and r == root) else shape, dtype, op)
+               for r in range(p)]
+        mine = ins[rank].copy()
+        kw = {"algorithm": algo}
+        if collective == "all_reduce":
+            rl.all_reduce(mine, op=op, **kw)
+            np.testing.assert_array_equal(mine, reference(op, ins))
+        elif collective == "reduce":
+            rl.reduce(mine, root, op=op, **kw)
+            want = reference(op, ins) if rank == root else ins[rank]
+            np.testing.assert_array_equal(mine, want)
+        elif collective == "broadcast":
+            rl.broadcast(mine, root, **kw)
+            np.testing.assert_array_equal(mine, ins[root])
+        elif collective == "all_gather":
+            out = np.zeros(full, dtype)
+            if variant:  # in place: the input is this rank's block of the output
+                out[rank] = mine
+                rl.all_gather(out, out[rank], **kw)
+            else:
+                rl.all_gather(out, mine, **kw)
+            np.testing.assert_array_equal(out, np.stack(ins))
+        elif collective == "reduce_scatter":
+            out = np.zeros(count, dtype)
+            rl.reduce_scatter(out, mine, op=op, **kw)
+            np.testing.assert_array_equal(mine, ins[rank])          # input untouched
+            np.testing.assert_array_equal(out, reference(op, ins)[rank])
+        elif collective == "all_to_all":
+            out = np.zeros(full, dtype)
+            rl.all_to_all(out, mine, **kw)
+            np.testing.assert_array_equal(out, np.stack([ins[r][rank] for r in range(p)]))
+        elif collective == "gather":
+            out = np.zeros(full, dtype) if rank == root else None
+            if variant and rank == root:
+                out = [np.zeros(count, dtype) for _ in range(p)]
+            rl.gather(mine, out, root, **kw)
+            if rank == root:
+                np.testing.assert_array_equal(np.stack(out) if p else out, np.stack(ins))
+        elif collective == "scatter":
+            out = np.zeros(count, dtype)
+            rl.scatter(out, ins[root] if rank == root else None, root, **kw)
+            np.testing.assert_array_equal(out, ins[root][rank])
+        elif collective == "barrier":
+            rl.barrier()
+
+    check()
+
+
+def _uneven_all_to_all(rank, p, algo, count, dtype, seed):
+    rng = np.random.default_rng(seed)
+    splits = rng.integers(0, max(count // max(p, 1), 1) + 3, size=(p, p))   # rows i -> j
+    row = 3
+    ins = [np.random.default_rng([seed, r]).integers(0, 100, size=(splits[r].sum(), row)).astype(dtype)
+           for r in range(p)]
+    out = np.zeros((splits[:, rank].sum(), row), dtype)
+    rl.all_to_all_single(out, ins[rank], out_splits=list(splits[:, rank]),
+                         in_splits=list(splits[rank]), algorithm=algo)
+    blocks = [np.split(ins[r], np.cumsum(splits[r])[:-1])[rank] for r in range(p)]
+    np.testing.assert_array_equal(out, np.concatenate(blocks) if blocks else out)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
+                                        "reduce_scatter", "all_to_all", "gather", "scatter",
+                                        "barrier"])
+def test_collective_matches_numpy(collective, p):
+    run(_property, p, collective, 30 if p <= 4 else 12)
+
+
+def test_collectives_over_tcp():
+    run(_property, 3, "all_reduce", 15, backend="tcp")
+    run(_property, 3, "all_to_all", 10, backend="tcp")
+
+
+# -- bit-identical results across ranks ------------------------------------------------------
+def _bit_identical(rank):
+    p = rl.get_world_size()
+    for algo in algorithms.CATALOG["all_reduce"]:
+        for count in (1, 17, 10_000):
+            x = np.random.default_rng([rank, count]).standard_normal(count).astype(np.float32)
+            rl.all_reduce(x, algorithm=algo)
+            got = np.empty((p, count), np.float32)
+            rl.all_gather(got, x, algorithm="direct")
+            for r in range(p):
+                assert got[r].tobytes() == x.tobytes(), (algo, count, r)
+    for algo in algorithms.CATALOG["reduce_scatter"]:
+        x = np.random.default_rng(rank).standard_normal((p, 999)).astype(np.float64)
+        out = np.empty(999)
+        rl.reduce_scatter(out, x, algorithm=algo)
+        ref = np.empty(999)
+        rl.reduce_scatter(ref, x, algorithm="ring")
+        assert np.allclose(out, ref)
+
+
+@pytest.mark.parametrize("p", [3, 4, 6])
+def test_every_rank_ends_with_the_same_bits(p):
+    run(_bit_identical, p)
+
+
+# -- traffic equals the textbook counts -------------------------------------------------------
+def _traffic(rank):
+    p = rl.get_world_size()
+    n = 12 * 1024                       # divisible by p for p in 2, 3, 4
+    x = np.ones(n, np.float32)
+
+    def sent():
+        st_ = rl.stats()["sent"]
+        return sum(v["messages"] for v in st_.values()), sum(v["bytes"] for v in st_.values())
+
+    rl.reset_stats()
+    rl.all_reduce(x, algorithm="ring")
+    msgs, nbytes = sent()
+    assert msgs == 2 * (p - 1) and nbytes == 2 * (p - 1) * x.nbytes // p, (msgs, nbytes)
+
+    rl.reset_stats()
+    rl.all_reduce(x, algorithm="naive_ring")
+    totals = np.array(sent(), np.int64)
+    rl.all_reduce(totals, algorithm="direct")
+    assert totals[0] == 2 * (p - 1) and totals[1] == 2 * (p - 1) * x.nbytes
+
+    if p & (p - 1) == 0:
+        rl.reset_stats()
+        rl.all_reduce(x, algorithm="recursive_doubling")
+        assert sent() == (int(np.log2(p)), int(np.log2(p)) * x.nbytes)
+
+    out = np.empty((p, n), np.float32)
+    rl.reset_stats()
+    rl.all_gather(out, x, algorithm="ring")
+    assert sent() == (p - 1, (p - 1) * x.nbytes)
+    rl.reset_stats()
+    rl.reduce_scatter(x[: n // p], np.ones(n, np.float32), algorithm="ring")
+    assert sent() == (p - 1, (p - 1) * n // p * 4)
+    rl.reset_stats()
+    rl.all_to_all(out, np.ones((p, n), np.float32), algorithm="pairwise")
+    assert sent() == (p - 1, (p - 1) * x.nbytes)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_traffic_matches_textbook_counts(p):
+    run(_traffic, p)
+
+
+# -- concurrency: subgroups and several handles in flight --------------------------------------
+def _concurrent(rank):
+    dp = [rl.new_group([0, 2]), rl.new_group([1, 3])]
+    tp = [rl.new_group([0, 1]), rl.new_group([2, 3])]
+    mdp, mtp = dp[rank % 2], tp[rank // 2]
+    bufs = [np.full(n, rank, np.float64) for n in (5, 100_000, 3, 70_000)]
+    works = []
+    for i, b in enumerate(bufs):
+        g = mdp if i % 2 == 0 else mtp
+        works.append(rl.all_reduce(b, group=g, async_op=True, algorithm=["ring", "tree"][i // 2]))
+    big = np.full((4, 1000), rank, np.float32)
+    out = np.empty_like(big)
+    works.append(rl.all_to_all(out, big, async_op=True))
+    for w in reversed(works):
+        w.wait()
+    for i, b in enumerate(bufs):
+        g = mdp if i % 2 == 0 else mtp
+        assert (b == sum(g.ranks)).all(), (rank, i)
+    assert (out == np.arange(4)[:, None]).all()
+
+
+def test_overlapping_subgroups_and_async_handles_in_flight():
+    run(_concurrent, 4)
+
+
+def _hier(rank):
+    p = rl.get_world_size()
+    for count in (0, 1, 5, 4096, 100_001):
+        x = np.full(count, rank + 1, np.int64)
+        rl.all_reduce(x, algorithm="hierarchical")
+        assert (x == p * (p + 1) // 2).all()
+
+
+@pytest.mark.parametrize("p,split", [(4, 2), (5, 2), (6, 3)])
+def test_hierarchical_on_emulated_hosts(p, split):
+    run(_hier, p, env={"RINGLET_HOST_ID_SPLIT": str(split)})
+
+
+def _schedule_printable(rank):
+    s = rl.schedule("all_reduce", p=4, count=1000, algorithm="ring")
+    text = str(s)
+    assert "round 0" in text and "r1.buf" in text and s.messages == 2 * 3 * 4
+
+
+def test_schedule_is_inspectable():
+    _schedule_printable(0)
+
+
+# -- bad input ------------------------------------------------------------------------------
+def _bad(rank):
+    p = rl.get_world_size()
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="out of range"):
+        rl.broadcast(x, src=p)
+    with pytest.raises(ValueError, match="unknown all_reduce algorithm 'rng'.*ring"):
+        rl.all_reduce(x, algorithm="rng")
+    with pytest.raises(TypeError, match="BAND"):
+        rl.all_reduce(x, op=rl.ReduceOp.BAND)
+    with pytest.raises(TypeError, match="AVG"):
+        rl.all_reduce(np.ones(3, np.int32), op="avg")
+    with pytest.raises(ValueError, match="list of"):
+        rl.all_gather([np.empty(8, np.float32)] * (p + 1), x)
+    with pytest.raises(ValueError, match="elements"):
+        rl.all_gather(np.empty((p, 7), np.float32), x)
+    with pytest.raises(TypeError, match="dtype"):
+        rl.all_gather(np.empty((p, 8), np.float64), x)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.ones(8)
+        ro.flags.writeable = False
+        rl.all_reduce(ro)
+    assert (x == 1).all()
+    # Disagreements between ranks raise on every rank, never hang.
+    for case in range(3):
+        try:
+            if case == 0:
+                rl.all_reduce(np.ones(10 + rank, np.float32), timeout=20)
+            elif case == 1:
+                rl.all_reduce(np.ones(10, np.float32 if rank else np.float64), timeout=20)
+            else:
+                rl.all_reduce(np.ones(50_000), op="max" if rank == 1 else "sum", timeout=20)
+        except rl.CollectiveMismatch as exc:
+            assert "differ in" in str(exc) or "mismatched" in str(exc)
+        else:
+            raise AssertionError(f"case {case}: no CollectiveMismatch on rank {rank}")
+    y = np.ones(4)
+    rl.all_reduce(y)
+    assert (y == p).all()
+
+
+def test_bad_input_and_disagreeing_ranks_raise_everywhere():
+    run(_bad, 3)

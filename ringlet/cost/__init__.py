@@ -1,0 +1,23 @@
+"""ringlet.cost: price a collective before you launch it.
+
+* :mod:`.model` - links, the seeds' tiers, closed forms for every (collective, algorithm)
+  and the size convention;
+* :mod:`.simulate` - price the very Schedule the runtime runs on a hosts x ranks topology;
+* :mod:`.plan` - seed 002's communication-to-computation ratio and break-even K;
+* :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
+* :mod:`.tune` - ``choose``: the least predicted time, explained;
+* :mod:`.commands` - ``ringlet plan``, ``ringlet tiers``, ``ringlet explain``.
+"""
+from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, breakdown, count_of,
+                    format_size, nbytes_of, parse_size, predict, tier)
+from .plan import StepRatio, break_even, step_ratio, strong_scaling, weak_scaling
+from .profile import Profile, fit, host_link, load_profile, profile_path
+from .simulate import SimResult, Topology, simulate
+from .tune import Row, choose, crossovers
+
+__all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predict", "breakdown",
+           "nbytes_of", "count_of", "parse_size", "format_size",
+           "Topology", "SimResult", "simulate",
+           "StepRatio", "step_ratio", "strong_scaling", "weak_scaling", "break_even",
+           "Profile", "load_profile", "host_link", "profile_path", "fit",
+           "choose", "Row", "crossovers"]

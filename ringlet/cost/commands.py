@@ -1,0 +1,519 @@
+"""``ringlet plan``, ``ringlet tiers`` and ``ringlet explain``: ``*_main(argv) -> exit code``.
+
+``ringlet.cli`` dispatches ``ringlet plan|tiers|explain ...`` here with the arguments after
+the sub-command. ``--plot FILE.png`` needs matplotlib (``pip install ringlet[plot]``),
+imported only then.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import plan as _plan
+from .model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
+                    tier)
+
+
+class _Exit(Exception):
+    pass
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    vals = _floats(text)
+    if any(v != int(v) or v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return [int(v) for v in vals]
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _link_arg(text: str) -> Link:
+    """A tier name, or ALPHA_US,GBPS (e.g. ``5,12.5``) for a custom link."""
+    if text.lower() in TIERS:
+        return TIERS[text.lower()]
+    if text.lower() in ("shm", "tcp"):
+        from .profile import host_link
+        return host_link(text.lower())
+    parts = text.split(",")
+    try:
+        if len(parts) == 2:
+            return Link(float(parts[0]) * 1e-6, float(parts[1]) * 1e9, f"custom ({text})")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    raise argparse.ArgumentTypeError(
+        f"unknown tier {text!r}; valid tiers: {', '.join(TIERS)}, shm, tcp "
+        f"(calibrated), or ALPHA_US,GBPS for a custom link")
+
+
+def _named_link(text: str) -> tuple[str, Link]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError("expected NAME=ALPHA_US,GBPS")
+    name, spec = text.split("=", 1)
+    link = _link_arg(spec)
+    return name, Link(link.alpha, link.bandwidth, name)
+
+
+def _run(fn, argv):
+    try:
+        return fn(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        print(f"ringlet: error: {exc}", file=sys.stderr)
+        return 2
+    except _Exit as exc:
+        print(f"ringlet: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise _Exit("--plot needs matplotlib: pip install 'ringlet[plot]' (or matplotlib)") from None
+    return plt
+
+
+# ------------------------------------------------------------------------------- plan
+
+def plan_main(argv=None) -> int:
+    """``ringlet plan``: T_comp, T_comm and gamma = T_comm/T_comp for data-parallel steps.
+    With no arguments it prints seed 002's worked example (Output 4.1.1)."""
+    return _run(_plan_main, argv)
+
+
+def _plan_main(argv) -> int:
+    s = _plan.SEED
+    ap = argparse.ArgumentParser(
+        prog="ringlet plan",
+        description="Is a data-parallel training step communication-bound? "
+                    "T_comp = fppe*P*b/R, T_comm = 2(K-1)/K*g*P/B (+ 2(K-1)*alpha), "
+                    "gamma = T_comm/T_comp. With no arguments: the worked example of "
+                    "Output 4.1.1 (strong scaling of a 7e9-parameter model).")
+    ap.add_argument("--params", "-P", type=_floats, default=None,
+                    help="parameter count(s), e.g. 7e9 or 1e8,7e8,7e9 (default 7e9)")
+    ap.add_argument("--global-batch", "-G", type=int, default=None,
+                    help="strong scaling: fixed global batch split as b = G // K (default 2048)")
+    ap.add_argument("--local-batch", "-b", type=int, default=None,
+                    help="weak scaling: fixed local batch per worker")
+    ap.add_argument("--workers", "-K", type=_ints, default=None,
+                    help="worker counts (default 1,4,16,64,256,1024)")
+    ap.add_argument("--flops", "-R", type=float, default=s["R"], help="FLOP/s per worker (312e12)")
+    ap.add_argument("--bandwidth", "-B", type=float, default=None,
+                    help="bytes/s per worker (600e9)")
+    ap.add_argument("--tier", type=_link_arg, default=None,
+                    help="take B and alpha from a tier (nvlink, pcie, infiniband, ethernet)")
+    ap.add_argument("--bytes-per-param", "-g", type=float, default=s["g"], help="gradient bytes "
+                    "per parameter (2 = bf16)")
+    ap.add_argument("--alpha", type=float, default=None,
+                    help="per-message latency in seconds: adds 2(K-1)*alpha (Exercise 4.1.2)")
+    ap.add_argument("--fppe", type=float, default=s["fppe"],
+                    help="FLOPs per parameter per example (6 = forward + backward)")
+    ap.add_argument("--models", action="store_true",
+                    help="grow the model at a fixed cluster shape (Table 4.1.1: K=64, b=32)")
+    ap.add_argument("--plot", metavar="FILE.png", default=None, help="plot gamma vs K")
+    a = ap.parse_args(argv)
+
+    B = a.bandwidth if a.bandwidth is not None else (a.tier.bandwidth if a.tier else s["B"])
+    alpha = a.alpha if a.alpha is not None else (a.tier.alpha if a.tier else 0.0)
+    R, g, fppe = a.flops, a.bytes_per_param, a.fppe
+    if a.global_batch is not None and a.local_batch is not None:
+        raise _Exit("give --global-batch (strong scaling) or --local-batch (weak), not both")
+    out = []
+    plot_series = []
+    multi = a.params is not None and len(a.params) > 1
+    if a.models or multi:
+        params = a.params if a.params else _plan.SEED_MODELS["params"]
+        workers = a.workers or [_plan.SEED_MODELS["K"]]
+        for K in workers:
+            b = (a.local_batch if a.local_batch is not None else
+                 max(a.global_batch // K, 1) if a.global_batch is not None else _plan.SEED_MODELS["b"])
+            rows = [_plan.step_ratio(P, b, R, B, K, g, alpha, fppe) for P in params]
+            out.append(_plan.format_models(rows, K, b))
+        out.append("gamma does not depend on P unless a latency term (--alpha) is given: "
+                   "both phases scale with the model.")
+        print("\n\n".join(out))
+        return 0
+
+    P = a.params[0] if a.params else s["P"]
+    workers = a.workers or list(s["workers"])
+    if a.local_batch is not None:
+        b = a.local_batch
+        rows = _plan.weak_scaling(P, b, R, B, workers, g, alpha, fppe)
+        out.append(_plan.format_weak(rows, P, b))
+        K_star = _plan.break_even(R, B, b=b, g=g, alpha=alpha, P=P, fppe=fppe)
+        limit = 2 * g * R / (fppe * b * B)
+        lines = [f"as K grows gamma -> 2*g*R/(fppe*b*B) = {limit:.3f}"
+                 + (" (plus the latency term, which grows with K)" if alpha else "")]
+        if K_star == float("inf"):
+            lines.append("break-even (gamma = 1): never - weak scaling stays compute-bound")
+        else:
+            lines.append(f"break-even (gamma = 1): K* = {K_star:.2f} workers")
+        if alpha:
+            lines.append(_latency_note(rows, alpha, B, g))
+        out.append("\n".join(lines))
+        plot_series = ("weak", P, b, K_star)
+    else:
+        G = a.global_batch if a.global_batch is not None else s["G"]
+        rows = _plan.strong_scaling(P, G, R, B, workers, g, alpha, fppe)
+        out.append(_plan.format_strong(rows, P, G))
+        K_star = _plan.break_even(R, B, G=G, g=g, alpha=alpha, P=P, fppe=fppe)
+        below = [r.K for r in rows if not r.comm_bound]
+        above = [r.K for r in rows if r.comm_bound]
+        where = ""
+        if below and above:
+            where = f", between the K = {max(below)} and K = {min(above)} rows"
+        if alpha:
+            formula = "root of alpha K^2 + (gP/B - alpha) K - gP/B - fppe*P*G/(2R) = 0"
+        else:
+            formula = "1 + fppe*G*B/(2*g*R)"
+        lines = [f"break-even (gamma = 1, Exercise 4.1.1): K* = {formula} = {K_star:.2f} "
+                 f"workers{where}"]
+        if not alpha:
+            lines.append("P cancels: T_comm and T_comp both grow with the model, so only "
+                         "the batch per worker and the cluster shape move gamma.")
+        else:
+            lines.append(_latency_note(rows, alpha, B, g))
+        out.append("\n".join(lines))
+        plot_series = ("strong", P, G, K_star)
+    print("\n\n".join(out))
+    if a.plot:
+        _plot_plan(a.plot, plot_series, rows, R, B, g, alpha, fppe)
+        print(f"\nwrote {a.plot}")
+    return 0
+
+
+def _latency_note(rows, alpha, B, g) -> str:
+    """Exercise 4.1.2: how much of T_comm the 2(K-1)alpha floor is at the largest K, and
+    below which model size it is at least 1% there (alpha/(gP/(KB) + alpha) >= 1%)."""
+    r = max(rows, key=lambda r: r.K)
+    share = r.t_latency / r.t_comm if r.t_comm else 0.0
+    p_max = 99 * alpha * r.K * B / g
+    return (f"latency term 2(K-1)*alpha at K = {r.K}: {share * 100:.3g}% of the all-reduce; "
+            f"it is >= 1% for models below P = 99*alpha*K*B/g = {_plan.sci(float(f'{p_max:.3g}'))} "
+            f"parameters (latency dominates small gradients, bandwidth large ones)")
+
+
+def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
+    plt = _pyplot()
+    kind, P, batch, K_star = series
+    Kmax = max(max(r.K for r in rows), 2)
+    Ks = sorted({int(round(2 ** (i / 8))) for i in range(0, int(8 * (Kmax.bit_length() + 1)))})
+    Ks = [k for k in Ks if 1 <= k <= Kmax * 2]
+    if kind == "strong":
+        pts = _plan.strong_scaling(P, batch, R, B, Ks, g, alpha, fppe)
+    else:
+        pts = _plan.weak_scaling(P, batch, R, B, Ks, g, alpha, fppe)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1], label="gamma(K)")
+    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o")
+    ax.axhline(1.0, color="gray", ls="--", lw=1, label="break-even gamma = 1")
+    if K_star != float("inf"):
+        ax.axvline(K_star, color="red", ls=":", lw=1, label=f"K* = {K_star:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers K")
+    ax.set_ylabel("gamma = T_comm / T_comp")
+    ax.set_title(f"{kind} scaling, P = {_plan.sci(P)}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ tiers
+
+def tiers_main(argv=None) -> int:
+    """``ringlet tiers``: one transfer priced on every tier (Output 4.2.3), and each
+    tier's latency/bandwidth crossover n = alpha/beta (Exercise 4.2.2)."""
+    return _run(_tiers_main, argv)
+
+
+def tiers_table(nbytes: int, links: list[Link]) -> str:
+    """Output 4.2.3 for ``nbytes`` over ``links`` (the first is the reference)."""
+    ref_name = links[0].name.split()[0] if links[0].name else "first"
+    lines = [f"alpha-beta transfer time of a {format_size(nbytes)} buffer across tiers:",
+             f"{'tier':<24}{'alpha(us)':>10}{'BW(GB/s)':>10}{'time(ms)':>10}{'vs ' + ref_name:>11}"]
+    base = None
+    for link in links:
+        t = link.alpha + nbytes * (1.0 / link.bandwidth)
+        base = base or t
+        lines.append(f"{link.name:<24}{link.alpha * 1e6:>10.1f}{link.bandwidth / 1e9:>10.1f}"
+                     f"{t * 1e3:>10.2f}{t / base:>10.1f}x")
+    return "\n".join(lines)
+
+
+def crossover_table(nbytes: int, links: list[Link]) -> str:
+    lines = ["crossover n = alpha/beta (Exercise 4.2.2): latency-bound below it, "
+             "bandwidth-bound above",
+             f"{'tier':<24}{'crossover':>14}   at {format_size(nbytes)}"]
+    for link in links:
+        n = link.crossover
+        ratio = nbytes / n if n else float("inf")
+        regime = "bandwidth-bound" if ratio > 1 else "latency-bound"
+        lines.append(f"{link.name:<24}{_kb(n):>14}   {regime} (n*beta = {ratio:.3g} x alpha)")
+    return "\n".join(lines)
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1e3:.1f} KB" if n < 1e6 else f"{n / 1e6:.2f} MB"
+
+
+def sweep_table(links: list[Link], lo: int, hi: int) -> str:
+    sizes = []
+    n = lo
+    while n <= hi:
+        sizes.append(n)
+        n *= 4
+    head = f"{'size':>10}" + "".join(f"{(l.name.split()[0] if l.name else '?'):>16}" for l in links)
+    lines = ["time of one transfer (L = latency-bound, B = bandwidth-bound):", head]
+    for n in sizes:
+        cells = []
+        for link in links:
+            t = link.time(n)
+            cells.append(f"{_fmt_t(t):>14} {'B' if n > link.crossover else 'L'}")
+        lines.append(f"{format_size(n):>10}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _fmt_t(t: float) -> str:
+    if t < 1e-3:
+        return f"{t * 1e6:.2f} us"
+    if t < 1:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t:.3f} s"
+
+
+def _tiers_main(argv) -> int:
+    ap = argparse.ArgumentParser(
+        prog="ringlet tiers",
+        description="Price one transfer T(n) = alpha + n*beta on each interconnect tier "
+                    "(seed 000, Output 4.2.3) and show each tier's crossover n = alpha/beta.")
+    ap.add_argument("--bytes", type=_size, default=256 * 1024 ** 2,
+                    help="transfer size, e.g. 256MiB, 4K, 1e6 (default 256MiB)")
+    ap.add_argument("--link", type=_named_link, action="append", default=[],
+                    help="add a custom tier NAME=ALPHA_US,GBPS (repeatable)")
+    ap.add_argument("--only", type=lambda t: [x for x in t.split(",") if x], default=None,
+                    help=f"comma-separated subset of: {', '.join(TIERS)}")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also sweep sizes 4 KiB .. 1 GiB (Exercise 4.2.2)")
+    ap.add_argument("--plot", metavar="FILE.png", default=None,
+                    help="plot time vs size per tier, crossovers marked")
+    a = ap.parse_args(argv)
+    names = a.only if a.only is not None else list(TIERS)
+    links = [tier(n) for n in names] + [l for _, l in a.link]
+    if not links:
+        raise _Exit("no tiers selected")
+    print(tiers_table(a.bytes, links))
+    print()
+    print(crossover_table(a.bytes, links))
+    if a.sweep:
+        print()
+        print(sweep_table(links, 4 * 1024, 1024 ** 3))
+    if a.plot:
+        plt = _pyplot()
+        import numpy as np
+        sizes = np.logspace(0, 31 * np.log10(2), 200)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for link in links:
+            line, = ax.loglog(sizes, [link.time(n) for n in sizes], label=link.name)
+            ax.plot([link.crossover], [link.time(link.crossover)], "o", color=line.get_color())
+        ax.axvline(a.bytes, color="gray", ls=":", lw=1)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("seconds")
+        ax.set_title("alpha + n*beta per tier (dots: crossover n = alpha/beta)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+        plt.close(fig)
+        print(f"\nwrote {a.plot}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- explain
+
+def explain_main(argv=None) -> int:
+    """``ringlet explain COLLECTIVE --size 64M -n 8 [--tier T | --hosts H]``: every
+    candidate's predicted time split into latency, bandwidth and reduction, the winner, and
+    the sizes where the winner changes."""
+    return _run(_explain_main, argv)
+
+
+def _explain_main(argv) -> int:
+    from .profile import load_profile, profile_path
+    from .simulate import Topology
+    from .tune import choose, crossovers, environment
+
+    ap = argparse.ArgumentParser(
+        prog="ringlet explain",
+        description="Which algorithm would run, and why: predicted time of every candidate "
+                    "split into latency (alpha), bandwidth (beta) and reduction (gamma) "
+                    "terms, the winner, and the sizes where the winner changes.")
+    ap.add_argument("collective", help=f"one of: {', '.join(COLLECTIVES)}")
+    ap.add_argument("--size", "-s", type=_size, default=64 * 1024 ** 2,
+                    help="bytes (nccl-tests convention: per-rank buffer for all_reduce, "
+                         "broadcast, reduce, all_to_all; total for all_gather, "
+                         "reduce_scatter, gather, scatter), e.g. 64M (default)")
+    ap.add_argument("-n", "--nranks", "-p", type=int, default=8, help="group size (default 8)")
+    ap.add_argument("--tier", type=_link_arg, default=None,
+                    help=f"price on a tier ({', '.join(TIERS)}, or ALPHA_US,GBPS) instead of "
+                         "this host's calibrated profile; with --hosts it is the inter-host link")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="split the ranks over this many hosts (two-tier topology)")
+    ap.add_argument("--intra", type=_link_arg, default=None,
+                    help="intra-host link with --hosts (default: nvlink with --tier, "
+                         "else this host's shm)")
+    ap.add_argument("--gamma", type=float, default=None,
+                    help="seconds per byte reduced (default: the profile's; 0 with --tier)")
+    ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
+    ap.add_argument("--algorithms", type=lambda t: [x for x in t.split(",") if x], default=None,
+                    help="comma-separated candidates (default: all)")
+    ap.add_argument("--range", default=None, metavar="LO:HI",
+                    help="size range for the crossover sweep (default 8:4G)")
+    ap.add_argument("--plot", metavar="FILE.png", default=None,
+                    help="plot time vs size per algorithm, crossovers marked")
+    a = ap.parse_args(argv)
+    coll = a.collective
+    if coll not in ALGORITHMS:
+        raise ValueError(f"unknown collective {coll!r}; valid collectives: {', '.join(COLLECTIVES)}")
+    p = a.nranks
+    if p < 1:
+        raise ValueError(f"-n (group size) must be >= 1, got {p}")
+    if a.itemsize < 1:
+        raise ValueError("--itemsize must be >= 1")
+
+    # where we predict
+    prof = None
+    if a.hosts is not None and a.hosts > 1:
+        if p % a.hosts:
+            raise ValueError(f"--hosts {a.hosts} must divide -n {p}")
+        if a.tier is not None:
+            intra = a.intra or TIERS["nvlink"]
+            inter = a.tier
+            g = a.gamma or 0.0
+            topology = Topology(a.hosts, p // a.hosts, intra, inter, g)
+        else:
+            prof = load_profile()
+            topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
+                                prof.link("tcp"), prof.gamma("shm") if a.gamma is None else a.gamma,
+                                prof.delta("shm"))
+        where = str(topology)
+        gamma = topology.gamma
+    elif a.tier is not None:
+        topology = a.tier
+        gamma = a.gamma or 0.0
+        where = f"{p} ranks on {a.tier}"
+    else:
+        prof = load_profile()
+        topology = prof
+        gamma = prof.gamma("shm") if a.gamma is None else a.gamma
+        where = f"{p} ranks on this host ({prof.link('shm')})"
+    if prof is not None:
+        src = (f"calibrated profile {prof.source}" if prof.calibrated else
+               f"default profile (no calibration at {profile_path()}; run `ringlet calibrate`)")
+        where += f"\nlinks from the {src}"
+
+    conv = "total" if coll in TOTAL_SIZE else "per rank"
+    nb = a.size
+    unit_bytes = (p if (coll in TOTAL_SIZE or coll.startswith("all_to_all")) else 1) * a.itemsize
+    if coll != "barrier" and nb % unit_bytes:
+        nb = max(nb // unit_bytes, 1) * unit_bytes
+        print(f"(size rounded to {nb} B: whole {a.itemsize}-byte elements in each of "
+              f"{unit_bytes // a.itemsize} block(s))")
+    winner, rows = choose(coll, nb, p, topology=topology, candidates=a.algorithms,
+                          itemsize=a.itemsize, gamma=gamma)
+    env = environment(p, topology, None, gamma)
+    print(f"{coll} of {format_size(nb)} {conv} ({nb:,} B), p = {p}: {where}")
+    print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")
+    scale, unit = (1e6, "us") if rows[0].total < 1e-3 else (1e3, "ms")
+    print(f"{'algorithm':<20}{'total':>12}{'latency':>12}{'bandwidth':>12}{'reduction':>12}   ({unit})")
+    for r in rows:
+        mark = "  <- winner" if r.algorithm == winner else ""
+        print(f"{r.algorithm:<20}{r.total * scale:>12.2f}{r.latency * scale:>12.2f}"
+              f"{r.bandwidth * scale:>12.2f}{r.reduction * scale:>12.2f}{mark}")
+    if len(rows) > 1 and rows[1].total > 0:
+        print(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x faster than "
+              f"the runner-up, {rows[1].algorithm})")
+    else:
+        print(f"winner: {winner}")
+
+    if coll == "barrier" or len(rows) == 1:
+        cross, sweep = [], []
+    else:
+        lo, hi = 8, 4 * 1024 ** 3
+        if a.range:
+            try:
+                lo_s, hi_s = a.range.split(":")
+                lo, hi = parse_size(lo_s), parse_size(hi_s)
+            except ValueError:
+                raise ValueError(f"--range wants LO:HI sizes, e.g. 8:4G, got {a.range!r}") from None
+        ppo = 2 if env.topology is not None else 4
+        cross, sweep = crossovers(coll, p, topology=topology, candidates=a.algorithms,
+                                  lo=lo, hi=hi, itemsize=a.itemsize, gamma=gamma,
+                                  points_per_octave=ppo)
+        lo_eff = sweep[0][0] if sweep else lo
+        hi_eff = sweep[-1][0] if sweep else hi
+        print(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "
+              f"{format_size(hi_eff)}):")
+        if not cross:
+            first = min(sweep[0][1], key=sweep[0][1].get) if sweep else winner
+            print(f"  none: {first} wins over the whole range")
+        else:
+            prev = None
+            segs = []
+            start_w = cross[0][1]
+            bounds = [None] + [c[0] for c in cross] + [None]
+            winners = [start_w] + [c[2] for c in cross]
+            for i, w in enumerate(winners):
+                lo_b, hi_b = bounds[i], bounds[i + 1]
+                if lo_b is None:
+                    label = f"below {format_size(hi_b)}"
+                elif hi_b is None:
+                    label = f"from {format_size(lo_b)}"
+                else:
+                    label = f"{format_size(lo_b)} .. {format_size(hi_b)}"
+                segs.append(f"  {label:<26}{w}")
+            print("\n".join(segs))
+            del prev
+    if a.plot:
+        _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])
+        print(f"wrote {a.plot}")
+    return 0
+
+
+def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
+    plt = _pyplot()
+    if not sweep:
+        raise _Exit("nothing to plot: a single candidate (or barrier) has no size sweep")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    algs = list(sweep[0][1])
+    xs = [n for n, _ in sweep]
+    for alg in algs:
+        ax.loglog(xs, [t[alg] for _, t in sweep], label=alg)
+    for n, old, new in cross:
+        ax.axvline(n, color="gray", ls=":", lw=1)
+        ax.annotate(f"{new}", (n, ax.get_ylim()[0]), rotation=90, fontsize=7, va="bottom")
+    ax.axvline(nb, color="red", ls="--", lw=1, label=f"{format_size(nb)}: {winner}")
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("predicted seconds")
+    import textwrap
+    ax.set_title(textwrap.fill(f"{coll}, p = {p}: {where}", 100), fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["plan_main", "tiers_main", "explain_main", "tiers_table", "crossover_table"]

@@ -1,0 +1,779 @@
+"""Links, tiers and the closed-form alpha-beta-gamma cost of every collective algorithm.
+
+The model (seed 000 Section 6, Thakur-Rabenseifner-Gropp 2005, Patarasuk-Yuan 2009):
+one message of ``n`` bytes over a link costs ``alpha + n*beta`` (``beta = 1/bandwidth``),
+reducing ``n`` bytes costs ``n*gamma`` at the receiver. A rank sends one message and
+receives one message at a time (full duplex, single port): messages a rank posts together
+queue behind each other. Every closed form below is the critical-path time of the
+schedule ``ringlet.algorithms`` builds for that algorithm, split into three terms::
+
+    latency    (number of messages on the critical path) * alpha
+    bandwidth  (bytes on the critical path) * beta
+    reduction  (bytes reduced on the critical path) * gamma
+
+Size convention (nccl-tests'): ``nbytes`` is
+
+* the per-rank buffer for ``all_reduce``, ``broadcast``, ``reduce``, ``all_to_all``
+  and ``all_to_all_single`` (for all_to_all: the whole send buffer of one rank, p blocks);
+* the total (gathered) array for ``all_gather``, ``reduce_scatter``, ``gather`` and
+  ``scatter``: p times what one rank contributes or keeps;
+* ignored for ``barrier``.
+
+So ``nbytes = count*itemsize`` for the first group and ``p*count*itemsize`` for the
+second, where ``count`` is the count the runtime and ``ringlet.algorithms.build`` take.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+# --------------------------------------------------------------------------- links
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link: ``alpha`` seconds per message, ``bandwidth`` bytes/s.
+
+    ``Link(alpha=3e-6, bandwidth=50e9)``; ``.beta`` is seconds per byte. ``name`` is only
+    a label for printouts."""
+    alpha: float
+    bandwidth: float
+    name: str = ""
+
+    def __post_init__(self):
+        if not (isinstance(self.alpha, (int, float)) and self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ValueError(f"Link alpha must be a finite number >= 0 seconds, got {self.alpha!r}")
+        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0):
+            raise ValueError(f"Link bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+
+    @classmethod
+    def from_beta(cls, alpha: float, beta: float, name: str = "") -> "Link":
+        if beta <= 0:
+            raise ValueError(f"beta must be > 0 seconds per byte, got {beta!r}")
+        return cls(alpha, 1.0 / beta, name)
+
+    @property
+    def beta(self) -> float:
+        return 1.0 / self.bandwidth
+
+    def time(self, nbytes: float) -> float:
+        """alpha + n*beta: one message of ``nbytes`` bytes."""
+        return self.alpha + nbytes / self.bandwidth
+
+    @property
+    def crossover(self) -> float:
+        """n = alpha/beta: below it a message is latency-bound, above bandwidth-bound."""
+        return self.alpha * self.bandwidth
+
+    def __str__(self) -> str:
+        label = f"{self.name}: " if self.name else ""
+        return f"{label}alpha {self.alpha * 1e6:.3g} us, {self.bandwidth / 1e9:.4g} GB/s"
+
+
+# Seed 000, Output 4.2.3 / Figure 4.2.1 (representative orders of magnitude).
+TIERS: dict[str, Link] = {
+    "nvlink": Link(1.0e-6, 300e9, "NVLink (intra-node)"),
+    "pcie": Link(2.0e-6, 25e9, "PCIe   (intra-node)"),
+    "infiniband": Link(3.0e-6, 50e9, "InfiniBand NDR (inter)"),
+    "ethernet": Link(30.0e-6, 3.1e9, "Ethernet 25G (inter)"),
+}
+
+
+def tier(name) -> Link:
+    """A tier by name (case-insensitive), or a Link passed through."""
+    if isinstance(name, Link):
+        return name
+    key = str(name).lower()
+    if key not in TIERS:
+        raise ValueError(f"unknown tier {name!r}; valid tiers: {', '.join(TIERS)}")
+    return TIERS[key]
+
+
+# --------------------------------------------------------------------------- catalog
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner",
+                   "tree", "double_tree", "hierarchical"),
+    "broadcast": ("direct", "binomial", "pipeline", "scatter_allgather"),
+    "reduce": ("direct", "binomial", "rabenseifner"),
+    "all_gather": ("ring", "recursive_doubling", "bruck", "direct"),
+    "reduce_scatter": ("ring", "recursive_halving", "direct"),
+    "all_to_all": ("pairwise", "bruck", "direct"),
+    "all_to_all_single": ("pairwise", "bruck", "direct"),
+    "gather": ("direct", "binomial"),
+    "scatter": ("direct", "binomial"),
+    "barrier": ("dissemination",),
+}
+COLLECTIVES = tuple(ALGORITHMS)
+
+#: what ``algorithm=None`` means in predict()
+DEFAULT_ALGORITHM = {
+    "all_reduce": "ring", "broadcast": "binomial", "reduce": "binomial", "all_gather": "ring",
+    "reduce_scatter": "ring", "all_to_all": "pairwise", "all_to_all_single": "pairwise",
+    "gather": "binomial", "scatter": "binomial", "barrier": "dissemination",
+}
+
+#: collectives whose ``nbytes`` is the total (p blocks) array; the rest: per-rank buffer
+TOTAL_SIZE = frozenset({"all_gather", "reduce_scatter", "gather", "scatter"})
+#: algorithms that need host identity (a two-level topology)
+HOST_AWARE = frozenset({("all_reduce", "hierarchical")})
+
+
+def check_collective(collective: str) -> str:
+    if collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {collective!r}; valid collectives: "
+                         f"{', '.join(COLLECTIVES)}")
+    return collective
+
+
+def check_algorithm(collective: str, algorithm: str) -> str:
+    check_collective(collective)
+    if algorithm not in ALGORITHMS[collective]:
+        raise ValueError(f"unknown algorithm {algorithm!r} for {collective}; valid algorithms: "
+                         f"{', '.join(ALGORITHMS[collective])}")
+    return algorithm
+
+
+def nbytes_of(collective: str, p: int, count: int, itemsize: int = 4) -> int:
+    """The size-convention ``nbytes`` of a call with ``count`` elements per block."""
+    check_collective(collective)
+    if collective == "barrier":
+        return 0
+    blocks = p if collective in TOTAL_SIZE or collective.startswith("all_to_all") else 1
+    return blocks * count * itemsize
+
+
+def count_of(collective: str, p: int, nbytes: int, itemsize: int = 4) -> int:
+    """Inverse of :func:`nbytes_of`, rounding down to whole elements per block."""
+    check_collective(collective)
+    if collective == "barrier":
+        return 0
+    blocks = p if collective in TOTAL_SIZE or collective.startswith("all_to_all") else 1
+    return int(nbytes) // (blocks * itemsize)
+
+
+# --------------------------------------------------------------------------- terms
+
+
+class Terms(NamedTuple):
+    """Predicted seconds, split into the alpha, beta and gamma terms."""
+    latency: float = 0.0
+    bandwidth: float = 0.0
+    reduction: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.latency + self.bandwidth + self.reduction
+
+    def __add__(self, other):  # type: ignore[override]
+        return Terms(self.latency + other[0], self.bandwidth + other[1], self.reduction + other[2])
+
+    def scale(self, k: float) -> "Terms":
+        return Terms(self.latency * k, self.bandwidth * k, self.reduction * k)
+
+
+def _t(messages: float, bytes_: float, reduced: float, a: float, b: float, g: float) -> Terms:
+    """Terms from critical-path counts: messages, bytes moved, bytes reduced."""
+    return Terms(messages * a, bytes_ * b, reduced * g)
+
+
+def log2_ceil(p: int) -> int:
+    return (p - 1).bit_length()
+
+
+def log2_floor(p: int) -> int:
+    return p.bit_length() - 1
+
+
+def is_pow2(p: int) -> bool:
+    return p & (p - 1) == 0
+
+
+# ---------------------------------------------------------------- pipeline segments
+
+def pipeline_segments(p: int, nbytes: float, a: float = 0.0, b: float = 0.0,
+                      itemsize: int = 4) -> int:
+    """How many segments the pipelined (chained) broadcast cuts ``nbytes`` into: the
+    algorithm's own rule when ``ringlet.algorithms`` defines one, so that the closed form
+    prices the schedule the runtime runs."""
+    fn = _algorithm_segment_rule()
+    count = int(nbytes) // itemsize
+    if fn is not None:
+        return max(int(fn(p, count, itemsize)), 1)
+    return _optimal_segments(p - 2, count, itemsize)
+
+
+def _algorithm_segment_rule():
+    try:
+        from ringlet.algorithms import broadcast as _bc  # noqa: WPS433
+    except Exception:  # pragma: no cover - algorithms not importable
+        return None
+    return getattr(_bc, "pipeline_segments", None)
+
+
+# ------------------------------------------------------------------- closed forms
+# Each: f(p, n, a, b, g, **kw) -> Terms; n in bytes per the size convention above.
+
+_FORMS: dict[tuple[str, str], Callable[..., Terms]] = {}
+
+
+def _form(collective: str, *algorithms: str):
+    def deco(fn):
+        for alg in algorithms:
+            _FORMS[(collective, alg)] = fn
+        return fn
+    return deco
+
+
+# all_reduce -----------------------------------------------------------------------
+
+@_form("all_reduce", "naive_ring")
+def _ar_naive_ring(p, n, a, b, g, **kw):
+    """Running sum walks the ring (p-1 hops of n, each reduced), total walks back (p-1)."""
+    return _t(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n, a, b, g)
+
+
+@_form("all_reduce", "direct")
+def _ar_direct(p, n, a, b, g, **kw):
+    """Everyone sends its whole vector to everyone: p-1 messages queue on each port."""
+    return _t(p - 1, (p - 1) * n, (p - 1) * n, a, b, g)
+
+
+@_form("all_reduce", "ring")
+def _ar_ring(p, n, a, b, g, **kw):
+    """Patarasuk-Yuan: reduce-scatter + all-gather on a ring, 2(p-1) steps of n/p."""
+    return _t(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+
+
+@_form("all_reduce", "recursive_doubling")
+def _ar_recursive_doubling(p, n, a, b, g, **kw):
+    """Thakur et al.: lg p exchanges of the full vector; p not a power of two adds a
+    pre-step (extra ranks fold into partners) and a post-step (result sent back)."""
+    if p == 1:
+        return Terms()
+    q = log2_floor(p)
+    if is_pow2(p):
+        return _t(q, q * n, q * n, a, b, g)
+    return _t(q + 2, (q + 2) * n, (q + 1) * n, a, b, g)
+
+
+@_form("all_reduce", "rabenseifner")
+def _ar_rabenseifner(p, n, a, b, g, **kw):
+    """Recursive-halving reduce-scatter + recursive-doubling all-gather:
+    2 lg p alpha + 2(p-1)/p n beta + (p-1)/p n gamma; non-powers of two fold the
+    p - p' extra ranks in first (alpha + n beta + n gamma) and out last (alpha + n beta)."""
+    if p == 1:
+        return Terms()
+    q = log2_floor(p)
+    pp = 1 << q
+    core = _t(2 * q, 2 * (pp - 1) / pp * n, (pp - 1) / pp * n, a, b, g)
+    if pp == p:
+        return core
+    return core + _t(2, 2 * n, n, a, b, g)
+
+
+@_form("all_reduce", "tree")
+def _ar_tree(p, n, a, b, g, **kw):
+    """Binomial-tree reduce then binomial-tree broadcast of the full vector."""
+    L = log2_ceil(p)
+    return _t(2 * L, 2 * L * n, L * n, a, b, g)
+
+
+@_form("all_reduce", "double_tree")
+def _ar_double_tree(p, n, a, b, g, *, segments=None, itemsize=4, **kw):
+    """NCCL's double binary tree: two complementary binary trees, each reducing half the
+    vector up and broadcasting it down, pipelined in S segments of n/(2S) bytes, both trees
+    at once. A rank is interior in one tree and a leaf in the other, so in the steady state
+    its port carries 4 messages a round (2 children + parent in one tree, parent in the
+    other): T ~ (4S + F)(alpha + n/(2S) beta) + ..., where the fill F depends on the trees'
+    shape. There is no simpler exact expression, so this evaluates the pipeline's critical
+    path over the two trees' structure (:func:`double_tree_rounds`) with equal segments."""
+    if p == 1:
+        return Terms()
+    S = segments or double_tree_segments(p, n, itemsize)
+    return _critical_path(double_tree_rounds(p, S), p, n / (2 * S), a, b, g)
+
+
+@_form("all_reduce", "hierarchical")
+def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=None, **kw):
+    """Two levels: ring reduce-scatter inside each host (L ranks), all-reduce of each
+    n/L shard across the H hosts (all L ranks of a host share its NIC), ring all-gather
+    inside each host. ``intra``/``inter`` are (alpha, beta) pairs, default (a, b)."""
+    H = int(hosts)
+    if not 1 <= H <= p:
+        raise ValueError(f"hierarchical needs 1 <= hosts <= p, got hosts={hosts} for p={p}")
+    L = -(-p // H)  # hosts of unequal size are priced as if all had the largest's ranks
+    ai, bi = intra if intra is not None else (a, b)
+    ae, be = inter if inter is not None else (a, b)
+    k = L if share is None else share
+    local = _t(2 * (L - 1), 2 * (L - 1) / L * n, (L - 1) / L * n, ai, bi, g)
+    shard = n / L
+    cross = _ar_ring(H, shard, ae, be * k, g) if H > 1 else Terms()
+    return local + cross
+
+
+# broadcast --------------------------------------------------------------------------
+
+@_form("broadcast", "direct")
+def _bc_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) * n, 0, a, b, g)
+
+
+@_form("broadcast", "binomial")
+def _bc_binomial(p, n, a, b, g, **kw):
+    L = log2_ceil(p)
+    return _t(L, L * n, 0, a, b, g)
+
+
+@_form("broadcast", "pipeline")
+def _bc_pipeline(p, n, a, b, g, *, segments=None, itemsize=4, **kw):
+    """A chain cut into s segments: (p + s - 2)(alpha + n/s beta)."""
+    if p == 1:
+        return Terms()
+    s = segments or pipeline_segments(p, n, a, b, itemsize)
+    steps = p + s - 2
+    return _t(steps, steps * n / s, 0, a, b, g)
+
+
+@_form("broadcast", "scatter_allgather")
+def _bc_scatter_allgather(p, n, a, b, g, **kw):
+    """van de Geijn: binomial scatter (lg p alpha + (p-1)/p n beta) then ring all-gather
+    ((p-1) alpha + (p-1)/p n beta)."""
+    if p == 1:
+        return Terms()
+    L = log2_ceil(p)
+    return _t(L + p - 1, 2 * (p - 1) / p * n, 0, a, b, g)
+
+
+# reduce -------------------------------------------------------------------------------
+
+@_form("reduce", "direct")
+def _rd_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) * n, (p - 1) * n, a, b, g)
+
+
+@_form("reduce", "binomial")
+def _rd_binomial(p, n, a, b, g, **kw):
+    L = log2_ceil(p)
+    return _t(L, L * n, L * n, a, b, g)
+
+
+@_form("reduce", "rabenseifner")
+def _rd_rabenseifner(p, n, a, b, g, **kw):
+    """Recursive-halving reduce-scatter then binomial gather to the root:
+    2 lg p alpha + 2(p-1)/p n beta + (p-1)/p n gamma (+ fold-in step for p != 2^k)."""
+    if p == 1:
+        return Terms()
+    q = log2_floor(p)
+    pp = 1 << q
+    core = _t(2 * q, 2 * (pp - 1) / pp * n, (pp - 1) / pp * n, a, b, g)
+    if pp == p:
+        return core
+    return core + _t(1, n, n, a, b, g)
+
+
+# all_gather (n = total gathered bytes) ------------------------------------------------
+
+@_form("all_gather", "ring")
+def _ag_ring(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
+
+
+def _fold_blocks(p: int) -> tuple[int, int, int]:
+    """For the non-power-of-two fold with p2 = 2^floor(lg p) core ranks and rem = p - p2
+    extras folded into the lowest ones: (q, rem, blocks on the critical path of the
+    butterfly among the core ranks), the latter sum over d = 1, 2, .., p2/2 of the largest
+    exchange, d + min(d, rem) blocks (the lowest core ranks carry their extras' blocks)."""
+    q = log2_floor(p)
+    pp = 1 << q
+    rem = p - pp
+    blocks, d = 0, 1
+    while d < pp:
+        blocks += d + min(d, rem)
+        d *= 2
+    return q, rem, blocks
+
+
+@_form("all_gather", "recursive_doubling")
+def _ag_recursive_doubling(p, n, a, b, g, **kw):
+    """Recursive doubling: lg p steps doubling the block each time, lg p alpha +
+    (p-1)/p n beta. Otherwise the extra ranks hand their block to a partner first
+    (alpha + n/p beta), the core exchanges carry the extras' blocks too, and the partners
+    send the whole result back (alpha + n beta)."""
+    if p == 1:
+        return Terms()
+    q, rem, blocks = _fold_blocks(p)
+    blk = n / p
+    if rem == 0:
+        return _t(q, blocks * blk, 0, a, b, g)
+    return _t(q + 2, (1 + blocks) * blk + n, 0, a, b, g)
+
+
+@_form("all_gather", "bruck")
+def _ag_bruck(p, n, a, b, g, **kw):
+    """Bruck: ceil(lg p) steps, step k sends min(2^k, p - 2^k) blocks."""
+    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+
+
+@_form("all_gather", "direct")
+def _ag_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
+
+
+# reduce_scatter (n = total input bytes per rank) ------------------------------------------
+
+@_form("reduce_scatter", "ring")
+def _rs_ring(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+
+
+@_form("reduce_scatter", "recursive_halving")
+def _rs_recursive_halving(p, n, a, b, g, **kw):
+    """lg p steps halving the vector: lg p alpha + (p-1)/p n (beta + gamma). Otherwise the
+    extra ranks fold their whole input into a partner first (alpha + n (beta + gamma)),
+    the halving steps carry the extras' blocks too, and the partners hand each extra its
+    block at the end (alpha + n/p beta)."""
+    if p == 1:
+        return Terms()
+    q, rem, blocks = _fold_blocks(p)
+    blk = n / p
+    if rem == 0:
+        return _t(q, blocks * blk, blocks * blk, a, b, g)
+    return _t(q + 2, n + (blocks + 1) * blk, n + blocks * blk, a, b, g)
+
+
+@_form("reduce_scatter", "direct")
+def _rs_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+
+
+# all_to_all (n = one rank's send buffer, p blocks) ------------------------------------------
+
+@_form("all_to_all", "pairwise")
+@_form("all_to_all_single", "pairwise")
+def _a2a_pairwise(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
+
+
+@_form("all_to_all", "direct")
+@_form("all_to_all_single", "direct")
+def _a2a_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
+
+
+def bruck_blocks(p: int) -> int:
+    """Blocks an all-to-all Bruck moves per rank: step k sends the blocks whose index has
+    bit k set (sum over k of #{0 <= i < p: i & 2^k})."""
+    total = 0
+    for k in range(log2_ceil(p)):
+        bit = 1 << k
+        total += sum(1 for i in range(p) if i & bit)
+    return total
+
+
+@_form("all_to_all", "bruck")
+@_form("all_to_all_single", "bruck")
+def _a2a_bruck(p, n, a, b, g, **kw):
+    """Bruck: ceil(lg p) alpha + (n/p) beta * sum_k #{i: bit k of i set} (~ n/2 lg p)."""
+    return _t(log2_ceil(p), bruck_blocks(p) * n / p, 0, a, b, g)
+
+
+# gather / scatter (n = total bytes at the root) ---------------------------------------------
+
+@_form("gather", "direct")
+@_form("scatter", "direct")
+def _gs_direct(p, n, a, b, g, **kw):
+    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
+
+
+@_form("gather", "binomial")
+@_form("scatter", "binomial")
+def _gs_binomial(p, n, a, b, g, **kw):
+    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+
+
+# barrier ------------------------------------------------------------------------------------
+
+@_form("barrier", "dissemination")
+def _barrier(p, n, a, b, g, **kw):
+    return _t(log2_ceil(p), 0, 0, a, b, g)
+
+
+# ------------------------------------------------------------ double-tree structure
+
+def btree_parents(p: int) -> list[int]:
+    """NCCL's binary tree on ranks 0..p-1 (root 0, parent -1): rank r with lowest set bit
+    b hangs under (r XOR b) | 2b, or under r XOR b when that is >= p."""
+    parent = [-1] * p
+    for r in range(1, p):
+        bit = r & -r
+        up = (r ^ bit) | (bit << 1)
+        parent[r] = up if up < p else r ^ bit
+    return parent
+
+
+def dtree_parents(p: int) -> tuple[list[int], list[int]]:
+    """The complementary second tree: the first mirrored (r -> p-1-r) for even p, shifted
+    by one (r -> r+1) for odd p."""
+    t1 = btree_parents(p)
+    if p % 2 == 0:
+        t2 = [-1 if t1[p - 1 - r] < 0 else p - 1 - t1[p - 1 - r] for r in range(p)]
+    else:
+        t2 = [-1 if t1[(r - 1) % p] < 0 else (t1[(r - 1) % p] + 1) % p for r in range(p)]
+    return t1, t2
+
+
+def _tree_pipeline_timing(parent: list[int]):
+    """Round in which each node sends segment 0 up (after its children's partials, which
+    arrive in distinct rounds) and receives segment 0 down; segment j is j rounds later."""
+    p = len(parent)
+    children = [[] for _ in range(p)]
+    for x, q in enumerate(parent):
+        if q >= 0:
+            children[q].append(x)
+    root = parent.index(-1)
+    order, stack = [], [root]
+    while stack:
+        x = stack.pop()
+        order.append(x)
+        stack.extend(children[x])
+    ready, up = [0] * p, [-1] * p
+    for x in reversed(order):
+        t = -1
+        for c in sorted(children[x], key=lambda c: ready[c]):
+            t = up[c] = max(ready[c], t + 1)
+        ready[x] = t + 1
+    down = [-1] * p
+    for x in order:
+        for c in children[x]:
+            down[c] = ready[root] if x == root else down[x] + 1
+    fill = max(max(down), ready[root] - 1, 0)
+    return up, down, fill
+
+
+def double_tree_fill(p: int) -> int:
+    return max(_tree_pipeline_timing(t)[2] for t in dtree_parents(p)) if p > 1 else 0
+
+
+def double_tree_segments(p: int, nbytes: float, itemsize: int = 4) -> int:
+    """Segments per tree of double_tree: the algorithm's rule when available."""
+    count = int(nbytes) // itemsize
+    try:
+        from ringlet.algorithms.all_reduce import tree_segments
+    except Exception:
+        tree_segments = None
+    if tree_segments is not None:
+        return max(int(tree_segments(p, count, itemsize)), 1)
+    return _optimal_segments(double_tree_fill(p), (count + 1) // 2, itemsize)
+
+
+_DT_CACHE: dict = {}
+
+
+def double_tree_rounds(p: int, S: int):
+    """The pipelined double tree as rounds of (src, dst, reduce) arrays, one message per
+    segment move, derived from the trees' timing (segment j of a node moves j rounds after
+    segment 0)."""
+    import numpy as np
+    key = (p, S)
+    hit = _DT_CACHE.get(key)
+    if hit is not None:
+        return hit
+    ts, ss, ds, rs = [], [], [], []
+    j = np.arange(S)
+    for parent in dtree_parents(p):
+        up, down, _ = _tree_pipeline_timing(parent)
+        par = np.array(parent)
+        x = np.flatnonzero(par >= 0)
+        for when, red in ((np.array(up), 1), (np.array(down), 0)):
+            ts.append((when[x][:, None] + j).ravel())
+            src, dst = (x, par[x]) if red else (par[x], x)
+            ss.append(np.repeat(src, S))
+            ds.append(np.repeat(dst, S))
+            rs.append(np.full(len(x) * S, red))
+    t, src, dst, red = (np.concatenate(v) for v in (ts, ss, ds, rs))
+    order = np.argsort(t, kind="stable")
+    t, src, dst, red = t[order], src[order], dst[order], red[order]
+    bounds = np.flatnonzero(np.diff(t)) + 1
+    rounds = [(s_, d_, r_) for s_, d_, r_ in zip(np.split(src, bounds), np.split(dst, bounds),
+                                                 np.split(red, bounds))]
+    if len(_DT_CACHE) > 256:
+        _DT_CACHE.clear()
+    _DT_CACHE[key] = rounds
+    return rounds
+
+
+class _Rnd:
+    __slots__ = ("cols",)
+
+    def __init__(self, src, dst, red):
+        import numpy as np
+        self.cols = {"src": src, "dst": dst, "n": np.ones(len(src), np.int64), "reduce": red}
+
+
+class _Shape:
+    """A schedule-shaped view of equal-size messages, for the critical-path evaluation."""
+
+    def __init__(self, p, rounds, msg_bytes):
+        self.p, self.itemsize = p, msg_bytes
+        self.rounds = [_Rnd(*r) for r in rounds]
+
+
+def _critical_path(rounds, p, msg_bytes, a, b, g) -> Terms:
+    from .simulate import Topology, simulate
+    res = simulate(_Shape(p, rounds, msg_bytes),
+                   Topology.uniform(p, Link.from_beta(a, b) if b > 0 else Link(a, 1e300), g))
+    return res.terms
+
+
+SEGMENT_ALPHA, SEGMENT_BANDWIDTH, MAX_SEGMENTS = 5e-6, 10e9, 64
+
+
+def _optimal_segments(fill: int, count: int, itemsize: int) -> int:
+    """Fallback copy of the algorithms' pipeline rule: S = sqrt(fill*n*beta/alpha) on a
+    reference link, clamped to 1..min(count, 64)."""
+    if fill <= 0 or count <= 1:
+        return 1
+    s = round(math.sqrt(fill * count * itemsize / (SEGMENT_ALPHA * SEGMENT_BANDWIDTH)))
+    return int(max(1, min(s, count, MAX_SEGMENTS)))
+
+
+# ----------------------------------------------------------------------------- predict
+
+
+def _check_size(nbytes, p):
+    if isinstance(p, bool):
+        raise TypeError(f"p must be an integer, got {p!r}")
+    try:
+        p = operator.index(p)
+    except TypeError:
+        raise TypeError(f"p must be an integer, got {p!r}") from None
+    if p < 1:
+        raise ValueError(f"p (group size) must be >= 1, got {p}")
+    try:
+        n = float(nbytes)
+    except (TypeError, ValueError):
+        raise TypeError(f"nbytes must be a number of bytes, got {nbytes!r}") from None
+    if not math.isfinite(n) or n < 0:
+        raise ValueError(f"nbytes must be a finite size >= 0, got {nbytes!r}")
+    return n, p
+
+
+def _check_gamma(gamma):
+    g = float(gamma)
+    if not math.isfinite(g) or g < 0:
+        raise ValueError(f"gamma (seconds per reduced byte) must be >= 0, got {gamma!r}")
+    return g
+
+
+def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = None,
+              link: Link | str | None = None, gamma: float | None = None, *,
+              hosts: int | None = None, intra: Link | str | None = None,
+              inter: Link | str | None = None, share: int | None = None,
+              segments: int | None = None, itemsize: int = 4, topology=None) -> Terms:
+    """The closed-form time of one collective call, split into latency, bandwidth and
+    reduction terms (a :class:`Terms`; ``.total`` is seconds).
+
+    ``nbytes`` follows the size convention in this module's docstring. ``link`` is a
+    :class:`Link`, a tier name, or None for this host's calibrated shared-memory link
+    (``ringlet.cost.profile``); ``gamma`` (seconds per byte reduced) defaults to the
+    profile's when ``link`` is None, else 0. ``algorithm=None`` is the collective's usual
+    default (ring, binomial, pairwise, ...). For ``hierarchical`` give ``hosts`` (ranks
+    split evenly, rank r on host r // (p // hosts)) and the ``intra``/``inter`` links
+    (default ``link``); ``share`` is how many concurrent messages share a host's NIC in
+    the cross-host phase (default: the ranks per host).
+
+    ``topology`` (a :class:`ringlet.cost.Topology` of several hosts) prices the
+    algorithm's schedule with the simulator instead (``nbytes`` rounded down to whole
+    elements); on one host it is the same as ``link=topology.intra``.
+    """
+    check_collective(collective)
+    alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
+    check_algorithm(collective, alg)
+    n, p = _check_size(nbytes, p)
+    if topology is not None:
+        from .tune import environment, predict_terms
+        env = environment(p, topology, None, gamma)
+        row = predict_terms(collective, int(n), p, alg, env, itemsize)
+        return Terms(row.latency, row.bandwidth, row.reduction)
+    if link is None:
+        from .profile import host_link, load_profile
+        link = host_link("shm")
+        if gamma is None:
+            gamma = load_profile().gamma("shm")
+    link = tier(link)
+    g = _check_gamma(0.0 if gamma is None else gamma)
+    kw = {"itemsize": itemsize}
+    if segments is not None:
+        kw["segments"] = int(segments)
+    if alg == "hierarchical":
+        H = 1 if hosts is None else int(hosts)
+        li = tier(intra) if intra is not None else link
+        le = tier(inter) if inter is not None else link
+        kw.update(hosts=H, intra=(li.alpha, li.beta), inter=(le.alpha, le.beta), share=share)
+    if p == 1 and alg != "hierarchical":
+        return Terms()
+    return _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
+
+
+def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "ring",
+            link: Link | str | None = None, gamma: float | None = None, **kw) -> float:
+    """Predicted seconds for one call: ``breakdown(...).total``.
+
+    ``algorithm="ring"`` is the default where the collective has a ring; for a collective
+    without one (broadcast, ...) the default silently becomes its usual algorithm, and
+    ``algorithm="auto"`` returns the least time over the candidates. See
+    :func:`breakdown` for the arguments and the size convention."""
+    check_collective(collective)
+    if algorithm == "ring" and "ring" not in ALGORITHMS[collective]:
+        algorithm = None
+    if algorithm == "auto":
+        return min(breakdown(collective, nbytes, p, alg, link, gamma, **kw).total
+                   for alg in ALGORITHMS[collective]
+                   if alg != "hierarchical" or kw.get("hosts"))
+    return breakdown(collective, nbytes, p, algorithm, link, gamma, **kw).total
+
+
+# ------------------------------------------------------------------------------ sizes
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_UNITS = {"": 1, "b": 1,
+          "k": 1024, "kib": 1024, "ki": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "mi": 1024 ** 2,
+          "g": 1024 ** 3, "gib": 1024 ** 3, "gi": 1024 ** 3, "t": 1024 ** 4, "tib": 1024 ** 4,
+          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
+
+
+def parse_size(text) -> int:
+    """Bytes from ``"64M"``, ``"256MiB"``, ``"4k"``, ``"1.5G"``, ``"1e6"`` or an int.
+    K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024 (as in nccl-tests' -b/-e);
+    KB/MB/GB/TB are powers of 1000."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+        unit = ""
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"cannot read size {text!r}; use e.g. 4096, 64K, 64M, 256MiB, 1GB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = value * _UNITS[unit]
+    if n < 0 or not math.isfinite(n):
+        raise ValueError(f"size must be >= 0, got {text!r}")
+    return int(round(n))
+
+
+def format_size(n: float) -> str:
+    """``67108864`` -> ``"64 MiB"``, ``1536`` -> ``"1.5 KiB"``."""
+    n = float(n)
+    for unit, k in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= k:
+            v = n / k
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+__all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "DEFAULT_ALGORITHM",
+           "TOTAL_SIZE", "predict", "breakdown", "nbytes_of", "count_of", "parse_size",
+           "format_size", "pipeline_segments", "bruck_blocks"]

@@ -1,0 +1,271 @@
+"""Automatic algorithm choice that explains itself: least predicted time wins.
+
+``choose(collective, nbytes, p)`` ranks every candidate algorithm by predicted time on
+this host's calibrated profile (or on a given link / topology) and returns the winner with
+the rows that justify it. One host: closed forms. Several hosts: the simulator prices the
+very schedules ``ringlet.algorithms`` builds on a two-tier topology (intra-host shm,
+inter-host tcp, a NIC shared by a host's ranks); for very large groups, or when the
+algorithms package is unavailable, the closed forms are used with the inter-host link
+(the bottleneck) for flat algorithms and the two-level formula for ``hierarchical``.
+
+Results are cached per (collective, nbytes, p, hosts, candidates, topology), so the
+runtime can call ``choose`` on every collective call.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import NamedTuple
+
+from .model import (ALGORITHMS, HOST_AWARE, Link, Terms, breakdown, check_algorithm,
+                    check_collective, count_of, nbytes_of, tier)
+from .profile import Profile, load_profile
+from .simulate import Topology, simulate
+
+#: largest group the simulator prices inside choose(); larger ones use closed forms
+SIM_MAX_P = 256
+
+
+class Row(NamedTuple):
+    """One candidate's prediction (seconds)."""
+    algorithm: str
+    total: float
+    latency: float
+    bandwidth: float
+    reduction: float
+    method: str = "closed form"
+
+
+def _host_ids(hosts, p):
+    """Normalise ``hosts``: None, a host count (ranks split evenly, contiguous), or one
+    host label per rank. Returns a tuple of per-rank ids, or None for one host."""
+    if hosts is None:
+        return None
+    if isinstance(hosts, (int,)) and not isinstance(hosts, bool):
+        H = int(hosts)
+        if H < 1 or p % H:
+            raise ValueError(f"hosts={H} must divide the group size p={p}")
+        if H == 1:
+            return None
+        L = p // H
+        return tuple(r // L for r in range(p))
+    ids = tuple(hosts)
+    if len(ids) != p:
+        raise ValueError(f"hosts has {len(ids)} entries for a group of {p} ranks")
+    labels: dict = {}
+    norm = tuple(labels.setdefault(h, len(labels)) for h in ids)
+    return None if len(labels) == 1 else norm
+
+
+def _profile_key(prof: Profile):
+    key = getattr(prof, "_ringlet_key", None)
+    if key is None:
+        key = (prof.source, json.dumps(prof.transports, sort_keys=True, default=str))
+        try:
+            prof._ringlet_key = key
+        except AttributeError:  # pragma: no cover
+            pass
+    return key
+
+
+class _Env(NamedTuple):
+    """Where predictions are made: a uniform link, or a multi-host topology."""
+    link: Link | None
+    gamma: float
+    topology: Topology | None
+    key: tuple
+    delta: float = 0.0   # local copies (s/byte): priced by simulating the schedule
+
+
+def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
+    ids = _host_ids(hosts, p)
+    if isinstance(topology, Topology):
+        if topology.p != p:
+            raise ValueError(f"topology has {topology.p} ranks, the group {p}")
+        g = topology.gamma if gamma is None else float(gamma)
+        if topology.hosts == 1:
+            return _Env(topology.intra, g, None, ("link", topology.intra, g, topology.delta),
+                        topology.delta)
+        return _Env(None, g, topology, ("topo", topology, g))
+    if topology is None or isinstance(topology, Profile):
+        prof = topology if topology is not None else load_profile()
+        g = prof.gamma("shm") if gamma is None else float(gamma)
+        if ids is None:
+            link, d = prof.link("shm"), prof.delta("shm")
+            return _Env(link, g, None, ("link", link, g, d), d)
+        topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("tcp"), g, prof.delta("shm"))
+        return _Env(None, g, topo, ("topo", topo, g))
+    link = tier(topology)
+    g = 0.0 if gamma is None else float(gamma)
+    if ids is None:
+        return _Env(link, g, None, ("link", link, g))
+    topo = Topology.from_host_ids(ids, link, link, g)
+    return _Env(None, g, topo, ("topo", topo, g))
+
+
+def candidates_for(collective: str, multi_host: bool, candidates=None) -> tuple[str, ...]:
+    check_collective(collective)
+    if candidates is None:
+        return tuple(a for a in ALGORITHMS[collective]
+                     if multi_host or (collective, a) not in HOST_AWARE)
+    out = tuple(candidates)
+    if not out:
+        raise ValueError("candidates is empty")
+    for a in out:
+        check_algorithm(collective, a)
+    return out
+
+
+def _algorithms_module():
+    try:
+        import ringlet.algorithms as algs  # noqa: WPS433
+    except Exception:
+        return None
+    return algs if hasattr(algs, "build") else None
+
+
+def build_schedule(collective, algorithm, p, nbytes, itemsize=4, hosts=None, root=0):
+    """The schedule ``ringlet.algorithms.build`` makes for a call of ``nbytes`` (size
+    convention of :mod:`ringlet.cost.model`)."""
+    algs = _algorithms_module()
+    if algs is None:
+        raise RuntimeError("ringlet.algorithms is not available to build schedules")
+    count = count_of(collective, p, nbytes, itemsize)
+    kw = {}
+    if collective == "all_to_all_single":
+        kw["splits"] = tuple(tuple(count for _ in range(p)) for _ in range(p))
+    if hosts is not None:
+        kw["hosts"] = tuple(hosts)
+    return algs.build(collective, algorithm, p, count, itemsize=itemsize, root=root, **kw)
+
+
+def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4) -> Row:
+    """One candidate's prediction in ``env`` (see :func:`environment`)."""
+    if env.topology is None:
+        if env.delta > 0 and p <= SIM_MAX_P and _algorithms_module() is not None:
+            # local copies are not in the closed forms: price the schedule itself
+            sched = build_schedule(collective, algorithm, p, nbytes, itemsize)
+            res = simulate(sched, Topology.uniform(p, env.link, env.gamma, env.delta))
+            return Row(algorithm, res.time, *res.terms, "simulated")
+        t = breakdown(collective, nbytes, p, algorithm, env.link, env.gamma, itemsize=itemsize)
+        return Row(algorithm, t.total, *t, "closed form")
+    topo = env.topology
+    if p <= SIM_MAX_P and _algorithms_module() is not None:
+        sched = build_schedule(collective, algorithm, p, nbytes, itemsize,
+                               hosts=tuple(int(h) for h in topo.host_array))
+        res = simulate(sched, topo, gamma=env.gamma)
+        return Row(algorithm, res.time, *res.terms, "simulated")
+    t = two_tier_breakdown(collective, nbytes, p, algorithm, topo, env.gamma, itemsize)
+    return Row(algorithm, t.total, *t, "closed form (two-tier)")
+
+
+def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, itemsize=4) -> Terms:
+    """Closed-form estimate on two tiers: ``hierarchical`` by its two-level formula,
+    every flat algorithm as if all its messages crossed the inter-host link."""
+    if algorithm == "hierarchical":
+        return breakdown(collective, nbytes, p, algorithm, topo.intra, gamma, hosts=topo.hosts,
+                         intra=topo.intra, inter=topo.inter,
+                         share=topo.ranks_per_host if topo.nic_sharing else 1, itemsize=itemsize)
+    return breakdown(collective, nbytes, p, algorithm, topo.inter, gamma, itemsize=itemsize)
+
+
+_CACHE: dict = {}
+_CACHE_MAX = 4096
+
+
+def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, candidates=None,
+           *, itemsize: int = 4, gamma: float | None = None) -> tuple[str, list[Row]]:
+    """The algorithm with the least predicted time, and every candidate's prediction.
+
+    ``topology``: None (this host's calibrated profile, see :mod:`ringlet.cost.profile`),
+    a :class:`Profile`, a :class:`Link` or tier name (uniform link), or a
+    :class:`Topology`. ``hosts``: None (one host), a host count, or one host label per
+    rank (e.g. the group's host identities); with several hosts the profile's "tcp"
+    link joins them. ``candidates`` restricts the choice (default: all of the collective's
+    algorithms; ``hierarchical`` only with several hosts). Rows are sorted fastest first;
+    ties go to the earlier algorithm in the catalog. ``nbytes`` follows the size
+    convention of :mod:`ringlet.cost.model`."""
+    check_collective(collective)
+    if isinstance(p, bool) or int(p) != p or p < 1:
+        raise ValueError(f"p (group size) must be an integer >= 1, got {p!r}")
+    p = int(p)
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    hk = hosts if hosts is None or isinstance(hosts, int) else tuple(hosts)
+    ck = None if candidates is None else tuple(candidates)
+    tk = topology if topology is None or isinstance(topology, (Topology, Link, str)) \
+        else ("profile", _profile_key(topology))
+    if topology is None:
+        tk = ("profile", _profile_key(load_profile()))
+    key = (collective, int(nbytes), p, hk, ck, tk, itemsize, gamma)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit[0], list(hit[1])
+    env = environment(p, topology, hosts, gamma)
+    cands = candidates_for(collective, env.topology is not None, ck)
+    order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
+    rows = [predict_terms(collective, nbytes, p, a, env, itemsize) for a in cands]
+    rows.sort(key=lambda r: (r.total, order[r.algorithm]))
+    result = (rows[0].algorithm, tuple(rows))
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[key] = result
+    return result[0], list(result[1])
+
+
+def explain_line(collective, nbytes, p, algorithm, rows) -> str:
+    """One log line for RINGLET_DEBUG=algo: what ran and why."""
+    parts = ", ".join(f"{r.algorithm} {r.total * 1e6:.4g}us" for r in rows[:4])
+    return f"{collective} {nbytes}B p={p}: {algorithm} (predicted: {parts})"
+
+
+# -------------------------------------------------------------------------- crossovers
+
+def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=None, *,
+               lo: int | None = None, hi: int = 1 << 32, points_per_octave: int = 2,
+               itemsize: int = 4, gamma: float | None = None, rtol: float = 1e-3):
+    """Sizes where the winner changes: a log sweep from ``lo`` to ``hi`` bytes, then
+    bisection between sweep points with different winners (to ``rtol`` relative
+    precision, on whole elements). Returns ``[(nbytes, old_winner, new_winner), ...]``
+    plus, as a second value, the sweep ``[(nbytes, {algorithm: seconds})]``."""
+    env = environment(p, topology, hosts, gamma)
+    cands = candidates_for(collective, env.topology is not None, candidates)
+    order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
+    unit = nbytes_of(collective, p, 1, itemsize) or 1  # bytes per element of every block
+    if lo is None:
+        lo = unit
+    lo = max(int(lo), unit)
+
+    def times(nb):
+        return {a: predict_terms(collective, nb, p, a, env, itemsize).total for a in cands}
+
+    def winner(ts):
+        return min(ts, key=lambda a: (ts[a], order[a]))
+
+    n_oct = max(1, math.ceil(math.log2(max(hi, lo + 1) / lo)))
+    sizes = sorted({(int(round(lo * 2 ** (i / points_per_octave))) // unit) * unit or unit
+                    for i in range(n_oct * points_per_octave + 1)})
+    sweep = [(nb, times(nb)) for nb in sizes]
+    out = []
+    for (n0, t0), (n1, t1) in zip(sweep, sweep[1:]):
+        w0, w1 = winner(t0), winner(t1)
+        if w0 == w1:
+            continue
+        a, end = n0 // unit, n1 // unit          # in elements per block
+        wa = w0
+        while wa != w1 and a < end:
+            b = end
+            while b - a > 1 and (b - a) > rtol * a:
+                mid = (a + b) // 2
+                if winner(times(mid * unit)) == wa:
+                    a = mid
+                else:
+                    b = mid
+            wb = winner(times(b * unit))
+            out.append((b * unit, wa, wb))
+            a, wa = b, wb
+    return out, sweep
+
+
+__all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
+           "two_tier_breakdown", "explain_line", "SIM_MAX_P"]

@@ -1,0 +1,620 @@
+"""ringlet.cost: closed forms, seed outputs, simulator, planner, profile, choice, commands."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, fit,
+                          load_profile, predict, simulate, step_ratio)
+from ringlet.cost import commands, model, plan, profile, tune
+from ringlet.schedule import Schedule, chunks
+
+IB = TIERS["infiniband"]
+A, BETA = IB.alpha, IB.beta
+
+
+def _algorithms():
+    try:
+        import ringlet.algorithms as algs
+    except Exception:
+        return None
+    return algs if hasattr(algs, "build") and hasattr(algs, "CATALOG") else None
+
+
+needs_algorithms = pytest.mark.skipif(_algorithms() is None,
+                                      reason="ringlet.algorithms (build, CATALOG) not available")
+
+
+@pytest.fixture(autouse=True)
+def isolated_profile(tmp_path, monkeypatch):
+    """Never read or write the user's real profile; start every test uncached."""
+    monkeypatch.delenv("RINGLET_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    profile._CACHE.clear()
+    tune._CACHE.clear()
+    yield
+    profile._CACHE.clear()
+    tune._CACHE.clear()
+
+
+# ----------------------------------------------------------------------- seed outputs
+
+OUTPUT_4_1_1 = """\
+Strong scaling: P = 7e9 params, global batch = 2048 split across K workers
+     K  local batch  compute (ms)  all-reduce (ms)     gamma
+     1         2048        275.69             0.00     0.000
+     4          512         68.92            35.00     0.508
+    16          128         17.23            43.75     2.539  <- comm-bound
+    64           32          4.31            45.94    10.664  <- comm-bound
+   256            8          1.08            46.48    43.164  <- comm-bound
+  1024            2          0.27            46.62   173.164  <- comm-bound"""
+
+OUTPUT_4_2_3 = """\
+alpha-beta transfer time of a 256 MiB buffer across tiers:
+tier                     alpha(us)  BW(GB/s)  time(ms)  vs NVLink
+NVLink (intra-node)            1.0     300.0      0.90       1.0x
+PCIe   (intra-node)            2.0      25.0     10.74      12.0x
+InfiniBand NDR (inter)         3.0      50.0      5.37       6.0x
+Ethernet 25G (inter)          30.0       3.1     86.62      96.7x"""
+
+# Table 4.1.1: P, compute (ms), all-reduce (ms), gamma at K = 64, b = 32
+TABLE_4_1_1 = [(1e8, "0.06", "0.66", "10.66"), (7e8, "0.43", "4.59", "10.66"),
+               (7e9, "4.31", "45.94", "10.66"), (7e10, "43.08", "459.38", "10.66")]
+
+
+def test_plan_without_arguments_prints_output_4_1_1(capsys):
+    assert commands.plan_main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(OUTPUT_4_1_1 + "\n")
+    assert "6.91" in out  # the break-even K of Exercise 4.1.1
+    assert plan.seed_output() == OUTPUT_4_1_1
+
+
+def test_table_4_1_1():
+    for (P, comp, comm, gamma), r in zip(TABLE_4_1_1, plan.seed_models()):
+        assert (f"{r.t_comp * 1e3:.2f}", f"{r.t_comm * 1e3:.2f}", f"{r.gamma:.2f}") == (comp, comm, gamma)
+        assert r.P == P
+
+
+def test_plan_models_command(capsys):
+    assert commands.plan_main(["--models"]) == 0
+    out = capsys.readouterr().out
+    for P, comp, comm, gamma in TABLE_4_1_1:
+        assert f"{comp:>13} {comm:>16} {gamma:>9}" in out
+
+
+def test_tiers_reproduces_output_4_2_3_and_crossovers(capsys):
+    assert commands.tiers_main(["--bytes", "256MiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(OUTPUT_4_2_3 + "\n")
+    # Exercise 4.2.2: crossover n = alpha/beta
+    for label in ("300.0 KB", "50.0 KB", "150.0 KB", "93.0 KB"):
+        assert label in out
+    assert TIERS["nvlink"].crossover == pytest.approx(300e3)
+    assert TIERS["ethernet"].crossover == pytest.approx(93e3)
+
+
+def test_tiers_table():
+    assert [(t.alpha, t.bandwidth) for t in TIERS.values()] == [
+        (1.0e-6, 300e9), (2.0e-6, 25e9), (3.0e-6, 50e9), (30.0e-6, 3.1e9)]
+    assert list(TIERS) == ["nvlink", "pcie", "infiniband", "ethernet"]
+    assert IB.beta == pytest.approx(1 / 50e9)
+    assert Link(3e-6, 50e9).time(1e6) == pytest.approx(3e-6 + 1e6 / 50e9)
+
+
+# ------------------------------------------------------------------------- planner
+
+def test_step_ratio_formulas():
+    r = step_ratio(P=7e9, b=32, R=312e12, B=600e9, K=64)
+    assert r.t_comp == pytest.approx(6 * 7e9 * 32 / 312e12)
+    assert r.t_comm == pytest.approx(2 * 63 / 64 * 2 * 7e9 / 600e9)
+    assert r.gamma == pytest.approx(r.t_comm / r.t_comp)
+    lat = step_ratio(P=7e9, b=32, R=312e12, B=600e9, K=64, alpha=5e-6)
+    assert lat.t_comm - r.t_comm == pytest.approx(2 * 63 * 5e-6)
+    assert lat.t_latency == pytest.approx(2 * 63 * 5e-6)
+    assert step_ratio(1e9, 8, 1e14, 1e11, 1).gamma == 0.0
+    with pytest.raises(ValueError):
+        step_ratio(7e9, 32, 312e12, 600e9, 0)
+    with pytest.raises(ValueError):
+        step_ratio(-1, 32, 312e12, 600e9, 4)
+
+
+def test_break_even_exercise_4_1_1():
+    s = plan.SEED
+    K = plan.break_even(s["R"], s["B"], G=s["G"], g=s["g"])
+    assert K == pytest.approx(1 + 6 * 2048 * 600e9 / (2 * 2 * 312e12))
+    assert 4 < K < 16
+    # gamma(K*) = 1 with the continuous batch b = G/K, whatever P
+    for P in (1e6, 7e9):
+        r = 2 * (K - 1) / K * 2 * P / s["B"] / (6 * P * (s["G"] / K) / s["R"])
+        assert r == pytest.approx(1.0)
+    # the latency term: a quadratic; tiny alpha converges to the bandwidth-only answer
+    K_lat = plan.break_even(s["R"], s["B"], G=s["G"], alpha=5e-6, P=7e9)
+    g_at = (2 * (K_lat - 1) / K_lat * 2 * 7e9 / s["B"] + 2 * (K_lat - 1) * 5e-6) / (
+        6 * 7e9 * (s["G"] / K_lat) / s["R"])
+    assert g_at == pytest.approx(1.0)
+    assert plan.break_even(s["R"], s["B"], G=s["G"], alpha=1e-15, P=7e9) == pytest.approx(K, rel=1e-6)
+    # weak scaling: b fixed; gamma -> gR/(3bB); never comm-bound when that is below 1
+    assert plan.break_even(s["R"], s["B"], b=10 ** 6) == math.inf
+    Kw = plan.break_even(s["R"], s["B"], b=32)
+    assert step_ratio(1e9, 32, s["R"], s["B"], 1).gamma < 1
+    assert 2 * (Kw - 1) / Kw * 2 * s["R"] / (6 * 32 * s["B"]) == pytest.approx(1.0)
+
+
+def test_weak_vs_strong_scaling():
+    s = plan.SEED
+    strong = plan.strong_scaling(7e9, 2048, s["R"], s["B"], [4, 64, 1024])
+    weak = plan.weak_scaling(7e9, 512, s["R"], s["B"], [4, 64, 1024])
+    assert [r.b for r in strong] == [512, 32, 2]
+    assert all(r.b == 512 for r in weak)
+    assert weak[-1].gamma < 1 < strong[-1].gamma
+
+
+# ---------------------------------------------------------------------- closed forms
+
+def test_closed_forms_hand_computed():
+    n, a, b, g = 1e6, A, BETA, 1e-10
+    t = breakdown("all_reduce", n, 4, "ring", IB, g)
+    assert t == pytest.approx((6 * a, 1.5 * n * b, 0.75 * n * g))
+    assert predict("all_reduce", n, 4, "ring", IB, g) == pytest.approx(6 * a + 1.5 * n * b + .75 * n * g)
+    assert breakdown("all_reduce", n, 4, "naive_ring", IB, g) == pytest.approx((6 * a, 6 * n * b, 3 * n * g))
+    assert breakdown("all_reduce", n, 4, "recursive_doubling", IB, g) == pytest.approx(
+        (2 * a, 2 * n * b, 2 * n * g))
+    # p = 6: p' = 4, one fold-in and one fold-out step around lg 4 = 2 exchanges
+    assert breakdown("all_reduce", n, 6, "recursive_doubling", IB, g) == pytest.approx(
+        (4 * a, 4 * n * b, 3 * n * g))
+    assert breakdown("all_reduce", n, 8, "rabenseifner", IB, g) == pytest.approx(
+        (6 * a, 2 * 7 / 8 * n * b, 7 / 8 * n * g))
+    assert breakdown("all_reduce", n, 4, "tree", IB, g) == pytest.approx((4 * a, 4 * n * b, 2 * n * g))
+    assert breakdown("all_reduce", n, 5, "direct", IB, g) == pytest.approx((4 * a, 4 * n * b, 4 * n * g))
+    assert breakdown("broadcast", n, 8, "binomial", IB) == pytest.approx((3 * a, 3 * n * b, 0))
+    assert breakdown("broadcast", n, 5, "binomial", IB) == pytest.approx((3 * a, 3 * n * b, 0))
+    assert breakdown("broadcast", n, 4, "pipeline", IB, segments=10) == pytest.approx(
+        (12 * a, 12 * n / 10 * b, 0))
+    assert breakdown("broadcast", n, 8, "scatter_allgather", IB) == pytest.approx(
+        (10 * a, 2 * 7 / 8 * n * b, 0))
+    assert breakdown("reduce", n, 8, "binomial", IB, g) == pytest.approx((3 * a, 3 * n * b, 3 * n * g))
+    assert breakdown("all_gather", n, 8, "ring", IB) == pytest.approx((7 * a, 7 / 8 * n * b, 0))
+    assert breakdown("all_gather", n, 8, "bruck", IB) == pytest.approx((3 * a, 7 / 8 * n * b, 0))
+    assert breakdown("reduce_scatter", n, 8, "recursive_halving", IB, g) == pytest.approx(
+        (3 * a, 7 / 8 * n * b, 7 / 8 * n * g))
+    assert breakdown("all_to_all", n, 8, "pairwise", IB) == pytest.approx((7 * a, 7 / 8 * n * b, 0))
+    # Bruck all-to-all: lg p steps of p/2 blocks of n/p for p = 2^k
+    assert breakdown("all_to_all", n, 8, "bruck", IB) == pytest.approx((3 * a, 3 * 4 / 8 * n * b, 0))
+    assert model.bruck_blocks(5) == 2 + 2 + 1
+    assert breakdown("gather", n, 8, "binomial", IB) == pytest.approx((3 * a, 7 / 8 * n * b, 0))
+    assert breakdown("scatter", n, 8, "direct", IB) == pytest.approx((7 * a, 7 / 8 * n * b, 0))
+    assert breakdown("barrier", 0, 9, "dissemination", IB) == pytest.approx((4 * a, 0, 0))
+    # seed 000, Exercise 4.2.3: naive ring moves ~K times the ring's bytes, same latency
+    naive = breakdown("all_reduce", 256 * 2 ** 20, 16, "naive_ring", IB)
+    ring = breakdown("all_reduce", 256 * 2 ** 20, 16, "ring", IB)
+    assert naive.latency == ring.latency and naive.bandwidth / ring.bandwidth == pytest.approx(16)
+
+
+def test_hierarchical_two_level_formula():
+    nv, eth = TIERS["nvlink"], TIERS["ethernet"]
+    n, H, L = 64e6, 2, 8
+    t = breakdown("all_reduce", n, H * L, "hierarchical", nv, hosts=H, intra=nv, inter=eth)
+    intra = 2 * (L - 1) * nv.alpha + 2 * (L - 1) / L * n * nv.beta
+    cross = 2 * (H - 1) * eth.alpha + 2 * (H - 1) / H * (n / L) * eth.beta * L  # NIC shared by L
+    assert t.total == pytest.approx(intra + cross)
+    flat = predict("all_reduce", n, H * L, "ring", eth)
+    assert t.total < flat
+
+
+def test_every_catalog_entry_has_a_closed_form():
+    for coll, algs in ALGORITHMS.items():
+        for alg in algs:
+            for p in (1, 2, 3, 5, 8):
+                t = breakdown(coll, 1 << 20, p, alg, IB, 1e-10)
+                assert t.total >= 0
+                assert (t.total == 0) == (p == 1 or (coll == "barrier" and p == 1))
+
+
+def test_size_convention_helpers():
+    assert model.nbytes_of("all_reduce", 8, 100, 4) == 400
+    assert model.nbytes_of("all_gather", 8, 100, 4) == 3200
+    assert model.nbytes_of("all_to_all", 8, 100, 4) == 3200
+    assert model.count_of("reduce_scatter", 8, 3200, 4) == 100
+    assert model.parse_size("64M") == 64 * 2 ** 20
+    assert model.parse_size("256MiB") == 256 * 2 ** 20
+    assert model.parse_size("1GB") == 10 ** 9
+    assert model.parse_size("4k") == 4096
+    assert model.parse_size(1e6) == 10 ** 6
+    with pytest.raises(ValueError):
+        model.parse_size("12 parsecs")
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="valid collectives: all_reduce"):
+        predict("allreduce", 10, 4, link=IB)
+    with pytest.raises(ValueError, match="valid algorithms: naive_ring, direct, ring"):
+        predict("all_reduce", 10, 4, "rung", IB)
+    with pytest.raises(ValueError, match="valid tiers: nvlink, pcie, infiniband, ethernet"):
+        predict("all_reduce", 10, 4, "ring", "nvlinx")
+    with pytest.raises(ValueError):
+        predict("all_reduce", -1, 4, link=IB)
+    with pytest.raises(ValueError):
+        predict("all_reduce", 10, 0, link=IB)
+    with pytest.raises(ValueError):
+        breakdown("all_reduce", 10, 4, "ring", IB, gamma=-1)
+    with pytest.raises(ValueError):
+        Link(-1, 1e9)
+    with pytest.raises(ValueError):
+        Link(1e-6, 0)
+    with pytest.raises(ValueError, match="valid collectives"):
+        choose("allreduce", 10, 4, topology=IB)
+    with pytest.raises(ValueError):
+        choose("all_reduce", -5, 4, topology=IB)
+    with pytest.raises(ValueError):
+        choose("all_reduce", 5, 0, topology=IB)
+    with pytest.raises(ValueError, match="valid algorithms"):
+        choose("all_reduce", 5, 4, topology=IB, candidates=["ring", "nope"])
+    assert commands.explain_main(["allreduce", "-n", "4", "--tier", "nvlink"]) == 2
+    assert commands.explain_main(["all_reduce", "-n", "0", "--tier", "nvlink"]) == 2
+    with pytest.raises(SystemExit):
+        commands.explain_main(["all_reduce", "--tier", "warp-drive"])
+
+
+# ------------------------------------------------------------------------- simulator
+
+def _ring_allreduce(p, count, itemsize=4):
+    """A ring all-reduce written here, independently of ringlet.algorithms."""
+    s = Schedule("all_reduce", "ring", p, count, itemsize=itemsize, buffers={"buf": count})
+    off, size = chunks(count, p)
+    r = np.arange(p)
+    for k in range(p - 1):
+        c = (r - k) % p
+        s.round().reduce(src=r, dst=(r + 1) % p, n=size[c], sbuf="buf", soff=off[c],
+                         dbuf="buf", doff=off[c])
+    for k in range(p - 1):
+        c = (r + 1 - k) % p
+        s.round().copy(src=r, dst=(r + 1) % p, n=size[c], sbuf="buf", soff=off[c],
+                       dbuf="buf", doff=off[c])
+    return s
+
+
+def test_simulator_prices_a_hand_built_ring_exactly():
+    for p in (2, 3, 7, 8):
+        s = _ring_allreduce(p, p * 1000)
+        res = simulate(s, Topology.uniform(p, IB, gamma=1e-10))
+        t = breakdown("all_reduce", p * 4000, p, "ring", IB, 1e-10)
+        assert res.time == pytest.approx(t.total, rel=1e-9)
+        assert res.terms == pytest.approx(tuple(t), rel=1e-9)
+        assert res.bytes["intra"] == s.traffic()["sent_bytes"].sum()
+        assert res.finish.shape == (p,)
+
+
+def test_simulator_port_queue_nic_sharing_and_dependencies():
+    a, b = A, BETA
+    # one rank posting three sends in a round: they queue on its port
+    s = Schedule("broadcast", "direct", 4, 250, buffers={"buf": 250})
+    s.round().copy(src=0, dst=np.array([1, 2, 3]), n=250, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    assert simulate(s, Topology.uniform(4, IB)).time == pytest.approx(3 * (a + 1000 * b))
+    # a chain: rank 2 cannot forward before it has received
+    s = Schedule("broadcast", "chain", 3, 250, buffers={"buf": 250})
+    s.round().copy(src=0, dst=1, n=250, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    s.round().copy(src=1, dst=2, n=250, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    res = simulate(s, Topology.uniform(3, IB))
+    assert res.time == pytest.approx(2 * (a + 1000 * b))
+    assert res.finish[0] == pytest.approx(a + 1000 * b)
+    # two hosts x 4 ranks: 4 concurrent cross-host messages share one NIC
+    nv, eth = TIERS["nvlink"], TIERS["ethernet"]
+    topo = Topology(2, 4, nv, eth)
+    s = Schedule("x", "cross", 8, 1000, buffers={"buf": 1000})
+    r = np.arange(4)
+    s.round().copy(src=r, dst=r + 4, n=1000, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    res = simulate(s, topo)
+    assert res.time == pytest.approx(eth.alpha + 4 * 4000 * eth.beta)
+    assert res.bytes == {"intra": 0, "inter": 16000}
+    assert list(res.nic_out) == [16000, 0] and list(res.nic_in) == [0, 16000]
+    # one rank crossing: the whole NIC; intra-host messages use the intra link
+    s = Schedule("x", "mixed", 8, 1000, buffers={"buf": 1000})
+    s.round().copy(src=np.array([0, 1]), dst=np.array([4, 2]), n=1000, sbuf="buf", soff=0,
+                   dbuf="buf", doff=0)
+    res = simulate(s, topo)
+    assert res.finish[4] == pytest.approx(eth.alpha + 4000 * eth.beta)
+    assert res.finish[2] == pytest.approx(nv.alpha + 4000 * nv.beta)
+    assert res.messages == {"intra": 1, "inter": 1}
+    with pytest.raises(ValueError):
+        simulate(s, Topology(2, 3, nv, eth))
+
+
+def test_topology_from_host_ids():
+    nv, eth = TIERS["nvlink"], TIERS["ethernet"]
+    t = Topology.from_host_ids(["a", "a", "b", "b"], nv, eth)
+    assert (t.hosts, t.ranks_per_host, t.host_ids) == (2, 2, None)
+    t = Topology.from_host_ids([0, 1, 0, 1, 1], nv, eth)
+    assert t.p == 5 and list(t.host_array) == [0, 1, 0, 1, 1]
+    s = Schedule("x", "y", 5, 10, buffers={"buf": 10})
+    s.round().copy(src=0, dst=np.array([1, 2]), n=10, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    res = simulate(s, t)
+    assert res.messages == {"intra": 1, "inter": 1}
+    with pytest.raises(ValueError):
+        Topology(0, 4, nv)
+
+
+def test_simulate_4096_rank_ring_quickly():
+    """The issue's bound: build + price a 4096-rank ring all-reduce in <= 10 s."""
+    algs = _algorithms()
+    t0 = time.perf_counter()
+    if algs is not None:
+        s = algs.build("all_reduce", "ring", 4096, 4096 * 256, itemsize=4)
+    else:
+        s = _ring_allreduce(4096, 4096 * 256)
+    t1 = time.perf_counter()
+    res = simulate(s, Topology.uniform(4096, IB, gamma=1e-10))
+    t2 = time.perf_counter()
+    assert len(s.rounds) == 8190
+    assert res.time == pytest.approx(predict("all_reduce", 4096 * 1024, 4096, "ring", IB, 1e-10),
+                                     rel=0.01)
+    assert t2 - t1 < 6.0, f"simulate took {t2 - t1:.1f}s"
+    assert t2 - t0 < 10.0 * 1.5, f"build + simulate took {t2 - t0:.1f}s"  # noisy 2-core host
+
+
+# ----------------------------------------------- simulator vs closed forms, every algorithm
+
+SIM_CASES = [(c, a) for c, algs in ALGORITHMS.items() for a in algs]
+
+
+@needs_algorithms
+def test_catalog_names_match_the_algorithms():
+    algs = _algorithms()
+    assert {c: tuple(t) for c, t in algs.CATALOG.items()} == ALGORITHMS
+    # the closed forms use the algorithms' own pipeline / tree segment rules
+    from ringlet.algorithms.broadcast import pipeline_segments
+    for p, count in ((4, 1), (8, 10 ** 6), (33, 12345)):
+        assert model.pipeline_segments(p, count * 4) == pipeline_segments(p, count)
+        assert model.dtree_parents(p) == tuple(list(t) for t in algs.all_reduce.dtree_parents(p))
+
+
+@needs_algorithms
+@pytest.mark.parametrize("coll,alg", SIM_CASES)
+def test_simulator_matches_closed_form(coll, alg):
+    algs = _algorithms()
+    assert alg in algs.CATALOG[coll]
+    gamma = 2e-11
+    for p in (2, 3, 4, 5, 6, 8):
+        # sizes: latency-dominated and bandwidth-dominated, divisible by p and by 2p
+        for count in (0 if coll == "barrier" else p * 4 * 1024, 0 if coll == "barrier" else p * 2 ** 18):
+            kw = {}
+            hosts = None
+            if alg == "hierarchical":
+                H = 2 if p % 2 == 0 else 1
+                hosts = tuple(r // (p // H) for r in range(p))
+                kw["hosts"] = hosts
+            if coll == "all_to_all_single":
+                kw["splits"] = tuple(tuple(count for _ in range(p)) for _ in range(p))
+            s = algs.build(coll, alg, p, count, itemsize=4, root=0, **kw)
+            res = simulate(s, Topology.uniform(p, IB, gamma=gamma))
+            nb = model.nbytes_of(coll, p, count, 4)
+            extra = {"hosts": len(set(hosts))} if hosts else {}
+            t = breakdown(coll, nb, p, alg, IB, gamma, share=1, **extra)
+            assert res.time == pytest.approx(t.total, rel=0.01, abs=1e-12), (coll, alg, p, count, res.terms, t)
+
+
+@needs_algorithms
+def test_hierarchical_beats_flat_ring_on_two_tiers():
+    algs = _algorithms()
+    topo = Topology(2, 8, TIERS["nvlink"], TIERS["ethernet"])
+    hosts = tuple(r // 8 for r in range(16))
+    count = 64 * 2 ** 20 // 4
+    ring = simulate(algs.build("all_reduce", "ring", 16, count), topo)
+    hier = simulate(algs.build("all_reduce", "hierarchical", 16, count, hosts=hosts), topo)
+    assert hier.time < ring.time
+    assert hier.bytes["inter"] < ring.bytes["inter"] or hier.time < 0.8 * ring.time
+    # and the two-level closed form agrees with the simulator
+    t = breakdown("all_reduce", count * 4, 16, "hierarchical", hosts=2, intra="nvlink",
+                  inter="ethernet", link="nvlink")
+    assert hier.time == pytest.approx(t.total, rel=0.01)
+
+
+@needs_algorithms
+def test_simulator_matches_closed_form_with_roots_and_odd_counts():
+    algs = _algorithms()
+    for coll in ("broadcast", "reduce", "gather", "scatter"):
+        for alg in ALGORITHMS[coll]:
+            for p, count, root in ((7, 1000003, 6), (12, 5, 5), (16, 3 << 18, 9)):
+                s = algs.build(coll, alg, p, count, root=root)
+                res = simulate(s, Topology.uniform(p, IB, gamma=1e-10))
+                t = breakdown(coll, model.nbytes_of(coll, p, count), p, alg, IB, 1e-10)
+                assert res.time == pytest.approx(t.total, rel=0.01), (coll, alg, p, count, root)
+
+
+def test_predict_on_a_topology():
+    topo = Topology(2, 8, "nvlink", "ethernet")
+    hier = predict("all_reduce", 64 << 20, 16, "hierarchical", topology=topo)
+    if _algorithms() is not None:
+        assert hier < predict("all_reduce", 64 << 20, 16, "ring", topology=topo)
+    one = breakdown("all_reduce", 1 << 20, 16, "ring", topology=Topology.uniform(16, "nvlink"))
+    assert one == pytest.approx(tuple(breakdown("all_reduce", 1 << 20, 16, "ring", "nvlink")))
+
+
+# ------------------------------------------------------------------- automatic choice
+
+def test_choose_follows_predictions():
+    for nb in (8, 64 * 1024, 8 * 2 ** 20, 256 * 2 ** 20):
+        for p in (2, 3, 4, 8):
+            alg, rows = choose("all_reduce", nb, p, topology=IB)
+            best = min(ALGORITHMS["all_reduce"][:-1],
+                       key=lambda a: predict("all_reduce", nb, p, a, IB, 0.0))
+            assert rows[0].algorithm == alg
+            assert rows[0].total == pytest.approx(predict("all_reduce", nb, p, best, IB, 0.0))
+            assert [r.total for r in rows] == sorted(r.total for r in rows)
+            assert "hierarchical" not in [r.algorithm for r in rows]  # one host
+            r0 = rows[0]
+            assert r0.total == pytest.approx(r0.latency + r0.bandwidth + r0.reduction)
+    # small messages: latency-optimal; large: bandwidth-optimal
+    assert choose("all_reduce", 8, 8, topology=IB)[0] == "recursive_doubling"
+    assert choose("all_reduce", 256 * 2 ** 20, 8, topology=IB)[0] in ("ring", "rabenseifner")
+    assert choose("all_reduce", 1 << 20, 4, topology=IB, candidates=["tree", "direct"])[0] in (
+        "tree", "direct")
+
+
+def test_choose_uses_the_profile_and_is_cached(tmp_path):
+    prof = profile.Profile.from_fits({
+        "shm": {"alpha": 1e-3, "beta": 1e-12, "gamma": 0.0},
+        "tcp": {"alpha": 1e-3, "beta": 1e-9, "gamma": 0.0}})
+    path = prof.save()
+    assert path == profile.profile_path() and str(path).startswith(str(tmp_path))
+    loaded = load_profile()
+    assert loaded.calibrated and loaded.link("shm").alpha == 1e-3
+    alg, rows = choose("all_reduce", 1 << 20, 8)
+    # alpha-dominated profile: fewest rounds wins
+    assert alg == "recursive_doubling"
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        choose("all_reduce", 1 << 20, 8)
+    assert (time.perf_counter() - t0) / 1000 < 1e-4
+
+
+@needs_algorithms
+def test_choose_simulates_when_local_copies_cost():
+    """A profile with delta > 0: local copies are priced by simulating the schedules."""
+    prof = profile.Profile.from_fits({"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10,
+                                              "delta": 1e-9}})
+    alg, rows = choose("all_reduce", 1 << 20, 4, topology=prof)
+    assert rows[0].method == "simulated"
+    direct = next(r for r in rows if r.algorithm == "direct")
+    closed = breakdown("all_reduce", 1 << 20, 4, "direct", prof.link("shm"), 1e-10)
+    assert direct.total == pytest.approx(closed.total + (1 << 20) * 1e-9)  # one local copy of n
+
+
+def test_choose_with_hosts():
+    alg, rows = choose("all_reduce", 64 * 2 ** 20, 16, topology=Topology(2, 8, TIERS["nvlink"],
+                                                                        TIERS["ethernet"]))
+    assert "hierarchical" in [r.algorithm for r in rows]
+    if _algorithms() is not None:
+        assert alg == "hierarchical"
+        assert rows[0].method == "simulated"
+    alg2, _ = choose("all_reduce", 1 << 20, 4, hosts=[0, 0, 1, 1])
+    assert alg2 in ALGORITHMS["all_reduce"]
+    with pytest.raises(ValueError):
+        choose("all_reduce", 1 << 20, 4, hosts=3)
+
+
+# --------------------------------------------------------------------------- profile
+
+def test_profile_fallback_roundtrip_and_bad_file(tmp_path):
+    prof = load_profile()
+    assert prof.source == "default" and not prof.calibrated
+    assert prof.link("shm").alpha == profile.DEFAULT_PROFILE["transports"]["shm"]["alpha"]
+    assert profile.host_link("tcp").alpha == profile.DEFAULT_PROFILE["transports"]["tcp"]["alpha"]
+    path = profile.profile_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert load_profile().source == "default"
+    with pytest.raises(ValueError):
+        load_profile(strict=True)
+    path.write_text(json.dumps({"transports": {"shm": {"alpha": 1e-5, "beta": 2e-10,
+                                                       "gamma": 1e-10, "residuals": {}}}}))
+    prof = load_profile()
+    assert prof.source == str(path) and prof.link("shm").bandwidth == pytest.approx(5e9)
+    with pytest.raises(ValueError, match="no transport 'tcp'"):
+        prof.link("tcp")
+    # predictions default to the calibrated profile
+    assert predict("all_reduce", 1e6, 4) == pytest.approx(
+        predict("all_reduce", 1e6, 4, link=prof.link("shm"), gamma=1e-10))
+
+
+def test_fit_recovers_alpha_beta_gamma():
+    rng = np.random.default_rng(1)
+    true = (20e-6, 2e-10, 1e-10)
+    samples = []
+    for m in (1, 2, 4, 8):
+        for nb in (0, 1 << 10, 1 << 16, 1 << 20, 1 << 24):
+            for red in (0, nb):
+                t = m * true[0] + nb * true[1] + red * true[2]
+                samples.append((m, nb, red, t * (1 + rng.normal(0, 0.01))))
+    f = fit(samples)
+    assert f["alpha"] == pytest.approx(true[0], rel=0.05)
+    assert f["beta"] == pytest.approx(true[1], rel=0.05)
+    assert f["gamma"] == pytest.approx(true[2], rel=0.1)
+    assert f["residuals"]["median_rel"] < 0.02 and f["samples"] == len(samples)
+    # no reduce samples: gamma 0, never negative
+    f2 = fit([(1, n, 0, 1e-5 + n * 1e-9) for n in (10, 1000, 10 ** 6)])
+    assert f2["gamma"] == 0 and f2["alpha"] == pytest.approx(1e-5)
+    assert profile.Profile.from_fits({"shm": f}).link("shm").alpha == pytest.approx(f["alpha"])
+    # local copies: a fourth column fits delta
+    true4 = (1e-5, 1e-10, 2e-10, 5e-10)
+    rows4 = [(m, nb, r, m * true4[0] + nb * true4[1] + r * true4[2] + c * true4[3], c)
+             for m in (1, 2) for nb in (1 << 12, 1 << 20, 1 << 24) for r in (0, nb // 2)
+             for c in (0, nb)]
+    f4 = fit(rows4)
+    assert [f4[k] for k in ("alpha", "beta", "gamma", "delta")] == pytest.approx(true4, rel=1e-6)
+    # a stalled timing is set aside, not fitted
+    bad = samples[:]
+    bad[5] = (*bad[5][:3], bad[5][3] * 1000)
+    fr = fit(bad)
+    assert 5 in fr["outliers"] and fr["beta"] == pytest.approx(true[1], rel=0.05)
+    with pytest.raises(ValueError):
+        fit([(1, 10, 0, 1.0)])
+    with pytest.raises(ValueError):
+        fit([(1, 10, 0, -1.0), (1, 10, 0, 1.0)])
+
+
+# --------------------------------------------------------------------------- commands
+
+def test_explain_command(capsys):
+    assert commands.explain_main(["all_reduce", "--size", "64M", "-n", "8", "--tier",
+                                  "infiniband"]) == 0
+    out = capsys.readouterr().out
+    for alg in ALGORITHMS["all_reduce"][:-1]:
+        assert alg in out
+    assert "latency" in out and "bandwidth" in out and "reduction" in out
+    assert "<- winner" in out and "crossovers" in out
+    winner = choose("all_reduce", 64 * 2 ** 20, 8, topology=IB)[0]
+    assert f"winner: {winner}" in out
+    cross, _ = tune.crossovers("all_reduce", 8, topology=IB, lo=8, hi=1 << 30)
+    assert cross and cross[0][1] == "recursive_doubling"
+    n0 = cross[0][0]
+    # the reported crossover is where the winner changes (to bisection precision)
+    assert choose("all_reduce", int(n0 * 0.99) // 4 * 4, 8, topology=IB)[0] == cross[0][1]
+    assert choose("all_reduce", int(n0 * 1.01) // 4 * 4, 8, topology=IB)[0] == cross[0][2]
+    # the host's profile (default without calibration)
+    assert commands.explain_main(["broadcast", "--size", "1M", "-n", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "default profile" in out and "winner" in out
+
+
+def test_explain_hosts(capsys):
+    assert commands.explain_main(["all_reduce", "--size", "64M", "-n", "16", "--hosts", "2",
+                                  "--tier", "ethernet", "--range", "1K:1G"]) == 0
+    out = capsys.readouterr().out
+    assert "hierarchical" in out and "2 hosts x 8 ranks" in out
+
+
+def test_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    for main, args in ((commands.plan_main, []), (commands.tiers_main, []),
+                       (commands.explain_main, ["all_reduce", "-n", "4", "--tier", "pcie"])):
+        f = tmp_path / f"{main.__name__}.png"
+        assert main(args + ["--plot", str(f)]) == 0
+        assert f.stat().st_size > 1000
+
+
+@needs_algorithms
+def test_calibrate_end_to_end(tmp_path, capsys):
+    """`ringlet calibrate` on this host: a tiny run over shared memory, saved and used."""
+    from ringlet.cost import calibrate
+    m, b, r, c = calibrate.critical_counts("all_reduce", "direct", 4096, 2)
+    assert (m, b, r, c) == (1, 4096, 4096, 4096)
+    out = tmp_path / "profile.json"
+    assert calibrate.main(["--transports", "shm", "--sizes", "4K,256K", "--budget", "0.01",
+                           "--output", str(out)]) == 0
+    prof = load_profile(out, strict=True)
+    t = prof.transports["shm"]
+    assert t["alpha"] > 0 and t["beta"] > 0 and "residuals" in t and t["samples"] == 9
+    assert "shm: alpha" in capsys.readouterr().out
+
+
+def test_explain_every_collective(capsys):
+    for coll in ALGORITHMS:
+        assert commands.explain_main([coll, "--size", "1M", "-n", "6", "--tier", "pcie",
+                                      "--range", "1K:64M"]) == 0
+        out = capsys.readouterr().out
+        assert "winner:" in out

@@ -10,42 +10,41 @@ import numpy as np
 from . import algorithms, fingerprint
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
-from .runtime import engine, resolve
+from .runtime import engine, job_profile, resolve
 from .work import CollectiveWork, DoneWork
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 
 
-def _pick(collective: str, algorithm: str, g: Group, nbytes: int) -> str:
+def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int) -> str:
     table = algorithms.CATALOG[collective]
     if algorithm == "auto":
-        name, why = _auto(collective, g, nbytes)
+        name, why = _auto(collective, g, count, itemsize)
         if _DEBUG_ALGO:
-            log.warning("ringlet rank %d: %s of %d bytes on %s (p=%d): auto chose %s (%s)",
-                        engine().rank, collective, nbytes, g.name, g.size, name, why)
+            log.warning("ringlet rank %d on %s: %s", engine().rank, g.name, why)
         return name
     if algorithm not in table:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                          f"auto, {', '.join(table)}")
+    if _DEBUG_ALGO:
+        log.warning("ringlet rank %d on %s: %s %d x %dB p=%d: %s (forced by algorithm=)",
+                    engine().rank, g.name, collective, count, itemsize, g.size, algorithm)
     return algorithm
 
 
-def _auto(collective: str, g: Group, nbytes: int) -> tuple[str, str]:
+def _auto(collective: str, g: Group, count: int, itemsize: int) -> tuple[str, str]:
+    """Least predicted time under the job's profile (rank 0's, so every rank agrees)."""
+    from . import cost
+    from .cost.tune import explain_line
     hosts = g.host_indices()
-    try:
-        from .cost import choose as cost_choose
-    except ImportError:
-        cost_choose = None
-    if cost_choose is not None:
-        try:
-            name, _table = cost_choose(collective, nbytes, g.size, hosts=hosts)
-            return name, "least predicted time (ringlet.cost)"
-        except (TypeError, ValueError, KeyError, AttributeError):
-            pass
-    return algorithms.choose(collective, g.size, nbytes, hosts=hosts), "size rule"
+    nbytes = cost.nbytes_of(collective, g.size, count, itemsize)
+    name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(),
+                             hosts=hosts if len(set(hosts)) > 1 else None, itemsize=itemsize)
+    return name, explain_line(collective, nbytes, g.size, name, rows)
 
 
+_TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
 _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op) -> prepared call
 
 
@@ -55,7 +54,9 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
     key = (collective, algorithm, g.id, count, dtype.str, root, splits, op)
     hit = _CALLS.get(key)
     if hit is None:
-        name = _pick(collective, algorithm, g, count * dtype.itemsize)
+        # Uneven all-to-all is priced at its mean block size.
+        mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
+        name = _pick(collective, algorithm, g, mean, dtype.itemsize)
         hosts = g.host_indices() if name == "hierarchical" else None
         sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
@@ -66,18 +67,19 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
-    elif _DEBUG_ALGO and algorithm == "auto":
-        _pick(collective, algorithm, g, count * dtype.itemsize)
     return hit
 
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
     name, plan, tmp, ufunc, fp = _prepare(collective, algorithm, g, count, dtype, op, root, splits)
-    bufs["tmp"] = np.empty(tmp, dtype)
+    pool = _TMP.setdefault((tmp, dtype.str), [])
+    scratch = pool.pop() if pool else np.empty(tmp, dtype)
+    bufs["tmp"] = scratch
     seq, tag = g.next_collective_tag()
     work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,
-                          (collective, seq, g.name, name), fp, finish)
+                          (collective, seq, g.name, name), fp, finish,
+                          release=lambda: pool.append(scratch))
     if async_op:
         return work
     work.wait(timeout)

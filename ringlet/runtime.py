@@ -24,6 +24,7 @@ class _State:
     groups: list = []
     store = None
     server: StoreServer | None = None
+    profile = None
     generation = 0
     timeout = DEFAULT_TIMEOUT
 
@@ -98,6 +99,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
                         master_addr=master_addr, master_port=master_port, timeout=timeout,
                         generation=_S.generation)
         hosts = tuple(_host_of(store, r, _S.generation, timeout) for r in range(world_size))
+        profile = _share_profile(store, rank, world_size, _S.generation, timeout)
     except BaseException:
         store.close()
         if server is not None:
@@ -107,9 +109,27 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     engine.coll_stats = {}
     engine.describe_fp = _describe_fp
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
+    _S.profile = profile
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
     return _S.world
+
+
+def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
+    """Rank 0's calibrated profile, for every rank: algorithm="auto" must decide alike
+    everywhere, even when hosts were calibrated differently."""
+    import json
+    from .cost.profile import Profile, load_profile
+    if world_size == 1:
+        return load_profile()
+    if rank == 0:
+        store.set(f"g{gen}/profile", json.dumps(load_profile().to_dict()).encode())
+    return Profile.from_dict(json.loads(store.get(f"g{gen}/profile", timeout=timeout)), "rank 0")
+
+
+def job_profile():
+    """The cost profile this job's automatic choices use (rank 0's)."""
+    return _S.profile
 
 
 def _describe_fp(fp) -> dict:

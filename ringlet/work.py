@@ -79,12 +79,12 @@ class CollectiveWork(Work):
         return f"{coll} #{seq} of group {group} ({algo})"
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
-                 finish=None):
+                 finish=None, release=None):
         super().__init__(engine, what)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
         self.tag, self.fp = tag, fp
-        self.finish = finish
+        self.finish, self.release = finish, release
         self.i = 0
         self.reqs: list = []
         self.done = False
@@ -138,6 +138,8 @@ class CollectiveWork(Work):
         self.error = error
         self.done = True
         self.reqs = []
+        if self.release is not None and error is None:  # a failed call's scratch may be in use
+            self.release()
         eng = self.engine
         try:
             eng.works.remove(self)

@@ -38,6 +38,7 @@ class Engine:
         self.host_id, self.backend = host_id, backend
         self.timeout = timeout
         self.peers: dict[int, object] = {}
+        self.tcp_peers: list = []
         self.works: list = []
         self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
@@ -138,7 +139,9 @@ class Engine:
 
     def _add_tcp(self, rank: int, sock: socket.socket) -> None:
         peer = TcpPeer(self, rank, sock)
+        peer.events = selectors.EVENT_READ
         self.peers[rank] = peer
+        self.tcp_peers.append(peer)
         self.sel.register(sock, selectors.EVENT_READ, peer)
 
     # -- moving bytes --------------------------------------------------------------------
@@ -294,6 +297,11 @@ class Engine:
         try:
             if self.progress():  # something arrived before we announced the nap
                 return
+            for peer in self.tcp_peers:   # wake when a full socket buffer drains, too
+                want = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.wpending else 0)
+                if want != peer.events and not peer.dead:
+                    self.sel.modify(peer.sock, want, peer)
+                    peer.events = want
             for key, _ in self.sel.select(max(seconds, 0)):
                 if key.fileobj is self.doorbell:
                     try:

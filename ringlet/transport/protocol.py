@@ -225,8 +225,8 @@ class Peer:
                 raise ProtocolError(f"CTS for unknown message {msgid}")
             if flags == CTS_REJECT:
                 req.fail(ValueError(
-                    f"send to rank {self.rank} failed: the receiver posted a buffer of {aux} "
-                    f"bytes for this {req.nbytes}-byte message"))
+                    f"send to rank {self.rank} failed: the message has {req.nbytes} bytes but "
+                    f"the receiver posted a buffer of {aux} bytes"))
             else:
                 self.outq.append(("data", req))
         elif kind == BYE:

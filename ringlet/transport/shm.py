@@ -130,6 +130,8 @@ class ShmPeer(Peer):
                     self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2), payload)
                 self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
             ring.ctrl[8] = self.tail      # hand the space back to the sender
+        if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too
+            self.engine.ring_doorbell(self.doorbell)
         return True
 
     # -- liveness ------------------------------------------------------------------------

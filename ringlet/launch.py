@@ -91,8 +91,8 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
     try:
         for p in procs:
             p.start()
-        first = _watch([p.sentinel for p in procs], lambda i: procs[i].exitcode, timeout,
-                       lambda i: procs[i].kill(), lambda i: procs[i].terminate())
+        failures = _watch([p.sentinel for p in procs], lambda i: procs[i].exitcode, timeout,
+                          lambda i: procs[i].kill(), lambda i: procs[i].terminate())
     finally:
         for p in procs:
             if p.is_alive():
@@ -100,40 +100,42 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
             p.join()
         server.close()
         _sweep_shm(token)
-    if first is not None:
-        rank, code = first
-        detail = _describe_exit(code)
+    if failures:
         reports = {}
         while not errq.empty():
             r, msg, _tb = errq.get()
             reports[r] = msg
+        rank, code = _first_failure(failures, reports)
+        detail = _describe_exit(code)
         if rank in reports:
             detail = reports[rank]
         raise ProcessFailed(rank, detail)
 
 
 def _watch(sentinels, exitcode, timeout, kill, terminate):
-    """Wait for all processes; on the first failure give the others GRACE seconds, then
-    stop them. Returns (rank, exit code) of the first failure, or None."""
+    """Wait for all processes; on the first failure give the others GRACE seconds to
+    notice and report it, then stop them. Returns the failures as (rank, exit code) in the
+    order seen, leaving out ranks this launcher stopped itself."""
     from multiprocessing.connection import wait
     live = dict(enumerate(sentinels))
-    first = None
+    failures = []
     fail_time = None
     deadline = None if timeout is None else time.monotonic() + timeout
     while live:
-        limit = 0.5
-        ready = wait(list(live.values()), timeout=limit)
+        ready = wait(list(live.values()), timeout=0.5)
         for i, s in list(live.items()):
             if s in ready:
                 code = exitcode(i)
                 if code is None:
                     continue
                 del live[i]
-                if code != 0 and first is None:
-                    first, fail_time = (i, code), time.monotonic()
+                if code != 0 and fail_time != float("inf"):
+                    failures.append((i, code))
+                    fail_time = fail_time or time.monotonic()
         now = time.monotonic()
-        if deadline is not None and now > deadline and first is None:
-            first, fail_time = (min(live), -signal.SIGALRM), now
+        if deadline is not None and now > deadline and not failures:
+            failures.append((min(live), -signal.SIGALRM))
+            fail_time = now
         if fail_time is not None and live and now - fail_time > GRACE:
             for i in live:
                 terminate(i)
@@ -141,7 +143,22 @@ def _watch(sentinels, exitcode, timeout, kill, terminate):
             for i in live:
                 kill(i)
             fail_time = float("inf")
-    return first
+    return failures
+
+
+def _first_failure(failures, reports=None):
+    """The rank to blame: one that died of a signal it was not sent beats one that exited
+    with an error, and a PeerFailure points at the peer it names."""
+    if not failures:
+        return None
+    failed = {r for r, _ in failures}
+    for rank, msg in (reports or {}).items():
+        if msg.startswith("PeerFailure: rank "):
+            named = int(msg.split()[2])
+            if named in failed and named != rank:
+                return next(f for f in failures if f[0] == named)
+    killed = [f for f in failures if f[1] < 0]
+    return killed[0] if killed else failures[0]
 
 
 # -- ringlet run --------------------------------------------------------------------------
@@ -193,11 +210,11 @@ def run_main(argv) -> int:
                      RINGLET_ERROR_FILE=os.path.join(errdir, str(rank)))
             cmd = [sys.executable, "-m", "ringlet.launch", "-m" if a.module else "-s", a.script, *a.args]
             procs.append(subprocess.Popen(cmd, env=e))
-        first = _watch([_PopenSentinel(p) for p in procs], lambda i: procs[i].poll(), None,
-                       lambda i: procs[i].kill(), lambda i: procs[i].terminate())
-        if first is None:
+        failures = _watch([_PopenSentinel(p) for p in procs], lambda i: procs[i].poll(), None,
+                          lambda i: procs[i].kill(), lambda i: procs[i].terminate())
+        if not failures:
             return 0
-        local, code = first
+        local, code = _first_failure(failures)
         rank = a.node_rank * a.nproc_per_node + local
         detail = _describe_exit(code)
         try:

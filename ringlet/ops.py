@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 
 import numpy as np
 
@@ -33,6 +34,7 @@ def as_op(op) -> ReduceOp:
     raise ValueError(f"unknown reduce op {op!r}; valid: {', '.join(ReduceOp.__members__)}")
 
 
+@functools.lru_cache(maxsize=256)
 def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Reject an op that makes no sense for the dtype (BAND on floats, AVG on integers)."""
     kind = dtype.kind
@@ -50,6 +52,9 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     """View a NumPy array or CPU torch tensor as a C-contiguous ndarray without copying;
     reject what the runtime cannot move in place."""
     arr = buf
+    if type(arr) is np.ndarray and arr.flags.c_contiguous and not arr.dtype.hasobject and (
+            arr.flags.writeable or not writable):
+        return arr
     if not isinstance(arr, np.ndarray):
         mod = type(arr).__module__
         if mod.startswith("torch"):

@@ -35,7 +35,22 @@ def _mac(token: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(token, role + a + b, hashlib.sha256).digest()
 
 
+_CHUNK = 1 << 20
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytes:
+    if n > _CHUNK:
+        # Fuzzing fix: never allocate on the sender's word. A request header claiming a
+        # 64 MiB value used to cost 64 MiB at once, before one byte of it arrived; now the
+        # buffer grows only with the bytes that actually come (at most 1 MiB per read).
+        parts, got = [], 0
+        while got < n:
+            part = sock.recv(min(n - got, _CHUNK))
+            if not part:
+                raise ConnectionError("connection closed mid-message")
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -102,6 +117,16 @@ class _Data:
         self.cond = threading.Condition()
 
 
+def _client_gone(sock: socket.socket) -> bool:
+    """True when the other side has closed the connection (without consuming input)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self):
         server: StoreServer = self.server  # type: ignore[assignment]
@@ -139,7 +164,14 @@ class _Handler(socketserver.BaseRequestHandler):
                     self._reply(_OK, str(cur).encode())
                 else:  # GET or WAITGE: val carries "timeout" or "timeout,count"
                     parts = val.split(b",")
-                    deadline = time.monotonic() + float(parts[0])
+                    # Fuzzing fix: WAITGE without ",count" raised IndexError out of the
+                    # handler, and a NaN timeout made the wait loop below spin forever.
+                    if len(parts) != (2 if op == _WAITGE else 1):
+                        raise ValueError("malformed wait argument")
+                    wait = float(parts[0])
+                    if wait != wait:
+                        raise ValueError("NaN wait")
+                    deadline = time.monotonic() + wait
                     need = int(parts[1]) if op == _WAITGE else None
                     with data.cond:
                         while True:
@@ -150,6 +182,10 @@ class _Handler(socketserver.BaseRequestHandler):
                             if left <= 0:
                                 break
                             data.cond.wait(min(left, 1.0))
+                            # Fuzzing fix: a waiter whose client has gone stops waiting
+                            # (a long or infinite wait no longer outlives its connection).
+                            if _client_gone(sock):
+                                return
                     if cur is not None and (need is None or int(cur) >= need):
                         self._reply(_OK, cur)
                     else:

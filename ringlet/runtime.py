@@ -108,6 +108,8 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     _S.generation += 1
     engine.coll_stats = {}
     engine.describe_fp = _describe_fp
+    engine.on_long_wait = _publish_state
+    engine.hang_report = _hang_report
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
     _S.profile = profile
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
@@ -125,6 +127,60 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
     if rank == 0:
         store.set(f"g{gen}/profile", json.dumps(load_profile().to_dict()).encode())
     return Profile.from_dict(json.loads(store.get(f"g{gen}/profile", timeout=timeout)), "rank 0")
+
+
+def _state_key(rank: int) -> str:
+    return f"g{_S.generation - 1}/state/{rank}"
+
+
+def _publish_state(describe=None) -> None:
+    """Tell the store how far this rank got in every group (for other ranks' hang
+    reports); called when a wait has lasted a while, at most once a second."""
+    import json
+    import time
+    now = time.monotonic()
+    if now - getattr(_S, "published", 0.0) < 1.0 or _S.store is None:
+        return
+    _S.published = now
+    state = {"seq": {str(g.id): g.seq for g in _S.groups},
+             "waiting": describe(0).split(" timed out")[0] if describe else None}
+    try:
+        _S.store.set(_state_key(_S.world.rank), json.dumps(state).encode())
+    except RingletError:
+        pass
+
+
+def _hang_report(tag: int, what) -> str:
+    """Why a collective timed out, learned from the other ranks: who never entered it,
+    who is inside it waiting for whom, who did not report."""
+    import json
+    import time
+    collective, seq, group_name, _ = what
+    g = next((x for x in _S.groups if x.id == tag >> 48), None)
+    if g is None or _S.store is None:
+        return ""
+    _S.published = 0.0
+    _publish_state(lambda _: f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
+    time.sleep(min(1.5, _S.timeout / 10))  # let waiting peers publish too
+    lines = []
+    for r in g.ranks:
+        if r == _S.world.rank:
+            continue
+        try:
+            raw = _S.store.try_get(_state_key(r)) if hasattr(_S.store, "try_get") else None
+        except RingletError:
+            raw = None
+        if raw is None:
+            lines.append(f"rank {r} did not report (busy outside ringlet, or hung)")
+            continue
+        st = json.loads(raw)
+        theirs = st["seq"].get(str(g.id), 0)
+        if theirs < seq:
+            lines.append(f"rank {r} never entered {collective} #{seq} of group {group_name} "
+                         f"(its last call there was #{theirs}; it is in: {st['waiting']})")
+        elif st["waiting"]:
+            lines.append(f"rank {r} entered it and waits ({st['waiting']})")
+    return ("; " + "; ".join(lines)) if lines else ""
 
 
 def job_profile():

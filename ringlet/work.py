@@ -6,7 +6,9 @@ import time
 
 import numpy as np
 
+from .errors import PeerFailure
 from .schedule import REDUCE
+from .transport.protocol import RecvRequest, SendRequest
 
 
 class Work:
@@ -107,16 +109,19 @@ class CollectiveWork(Work):
             return False
         moved = False
         while True:
-            pending = [r for r in self.reqs if not r.done]
-            if pending:
-                self.last_peer = pending[-1].peer
-                return moved
-            if self.reqs:
+            reqs = self.reqs
+            for r in reqs:
+                if not r.done:
+                    self.last_peer = r.peer
+                    return moved
+            if reqs:
                 self.waited += time.perf_counter() - self._posted_at
-            for r in self.reqs:
-                if r.error is not None:
-                    self._end(r.error)
-                    return True
+                for r in reqs:
+                    if r.error is not None:
+                        if isinstance(r.error, PeerFailure):
+                            self.engine.propagate_failure(self, r.error)
+                        self._end(r.error)
+                        return True
             if self.i == len(self.plan):
                 err = None
                 if self.finish is not None:
@@ -134,6 +139,13 @@ class CollectiveWork(Work):
         if not self.done:
             self._end(exc)
 
+    def _describe_timeout(self, limit: float) -> str:
+        text = super()._describe_timeout(limit)
+        report = getattr(self.engine, "hang_report", None)
+        if report is not None:
+            text += report(self.tag, self._what)
+        return text
+
     def _end(self, error) -> None:
         self.error = error
         self.done = True
@@ -146,8 +158,11 @@ class CollectiveWork(Work):
         except ValueError:
             pass
         eng.end_collective(self)
-        st = eng.coll_stats.setdefault(self._what[0], {"calls": 0, "wait_s": 0.0, "max_wait_s": 0.0,
-                                                      "last_arrival": None})
+        st = eng.coll_stats.get(self._what[0])
+        if st is None:
+            st = eng.coll_stats[self._what[0]] = {"calls": 0, "wait_s": 0.0, "max_wait_s": 0.0,
+                                                  "last_arrival": None, "algorithm": None}
+        st["algorithm"] = self._what[3]
         st["calls"] += 1
         st["wait_s"] += self.waited
         if self.waited >= st["max_wait_s"]:
@@ -165,18 +180,21 @@ class CollectiveWork(Work):
                 ufunc(bufs[ab][ao:ao + t.n], src, out=dst)
             else:
                 np.copyto(dst, src)
-        eng, world, tag, fp = self.engine, self.world_of, self.tag, self.fp
+        peers, world, tag, fp = self.engine.peers, self.world_of, self.tag, self.fp
         reqs = []
         for t in rnd.recvs:
             dst = bufs[t.dbuf][t.doff:t.doff + t.n]
             if t.op == REDUCE:
                 ab, ao = t.acc
-                reqs.append(eng.irecv(world[t.src], tag, dst, ufunc, bufs[ab][ao:ao + t.n], fp))
+                req = RecvRequest(world[t.src], tag, dst, ufunc, bufs[ab][ao:ao + t.n], fp)
             else:
-                reqs.append(eng.irecv(world[t.src], tag, dst, None, None, fp))
+                req = RecvRequest(world[t.src], tag, dst, None, None, fp)
+            reqs.append(req)
+            peers[req.peer].post_recv(req)
         for t in rnd.sends:
-            reqs.append(eng.isend(world[t.dst], tag,
-                                  bufs[t.sbuf][t.soff:t.soff + t.n].view(np.uint8), fp))
+            req = SendRequest(world[t.dst], tag, bufs[t.sbuf][t.soff:t.soff + t.n].view(np.uint8), fp)
+            reqs.append(req)
+            peers[req.peer].post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
 

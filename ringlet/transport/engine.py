@@ -24,6 +24,8 @@ from .tcp import TcpPeer
 log = logging.getLogger("ringlet")
 
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
+DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
+REPORT_AFTER = 1.0       # a wait this long publishes this rank's state for hang reports
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
@@ -44,6 +46,7 @@ class Engine:
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
         self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
         self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
+        self.on_long_wait = None    # set by the runtime: publish this rank's state
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", 4 << 20)) & ~63
         self.seg = None
@@ -219,6 +222,18 @@ class Engine:
     def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
         if tag in self.failed:
             return
+        if culprit == DEAD:
+            from ..errors import PeerFailure
+            exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
+                              rank=culprit_fp[0])
+            work = self.active.pop(tag, None)
+            for peer in self.peers.values():
+                peer.fail_tag(tag, exc)
+            if work is not None:
+                work.fail(exc)
+            else:
+                self.aborts[tag] = exc
+            return
         if culprit == STALE:
             work = self.active.get(tag)
             call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
@@ -250,7 +265,7 @@ class Engine:
             if peer.progress():
                 moved = True
         if self.works:
-            for work in list(self.works):
+            for work in self.works[:]:  # advancing may finish (remove) a work
                 if work.advance():
                     moved = True
         return moved
@@ -276,9 +291,11 @@ class Engine:
                 idle_since = now
             if now - self._last_liveness > LIVENESS_EVERY:
                 self._last_liveness = now
-                self.check_liveness(peers())
+                self.check_liveness()
                 if done():
                     return
+                if now - start > REPORT_AFTER and self.on_long_wait is not None:
+                    self.on_long_wait(describe)
             if now > deadline:
                 raise TimeoutError(describe(limit))
             if now - idle_since < self.spin:
@@ -291,8 +308,7 @@ class Engine:
     def _sleep(self, seconds: float) -> None:
         flag = None
         if self.seg is not None:
-            import numpy as np
-            flag = np.frombuffer(self.seg, np.uint64, 1, 0)
+            flag = memoryview(self.seg)[0:8].cast("Q")
             flag[0] = 1
         try:
             if self.progress():  # something arrived before we announced the nap
@@ -319,11 +335,21 @@ class Engine:
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
             pass  # the peer is awake already, or gone (its liveness check will tell)
 
-    def check_liveness(self, peers=()) -> None:
-        for r in peers or self.peers:
-            peer = self.peers.get(r)
+    def check_liveness(self) -> None:
+        for peer in self.peers.values():
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
+
+    def propagate_failure(self, work, exc) -> None:
+        """A member of this collective died: tell the other members, who may be waiting
+        on someone alive who will now never send."""
+        dead = getattr(exc, "rank", None)
+        if dead is None or "reported by" in str(exc):
+            return
+        for r in work.world_of:
+            peer = self.peers.get(r)
+            if r != self.rank and r != dead and peer is not None and not peer.dead:
+                peer.send_abort(work.tag, work.fp, (dead, 0), DEAD)
 
     def protocol_violation(self, peer, why: str) -> None:
         log.warning("ringlet rank %d: dropping rank %d: protocol violation: %s", self.rank, peer.rank, why)

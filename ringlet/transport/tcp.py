@@ -9,10 +9,14 @@ import socket
 
 import numpy as np
 
-from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer, ProtocolError,
-                       peer_failure)
+from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS, Peer,
+                       ProtocolError, peer_failure)
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
+# Fuzzing fix: at most this many reads per _poll_in call. Without a bound, a peer that
+# streams packets (PAD, BYE, unexpected EAGER…) faster than we parse them kept progress()
+# from ever returning, so the waiter never reached its deadline check.
+POLL_BUDGET = 1024
 
 
 class TcpPeer(Peer):
@@ -34,6 +38,7 @@ class TcpPeer(Peer):
         self.pkt = None                           # header of the packet whose payload we read
         self.ptarget: memoryview | None = None
         self.pgot = 0
+        self.last_rts = -1                        # msgid of the last RTS received
 
     # -- out -----------------------------------------------------------------------------
     def _flush(self) -> bool:
@@ -103,7 +108,11 @@ class TcpPeer(Peer):
 
     def _poll_in(self) -> bool:
         moved = False
+        budget = POLL_BUDGET
         while not self.dead:
+            budget -= 1
+            if budget < 0:  # more may be waiting: the next progress() reads on (see POLL_BUDGET)
+                return True
             if self.pkt is None:
                 n = self._recv_into(memoryview(self.hbuf)[self.hgot:])
                 if n < 0:
@@ -120,6 +129,14 @@ class TcpPeer(Peer):
                 if kind == EAGER and length > self.eager or kind == DATA and length > self.frag:
                     self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
                     return True
+                if kind == RTS:
+                    # Fuzzing fix: senders number their large messages 0, 1, 2, … and announce
+                    # them in that order. A repeated msgid would overwrite the receive already
+                    # matched to it in `incoming`, orphaning it (never completed, never failed).
+                    if msgid <= self.last_rts:
+                        self.engine.protocol_violation(self, f"RTS reuses message id {msgid}")
+                        return True
+                    self.last_rts = msgid
                 self.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
                 self.pgot = 0
                 if kind == DATA:
@@ -132,6 +149,14 @@ class TcpPeer(Peer):
                         dst = req.dst.reshape(-1).view(np.uint8)
                         self.ptarget = memoryview(dst)[req.offset:req.offset + length]
                     else:
+                        # Fuzzing fix: a reducing receive applies whole elements; a fragment
+                        # of a partial element made RecvRequest.deliver raise ValueError out
+                        # of progress() instead of failing the peer.
+                        if length % getattr(req, "itemsize", 1):   # _Discard: any length
+                            self.engine.protocol_violation(
+                                self, f"DATA fragment of {length} bytes splits a "
+                                      f"{req.itemsize}-byte element")
+                            return True
                         self.ptarget = memoryview(self.bounce)[:length]
                 elif kind == EAGER:
                     self.ptarget = memoryview(self.bounce)[:length]

@@ -1,0 +1,107 @@
+"""Failures become reports: dead peers, hangs, stragglers (issue 6), with real processes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from conftest import run, two_hosts
+
+
+def _killed_mid_collective(rank, algorithm, path):
+    x = np.ones(1 << 20, np.float32)            # 4 MiB: many fragments per call
+    if rank == 2:
+        rl.all_reduce(x, algorithm=algorithm)
+        deadline = time.time() + 0.05
+        while time.time() < deadline:           # die in the middle of a stream of calls
+            rl.all_reduce(x, algorithm=algorithm, async_op=True)
+        with open(path + ".killed", "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            rl.all_reduce(x, algorithm=algorithm, timeout=30)
+    except rl.PeerFailure as exc:
+        with open(f"{path}.{rank}", "w") as f:
+            json.dump({"rank": exc.rank, "msg": str(exc), "t": time.time()}, f)
+        raise
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "recursive_doubling", "rabenseifner",
+                                       "double_tree", "direct"])
+@pytest.mark.parametrize("env", [None, two_hosts(4)], ids=["shm", "tcp"])
+def test_sigkill_mid_collective_every_survivor_names_the_dead_rank(tmp_path, algorithm, env):
+    path = str(tmp_path / "seen")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_killed_mid_collective, 4, algorithm, path, env=env)
+    assert info.value.rank == 2 and "SIGKILL" in info.value.detail
+    killed = float(open(path + ".killed").read())
+    for r in (0, 1, 3):
+        seen = json.load(open(f"{path}.{r}"))
+        assert seen["rank"] == 2 and "rank 2" in seen["msg"], seen
+        assert seen["t"] - killed < 5.0, f"rank {r} took {seen['t'] - killed:.2f} s"
+
+
+def test_ringlet_run_names_a_sigkilled_rank(tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, numpy as np, ringlet as rl\n"
+        "rl.init()\n"
+        "x = np.ones(1000)\n"
+        "rl.all_reduce(x)\n"
+        "if rl.get_rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "rl.all_reduce(x, timeout=60)\n")
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ringlet run: rank 1 failed first: killed by SIGKILL" in proc.stderr, proc.stderr
+    assert time.monotonic() - t < 30
+
+
+def _hang(rank):
+    x = np.ones(10)
+    for _ in range(16):
+        rl.all_reduce(x)
+    side = rl.new_group([2, 3])
+    if rank == 3:                      # stuck inside ringlet, in another call
+        with pytest.raises(rl.TimeoutError):
+            rl.recv(np.zeros(1), 0, group=side, timeout=6)
+        return
+    if rank == 2:
+        time.sleep(7)                  # busy outside ringlet
+        return
+    with pytest.raises(rl.TimeoutError) as info:
+        rl.all_reduce(x, timeout=3)
+    msg = str(info.value)
+    if rank == 0:
+        assert "all_reduce #17 of group world" in msg, msg
+        assert "rank 3 never entered all_reduce #17 of group world" in msg, msg
+        assert "rank 2 did not report" in msg, msg
+
+
+def test_timeout_reports_who_never_entered():
+    run(_hang, 4)
+
+
+def _straggler(rank):
+    x = np.ones(100)
+    rl.all_reduce(x)
+    rl.reset_stats()
+    if rank == 1:
+        time.sleep(0.3)
+    rl.all_reduce(x, algorithm="recursive_doubling")
+    st = rl.stats()["collectives"]["all_reduce"]
+    if rank == 0:
+        assert st["max_wait_s"] > 0.2 and st["last_arrival"] == 1, st
+        assert st["algorithm"] == "recursive_doubling"
+
+
+def test_stats_name_the_straggler():
+    run(_straggler, 2)

@@ -15,12 +15,13 @@ from .launch import ProcessFailed, spawn
 from .collectives import (all_gather, all_reduce, all_to_all, all_to_all_single, barrier,
                           broadcast, gather, reduce, reduce_scatter, scatter, schedule)
 from .schedule import Schedule
+from .buffers import empty, zeros
 from . import cost
 
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
     "spawn", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "barrier", "ReduceOp", "stats", "reset_stats", "schedule", "Schedule", "cost",
+    "barrier", "ReduceOp", "empty", "zeros", "stats", "reset_stats", "schedule", "Schedule", "cost",
     "RingletError", "TimeoutError", "PeerFailure", "CollectiveMismatch", "ProcessFailed",
 ]

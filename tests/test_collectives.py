@@ -291,19 +291,24 @@ def _bad(rank):
         ro.flags.writeable = False
         rl.all_reduce(ro)
     assert (x == 1).all()
-    # Disagreements between ranks raise on every rank, never hang.
+    # Disagreements between ranks raise on every rank, never hang: at the call itself, or
+    # — for a rank whose part had already completed when the news came — at its next call.
     for case in range(3):
-        try:
-            if case == 0:
-                rl.all_reduce(np.ones(10 + rank, np.float32), timeout=20)
-            elif case == 1:
-                rl.all_reduce(np.ones(10, np.float32 if rank else np.float64), timeout=20)
-            else:
-                rl.all_reduce(np.ones(50_000), op="max" if rank == 1 else "sum", timeout=20)
-        except rl.CollectiveMismatch as exc:
-            assert "differ in" in str(exc) or "mismatched" in str(exc)
-        else:
-            raise AssertionError(f"case {case}: no CollectiveMismatch on rank {rank}")
+        raised = []
+        for step in ("call", "next"):
+            try:
+                if step == "next":
+                    rl.barrier(timeout=20)
+                elif case == 0:
+                    rl.all_reduce(np.ones(10 + rank, np.float32), timeout=20)
+                elif case == 1:
+                    rl.all_reduce(np.ones(10, np.float32 if rank else np.float64), timeout=20)
+                else:
+                    rl.all_reduce(np.ones(50_000), op="max" if rank == 1 else "sum", timeout=20)
+            except rl.CollectiveMismatch as exc:
+                assert "differ in" in str(exc) or "mismatched" in str(exc), exc
+                raised.append(step)
+        assert raised, f"case {case}: no CollectiveMismatch on rank {rank}"
     y = np.ones(4)
     rl.all_reduce(y)
     assert (y == p).all()
@@ -311,3 +316,27 @@ def _bad(rank):
 
 def test_bad_input_and_disagreeing_ranks_raise_everywhere():
     run(_bad, 3)
+
+
+# -- zero-copy buffers ------------------------------------------------------------------------
+def _zero_copy(rank):
+    from ringlet.runtime import engine
+    p = rl.get_world_size()
+    for n in (10, 100_000, 1 << 20):
+        x = rl.zeros(n, np.float64)
+        assert isinstance(x, np.ndarray) and (x == 0).all()
+        x[...] = np.arange(n) * (rank + 1)
+        for algo in ("ring", "rabenseifner", "direct"):
+            y = rl.empty(n, np.float64)
+            y[...] = x
+            rl.all_reduce(y, algorithm=algo)
+            np.testing.assert_array_equal(y, np.arange(n) * (p * (p + 1) // 2))
+        out = rl.empty((p, n), np.float64)
+        rl.all_gather(out, x)
+        np.testing.assert_array_equal(out, np.arange(n)[None, :] * (np.arange(p)[:, None] + 1))
+    # Large sends from shared buffers were read in place by the receivers.
+    assert engine().remote_maps.maps, "no peer buffer was mapped: zero-copy path unused"
+
+
+def test_zero_copy_buffers():
+    run(_zero_copy, 3)

@@ -15,6 +15,7 @@ import selectors
 import socket
 import time
 
+from ..buffers import RemoteMaps
 from ..errors import AuthenticationError, CollectiveMismatch, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
 from .protocol import RecvRequest, SendRequest, peer_failure
@@ -41,6 +42,7 @@ class Engine:
         self.timeout = timeout
         self.peers: dict[int, object] = {}
         self.tcp_peers: list = []
+        self.remote_maps = RemoteMaps()
         self.works: list = []
         self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet

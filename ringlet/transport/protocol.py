@@ -19,12 +19,14 @@ from collections import deque
 
 import numpy as np
 
+from ..buffers import locate
 from ..errors import PeerFailure, RingletError
 
-HEADER = struct.Struct("<IIqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2
+HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
-CTS_OK, CTS_REJECT = 0, 1
+CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
+RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 NO_FP = (0, 0)
 
@@ -48,11 +50,12 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data",)
+    __slots__ = ("data", "zc")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         super().__init__(peer, tag, data.nbytes, "send", fp)
         self.data = data  # flat uint8 view of the caller's buffer
+        self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
 
 
 class RecvRequest(Request):
@@ -127,6 +130,8 @@ class Peer:
         if req.nbytes <= self.eager:
             self.outq.append(("eager", req))
         else:
+            if self.zero_copy:
+                req.zc = locate(req.data)
             req.msgid = self.next_msgid
             self.next_msgid += 1
             self.awaiting_cts[req.msgid] = req
@@ -147,7 +152,7 @@ class Peer:
             if item[0] == "eager":
                 self._finish_eager(req, item[1])
             else:
-                self._accept(req, item[1], item[2])
+                self._accept(req, item[1], item[2], item[3])
             return
         self.posted.setdefault(req.tag, deque()).append(req)
 
@@ -167,7 +172,13 @@ class Peer:
                     break
                 self._sent(item)
             elif kind == "rts":
-                if not self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None, *item.fp):
+                if item.zc is None:
+                    ok = self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None, *item.fp)
+                else:
+                    alloc, fd, off = item.zc
+                    ok = self._write(RTS, RTS_ZC, item.tag, item.msgid, item.nbytes, off, None,
+                                     *item.fp, alloc << 32 | fd)
+                if not ok:
                     break
             elif kind == "cts":
                 msgid, flags, aux = item
@@ -200,7 +211,7 @@ class Peer:
         req.done = True
 
     # -- packets in ----------------------------------------------------------------------
-    def _on_packet(self, kind, flags, tag, msgid, length, aux, fp, payload) -> None:
+    def _on_packet(self, kind, flags, tag, msgid, length, aux, fp, payload, zc=0) -> None:
         """Handle one packet (DATA is handled by the subclasses, which deliver it in place).
         EAGER and RTS carry the sender's collective fingerprint ``fp``: a receive posted
         with another fingerprint, or a collective of this rank running under the same tag
@@ -210,15 +221,17 @@ class Peer:
             if q and q[0].fp != fp:
                 self.engine.mismatch(tag, q[0].fp, fp, self.rank)
                 return
+            where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
             if q:
                 if kind == EAGER:
                     self._finish_eager(q.popleft(), payload)
                 else:
-                    self._accept(q.popleft(), msgid, length)
+                    self._accept(q.popleft(), msgid, length, where)
                 return
             if fp != NO_FP:
                 self.engine.check_fingerprint(tag, fp, self.rank)
-            item = ("eager", bytes(payload), fp) if kind == EAGER else ("rts", msgid, length, fp)
+            item = (("eager", bytes(payload), fp) if kind == EAGER
+                    else ("rts", msgid, length, where, fp))
             self.unexpected.setdefault(tag, deque()).append(item)
         elif kind == ABORT:
             self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
@@ -226,7 +239,9 @@ class Peer:
             req = self.awaiting_cts.pop(msgid, None)
             if req is None:
                 raise ProtocolError(f"CTS for unknown message {msgid}")
-            if flags == CTS_REJECT:
+            if flags == CTS_DONE:     # the receiver read it from our shared buffer
+                self._sent(req)
+            elif flags == CTS_REJECT:
                 req.fail(ValueError(
                     f"send to rank {self.rank} failed: the message has {req.nbytes} bytes but "
                     f"the receiver posted a buffer of {aux} bytes"))
@@ -259,11 +274,15 @@ class Peer:
         req.deliver(payload)
         self._received(req)
 
-    def _accept(self, req: RecvRequest, msgid: int, length: int) -> None:
+    def _accept(self, req: RecvRequest, msgid: int, length: int, where=None) -> None:
         if length != req.nbytes:
             self.outq.append(("cts", (msgid, CTS_REJECT, req.nbytes)))
             req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
                                 f"receive buffer has {req.nbytes} bytes; nothing was written"))
+        elif where is not None and (src := self.remote_view(where, length)) is not None:
+            req.deliver(src)        # one copy (or reduce), straight from the sender's buffer
+            self._received(req)
+            self.outq.append(("cts", (msgid, CTS_DONE, 0)))
         else:
             req.msgid = msgid
             self.incoming[msgid] = req
@@ -293,6 +312,11 @@ class Peer:
         self.incoming.clear()
         self.awaiting_cts.clear()
         self.outq.clear()
+
+    zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
+
+    def remote_view(self, where, nbytes):
+        return None
 
     def send_abort(self, tag, mine, theirs, culprit) -> None:
         self.outq.append(("abort", (tag, mine, theirs, culprit)))

@@ -80,7 +80,13 @@ class ShmPeer(Peer):
         self.head = outbox.ctrl[0]
 
     # -- out -----------------------------------------------------------------------------
-    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0) -> bool:
+    zero_copy = True
+
+    def remote_view(self, where, nbytes):
+        alloc, fd, offset = where
+        return self.engine.remote_maps.view(self.pid, alloc, fd, offset, nbytes)
+
+    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         ring = self.outbox
         cap = ring.capacity
         need = HEADER_SIZE + (_round64(length) if payload is not None else 0)
@@ -89,7 +95,7 @@ class ShmPeer(Peer):
         if cap - pos < need:  # skip the ring's tail end
             if free < (cap - pos) + need:
                 return False
-            HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0, 0, 0)
+            HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0, 0, 0, 0)
             self.head += cap - pos
             free -= cap - pos
             pos = 0
@@ -97,7 +103,8 @@ class ShmPeer(Peer):
             return False
         if payload is not None and length:
             ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
-        HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2)
+        HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2,
+                         zc)
         self.head += need
         ring.ctrl[0] = self.head          # publish (stores are ordered on x86-64)
         if ring.asleep[0]:
@@ -113,7 +120,7 @@ class ShmPeer(Peer):
         cap, seg, base, data = ring.capacity, ring.seg, ring.base, ring.data
         while self.tail < head:
             pos = self.tail % cap
-            kind, flags, tag, msgid, length, aux, fp1, fp2 = HEADER.unpack_from(seg, base + pos)
+            kind, flags, tag, msgid, length, aux, fp1, fp2, zc = HEADER.unpack_from(seg, base + pos)
             if kind == PAD:
                 self.tail += cap - pos
             else:
@@ -130,7 +137,7 @@ class ShmPeer(Peer):
                     self.engine.protocol_violation(self, "oversized eager packet")
                     return True
                 else:
-                    self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2), payload)
+                    self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2), payload, zc)
                 self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
             ring.ctrl[8] = self.tail      # hand the space back to the sender
         if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too

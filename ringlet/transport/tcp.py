@@ -57,10 +57,10 @@ class TcpPeer(Peer):
             self.wpending.pop(0)
         return True
 
-    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0) -> bool:
+    def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         if not self._flush():
             return False
-        head = HEADER.pack(kind, flags, tag, msgid, length, aux, fp1, fp2).ljust(HEADER_SIZE, b"\0")
+        head = HEADER.pack(kind, flags, tag, msgid, length, aux, fp1, fp2, zc)
         if payload is None or length == 0:
             parts = [head]
         elif length <= 16 << 10:
@@ -73,8 +73,11 @@ class TcpPeer(Peer):
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as exc:
+                # Fuzzing fix: _lost() fails the peer, which empties outq; returning True
+                # made Peer.pump_out go on to outq.popleft() and raise IndexError (seen when
+                # the other side reset the connection while we answered it).
                 self._lost(exc)
-                return True
+                return False
             if n < len(part):
                 # The caller may reuse its buffer once we return: keep a private copy.
                 self.wpending.append(bytes(memoryview(part)[n:]))
@@ -122,7 +125,7 @@ class TcpPeer(Peer):
                 if self.hgot < HEADER_SIZE:
                     continue
                 self.hgot = 0
-                kind, flags, tag, msgid, length, aux, fp1, fp2 = HEADER.unpack_from(self.hbuf)
+                kind, flags, tag, msgid, length, aux, fp1, fp2, _zc = HEADER.unpack_from(self.hbuf)
                 if kind not in KINDS or length < 0 and kind != ABORT:
                     self.engine.protocol_violation(self, f"bad header kind={kind} length={length}")
                     return True

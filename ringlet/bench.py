@@ -62,51 +62,57 @@ def iters_for(nbytes: int, iters: int | None) -> int:
     return iters if iters else max(5, min(1000, int(2e8 // max(nbytes, 1))))
 
 
-def _make_call(rl, op, nbytes, p, rank, dtype, algo):
-    """A closure running one collective, plus a checker returning #wrong elements."""
+def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False):
+    """A closure running one collective, plus a checker returning #wrong elements.
+    ``zero_copy``: buffers come from rl.empty (shared memory, read in place by peers)."""
     per, total = counts(op, nbytes, p, dtype.itemsize)
-    fill = lambda r: np.full(total, r + 1, dtype)  # noqa: E731
+    alloc = rl.empty if zero_copy else np.empty
+
+    def full(shape, value):
+        a = alloc(shape, dtype)
+        a[...] = value
+        return a
+
+    ranks = np.arange(p, dtype=dtype)
     expect_sum = sum(range(1, p + 1))
     if op == "all_reduce":
-        x = fill(rank)
+        x = full(total, rank + 1)
         def call():
             x[...] = rank + 1
             rl.all_reduce(x, algorithm=algo)
         return call, lambda: int(np.count_nonzero(x != expect_sum))
     if op == "broadcast":
-        x = fill(rank)
-        def call():
-            rl.broadcast(x, 0, algorithm=algo)
-        return call, lambda: int(np.count_nonzero(x != 1))
+        x = full(total, rank + 1)
+        return (lambda: rl.broadcast(x, 0, algorithm=algo)), lambda: int(np.count_nonzero(x != 1))
     if op == "reduce":
-        x = fill(rank)
+        x = full(total, rank + 1)
         def call():
             if rank == 0:
                 x[...] = 1
             rl.reduce(x, 0, algorithm=algo)
         return call, lambda: int(np.count_nonzero(x != expect_sum)) if rank == 0 else 0
+    blocks_of_ranks = np.repeat(ranks + 1, per).reshape(p, per)
     if op == "all_gather":
-        x, y = np.full(per, rank + 1, dtype), np.empty((p, per), dtype)
-        want = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per)
-        return (lambda: rl.all_gather(y, x, algorithm=algo)), lambda: int(np.count_nonzero(y != want))
+        x, y = full(per, rank + 1), full((p, per), 0)
+        return (lambda: rl.all_gather(y, x, algorithm=algo)), \
+            lambda: int(np.count_nonzero(y != blocks_of_ranks))
     if op == "reduce_scatter":
-        x, y = np.full((p, per), rank + 1, dtype), np.empty(per, dtype)
+        x, y = full((p, per), rank + 1), full(per, 0)
         return (lambda: rl.reduce_scatter(y, x, algorithm=algo)), \
             lambda: int(np.count_nonzero(y != expect_sum))
     if op == "all_to_all":
-        x = np.repeat(np.arange(p, dtype=dtype) + 100 * rank, per).reshape(p, per)
-        y = np.empty_like(x)
-        want = np.repeat(rank + 100 * np.arange(p, dtype=dtype), per).reshape(p, per)
+        x = full((p, per), np.repeat(ranks + 100 * rank, per).reshape(p, per))
+        y = full((p, per), 0)
+        want = np.repeat(rank + 100 * ranks, per).reshape(p, per)
         return (lambda: rl.all_to_all(y, x, algorithm=algo)), lambda: int(np.count_nonzero(y != want))
     if op == "gather":
-        x = np.full(per, rank + 1, dtype)
-        y = np.empty((p, per), dtype) if rank == 0 else None
-        want = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per)
+        x = full(per, rank + 1)
+        y = full((p, per), 0) if rank == 0 else None
         return (lambda: rl.gather(x, y, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != want)) if rank == 0 else 0
+            lambda: int(np.count_nonzero(y != blocks_of_ranks)) if rank == 0 else 0
     if op == "scatter":
-        x = np.repeat(np.arange(1, p + 1, dtype=dtype), per).reshape(p, per) if rank == 0 else None
-        y = np.empty(per, dtype)
+        x = full((p, per), blocks_of_ranks) if rank == 0 else None
+        y = full(per, 0)
         return (lambda: rl.scatter(y, x, 0, algorithm=algo)), lambda: int(np.count_nonzero(y != rank + 1))
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
@@ -127,7 +133,8 @@ def _worker(rank, cfg, out_path):
             bar = None
     for algo in cfg["algos"]:
         for nbytes in cfg["sizes"]:
-            call, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo)
+            call, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo,
+                                     cfg.get("zero_copy", False))
             n = iters_for(nbytes, cfg["iters"])
             for _ in range(cfg["warmup"]):
                 call()
@@ -142,8 +149,10 @@ def _worker(rank, cfg, out_path):
             wrong = np.array([check() if cfg["check"] else 0], np.int64)
             rl.all_reduce(wrong, algorithm="recursive_doubling")
             if rank == 0:
+                ran = rl.stats()["collectives"].get(cfg["op"], {}).get("algorithm", algo)
                 rows.append({"lib": "ringlet", "op": cfg["op"], "p": p, "bytes": nbytes,
-                             "dtype": dtype.name, "algorithm": algo, "time_us": t[0] * 1e6,
+                             "dtype": dtype.name, "algorithm": algo, "ran": ran,
+                             "zero_copy": cfg.get("zero_copy", False), "time_us": t[0] * 1e6,
                              "wrong": int(wrong[0]) if cfg["check"] else None})
             if bar is not None:
                 bar.update(1)
@@ -170,12 +179,14 @@ def _predict(row: dict, backend: str) -> float | None:
         return None
 
 
-def run_ringlet(op, n, sizes, algos, dtype, iters, warmup, check, backend, env) -> list[dict]:
+def run_ringlet(op, n, sizes, algos, dtype="float32", iters=None, warmup=3, check=False,
+                backend=None, env=None, zero_copy=False, progress=True) -> list[dict]:
+    """Measure ringlet on ``n`` local ranks; one row per (algorithm, size)."""
     from .launch import spawn
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "rows.json")
         cfg = {"op": op, "sizes": sizes, "algos": algos, "dtype": dtype, "iters": iters,
-               "warmup": warmup, "check": check}
+               "warmup": warmup, "check": check, "zero_copy": zero_copy, "progress": progress}
         spawn(_worker, n, args=(cfg, path), backend=backend, env=env)
         with open(path) as f:
             rows = json.load(f)
@@ -232,6 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="verify results (#wrong column)")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="use rl.empty shared-memory buffers (read in place by local peers)")
     ap.add_argument("--backend", default=None, choices=["auto", "shm", "tcp"])
     ap.add_argument("--hosts", type=int, default=1,
                     help="emulate this many hosts with RINGLET_HOST_ID (TCP between them)")
@@ -249,7 +262,7 @@ def main(argv=None) -> int:
         if a.hosts != 2:
             ap.error("--hosts supports 1 or 2 emulated hosts")
     rows = run_ringlet(a.op, a.n, sizes, algos, a.dtype, a.iters, a.warmup, a.check,
-                       a.backend, env)
+                       a.backend, env, a.zero_copy)
     backend = "tcp" if (a.backend == "tcp" or a.hosts > 1) else "shm"
     for r in rows:
         _finish_row(r, a.n)
@@ -284,8 +297,9 @@ def _print(rows, peers, check):
         per, total = counts(r["op"], r["bytes"], r["p"], np.dtype(r["dtype"]).itemsize)
         pred = r.get("pred_us")
         err = f"{(pred - r['time_us']) / r['time_us'] * 100:+5.0f}%" if pred else "   n/a"
+        algo = r["algorithm"] if r["algorithm"] != "auto" else f"auto:{r.get('ran', '?')}"
         line = (f"{_fmt_size(r['bytes']):>8} {total:>10} {r['dtype']:>8} {r['op']:>14} "
-                f"{r['algorithm']:>18} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
+                f"{algo:>18} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
                 f"{r['busbw_GBps']:>8.3f} {pred if pred is None else round(pred, 1)!s:>9} {err:>6}")
         if check:
             line += f" {r['wrong']:>6}"

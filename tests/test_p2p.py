@@ -436,3 +436,60 @@ def _torch(rank):
 def test_cpu_torch_tensors():
     pytest.importorskip("torch")
     run(_torch, 2)
+
+
+SCRIPT = (
+    "import numpy as np, ringlet as rl, os\n"
+    "rl.init()\n"
+    "x = np.full(100_000, rl.get_rank() + 1.0)\n"
+    "rl.all_reduce(x)\n"
+    "p = rl.get_world_size()\n"
+    "assert (x == p * (p + 1) / 2).all()\n"
+    "os.write(1, f'rank {rl.get_rank()} of {p} ok\\n'.encode())\n"
+    "rl.destroy()\n")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ringlet_run_two_nodes(tmp_path):
+    """Two launchers as two emulated nodes: TCP between them, shm inside each."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    port = _free_port()
+    procs = []
+    for node in range(2):
+        env = dict(os.environ, RINGLET_TOKEN="two-node-secret", RINGLET_HOST_ID=f"node{node}")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--nnodes", "2",
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    lines = sorted(l for out, _ in outs for l in out.splitlines())
+    assert lines == [f"rank {r} of 4 ok" for r in range(4)], lines
+
+
+def test_multi_node_needs_a_shared_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RINGLET_TOKEN"}
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "1", "--nnodes", "2",
+                           "--master-port", "1234", "x.py"], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "RINGLET_TOKEN" in proc.stderr
+
+
+@pytest.mark.skipif(not __import__("shutil").which("mpirun"), reason="Open MPI is not installed")
+def test_same_script_runs_under_mpirun(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, RINGLET_TOKEN="mpi-secret", MASTER_PORT=str(_free_port()))
+    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
+                           "-x", "RINGLET_TOKEN", "-x", "MASTER_PORT", "-x", "PYTHONPATH",
+                           sys.executable, str(script)],
+                          env=dict(env, PYTHONPATH=os.path.dirname(os.path.dirname(rl.__file__))),
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} of 3 ok" for r in range(3)]

@@ -1,0 +1,120 @@
+"""Issue 5's performance targets, measured side by side in one run on this host, each
+printed as a ratio with whether it holds. Not a unit test: run it on a quiet machine.
+
+    python bench/targets.py            # everything (several minutes)
+    python bench/targets.py --quick    # fewer sizes and iterations
+
+Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
+torch for Gloo); a missing peer is reported and its targets skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ringlet.bench import FACTOR, run_peer, run_ringlet
+
+MiB = 1 << 20
+
+
+def busbw(row: dict, p: int) -> float:
+    return row["bytes"] / (row["time_us"] * 1e-6) * FACTOR[row["op"]](p) / 1e9
+
+
+class Report:
+    def __init__(self):
+        self.rows = []
+
+    def ratio(self, what: str, ours: float, theirs: float, need: float, unit="busbw"):
+        r = ours / theirs
+        self.rows.append((what, f"{ours:.3g} vs {theirs:.3g} ({unit})", f"{r:.2f}x", f">= {need}x",
+                          r >= need))
+
+    def bound(self, what: str, value_us: float, limit_us: float):
+        self.rows.append((what, f"{value_us:.1f} us", "", f"<= {limit_us:g} us", value_us <= limit_us))
+
+    def skip(self, what: str, why: str):
+        self.rows.append((what, why, "", "", None))
+
+    def print(self):
+        w = max(len(r[0]) for r in self.rows)
+        print(f"\n{'target':<{w}}  {'measured':<36} {'ratio':>7}  {'needed':<12} holds")
+        for what, meas, ratio, need, ok in self.rows:
+            verdict = "skipped" if ok is None else ("yes" if ok else "NO")
+            print(f"{what:<{w}}  {meas:<36} {ratio:>7}  {need:<12} {verdict}")
+        held = [r for r in self.rows if r[4] is not None]
+        print(f"\n{sum(r[4] for r in held)} of {len(held)} measured targets hold")
+
+
+def peer_rows(lib, op, p, sizes, iters, report, what):
+    got = run_peer(lib, op, p, sizes, iters)
+    if isinstance(got, str):
+        report.skip(what, f"{lib}: {got}")
+        return None
+    return {r["bytes"]: r for r in got}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", help="write every measured row to this file")
+    a = ap.parse_args(argv)
+    iters = 10 if a.quick else None
+    big = [8 * MiB] if a.quick else [8 * MiB, 64 * MiB]
+    rep = Report()
+    dump = []
+
+    # 1. all_reduce at p = 2, large: plain NumPy and rl.empty buffers vs Open MPI and Gloo.
+    plain = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, progress=False)
+    zc = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, zero_copy=True, progress=False)
+    mpi = peer_rows("mpi", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Open MPI")
+    gloo = peer_rows("gloo", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Gloo")
+    dump += plain + zc + list((mpi or {}).values()) + list((gloo or {}).values())
+    for r, z in zip(plain, zc):
+        size = f"{r['bytes'] // MiB} MiB"
+        if mpi:
+            rep.ratio(f"all_reduce p=2 {size} numpy vs Open MPI", busbw(r, 2), busbw(mpi[r["bytes"]], 2), 1.3)
+            rep.ratio(f"all_reduce p=2 {size} rl.empty vs Open MPI", busbw(z, 2), busbw(mpi[r["bytes"]], 2), 1.6)
+        if gloo:
+            rep.ratio(f"all_reduce p=2 {size} numpy vs Gloo", busbw(r, 2), busbw(gloo[r["bytes"]], 2), 2.0)
+
+    # 2. all_reduce latency at 8 B.
+    for p, limit in ((2, 10.0), (4, 60.0)):
+        row = run_ringlet("all_reduce", p, [8], ["auto"], iters=2000 if not a.quick else 500,
+                          progress=False)[0]
+        dump.append(row)
+        rep.bound(f"all_reduce 8 B p={p} ({row.get('ran')})", row["time_us"], limit)
+
+    # 3. The other collectives at >= 1 MiB, p = 2 and 4, vs Open MPI.
+    sizes = [MiB] if a.quick else [MiB, 8 * MiB]
+    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+        for p in (2, 4):
+            ours = run_ringlet(op, p, sizes, ["auto"], iters=iters, progress=False)
+            theirs = peer_rows("mpi", op, p, sizes, iters, rep, f"{op} p={p} vs Open MPI")
+            dump += ours + list((theirs or {}).values())
+            if theirs:
+                for r in ours:
+                    rep.ratio(f"{op} p={p} {r['bytes'] // MiB} MiB ({r.get('ran')}) vs Open MPI",
+                              busbw(r, p), busbw(theirs[r["bytes"]], p), 1.0)
+
+    # 4. TCP between two emulated hosts vs Gloo (TCP loopback).
+    two_hosts = {"RINGLET_HOST_ID_SPLIT": "1"}
+    tcp = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, env=two_hosts, progress=False)
+    lat = run_ringlet("all_reduce", 2, [8], ["auto"], iters=1000, env=two_hosts, progress=False)[0]
+    dump += tcp + [lat]
+    if gloo:
+        for r in tcp:
+            rep.ratio(f"all_reduce TCP 2 hosts {r['bytes'] // MiB} MiB vs Gloo", busbw(r, 2),
+                      busbw(gloo[r["bytes"]], 2), 1.5)
+    rep.bound("all_reduce TCP 2 hosts 8 B", lat["time_us"], 60.0)
+
+    rep.print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dump, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

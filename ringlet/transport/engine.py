@@ -16,7 +16,8 @@ import socket
 import time
 
 from ..buffers import RemoteMaps
-from ..errors import AuthenticationError, CollectiveMismatch, RingletError, TimeoutError
+from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
+                      TimeoutError)
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
@@ -225,18 +226,9 @@ class Engine:
         if tag in self.failed:
             return
         if culprit == DEAD:
-            from ..errors import PeerFailure
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
                               rank=culprit_fp[0])
-            work = self.active.pop(tag, None)
-            for peer in self.peers.values():
-                peer.fail_tag(tag, exc)
-            if work is not None:
-                work.fail(exc)
-            else:
-                self.aborts[tag] = exc
-            return
-        if culprit == STALE:
+        elif culprit == STALE:
             work = self.active.get(tag)
             call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
             exc = CollectiveMismatch(

@@ -17,20 +17,16 @@ log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 
 
-def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int) -> str:
+def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int):
+    """(algorithm to run, why) for a call."""
     table = algorithms.CATALOG[collective]
     if algorithm == "auto":
-        name, why = _auto(collective, g, count, itemsize)
-        if _DEBUG_ALGO:
-            log.warning("ringlet rank %d on %s: %s", engine().rank, g.name, why)
-        return name
+        return _auto(collective, g, count, itemsize)
     if algorithm not in table:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                          f"auto, {', '.join(table)}")
-    if _DEBUG_ALGO:
-        log.warning("ringlet rank %d on %s: %s %d x %dB p=%d: %s (forced by algorithm=)",
-                    engine().rank, g.name, collective, count, itemsize, g.size, algorithm)
-    return algorithm
+    return algorithm, (f"{collective} {count} x {itemsize} B p={g.size}: {algorithm} "
+                       f"(forced by algorithm=)")
 
 
 def _auto(collective: str, g: Group, count: int, itemsize: int) -> tuple[str, str]:
@@ -56,14 +52,14 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
     if hit is None:
         # Uneven all-to-all is priced at its mean block size.
         mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
-        name = _pick(collective, algorithm, g, mean, dtype.itemsize)
+        name, why = _pick(collective, algorithm, g, mean, dtype.itemsize)
         hosts = g.host_indices() if name == "hierarchical" else None
         sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
         fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
                                 count, root, op)
         hit = (name, sched.rank_plan(g.rank), sched.buffers.get("tmp", 0),
-               UFUNC[op] if op is not None else None, fp)
+               UFUNC[op] if op is not None else None, fp, why)
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
@@ -72,7 +68,10 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
-    name, plan, tmp, ufunc, fp = _prepare(collective, algorithm, g, count, dtype, op, root, splits)
+    name, plan, tmp, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op, root,
+                                               splits)
+    if _DEBUG_ALGO:
+        log.warning("ringlet rank %d, %s #%d: %s", engine().rank, g.name, g.seq + 1, why)
     pool = _TMP.setdefault((tmp, dtype.str), [])
     scratch = pool.pop() if pool else np.empty(tmp, dtype)
     bufs["tmp"] = scratch

@@ -87,6 +87,8 @@ class RemoteMaps:
             try:
                 size = os.fstat(rfd).st_size
                 whole = np.frombuffer(mmap.mmap(rfd, size, prot=mmap.PROT_READ), np.uint8)
+            except (OSError, ValueError):
+                return None            # not a mappable buffer (corrupt header): stream instead
             finally:
                 os.close(rfd)
             if len(self.maps) > 256:

@@ -24,14 +24,22 @@ def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, 
 
 
 def decode(fp: tuple[int, int], algorithms_of) -> dict:
+    """The fields of a fingerprint; anything that does not decode (a corrupt or hostile
+    header) shows as "?" rather than raising."""
     code, count = fp
-    coll = COLLECTIVES[(code & 0xFF) - 1]
-    algos = algorithms_of(coll)
+    c = (code & 0xFF) - 1
+    coll = COLLECTIVES[c] if 0 <= c < len(COLLECTIVES) else "?"
+    algos = tuple(algorithms_of(coll)) if coll != "?" else ()
     a = (code >> 8 & 0xFF) - 1
-    op = _OPS[code >> 32 & 0xFF]
+    o = code >> 32 & 0xFF
+    op = _OPS[o] if o < len(_OPS) else "?"
+    try:
+        dtype = str(np.dtype(chr(code >> 16 & 0xFF)))
+    except (TypeError, ValueError):
+        dtype = "?"
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
-            "dtype": str(np.dtype(chr(code >> 16 & 0xFF))), "count": count,
-            "root": code >> 40 & 0xFFFFFF, "op": op.name if op else None}
+            "dtype": dtype, "count": count, "root": code >> 40 & 0xFFFFFF,
+            "op": op if op in ("?", None) else op.name}
 
 
 def diff(mine: dict, theirs: dict, me: int, them: int) -> str:

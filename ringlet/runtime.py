@@ -121,11 +121,14 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
     """Rank 0's calibrated profile, for every rank: algorithm="auto" must decide alike
     everywhere, even when hosts were calibrated differently."""
     import json
-    from .cost.profile import Profile, load_profile
-    if world_size == 1:
-        return load_profile()
+    from .cost.profile import Profile, default_profile, load_profile
     if rank == 0:
-        store.set(f"g{gen}/profile", json.dumps(load_profile().to_dict()).encode())
+        mine = load_profile().to_dict()
+        for name, params in default_profile().to_dict()["transports"].items():
+            mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        if world_size == 1:
+            return Profile.from_dict(mine, "rank 0")
+        store.set(f"g{gen}/profile", json.dumps(mine).encode())
     return Profile.from_dict(json.loads(store.get(f"g{gen}/profile", timeout=timeout)), "rank 0")
 
 

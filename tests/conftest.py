@@ -8,6 +8,10 @@ import ringlet as rl
 
 JOB_TIMEOUT = 90.0
 
+# Tests choose algorithms from the built-in default profile, not whatever this machine's
+# cache holds (tests of calibration point RINGLET_PROFILE elsewhere themselves).
+os.environ["RINGLET_PROFILE"] = os.path.join(os.path.dirname(__file__), "no-such-profile.json")
+
 
 def run(fn, n, *args, backend=None, env=None, timeout=JOB_TIMEOUT):
     """Run fn(rank, *args) on n real local ranks; any rank's failure fails the test."""

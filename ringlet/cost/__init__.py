@@ -13,11 +13,11 @@ from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, breakdown, coun
 from .plan import StepRatio, break_even, step_ratio, strong_scaling, weak_scaling
 from .profile import Profile, fit, host_link, load_profile, profile_path
 from .simulate import SimResult, Topology, simulate
-from .tune import Row, choose, crossovers
+from .tune import Row, choose, crossovers, predict_host
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predict", "breakdown",
            "nbytes_of", "count_of", "parse_size", "format_size",
            "Topology", "SimResult", "simulate",
            "StepRatio", "step_ratio", "strong_scaling", "weak_scaling", "break_even",
            "Profile", "load_profile", "host_link", "profile_path", "fit",
-           "choose", "Row", "crossovers"]
+           "choose", "Row", "crossovers", "predict_host"]

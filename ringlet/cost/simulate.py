@@ -90,12 +90,15 @@ class Topology:
         return cls(1, p, tier(link), tier(link), gamma, delta, nic_sharing=False)
 
     @classmethod
-    def from_profile(cls, hosts: int, ranks_per_host: int, profile=None) -> "Topology":
-        """This machine's calibrated links: shm inside a host, tcp between hosts."""
+    def from_profile(cls, hosts: int, ranks_per_host: int, profile=None,
+                     transport: str | None = None) -> "Topology":
+        """This machine's calibrated links: shm inside a host, tcp between hosts (or
+        ``transport`` for every message)."""
         from .profile import load_profile
         prof = profile if profile is not None else load_profile()
-        return cls(hosts, ranks_per_host, prof.link("shm"), prof.link("tcp"),
-                   prof.gamma("shm"), prof.delta("shm"))
+        intra = transport or "shm"
+        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "tcp"),
+                   prof.gamma(intra), prof.delta(intra))
 
     @property
     def p(self) -> int:

@@ -267,5 +267,32 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
     return out, sweep
 
 
+# ------------------------------------------------------------------------ this host
+
+def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "auto",
+                 backend: str = "shm", *, itemsize: int = 4, profile: Profile | None = None) -> float:
+    """Predicted seconds of one call run by ``p`` local ranks of this host (what
+    ``ringlet bench`` measures), from the calibrated profile (:func:`load_profile`).
+
+    ``backend`` is the transport the ranks use: "shm" (the default inside a host) or
+    "tcp" (every message over the profile's tcp link). ``algorithm="auto"`` (or None) is
+    resolved as the runtime resolves it: ``choose`` on the shared-memory profile of one
+    host. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`."""
+    check_collective(collective)
+    if backend not in ("shm", "tcp"):
+        raise ValueError(f"unknown backend {backend!r}; valid: shm, tcp")
+    prof = profile if profile is not None else load_profile()
+    if algorithm in (None, "auto"):
+        algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize)[0]
+    check_algorithm(collective, algorithm)
+    if backend == "shm":
+        topology = prof
+    else:
+        topology = Topology.from_profile(1, p, prof, transport="tcp")
+    rows = choose(collective, nbytes, p, topology=topology, candidates=(algorithm,),
+                  itemsize=itemsize)[1]
+    return rows[0].total
+
+
 __all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
-           "two_tier_breakdown", "explain_line", "SIM_MAX_P"]
+           "two_tier_breakdown", "explain_line", "predict_host", "SIM_MAX_P"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import selectors
 import socket
+import threading
 import time
 
 from ..buffers import RemoteMaps
@@ -121,27 +123,43 @@ class Engine:
                                        f"expecting rank {info['rank']} but it says {their!r}")
                 self._add_tcp(info["rank"], sock)
         expect = {info["rank"] for info in remote if info["rank"] > self.rank}
+        if not expect:
+            return
+        # Each accepted connection proves itself in its own thread, so a silent or slow
+        # stranger at the port cannot hold up the ranks that are really coming.
+        proven: queue.Queue = queue.Queue()
+
+        def prove(sock, addr):
+            sock.settimeout(10.0)
+            try:
+                their = handshake_server(sock, self.token, me)
+                r = int(their)
+            except (AuthenticationError, OSError, ValueError, ConnectionError) as exc:
+                log.warning("ringlet rank %d: refused connection from %s: %s", self.rank, addr, exc)
+                sock.close()
+                return
+            proven.put((r, sock, addr))
+
         deadline = time.monotonic() + self.timeout
+        listener.settimeout(0.05)
         while expect:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {self.rank}: ranks {sorted(expect)} never connected "
                                    f"within {self.timeout:.0f} s")
             try:
                 sock, addr = listener.accept()
+                threading.Thread(target=prove, args=(sock, addr), daemon=True).start()
             except socket.timeout:
-                continue
-            sock.settimeout(10.0)
-            try:
-                their = handshake_server(sock, self.token, me)
-                r = int(their)
+                pass
+            while not proven.empty():
+                r, sock, addr = proven.get()
                 if r not in expect:
-                    raise AuthenticationError(f"unexpected rank {their!r}")
-            except (AuthenticationError, OSError, ValueError, ConnectionError) as exc:
-                log.warning("ringlet rank %d: refused connection from %s: %s", self.rank, addr, exc)
-                sock.close()
-                continue
-            expect.discard(r)
-            self._add_tcp(r, sock)
+                    log.warning("ringlet rank %d: refused connection from %s: unexpected rank %d",
+                                self.rank, addr, r)
+                    sock.close()
+                    continue
+                expect.discard(r)
+                self._add_tcp(r, sock)
 
     def _add_tcp(self, rank: int, sock: socket.socket) -> None:
         peer = TcpPeer(self, rank, sock)
@@ -188,7 +206,7 @@ class Engine:
             return
         self.active[tag] = work
         for peer in self.peers.values():
-            q = peer.unexpected.get(tag)
+            q = peer.unexpected.get(tag) if peer.unexpected else None
             if q and q[0][-1] != work.fp:
                 self.mismatch(tag, work.fp, q[0][-1], peer.rank)
                 return
@@ -239,7 +257,14 @@ class Engine:
         if tag in self.active:
             self._fail_collective(tag, exc)
         else:
-            self.aborts[tag] = exc
+            self._remember_abort(tag, exc)
+
+    def _remember_abort(self, tag: int, exc) -> None:
+        """Keep a peer's abort for a call this rank has not entered (bounded: a peer
+        cannot make us remember without limit)."""
+        self.aborts[tag] = exc
+        if len(self.aborts) > 1024:
+            self.aborts.pop(next(iter(self.aborts)))
 
     def _fail_collective(self, tag: int, exc) -> None:
         self.failed[tag] = True
@@ -251,7 +276,7 @@ class Engine:
         if work is not None:
             work.fail(exc)
         else:
-            self.aborts[tag] = exc
+            self._remember_abort(tag, exc)
 
     def progress(self) -> bool:
         moved = False
@@ -277,7 +302,8 @@ class Engine:
                 idle_since = None
                 if done():
                     return
-                continue
+                if time.monotonic() < deadline:  # a peer that never stops talking
+                    continue                      # must not hold us past the deadline
             if done():
                 return
             now = time.monotonic()

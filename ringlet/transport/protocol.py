@@ -28,6 +28,7 @@ EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
+MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
 NO_FP = (0, 0)
 
 
@@ -76,7 +77,7 @@ class RecvRequest(Request):
         if n == 0:
             return
         if self.ufunc is None:
-            dst = self.dst.reshape(-1).view(np.uint8)
+            dst = self.dst.view(np.uint8)       # dst is flat
             dst[self.offset:self.offset + n] = np.frombuffer(payload, np.uint8) \
                 if not isinstance(payload, np.ndarray) else payload.view(np.uint8)
         else:
@@ -118,6 +119,8 @@ class Peer:
         self.awaiting_cts: dict[int, SendRequest] = {}
         self.incoming: dict[int, RecvRequest] = {}
         self.next_msgid = 0
+        self.last_rts = -1          # id of the last large message announced to us
+        self.unexpected_bytes = 0   # small messages held until someone asks for them
         self.dead: BaseException | None = None
         self.closing = False
         self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
@@ -128,6 +131,9 @@ class Peer:
             req.fail(self.dead)
             return
         if req.nbytes <= self.eager:
+            if not self.outq and self._write(EAGER, 0, req.tag, -1, req.nbytes, 0, req.data, *req.fp):
+                self._sent(req)   # the common case: straight into the transport
+                return
             self.outq.append(("eager", req))
         else:
             if self.zero_copy:
@@ -145,16 +151,17 @@ class Peer:
         q = self.unexpected.get(req.tag)
         if q:
             if q[0][-1] != req.fp:
-                self.posted.setdefault(req.tag, deque()).append(req)
+                _push(self.posted, req.tag, req)
                 self.engine.mismatch(req.tag, req.fp, q[0][-1], self.rank)
                 return
-            item = q.popleft()
+            item = _pop(self.unexpected, req.tag, q)
             if item[0] == "eager":
+                self.unexpected_bytes -= len(item[1])
                 self._finish_eager(req, item[1])
             else:
                 self._accept(req, item[1], item[2], item[3])
             return
-        self.posted.setdefault(req.tag, deque()).append(req)
+        _push(self.posted, req.tag, req)
 
     # -- progress ------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -216,6 +223,12 @@ class Peer:
         EAGER and RTS carry the sender's collective fingerprint ``fp``: a receive posted
         with another fingerprint, or a collective of this rank running under the same tag
         with another one, is a mismatch that aborts the collective on every rank."""
+        if kind == RTS:
+            # Senders number large messages 0, 1, 2, … in order; a reused id would orphan
+            # the receive already matched to it.
+            if msgid <= self.last_rts:
+                raise ProtocolError(f"RTS reuses message id {msgid}")
+            self.last_rts = msgid
         if kind == EAGER or kind == RTS:
             q = self.posted.get(tag)
             if q and q[0].fp != fp:
@@ -224,15 +237,20 @@ class Peer:
             where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
             if q:
                 if kind == EAGER:
-                    self._finish_eager(q.popleft(), payload)
+                    self._finish_eager(_pop(self.posted, tag, q), payload)
                 else:
-                    self._accept(q.popleft(), msgid, length, where)
+                    self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
             if fp != NO_FP:
                 self.engine.check_fingerprint(tag, fp, self.rank)
+            if kind == EAGER:
+                self.unexpected_bytes += length
+                if self.unexpected_bytes > MAX_UNEXPECTED:
+                    raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
+                                        f"nobody has asked for")
             item = (("eager", bytes(payload), fp) if kind == EAGER
                     else ("rts", msgid, length, where, fp))
-            self.unexpected.setdefault(tag, deque()).append(item)
+            _push(self.unexpected, tag, item)
         elif kind == ABORT:
             self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
@@ -338,6 +356,23 @@ class Peer:
 
     def close(self) -> None:
         pass
+
+
+def _push(queues: dict, tag: int, item) -> None:
+    q = queues.get(tag)
+    if q is None:
+        queues[tag] = deque((item,))
+    else:
+        q.append(item)
+
+
+def _pop(queues: dict, tag: int, q: deque):
+    """Take the oldest item of a tag's queue; forget the queue once empty (every collective
+    call has its own tag, so empty queues would pile up)."""
+    item = q.popleft()
+    if not q:
+        del queues[tag]
+    return item
 
 
 class ProtocolError(RingletError):

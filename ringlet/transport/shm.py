@@ -21,7 +21,7 @@ import socket
 
 import numpy as np
 
-from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, peer_failure
+from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
@@ -129,15 +129,19 @@ class ShmPeer(Peer):
                     self.engine.protocol_violation(self, f"packet length {length} out of range")
                     return True
                 payload = data[pos + HEADER_SIZE:pos + HEADER_SIZE + length]
-                if kind == DATA:
-                    req = self.data_target(msgid, length, aux)
-                    req.deliver(payload)
-                    self.data_done(req)
-                elif kind == EAGER and length > self.eager:
-                    self.engine.protocol_violation(self, "oversized eager packet")
+                try:
+                    if kind == DATA:
+                        req = self.data_target(msgid, length, aux)
+                        req.deliver(payload)
+                        self.data_done(req)
+                    elif kind == EAGER and length > self.eager:
+                        raise ProtocolError("oversized eager packet")
+                    else:
+                        self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2),
+                                        payload, zc)
+                except (ProtocolError, ValueError) as exc:
+                    self.engine.protocol_violation(self, str(exc))
                     return True
-                else:
-                    self._on_packet(kind, flags, tag, msgid, length, aux, (fp1, fp2), payload, zc)
                 self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
             ring.ctrl[8] = self.tail      # hand the space back to the sender
         if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too

@@ -38,7 +38,6 @@ class TcpPeer(Peer):
         self.pkt = None                           # header of the packet whose payload we read
         self.ptarget: memoryview | None = None
         self.pgot = 0
-        self.last_rts = -1                        # msgid of the last RTS received
 
     # -- out -----------------------------------------------------------------------------
     def _flush(self) -> bool:
@@ -132,14 +131,6 @@ class TcpPeer(Peer):
                 if kind == EAGER and length > self.eager or kind == DATA and length > self.frag:
                     self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
                     return True
-                if kind == RTS:
-                    # Fuzzing fix: senders number their large messages 0, 1, 2, … and announce
-                    # them in that order. A repeated msgid would overwrite the receive already
-                    # matched to it in `incoming`, orphaning it (never completed, never failed).
-                    if msgid <= self.last_rts:
-                        self.engine.protocol_violation(self, f"RTS reuses message id {msgid}")
-                        return True
-                    self.last_rts = msgid
                 self.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
                 self.pgot = 0
                 if kind == DATA:

@@ -120,11 +120,11 @@ def main():
     t = time.perf_counter()
     rl.all_reduce(v, algorithm="ring")
     dt = np.array([time.perf_counter() - t])
+    st = rl.stats()["sent"]                      # read before the next call adds to them
     rl.all_reduce(dt, op=rl.ReduceOp.MAX)
-    st = rl.stats()["sent"]
-    say(f"   4 MiB ring all_reduce: rank 0 sent {sum(s['messages'] for s in st.values())} messages, "
-        f"{sum(s['bytes'] for s in st.values())} bytes (2(p-1)/p*n = {2 * (K - 1) * v.nbytes // K}); "
-        f"took {dt[0] * 1e3:.2f} ms")
+    say(f"   4 MiB ring all_reduce: rank 0 sent {sum(s['messages'] for s in st.values())} messages "
+        f"(2(p-1) = {2 * (K - 1)}), {sum(s['bytes'] for s in st.values())} bytes "
+        f"(2(p-1)/p*n = {2 * (K - 1) * v.nbytes // K}); slowest rank took {dt[0] * 1e3:.2f} ms")
     say("   the same schedule priced on the seeds' tiers (64 MiB, 8 ranks):")
     for tier in ("nvlink", "infiniband", "ethernet"):
         t_ring = rl.cost.predict("all_reduce", 64 << 20, 8, algorithm="ring", link=rl.cost.TIERS[tier])

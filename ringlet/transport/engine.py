@@ -33,6 +33,7 @@ REPORT_AFTER = 1.0       # a wait this long publishes this rank's state for hang
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
+YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 50)) * 1e-6  # then yield this long
 
 
 class Engine:
@@ -320,7 +321,7 @@ class Engine:
                 raise TimeoutError(describe(limit))
             if now - idle_since < self.spin:
                 continue
-            if self.crowded and now - idle_since < 50e-6:
+            if self.crowded and now - idle_since < YIELD_CROWDED:
                 os.sched_yield()
                 continue
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)

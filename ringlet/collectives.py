@@ -72,13 +72,14 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
                                                splits)
     if _DEBUG_ALGO:
         log.warning("ringlet rank %d, %s #%d: %s", engine().rank, g.name, g.seq + 1, why)
-    pool = _TMP.setdefault((tmp, dtype.str), [])
-    scratch = pool.pop() if pool else np.empty(tmp, dtype)
-    bufs["tmp"] = scratch
+    key = (tmp, dtype.str)
+    pool = _TMP.get(key)
+    if pool is None:
+        pool = _TMP[key] = []
+    bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
     work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,
-                          (collective, seq, g.name, name), fp, finish,
-                          release=lambda: pool.append(scratch))
+                          (collective, seq, g.name, name), fp, finish, (pool, scratch))
     if async_op:
         return work
     work.wait(timeout)

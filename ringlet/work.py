@@ -81,12 +81,12 @@ class CollectiveWork(Work):
         return f"{coll} #{seq} of group {group} ({algo})"
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
-                 finish=None, release=None):
+                 finish=None, scratch=None):
         super().__init__(engine, what)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
         self.tag, self.fp = tag, fp
-        self.finish, self.release = finish, release
+        self.finish, self.scratch = finish, scratch   # scratch: (free list, array) to return
         self.i = 0
         self.reqs: list = []
         self.done = False
@@ -150,8 +150,8 @@ class CollectiveWork(Work):
         self.error = error
         self.done = True
         self.reqs = []
-        if self.release is not None and error is None:  # a failed call's scratch may be in use
-            self.release()
+        if self.scratch is not None and error is None:  # a failed call's scratch may be in use
+            self.scratch[0].append(self.scratch[1])
         eng = self.engine
         try:
             eng.works.remove(self)

@@ -30,10 +30,21 @@ log = logging.getLogger("ringlet")
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
 DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 REPORT_AFTER = 1.0       # a wait this long publishes this rank's state for hang reports
+CHECK_FINGERPRINTS = True   # see _read_check_switch
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
 YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 50)) * 1e-6  # then yield this long
+
+
+def _read_check_switch() -> None:
+    """RINGLET_UNSAFE_NO_MISMATCH_CHECK=1 turns the mismatch check off. It exists only so
+    bench/mismatch_overhead.py can measure what the check costs; read at init (not import)
+    so forked ranks see their own environment."""
+    global CHECK_FINGERPRINTS
+    from . import protocol
+    CHECK_FINGERPRINTS = protocol.CHECK_FINGERPRINTS = (
+        os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1")
 
 
 class Engine:
@@ -60,6 +71,7 @@ class Engine:
         self.doorbell = None
         self.closed = False
         self._last_liveness = 0.0
+        _read_check_switch()
         self._connect(master_addr, master_port, generation)
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
@@ -206,6 +218,8 @@ class Engine:
             work.fail(exc)
             return
         self.active[tag] = work
+        if not CHECK_FINGERPRINTS:
+            return
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None
             if q and q[0][-1] != work.fp:

@@ -171,11 +171,16 @@ def _finish_row(row: dict, p: int) -> dict:
 
 
 def _predict(row: dict, backend: str) -> float | None:
+    """The cost model's seconds for this row (``ringlet.cost.predict_host``: this host's
+    calibrated profile). An "auto" row is priced as the algorithm it ran, or - when that
+    was not recorded - as the one ``choose`` picks, which is how the runtime picks."""
     try:
         from . import cost
-        pred = cost.predict_host(row["op"], row["bytes"], row["p"], row["algorithm"], backend)
-        return pred
-    except (ImportError, AttributeError, ValueError, KeyError, TypeError):
+        algo = row["algorithm"]
+        if algo == "auto":
+            algo = row.get("ran") or "auto"
+        return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend)
+    except (ImportError, AttributeError, ValueError, KeyError, TypeError, RuntimeError):
         return None
 
 

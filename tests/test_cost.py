@@ -599,17 +599,21 @@ def test_plots(tmp_path):
 
 @needs_algorithms
 def test_calibrate_end_to_end(tmp_path, capsys):
-    """`ringlet calibrate` on this host: a tiny run over shared memory, saved and used."""
+    """`ringlet calibrate` on this host: a tiny run over shared memory, fitted, saved, used."""
     from ringlet.cost import calibrate
     m, b, r, c = calibrate.critical_counts("all_reduce", "direct", 4096, 2)
     assert (m, b, r, c) == (1, 4096, 4096, 4096)
     out = tmp_path / "profile.json"
     assert calibrate.main(["--transports", "shm", "--sizes", "4K,256K", "--budget", "0.01",
-                           "--output", str(out)]) == 0
+                           "-n", "2", "--passes", "1", "--output", str(out)]) == 0
     prof = load_profile(out, strict=True)
     t = prof.transports["shm"]
-    assert t["alpha"] > 0 and t["beta"] > 0 and "residuals" in t and t["samples"] == 9
-    assert "shm: alpha" in capsys.readouterr().out
+    # barrier once, then every experiment at each size
+    assert t["samples"] == 1 + 2 * len(calibrate.EXPERIMENTS) and "residuals" in t
+    assert t["model"] == "host" and t["ranks"] == [2] and t["cores"] >= 1
+    assert prof.host_model("shm") is not None and prof.link("shm").alpha > 0
+    text = capsys.readouterr().out
+    assert "shm: host model" in text and "alpha_rdv" in text and "saved" in text
 
 
 def test_explain_every_collective(capsys):
@@ -618,3 +622,194 @@ def test_explain_every_collective(capsys):
                                       "--range", "1K:64M"]) == 0
         out = capsys.readouterr().out
         assert "winner:" in out
+
+
+# ------------------------------------------------------------------ host model (shm)
+
+from ringlet.cost.simulate import HOST_TERMS, HostModel, working_set  # noqa: E402
+
+NO_CACHE = dict(l2_bytes=1 << 40, l3_bytes=1 << 40)   # working sets always fit: no memory term
+
+
+def _host(**kw):
+    base = dict(alpha=0.0, beta=1e-15, cores=2, **NO_CACHE)
+    base.update(kw)
+    return HostModel(**base)
+
+
+def _build(coll, alg, p, count):
+    return _algorithms().build(coll, alg, p, count, itemsize=4)
+
+
+@needs_algorithms
+def test_host_model_ring_p2_by_hand():
+    """p = 2 ring all-reduce of 64 KiB: two rounds, one 32 KiB message each way.
+    Each rank is one thread: it copies its send into the ring AND copies (reduces) its
+    receive out, so its work adds up: RS = (a + 32768 b) + (a + 32768 b + 32768 g),
+    AG = 2 (a + 32768 b); 32 KiB > eager, so each round first pays the rendezvous."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=0.5e-9, alpha_rdv=2e-6)
+    res = simulate(_build("all_reduce", "ring", 2, 16384), Topology.on_host(2, m))
+    rs = 2e-6 + (1e-6 + 32768e-9) + (1e-6 + 32768e-9 + 32768 * 0.5e-9)
+    ag = 2e-6 + 2 * (1e-6 + 32768e-9)
+    assert res.time == pytest.approx(rs + ag)
+    assert res.parts["alpha"] == pytest.approx(4e-6)
+    assert res.parts["alpha_rdv"] == pytest.approx(4e-6)
+    assert res.parts["beta"] == pytest.approx(4 * 32768e-9)
+    assert res.parts["gamma"] == pytest.approx(32768 * 0.5e-9)
+    assert sum(res.parts.values()) == pytest.approx(res.time)
+    assert res.sharing == 0.0 and res.memory == 0.0
+    assert res.features["alpha"] == 4 and res.features["alpha_rdv"] == 2
+    # the plain-link view of the model: one message between idle ranks
+    assert m.link.alpha == pytest.approx(2 * 1e-6 + 2e-6) and m.link.beta == pytest.approx(2e-9)
+
+
+@needs_algorithms
+def test_host_model_one_message_is_the_slower_side():
+    """A single message pipelines through the ring: done when the slower side is (the
+    receiver, who also reduces), not after the sum of both sides."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9)
+    res = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))
+    assert res.time == pytest.approx(1e-6 + 4096 * (1e-9 + 1e-9))
+
+
+@needs_algorithms
+def test_host_model_sharing_cores_by_hand():
+    """p = 4 ring on 2 cores: every round all 4 ranks are busy, so all CPU work runs
+    k = 4/2 = 2 times slower, and beta_share adds (k - 1) * beta_share per byte; 16 KiB
+    chunks are eager (no rendezvous) but a crowded job pays alpha_crowd per message."""
+    m = _host(alpha=1e-6, beta=1e-9, alpha_crowd=3e-6, beta_share=0.5e-9, alpha_rdv=7e-6)
+    res = simulate(_build("all_reduce", "ring", 4, 16384), Topology.on_host(4, m))
+    work = 2 * 1e-6 + 2 * 16384 * 1e-9 + 2 * 16384 * 0.5e-9 * (2 - 1) / 2  # one rank, per round
+    per_round = 3e-6 + 2 * work
+    assert res.time == pytest.approx(6 * per_round)
+    assert res.sharing == pytest.approx(6 * work)           # the stretch: 2x the work
+    assert res.parts["alpha_rdv"] == 0.0 and res.parts["alpha_crowd"] == pytest.approx(18e-6)
+    # the same schedule with 4 cores: nobody shares, no crowd latency
+    free = simulate(_build("all_reduce", "ring", 4, 16384),
+                    Topology.on_host(4, dataclasses_replace(m, cores=4)))
+    assert free.time == pytest.approx(6 * (2 * 1e-6 + 2 * 16384 * 1e-9))
+    assert free.sharing == 0.0
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)
+
+
+@needs_algorithms
+def test_host_model_idle_ranks_share():
+    """p = 4 binomial broadcast on 2 cores: round 0 is 0 -> 2 alone (2 busy, 2 idle:
+    k = (2 + idle_share * 2) / 2), round 1 is 0 -> 1 and 2 -> 3 (all busy: k = 2)."""
+    m = _host(alpha=1e-6, idle_share=0.5)
+    s = _build("broadcast", "binomial", 4, 1)
+    assert len(s.rounds[0]) == 1 and len(s.rounds[1]) == 2
+    res = simulate(s, Topology.on_host(4, m))
+    assert res.time == pytest.approx(1.5e-6 + 2e-6)
+    res0 = simulate(s, Topology.on_host(4, dataclasses_replace(m, idle_share=0.0)))
+    assert res0.time == pytest.approx(1e-6 + 2e-6)
+
+
+@needs_algorithms
+def test_host_model_memory_hierarchy_by_hand():
+    """p = 2 binomial broadcast of 8 MiB: the working set is both ranks' buffers plus
+    the ring space the message cycles through (4 MiB): W = 20 MiB. With a 10 MiB L3,
+    half the bytes stream from memory: each side pays (beta + mem_l3 / 2) per byte."""
+    n = 8 << 20
+    s = _build("broadcast", "binomial", 2, n // 4)
+    assert working_set(s, 4 << 20) == 2 * n + (4 << 20)
+    m = _host(beta=1e-10, mem_l3=2e-10, l2_bytes=1 << 40, l3_bytes=10 << 20)
+    res = simulate(s, Topology.on_host(2, m))
+    assert res.time == pytest.approx(n * (1e-10 + 2e-10 * 0.5))
+    assert res.parts["mem_l3"] == pytest.approx(n * 1e-10) == res.memory
+    # below the cache: no memory term at all
+    small = simulate(_build("broadcast", "binomial", 2, 1024), Topology.on_host(2, m))
+    assert small.memory == 0.0
+
+
+@needs_algorithms
+def test_host_model_local_steps():
+    """direct on 2 ranks: a local copy of n (delta) into tmp, the exchange, then the
+    local fold of the 2 slots (one local reduce: delta + gamma per byte)."""
+    n = 4096
+    m = _host(alpha=1e-6, beta=1e-9, gamma=2e-9, delta=3e-9)
+    res = simulate(_build("all_reduce", "direct", 2, n // 4), Topology.on_host(2, m))
+    expect = n * 3e-9 + 2 * (1e-6 + n * 1e-9) + n * (3e-9 + 2e-9)
+    assert res.time == pytest.approx(expect)
+    assert res.parts["delta"] == pytest.approx(2 * n * 3e-9)
+
+
+def test_host_model_bad_input():
+    with pytest.raises(ValueError, match="alpha"):
+        HostModel(alpha=-1.0, beta=1e-10)
+    with pytest.raises(ValueError, match="idle_share"):
+        HostModel(alpha=1e-6, beta=1e-10, idle_share=2.0)
+    with pytest.raises(ValueError, match="one host"):
+        Topology(2, 2, TIERS["pcie"], host=HostModel(alpha=1e-6, beta=1e-10))
+    with pytest.raises(ValueError, match="bad host model"):
+        profile.Profile.from_dict({"transports": {"shm": {"model": "host", "alpha": 1e-6,
+                                                          "beta": 1e-10, "cores": 0}}})
+    with pytest.raises(ValueError, match="unknown term"):
+        profile.fit_host([{"collective": "barrier", "algorithm": "dissemination", "p": 2,
+                           "nbytes": 0, "seconds": 1e-5}] * 2, terms=["alpha", "nope"])
+
+
+HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
+                "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
+                "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "idle_share": 0.5,
+                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 16384,
+                "ring_bytes": 4 << 20}
+
+
+@needs_algorithms
+def test_host_profile_drives_choose_predict_and_explain(capsys):
+    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE),
+                                      "tcp": {"alpha": 5e-5, "beta": 6.7e-10, "gamma": 1e-10}})
+    prof.save()
+    loaded = load_profile()
+    model = loaded.host_model("shm")
+    assert model is not None and model.cores == 2 and loaded.host_model("tcp") is None
+    link = loaded.link("shm")               # plain-link view: 2 alpha + alpha_rdv, 2 beta
+    assert link.alpha == pytest.approx(2 * 4e-6 + 1.2e-5) and link.beta == pytest.approx(3.6e-11)
+    alg, rows = choose("all_reduce", 16 << 20, 4)
+    assert rows[0].method == "simulated (host model)"
+    for r in rows:
+        assert r.total == pytest.approx(r.latency + r.bandwidth + r.reduction + r.memory)
+        assert r.memory > 0 and r.sharing > 0 and dict(r.parts)
+    # predict / breakdown with link=None price the same schedule with the same model
+    sim = simulate(_build("all_reduce", "ring", 4, (16 << 20) // 4), Topology.on_host(4, model))
+    assert predict("all_reduce", 16 << 20, 4, "ring") == pytest.approx(sim.time)
+    assert tune.predict_host("all_reduce", 16 << 20, 4, "ring") == pytest.approx(sim.time)
+    assert tune.predict_host("all_reduce", 16 << 20, 4, "auto") == pytest.approx(rows[0].total)
+    assert tune.predict_host("all_reduce", 16 << 20, 4, "ring", "tcp") > 0
+    with pytest.raises(ValueError, match="backend"):
+        tune.predict_host("all_reduce", 1024, 4, "ring", "ib")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        tune.predict_host("all_reduce", 1024, 4, "nope")
+    assert commands.explain_main(["all_reduce", "--size", "16M", "-n", "4",
+                                  "--range", "64K:64M"]) == 0
+    out = capsys.readouterr().out
+    assert "host model" in out and "memory" in out and "cores" in out
+    assert "critical path by term" in out and "winner:" in out
+
+
+@needs_algorithms
+def test_fit_host_recovers_a_known_model():
+    """Timings made by a known host model (the calibration experiments at p = 2 and 4)
+    give back its parameters: the alternating NNLS converges on exact data."""
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+    from ringlet.cost.calibrate import EXPERIMENTS
+    samples = []
+    for p in (2, 4):
+        for nb in (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20):
+            for coll, alg in EXPERIMENTS:
+                count = model.count_of(coll, p, nb)
+                t = simulate(_build(coll, alg, p, count), Topology.on_host(p, true)).time
+                samples.append({"collective": coll, "algorithm": alg, "p": p, "nbytes": nb,
+                                "seconds": t})
+    got = profile.fit_host(samples, dataclasses_replace(
+        true, **{k: 1e-6 if k.startswith("alpha") else 3e-11 for k in HOST_TERMS}))
+    assert got["residuals"]["max_rel"] < 1e-6
+    assert got["idle_share"] == 0.5 and got["model"] == "host" and got["outliers"] == []
+    for k in HOST_TERMS:
+        assert got[k] == pytest.approx(getattr(true, k), rel=1e-3, abs=1e-14), k

@@ -1,14 +1,18 @@
-"""``ringlet calibrate``: measure this host's alpha, beta, gamma per transport and save them.
+"""``ringlet calibrate``: measure how this host's transports spend time and save the profile.
 
 For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets, what
-ranks on different hosts use) a small job of ``p`` local ranks times a few collectives
-whose critical path is known exactly from the closed forms (barrier: one empty message;
-broadcast/binomial: messages of n bytes; all_reduce ring, direct and recursive_doubling:
-messages plus reductions and local copies). Each timing becomes a sample ``(messages,
-bytes, reduce_bytes, seconds, copy_bytes)`` - critical-path counts of the very schedule,
-priced by the simulator with one unit cost at a time - and :func:`ringlet.cost.fit`
-solves for alpha, beta, gamma, delta by non-negative least squares on relative error. The profile (JSON, see :mod:`ringlet.cost.profile`) is saved to the user
-cache directory, where predictions, ``ringlet explain`` and ``algorithm="auto"`` find it.
+ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, and 4:
+more ranks than this machine's 2 cores) time a few collectives - barrier, broadcast
+(binomial), all_reduce (ring, direct, recursive doubling) - at sizes from 4 KiB to 64 MiB,
+in several interleaved passes (the median is kept). :func:`ringlet.cost.fit_host` then
+fits a :class:`ringlet.cost.simulate.HostModel` to them: the simulator prices the very
+schedules that ran, and the named terms (per-message CPU alpha on each side, rendezvous
+latency, wake-up latency when ranks outnumber cores, per-byte beta on each side, gamma per
+byte reduced, delta per byte copied locally, memory-hierarchy stalls past the L2s and the
+L3, the cores the ranks share) are solved by non-negative least squares on relative
+error, with the residuals reported. The profile (JSON, see :mod:`ringlet.cost.profile`)
+is saved to the user cache directory, where predictions, ``ringlet explain``,
+``ringlet bench`` and ``algorithm="auto"`` find it.
 """
 from __future__ import annotations
 
@@ -21,13 +25,20 @@ import tempfile
 import time
 
 from .model import Link, format_size, parse_size
-from .profile import Profile, fit, profile_path
+from .profile import Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
-               ("all_reduce", "recursive_doubling"))
-DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+               ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
+               ("all_reduce", "naive_ring"))
+DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+DEFAULT_RANKS = (2, 4)
+#: with more ranks than this, sizes above this are skipped (time, and first-call costs)
+CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
+#: what the transports do (ringlet.transport): eager limit, bytes a pair cycles through
+TRANSPORT = {"shm": {"eager": 16 << 10, "ring_bytes": 4 << 20},
+             "tcp": {"eager": 64 << 10, "ring_bytes": 1 << 20}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages
@@ -49,16 +60,29 @@ def critical_counts(collective: str, algorithm: str, nbytes: int, p: int,
     return round(msgs), byts, red, cp
 
 
-def _child(rank, out_path, sizes, budget, max_reps):
-    """Runs in every rank of the calibration job; rank 0 writes the timings."""
+def prefault_rings(rl, nbytes: int = 8 << 20) -> None:
+    """Send ``nbytes`` through every pair's shared-memory ring (a direct all-reduce), so
+    that the rings' pages exist before anything is timed. A fresh job's rings are
+    untouched tmpfs pages: the first lap around each one page-faults, which makes the
+    first ~100 messages of 32-64 KiB two to three times slower than the rest."""
+    import numpy as np
+    x = np.zeros(max(nbytes // 4, 1), np.float32)
+    rl.all_reduce(x, algorithm="direct")
+    rl.barrier()
+
+
+def _child(rank, out_path, sizes, budget, max_reps, passes=1):
+    """Runs in every rank of the calibration job; rank 0 writes the timings. The whole
+    list of experiments runs ``passes`` times (a slow spell of the host then spoils one
+    pass, not one experiment); each timing is a median over repetitions."""
     import numpy as np
 
     import ringlet as rl
     p = rl.get_world_size()
     rows = []
 
-    def timed(call):
-        for _ in range(2):                       # warm up: schedules, segments, caches
+    def timed(call, warm):
+        for _ in range(warm):                    # warm up: schedules, segments, caches
             call()
         # every rank must run the same number of repetitions: agree on the slowest estimate
         t0 = time.perf_counter()
@@ -74,78 +98,207 @@ def _child(rank, out_path, sizes, budget, max_reps):
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts), reps
 
-    t, reps = timed(rl.barrier)
-    rows.append(("barrier", "dissemination", 0, t, reps))
-    for nb in sizes:
-        buf = np.zeros(max(nb // 4, 1), np.float32)
-        for coll, alg in EXPERIMENTS:
-            if coll == "broadcast":
-                t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg))
-            else:
-                t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg))
-            rows.append((coll, alg, buf.nbytes, t, reps))
+    prefault_rings(rl)
+    bufs = {nb: np.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
+    for i in range(passes):
+        warm = 2 if i == 0 else 1
+        t, reps = timed(rl.barrier, warm)
+        rows.append(("barrier", "dissemination", 0, t, reps))
+        for nb in sizes:
+            buf = bufs[nb]
+            for coll, alg in EXPERIMENTS:
+                if coll == "broadcast":
+                    t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm)
+                else:
+                    t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm)
+                rows.append((coll, alg, buf.nbytes, t, reps))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"p": p, "rows": rows}, f)
 
 
-def measure(transport: str, p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.3,
-            max_reps: int = 50, timeout: float = 600.0) -> list[dict]:
-    """Time the calibration experiments on ``transport`` with ``p`` local ranks; returns
-    samples (dicts with collective, algorithm, p, nbytes, seconds, reps, n_messages,
-    bytes, reduce_bytes) ready for :func:`fit`."""
-    if transport not in BACKEND:
-        raise ValueError(f"unknown transport {transport!r}; valid: {', '.join(BACKEND)}")
+def _cpu_seconds() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process and its reaped
+    children) since boot; (0, 0) where /proc/stat is missing."""
+    import resource
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return busy, own
+
+
+def others_load(seconds: float = 0.2) -> float:
+    """Cores kept busy by other processes (other users' jobs, tests, benchmarks) now."""
+    b0, o0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    b1, o1 = _cpu_seconds()
+    return max(0.0, (b1 - b0) - (o1 - o0)) / (time.perf_counter() - t0)
+
+
+def wait_quiet(max_load: float = 0.25, patience: float = 30.0) -> float:
+    """Wait (up to ``patience`` seconds) until other processes use less than ``max_load``
+    cores; returns the last load seen. Timings on a busy machine measure the others too."""
+    deadline = time.monotonic() + patience
+    load = others_load()
+    while load > max_load and time.monotonic() < deadline:
+        time.sleep(0.5)
+        load = others_load()
+    return load
+
+
+def _run_pass(transport, p, sizes, budget, max_reps, timeout):
+    """One job of ``p`` fresh ranks timing every experiment once: rows, and the cores
+    other processes kept busy meanwhile."""
     from ..launch import spawn
     fd, path = tempfile.mkstemp(prefix="ringlet-calibrate-", suffix=".json")
     os.close(fd)
+    b0, o0 = _cpu_seconds()
+    t0 = time.perf_counter()
     try:
-        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps)),
+        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps), 1),
               backend=BACKEND[transport], timeout=timeout)
         with open(path) as f:
             data = json.load(f)
     finally:
         os.unlink(path)
+    b1, o1 = _cpu_seconds()
+    load = max(0.0, (b1 - b0) - (o1 - o0)) / max(time.perf_counter() - t0, 1e-9)
+    return data["rows"], load
+
+
+def _samples(p, runs) -> list[dict]:
+    """Samples for the fit from ``{(collective, algorithm, nbytes): [(seconds, reps)]}``:
+    the median over the passes, and the plain model's critical-path counts."""
     samples = []
-    for coll, alg, nb, t, reps in data["rows"]:
-        m, b, r, c = critical_counts(coll, alg, nb, data["p"])
-        samples.append({"collective": coll, "algorithm": alg, "p": data["p"], "nbytes": nb,
-                        "seconds": t, "reps": reps, "n_messages": m, "bytes": b,
-                        "reduce_bytes": r, "copy_bytes": c})
+    for (coll, alg, nb), got in runs.items():
+        m, b, r, c = critical_counts(coll, alg, nb, p)
+        samples.append({"collective": coll, "algorithm": alg, "p": p, "nbytes": nb,
+                        "seconds": statistics.median(t for t, _ in got),
+                        "passes": [t for t, _ in got], "reps": sum(n for _, n in got),
+                        "n_messages": m, "bytes": b, "reduce_bytes": r, "copy_bytes": c})
     return samples
 
 
-def calibrate(transports=("shm", "tcp"), p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.3,
-              verbose: bool = True) -> tuple[Profile, dict]:
-    """Measure and fit every transport; returns (profile, samples by transport)."""
+def measure(transport: str, p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.1,
+            max_reps: int = 50, timeout: float = 600.0, passes: int = 3,
+            quiet: float = 30.0, max_load: float = 0.5, retries: int = 2) -> list[dict]:
+    """Time the calibration experiments on ``transport`` with ``p`` local ranks; returns
+    samples (dicts with collective, algorithm, p, nbytes, seconds (median over the
+    passes), reps, and the critical-path counts n_messages, bytes, reduce_bytes,
+    copy_bytes of the plain model) ready for :func:`fit_host` or :func:`fit`.
+
+    Each pass is a separate job (fresh ranks, later in time), started once other
+    processes leave the cores alone (waiting up to ``quiet`` seconds) and run again, up
+    to ``retries`` times, when they kept more than ``max_load`` cores busy during it: a
+    noisy neighbour then spoils one pass, and the median over passes ignores it."""
+    runs: dict = {}
+    for _ in range(passes):
+        _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, max_load,
+                      retries)
+    return _samples(p, runs)
+
+
+def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, max_load,
+                  retries) -> float:
+    if transport not in BACKEND:
+        raise ValueError(f"unknown transport {transport!r}; valid: {', '.join(BACKEND)}")
+    for _ in range(retries + 1):
+        if quiet > 0:
+            wait_quiet(max_load / 2, patience=quiet)
+        rows, load = _run_pass(transport, p, sizes, budget, max_reps, timeout)
+        if load <= max_load:
+            break
+    for coll, alg, nb, t, reps in rows:
+        runs.setdefault((coll, alg, nb), []).append((t, reps))
+    return load
+
+
+def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
+              budget: float = 0.1, verbose: bool = True, passes: int = 3) -> tuple[Profile, dict]:
+    """Measure every transport with each group size in ``p`` (an int or a list) and fit
+    its host model; returns (profile, samples by transport). The passes alternate
+    between the group sizes, so a slow spell of the host does not hit one size only."""
+    from .simulate import HostModel
+    ranks = [p] if isinstance(p, int) else list(p)
+    mc = machine()
     fits, all_samples = {}, {}
     for tr in transports:
-        if verbose:
-            print(f"measuring {tr} with {p} ranks ...", flush=True)
-        samples = measure(tr, p, sizes, budget)
-        f = fit(samples)
-        f["p"] = p
+        runs = {n: {} for n in ranks}
+        for i in range(passes):
+            for n in ranks:
+                if verbose:
+                    print(f"measuring {tr} with {n} ranks (pass {i + 1} of {passes}) ...",
+                          flush=True)
+                szs = [s for s in sizes if n <= mc["cores"] or s <= CROWDED_MAX_SIZE]
+                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, 30.0, 0.5, 2)
+        samples = [s for n in ranks for s in _samples(n, runs[n])]
+        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_rdv=1e-5,
+                         alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11,
+                         beta_crowd=1e-11,
+                         l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"], cores=mc["cores"],
+                         **TRANSPORT[tr])
+        f = fit_host(samples, base)
+        for s_, pred in zip(samples, f.pop("predicted")):
+            s_["predicted"] = pred
+        f["ranks"] = ranks
         fits[tr] = f
         all_samples[tr] = samples
     return Profile.from_fits(fits, sizes=list(sizes)), all_samples
 
 
+def describe(t: dict) -> str:
+    """One transport's fitted terms, one per line."""
+    if t.get("model") != "host":
+        return (f"    alpha {t['alpha'] * 1e6:.2f} us, bandwidth {1 / t['beta'] / 1e9:.3g} GB/s, "
+                f"gamma {t.get('gamma', 0):.3g} s/B, delta {t.get('delta', 0):.3g} s/B")
+    rows = [
+        ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
+        ("alpha_rdv", t["alpha_rdv"] * 1e6, "us",
+         f"rendezvous latency, messages > {format_size(t['eager'])}"),
+        ("alpha_crowd", t["alpha_crowd"] * 1e6, "us",
+         f"latency per message when ranks outnumber the {t['cores']} cores"),
+        ("beta", t["beta"] * 1e12, "ps/B", "CPU per byte, each side"),
+        ("gamma", t["gamma"] * 1e12, "ps/B", "extra CPU per byte reduced"),
+        ("delta", t["delta"] * 1e12, "ps/B", "CPU per byte of a local copy"),
+        ("mem_l2", t["mem_l2"] * 1e12, "ps/B",
+         f"extra per byte past the L2s ({format_size(t['l2_bytes'])}), x (1 - L2/W)"),
+        ("mem_l3", t["mem_l3"] * 1e12, "ps/B",
+         f"extra per byte past the L3 ({format_size(t['l3_bytes'])}), x (1 - L3/W)"),
+        ("beta_share", t.get("beta_share", 0.0) * 1e12, "ps/B",
+         "extra per byte per busy rank beyond the cores, x (k - 1)"),
+        ("beta_crowd", t.get("beta_crowd", 0.0) * 1e12, "ps/B",
+         "extra per byte moved when the job has more ranks than cores"),
+        ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
+    ]
+    return "\n".join(f"    {k:<12}{v:>9.3g} {u:<5} {why}" for k, v, u, why in rows)
+
+
 def report(profile: Profile, samples: dict) -> str:
     lines = []
     for tr, t in profile.transports.items():
+        if tr not in samples:
+            continue
         res = t.get("residuals", {})
-        lines.append(f"{tr}: alpha {t['alpha'] * 1e6:.2f} us, bandwidth {1 / t['beta'] / 1e9:.3g} GB/s"
-                     f" (beta {t['beta']:.3g} s/B), gamma {t['gamma']:.3g} s/B reduced,"
-                     f" delta {t.get('delta', 0):.3g} s/B copied;"
+        lines.append(f"{tr}: {'host model' if t.get('model') == 'host' else 'alpha-beta-gamma'}"
+                     f" fitted to {t.get('samples', 0)} timings (p = "
+                     f"{', '.join(map(str, t.get('ranks', [t.get('p', '?')])))});"
                      f" residuals: median {res.get('median_rel', 0) * 100:.1f}%,"
-                     f" max {res.get('max_rel', 0) * 100:.1f}%, rms {res.get('rms', 0) * 1e6:.1f} us"
-                     f" over {t.get('samples', 0)} timings")
+                     f" max {res.get('max_rel', 0) * 100:.1f}%, rms {res.get('rms', 0) * 1e6:.1f} us")
+        lines.append(describe(t))
         link = profile.link(tr)
         out = set(t.get("outliers", []))
         for i, s in enumerate(samples.get(tr, [])):
-            pred = (s["n_messages"] * link.alpha + s["bytes"] * link.beta
-                    + s["reduce_bytes"] * t["gamma"] + s.get("copy_bytes", 0) * t.get("delta", 0))
-            lines.append(f"    {s['collective'] + '/' + s['algorithm']:<32}{format_size(s['nbytes']):>10}"
+            pred = s.get("predicted")
+            if pred is None:
+                pred = (s["n_messages"] * link.alpha + s["bytes"] * link.beta
+                        + s["reduce_bytes"] * t["gamma"] + s.get("copy_bytes", 0) * t.get("delta", 0))
+            lines.append(f"    p={s['p']} {s['collective'] + '/' + s['algorithm']:<30}{format_size(s['nbytes']):>10}"
                          f"  measured {s['seconds'] * 1e6:>10.1f} us  model {pred * 1e6:>10.1f} us"
                          f"  ({(pred / s['seconds'] - 1) * 100:+.0f}%)"
                          + ("  outlier, not fitted" if i in out else ""))
@@ -155,15 +308,21 @@ def report(profile: Profile, samples: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet calibrate",
-        description="Measure alpha (s/message), beta (s/byte) and gamma (s/byte reduced) of "
-                    "this host's transports by timing small collectives with local ranks, fit "
-                    "them by least squares, and save the profile predictions use by default.")
-    ap.add_argument("-n", "--nranks", type=int, default=2, help="ranks per experiment (default 2)")
+        description="Measure how this host's transports spend time - per message (alpha, "
+                    "rendezvous, wake-ups), per byte (beta each side, gamma reduced, delta "
+                    "copied, memory-hierarchy stalls), cores shared - by timing small "
+                    "collectives with local ranks, fit the host model by least squares, and "
+                    "save the profile predictions use by default.")
+    ap.add_argument("-n", "--nranks", default=",".join(map(str, DEFAULT_RANKS)),
+                    help="comma-separated group sizes to time (default 2,4: 4 ranks on a "
+                         "2-core machine measure what sharing cores costs)")
     ap.add_argument("--transports", default="shm,tcp", help="comma-separated: shm, tcp")
     ap.add_argument("--sizes", default=None,
-                    help="comma-separated sizes (default 4K,64K,1M,4M,16M)")
-    ap.add_argument("--budget", type=float, default=0.3,
-                    help="seconds of repetitions per experiment (default 0.3)")
+                    help="comma-separated sizes (default 4K,64K,1M,4M,16M,64M)")
+    ap.add_argument("--budget", type=float, default=0.1,
+                    help="seconds of repetitions per experiment and pass (default 0.1)")
+    ap.add_argument("--passes", type=int, default=3,
+                    help="interleaved passes over the experiments; the median is kept (3)")
     ap.add_argument("--output", default=None, help=f"profile path (default {profile_path()})")
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -173,12 +332,13 @@ def main(argv=None) -> int:
         for t in transports:
             if t not in BACKEND:
                 raise ValueError(f"unknown transport {t!r}; valid: {', '.join(BACKEND)}")
-        if a.nranks < 2:
+        ranks = [int(x) for x in str(a.nranks).split(",") if x]
+        if not ranks or min(ranks) < 2:
             raise ValueError("calibration needs at least 2 ranks")
     except ValueError as exc:
         print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
         return 2
-    prof, samples = calibrate(transports, a.nranks, sizes, a.budget)
+    prof, samples = calibrate(transports, ranks, sizes, a.budget, passes=a.passes)
     print(report(prof, samples))
     if not a.dry_run:
         if a.output is None:
@@ -192,4 +352,5 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["calibrate", "measure", "critical_counts", "report", "main"]
+__all__ = ["calibrate", "measure", "critical_counts", "report", "describe", "main", "others_load",
+           "wait_quiet", "prefault_rings"]

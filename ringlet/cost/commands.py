@@ -436,13 +436,27 @@ def _explain_main(argv) -> int:
                           itemsize=a.itemsize, gamma=gamma)
     env = environment(p, topology, None, gamma)
     print(f"{coll} of {format_size(nb)} {conv} ({nb:,} B), p = {p}: {where}")
+    host = env.host
+    if host is not None:
+        print(f"{host}")
+        print("terms: latency = alpha (CPU per message, each side) + alpha_rdv (rendezvous) + "
+              "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
+              "delta (local copies) + beta_share / beta_crowd (sharing cores); reduction = gamma; "
+              "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3); cores = "
+              "how much of the total comes from ranks sharing cores (part of the others)")
     print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")
     scale, unit = (1e6, "us") if rows[0].total < 1e-3 else (1e3, "ms")
-    print(f"{'algorithm':<20}{'total':>12}{'latency':>12}{'bandwidth':>12}{'reduction':>12}   ({unit})")
+    extra = f"{'memory':>12}{'cores':>12}" if host is not None else ""
+    print(f"{'algorithm':<20}{'total':>12}{'latency':>12}{'bandwidth':>12}{'reduction':>12}"
+          f"{extra}   ({unit})")
     for r in rows:
         mark = "  <- winner" if r.algorithm == winner else ""
+        more = (f"{r.memory * scale:>12.2f}{r.sharing * scale:>12.2f}" if host is not None else "")
         print(f"{r.algorithm:<20}{r.total * scale:>12.2f}{r.latency * scale:>12.2f}"
-              f"{r.bandwidth * scale:>12.2f}{r.reduction * scale:>12.2f}{mark}")
+              f"{r.bandwidth * scale:>12.2f}{r.reduction * scale:>12.2f}{more}{mark}")
+    if host is not None and rows[0].parts:
+        parts = ", ".join(f"{k} {v * scale:.4g}" for k, v in rows[0].parts if v > 0)
+        print(f"{winner}'s critical path by term ({unit}): {parts}")
     if len(rows) > 1 and rows[1].total > 0:
         print(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x faster than "
               f"the runner-up, {rows[1].algorithm})")

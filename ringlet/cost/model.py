@@ -688,17 +688,26 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
 
     ``topology`` (a :class:`ringlet.cost.Topology` of several hosts) prices the
     algorithm's schedule with the simulator instead (``nbytes`` rounded down to whole
-    elements); on one host it is the same as ``link=topology.intra``.
+    elements); on one host it is the same as ``link=topology.intra``. With ``link=None``
+    and a calibrated profile that has a host model (``ringlet calibrate``), the schedule
+    is priced by that model (:class:`ringlet.cost.simulate.HostModel`); its memory
+    stalls count as bandwidth here (``choose``'s rows show them apart).
     """
     check_collective(collective)
     alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
     check_algorithm(collective, alg)
     n, p = _check_size(nbytes, p)
+    if topology is None and link is None and hosts is None and segments is None:
+        from .profile import load_profile
+        model = load_profile().host_model("shm")
+        if model is not None and p > 1:
+            from .simulate import Topology
+            topology = Topology.on_host(p, model)   # this host: its calibrated host model
     if topology is not None:
         from .tune import environment, predict_terms
         env = environment(p, topology, None, gamma)
         row = predict_terms(collective, int(n), p, alg, env, itemsize)
-        return Terms(row.latency, row.bandwidth, row.reduction)
+        return Terms(row.latency, row.bandwidth + row.memory, row.reduction)
     if link is None:
         from .profile import host_link, load_profile
         link = host_link("shm")

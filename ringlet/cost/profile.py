@@ -88,15 +88,40 @@ class Profile:
         return self.transports[transport]
 
     def link(self, transport: str = "shm") -> Link:
+        """The transport as a plain alpha-beta link (closed forms, other hosts). For a host
+        model that is the cost of one message between two otherwise idle ranks:
+        alpha = 2*alpha + alpha_rdv (both sides' overhead and the rendezvous), beta = 2*beta
+        (the sender's copy and the receiver's)."""
         t = self.params(transport)
-        return Link.from_beta(float(t["alpha"]), float(t["beta"]),
-                              name=f"{transport} ({'calibrated' if self.calibrated else 'default'})")
+        label = f"{transport} ({'calibrated' if self.calibrated else 'default'})"
+        if t.get("model") == "host":
+            return Link.from_beta(2 * float(t["alpha"]) + float(t.get("alpha_rdv", 0.0)),
+                                  2 * float(t["beta"]), name=label)
+        return Link.from_beta(float(t["alpha"]), float(t["beta"]), name=label)
 
     def gamma(self, transport: str = "shm") -> float:
         return float(self.params(transport).get("gamma", 0.0))
 
     def delta(self, transport: str = "shm") -> float:
         return float(self.params(transport).get("delta", 0.0))
+
+    def host_model(self, transport: str = "shm"):
+        """The transport's :class:`ringlet.cost.simulate.HostModel` (how ranks of one host
+        spend time: per-side work, rendezvous, wake-ups, memory hierarchy, shared cores),
+        or None for a plain alpha-beta-gamma entry (``"model": "host"`` marks one)."""
+        t = self.transports.get(transport)
+        if t is None or t.get("model") != "host":
+            return None
+        hit = self._models.get(transport) if hasattr(self, "_models") else None
+        if hit is None:
+            from .simulate import HostModel
+            hit = HostModel.from_params(t)
+            try:
+                self._models = getattr(self, "_models", {})
+                self._models[transport] = hit
+            except AttributeError:  # pragma: no cover
+                pass
+        return hit
 
     # -- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> dict:
@@ -119,10 +144,17 @@ class Profile:
                     raise ValueError(f"{source}: transport {name!r} needs a number {key} >= 0")
             if t["beta"] <= 0:
                 raise ValueError(f"{source}: transport {name!r} needs beta > 0")
-            for key in ("gamma", "delta"):
+            for key in ("gamma", "delta", "alpha_rdv", "alpha_crowd", "mem_l2", "mem_l3",
+                        "beta_share", "beta_crowd", "idle_share"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")
+            if t.get("model") == "host":
+                from .simulate import HostModel
+                try:
+                    HostModel.from_params(t)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{source}: transport {name!r}: bad host model: {exc}") from None
             transports[name] = dict(t)
         extra = {k: v for k, v in d.items() if k not in ("version", "host", "created", "transports")}
         return cls(transports, source, str(d.get("host", "")), str(d.get("created", "")), extra)
@@ -248,6 +280,146 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
     return out
 
 
+def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
+             iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0)) -> dict:
+    """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
+
+    ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
+    ``seconds`` (one timed call each; ``itemsize`` optional, default 4). ``base``: a
+    HostModel (or dict of its fields) giving the machine's ``cores``, cache sizes,
+    ``eager`` and ``ring_bytes``, and the starting parameters. ``terms``: the names of
+    the terms to fit (default all of ``HOST_TERMS``; the others are 0) - for ablations.
+
+    The model is piecewise linear in its parameters: once the critical path of every
+    schedule is fixed, a call's time is sum(theta_k * count_k) over the named terms
+    (messages, rendezvous messages, bytes, ...), counts the simulator reports. So the
+    fit alternates: simulate every sample with the current parameters to get its counts,
+    solve the non-negative least squares (relative error) for the parameters, repeat
+    until they settle; the best iterate (by the re-simulated log error) wins. The one
+    non-linear parameter, ``idle_share`` (how much of a core a rank waiting for its turn
+    still takes), is chosen from ``idle_shares`` by the same error. With ``robust``,
+    samples a first fit misses by more than max(50%, 3x the median) - at most a quarter
+    - are set aside as outliers, as in :func:`fit`. Returns the profile entry: every
+    parameter, ``"model": "host"``, ``samples``, ``outliers``, ``residuals``, and
+    ``predicted`` (seconds, per sample)."""
+    from dataclasses import replace
+
+    from ringlet.algorithms import build
+
+    from .model import count_of
+    from .simulate import HOST_TERMS, HostModel, Topology, simulate
+
+    if base is None:
+        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_rdv=1e-5,
+                         alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11,
+                         beta_crowd=1e-11)
+    elif isinstance(base, dict):
+        base = HostModel.from_params(base)
+    names = tuple(HOST_TERMS) if terms is None else tuple(terms)
+    for t in names:
+        if t not in HOST_TERMS:
+            raise ValueError(f"unknown term {t!r}; valid: {', '.join(HOST_TERMS)}")
+    cols = [HOST_TERMS.index(t) for t in names]
+    base = base.with_theta([getattr(base, k) if k in names else 0.0 for k in HOST_TERMS])
+    rows = []
+    for smp in samples:
+        t = float(smp["seconds"])
+        if not t > 0:
+            raise ValueError(f"bad calibration sample {smp!r}: seconds must be > 0")
+        isz = int(smp.get("itemsize", 4))
+        sched = build(smp["collective"], smp["algorithm"], int(smp["p"]),
+                      count_of(smp["collective"], int(smp["p"]), int(smp["nbytes"]), isz),
+                      itemsize=isz)
+        rows.append((sched, t))
+    if len(rows) < 2:
+        raise ValueError("fit_host needs at least two samples")
+    y = np.array([t for _, t in rows])
+
+    def counts(model):
+        X = np.zeros((len(rows), len(HOST_TERMS)))
+        pred = np.zeros(len(rows))
+        for i, (sched, _) in enumerate(rows):
+            res = simulate(sched, Topology.on_host(sched.p, model))
+            X[i] = [res.features[k] for k in HOST_TERMS]
+            pred[i] = res.time
+        return X, pred
+
+    def alternate(model, keep):
+        best = None
+        for _ in range(iterations):
+            X, pred = counts(model)
+            err = float(np.sum(np.log(pred[keep] / y[keep]) ** 2))
+            if best is None or err < best[0] - 1e-12:
+                best = (err, model, pred)
+            theta = np.zeros(len(HOST_TERMS))
+            theta[cols] = _nnls3(X[keep][:, cols], y[keep], relative)
+            new = model.with_theta(theta)
+            if np.allclose(new.theta, model.theta, rtol=1e-4, atol=1e-15):
+                break
+            model = new
+        return best
+
+    keep = np.ones(len(y), bool)
+    outliers: list[int] = []
+    if robust and len(y) >= 8:
+        _, first, pred = alternate(base, keep)
+        rel = np.abs(pred - y) / y
+        limit = max(0.5, 3 * float(np.median(rel)))
+        worst = np.argsort(-rel)[: len(y) // 4]
+        outliers = sorted(int(i) for i in worst if rel[i] > limit)
+        keep[outliers] = False
+    best = None
+    for share in idle_shares:
+        got = alternate(replace(base, idle_share=float(share)), keep)
+        if best is None or got[0] < best[0]:
+            best = got
+    _, model, pred = best
+    rel = np.abs(pred[keep] - y[keep]) / y[keep]
+    out = {"model": "host"}
+    out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
+    out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
+               eager=int(model.eager), ring_bytes=int(model.ring_bytes),
+               idle_share=float(model.idle_share))
+    if out["beta"] <= 0:
+        out["beta"] = 1e-15
+    out["samples"] = len(rows)
+    out["outliers"] = outliers
+    out["residuals"] = {"rms": float(np.sqrt(np.mean((pred[keep] - y[keep]) ** 2))),
+                        "median_rel": float(np.median(rel)), "max_rel": float(np.max(rel))}
+    out["predicted"] = [float(x) for x in pred]
+    return out
+
+
+def machine() -> dict:
+    """This machine's cores (usable by this process) and cache sizes from sysfs:
+    ``{"cores", "l2_bytes" (sum over the cores' L2s), "l3_bytes"}``."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))
+    total = {2: 0, 3: 0}
+    seen = set()
+    for cpu in cpus:
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
+        for idx in sorted(base.glob("index*")) if base.exists() else ():
+            try:
+                level = int((idx / "level").read_text())
+                kind = (idx / "type").read_text().strip()
+                size = _size_text((idx / "size").read_text())
+                shared = (idx / "shared_cpu_list").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            if level in total and kind in ("Unified", "Data") and (level, shared) not in seen:
+                seen.add((level, shared))
+                total[level] += size
+    return {"cores": len(cpus), "l2_bytes": total[2] or (1 << 20) * len(cpus),
+            "l3_bytes": total[3] or (32 << 20)}
+
+
+def _size_text(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+
+
 def _nnls3(X, y, relative):
     """Exact non-negative least squares for a few columns: the best of every subset."""
     w = 1.0 / y if relative else np.ones_like(y)
@@ -272,4 +444,4 @@ def _nnls3(X, y, relative):
 
 
 __all__ = ["Profile", "DEFAULT_PROFILE", "profile_path", "load_profile", "default_profile",
-           "host_link", "fit"]
+           "host_link", "fit", "fit_host", "machine"]

@@ -35,6 +35,116 @@ import numpy as np
 from .model import Link, Terms, tier
 
 
+#: the named terms of :class:`HostModel`, in the order of its feature vectors
+HOST_TERMS = ("alpha", "alpha_rdv", "alpha_crowd", "beta", "gamma", "delta", "mem_l2", "mem_l3",
+              "beta_share", "beta_crowd")
+_LATENCY_TERMS = ("alpha", "alpha_rdv", "alpha_crowd")
+_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd")
+_MEMORY_TERMS = ("mem_l2", "mem_l3")
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """How the ranks of ONE host really spend time on a schedule (``ringlet calibrate``
+    fits it to timings). Every rank is a single thread that does all the work of its own
+    messages - there is no NIC, copying IS the transfer - and the ranks share the host's
+    cores. Named terms (seconds per message, or per byte):
+
+    ``alpha``        CPU per message, on each side (post, headers, matching, progress)
+    ``beta``         CPU per byte, on each side: the sender copies into the shared ring,
+                     the receiver copies out of it. A rank's sends and receives add up
+                     (one thread, in order of when each can start); a message is done no
+                     sooner than its slower side (fragments pipeline through the ring)
+    ``gamma``        extra CPU per byte the receiver reduces out of the ring (over a copy)
+    ``delta``        CPU per byte of a local copy; a local reduce costs delta + gamma
+    ``alpha_rdv``    latency per message larger than ``eager`` bytes: the RTS/CTS round
+                     trip before data flows
+    ``alpha_crowd``  latency per message when the job has more ranks than ``cores``
+                     (waiting ranks yield and sleep, and must be scheduled again)
+    ``mem_l2``, ``mem_l3``  extra CPU per byte once the job's working set W (all ranks'
+                     buffers and the ring space their messages use) no longer fits the L2
+                     caches (``l2_bytes``, all cores) / the L3 (``l3_bytes``): a fraction
+                     1 - C/W of the bytes then streams from the next level
+    ``beta_share``   extra CPU per byte for each busy rank beyond the cores (context
+                     switches evict caches): it adds (k - 1) * beta_share per byte
+    ``beta_crowd``   extra CPU per byte moved when the job has more ranks than cores, even
+                     in rounds where few are busy (a sender that fills the ring yields and
+                     sleeps instead of spinning, and is woken again for every refill)
+
+    Sharing cores: in a round where A ranks are busy, all CPU work of the round is
+    stretched by k = max(1, (A + idle_share * (p - A)) / cores) - the idle ranks of the
+    job still take ``idle_share`` of a core each (they poll, yield and wake). A term's
+    share of a prediction is its parameter times its count on the critical path; what
+    sharing cores adds is reported apart (``SimResult.sharing``).
+
+    Memory and cores are what the plain alpha-beta-gamma model misses on this kind of
+    host: the same bytes cost 2-4x more at 64 MiB than at 1 MiB, and 4 ranks on 2 cores
+    take twice as long or more as 2 ranks for the same per-rank work.
+    """
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    delta: float = 0.0
+    alpha_rdv: float = 0.0
+    alpha_crowd: float = 0.0
+    mem_l2: float = 0.0
+    mem_l3: float = 0.0
+    beta_share: float = 0.0
+    beta_crowd: float = 0.0
+    idle_share: float = 0.5
+    l2_bytes: int = 1 << 20
+    l3_bytes: int = 32 << 20
+    cores: int = 1
+    eager: int = 16 << 10
+    ring_bytes: int = 4 << 20
+
+    def __post_init__(self):
+        for name in HOST_TERMS:
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"HostModel {name} must be a finite number >= 0, got {v!r}")
+        for name in ("l2_bytes", "l3_bytes", "cores", "ring_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"HostModel {name} must be >= 1")
+        if not 0.0 <= self.idle_share <= 1.0:
+            raise ValueError("HostModel idle_share must be between 0 and 1")
+        if self.eager < 0:
+            raise ValueError("HostModel eager must be >= 0 bytes")
+
+    @property
+    def theta(self) -> np.ndarray:
+        return np.array([float(getattr(self, k)) for k in HOST_TERMS])
+
+    @property
+    def link(self) -> Link:
+        """The plain alpha-beta link closest to this model (for closed forms): one message
+        between two otherwise idle ranks costs 2 alpha + alpha_rdv and 2 beta per byte."""
+        a = 2 * self.alpha + self.alpha_rdv
+        return Link.from_beta(a, 2 * self.beta, "host") if self.beta > 0 else Link(a, 1e300, "host")
+
+    @classmethod
+    def from_params(cls, params: dict) -> "HostModel":
+        keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes",
+                                  "idle_share"}
+        kw = {k: params[k] for k in keys if k in params}
+        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes"):
+            if k in kw:
+                kw[k] = int(kw[k])
+        return cls(**kw)
+
+    def with_theta(self, theta) -> "HostModel":
+        from dataclasses import replace
+        return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
+
+    def __str__(self) -> str:
+        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + rendezvous "
+                f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
+                f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
+                f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
+                f"{self.cores} cores, +{self.beta_share:.3g} s/B per extra rank per core, "
+                f"idle ranks take {self.idle_share:g} core")
+
+
 @dataclass(frozen=True)
 class Topology:
     """``hosts`` x ``ranks_per_host`` ranks; rank r lives on host ``r // ranks_per_host``.
@@ -50,6 +160,7 @@ class Topology:
     delta: float = 0.0
     nic_sharing: bool = True
     host_ids: tuple | None = None    # explicit host of each rank (see from_host_ids)
+    host: HostModel | None = None    # one host priced by its calibrated HostModel
 
     def __post_init__(self):
         for name in ("hosts", "ranks_per_host"):
@@ -60,6 +171,8 @@ class Topology:
         object.__setattr__(self, "inter", tier(self.inter) if self.inter is not None else self.intra)
         if self.gamma < 0 or self.delta < 0:
             raise ValueError("Topology gamma and delta must be >= 0 seconds per byte")
+        if self.host is not None and self.hosts != 1:
+            raise ValueError("a HostModel prices the ranks of one host (hosts=1)")
         if self.host_ids is not None:
             ids = tuple(int(h) for h in self.host_ids)
             if sorted(set(ids)) != list(range(self.hosts)):
@@ -90,6 +203,12 @@ class Topology:
         return cls(1, p, tier(link), tier(link), gamma, delta, nic_sharing=False)
 
     @classmethod
+    def on_host(cls, p: int, model: HostModel) -> "Topology":
+        """``p`` ranks of one host priced by ``model`` (see :class:`HostModel`)."""
+        return cls(1, p, model.link, model.link, model.gamma, model.delta, nic_sharing=False,
+                   host=model)
+
+    @classmethod
     def from_profile(cls, hosts: int, ranks_per_host: int, profile=None,
                      transport: str | None = None) -> "Topology":
         """This machine's calibrated links: shm inside a host, tcp between hosts (or
@@ -97,6 +216,9 @@ class Topology:
         from .profile import load_profile
         prof = profile if profile is not None else load_profile()
         intra = transport or "shm"
+        model = prof.host_model(intra) if hosts == 1 else None
+        if model is not None:
+            return cls.on_host(ranks_per_host, model)
         return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "tcp"),
                    prof.gamma(intra), prof.delta(intra))
 
@@ -118,6 +240,8 @@ class Topology:
         return self.host_of(np.arange(self.p))
 
     def __str__(self) -> str:
+        if self.host is not None:
+            return f"{self.p} ranks on one host ({self.host})"
         if self.hosts == 1:
             return f"{self.p} ranks on one host ({self.intra})"
         return (f"{self.hosts} hosts x {self.ranks_per_host} ranks; intra {self.intra}; "
@@ -136,6 +260,14 @@ class SimResult:
     nic_out: np.ndarray | None = None  # per host: bytes sent across hosts
     nic_in: np.ndarray | None = None   # per host: bytes received across hosts
     rounds: int = 0
+    parts: dict | None = None        # HostModel: seconds per named term on the critical path
+    features: dict | None = None     # HostModel: counts per term on the critical path
+    sharing: float = 0.0             # HostModel: seconds added by ranks sharing cores
+
+    @property
+    def memory(self) -> float:
+        """HostModel: seconds of memory-hierarchy stalls on the critical path."""
+        return sum(self.parts[k] for k in _MEMORY_TERMS) if self.parts else 0.0
 
     def __str__(self) -> str:
         t = self.terms
@@ -162,6 +294,12 @@ def simulate(schedule, topology: Topology | None = None, *, link: Link | str | N
     g = topology.gamma if gamma is None else float(gamma)
     if g < 0:
         raise ValueError("gamma must be >= 0")
+    if topology.host is not None:
+        model = topology.host
+        if gamma is not None:
+            from dataclasses import replace
+            model = replace(model, gamma=g)
+        return _HostSim(schedule, model).run()
     return _Sim(schedule, topology, g).run()
 
 
@@ -357,4 +495,176 @@ class _Sim:
         return finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols]
 
 
-__all__ = ["Topology", "SimResult", "simulate"]
+def working_set(schedule, ring_bytes: int = 4 << 20) -> float:
+    """Bytes a job touches: every rank's buffers, plus the part of each shared ring that
+    its pair's messages cycle through (up to the ring's size)."""
+    isz = float(schedule.itemsize)
+    total = float(sum(int(v) for v in schedule.buffers.values())) * schedule.p * isz
+    biggest: dict = {}
+    for rnd in schedule.rounds:
+        c = rnd.cols
+        msg = c["src"] != c["dst"]
+        if not msg.any():
+            continue
+        pair = c["src"][msg] * schedule.p + c["dst"][msg]
+        nb = c["n"][msg]
+        for k, v in zip(pair.tolist(), nb.tolist()):
+            if v > biggest.get(k, 0):
+                biggest[k] = v
+    return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
+
+
+def _spill(ws: float, cache: float) -> float:
+    """Fraction of streamed bytes that miss a cache of ``cache`` bytes: 1 - C/W."""
+    return 0.0 if ws <= cache else 1.0 - cache / ws
+
+
+class _HostSim:
+    """The :class:`HostModel` applied round by round (see its docstring).
+
+    In a round, a rank first runs its local steps, then works through its messages: each
+    message can start once both ends have started the round plus its latency (rendezvous,
+    wake-up); a rank's own work on them adds up (one thread), in order of when they can
+    start; a message is done when the slower of its two sides could be. Busy ranks beyond
+    the cores stretch all CPU work of the round. Along the critical path the simulator
+    keeps the count of every term (messages, bytes, ...), stretched and not, so that the
+    fit is linear in the parameters and ``explain`` can name every term."""
+
+    K = len(HOST_TERMS)
+
+    def __init__(self, schedule, model: HostModel):
+        self.s = schedule
+        self.m = model
+        self.p = int(schedule.p)
+
+    def run(self) -> SimResult:
+        s, m, p, K = self.s, self.m, self.p, self.K
+        th = m.theta
+        isz = float(s.itemsize)
+        ws = working_set(s, m.ring_bytes)
+        f2, f3 = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
+        crowded = 1.0 if p > m.cores else 0.0
+        I = {k: i for i, k in enumerate(HOST_TERMS)}
+        start = np.zeros(p)
+        F = np.zeros((p, K))        # term counts on each rank's critical path (stretched)
+        U = np.zeros((p, K))        # the same, unstretched
+        bytes_total = 0.0
+        msgs_total = 0
+        nrounds = 0
+        ranks = np.arange(p)
+        for rnd in s.rounds:
+            c = rnd.cols
+            src = c["src"]
+            if not len(src):
+                continue
+            nrounds += 1
+            dst = c["dst"]
+            nb = c["n"] * isz
+            red = c["reduce"].astype(bool)
+            busy = np.zeros(p, bool)
+            busy[src] = True
+            busy[dst] = True
+            A = np.count_nonzero(busy)
+            k = max(1.0, (A + m.idle_share * (p - A)) / m.cores)
+            loc = src == dst
+            if loc.any():
+                lf = np.zeros((int(loc.sum()), K))
+                ln = nb[loc]
+                lf[:, I["delta"]] = ln
+                lf[:, I["gamma"]] = ln * red[loc]
+                lf[:, I["mem_l2"]] = ln * f2
+                lf[:, I["mem_l3"]] = ln * f3
+                lf[:, I["beta_share"]] = ln * (k - 1) / k
+                per = np.zeros((p, K))
+                np.add.at(per, src[loc], lf)
+                start = start + k * (per @ th)
+                F = F + k * per
+                U = U + per
+                msg = ~loc
+                src, dst, nb, red = src[msg], dst[msg], nb[msg], red[msg]
+            M = len(src)
+            if M == 0:
+                continue
+            bytes_total += float(nb.sum())
+            msgs_total += M
+            fs = np.zeros((M, K))
+            fs[:, I["alpha"]] = 1.0
+            fs[:, I["beta"]] = nb
+            fs[:, I["mem_l2"]] = nb * f2
+            fs[:, I["mem_l3"]] = nb * f3
+            fs[:, I["beta_share"]] = nb * (k - 1) / k
+            fs[:, I["beta_crowd"]] = nb * crowded / k
+            fd = fs.copy()
+            fd[:, I["gamma"]] = nb * red
+            lat = np.zeros((M, K))
+            lat[:, I["alpha_rdv"]] = nb > m.eager
+            lat[:, I["alpha_crowd"]] = crowded
+            w_s = k * (fs @ th)
+            w_d = k * (fd @ th)
+            s_src, s_dst = start[src], start[dst]
+            e = np.where(s_src >= s_dst, src, dst)
+            t0 = np.maximum(s_src, s_dst) + lat @ th
+            baseF = F[e] + lat
+            baseU = U[e] + lat
+            # each rank's own work, in order of release (single machine, release dates):
+            # done at max_j (release_j + work of everything released at or after it)
+            r_i = np.concatenate([src, dst])
+            rel = np.concatenate([t0, t0])
+            w_i = np.concatenate([w_s, w_d])
+            fF = np.concatenate([k * fs, k * fd])
+            fU = np.concatenate([fs, fd])
+            bF = np.concatenate([baseF, baseF])
+            bU = np.concatenate([baseU, baseU])
+            order = np.lexsort((-rel, r_i))
+            r_o, rel_o, w_o = r_i[order], rel[order], w_i[order]
+            first = np.ones(len(r_o), bool)
+            first[1:] = r_o[1:] != r_o[:-1]
+            seg = np.cumsum(first) - 1
+            starts = np.flatnonzero(first)
+            cw = np.cumsum(w_o)
+            cw = cw - (cw[starts] - w_o[starts])[seg]
+            cF = np.cumsum(fF[order], axis=0)
+            cF = cF - (cF[starts] - fF[order][starts])[seg]
+            cU = np.cumsum(fU[order], axis=0)
+            cU = cU - (cU[starts] - fU[order][starts])[seg]
+            own_val = rel_o + cw
+            own_F = bF[order] + cF
+            own_U = bU[order] + cU
+            # a message is done when the slower side could have finished it
+            send_slower = w_s >= w_d
+            done = t0 + np.maximum(w_s, w_d)
+            dF = baseF + k * np.where(send_slower[:, None], fs, fd)
+            dU = baseU + np.where(send_slower[:, None], fs, fd)
+            # every rank ends the round at the latest of: its start, its own work, and the
+            # completion of every message it takes part in
+            cand_r = np.concatenate([ranks, r_o, src, dst])
+            cand_v = np.concatenate([start, own_val, done, done])
+            cand_F = np.concatenate([F, own_F, dF, dF])
+            cand_U = np.concatenate([U, own_U, dU, dU])
+            pick = np.lexsort((cand_v, cand_r))
+            last = np.ones(len(pick), bool)
+            last[:-1] = cand_r[pick][1:] != cand_r[pick][:-1]
+            sel = pick[last]                      # one per rank, in rank order
+            start = cand_v[sel]
+            F = cand_F[sel]
+            U = cand_U[sel]
+        last_rank = int(np.argmax(start)) if p else 0
+        total = float(start[last_rank]) if p else 0.0
+        feats = F[last_rank] if p else np.zeros(K)
+        parts = {k: float(v) for k, v in zip(HOST_TERMS, feats * th)}
+        sharing = max(0.0, float(feats @ th - U[last_rank] @ th)) if p else 0.0
+        lat_t = sum(parts[k] for k in _LATENCY_TERMS)
+        bw_t = sum(parts[k] for k in _BANDWIDTH_TERMS + _MEMORY_TERMS)
+        terms = Terms(lat_t, bw_t, parts["gamma"])
+        rank_terms = np.stack([F[:, [HOST_TERMS.index(k) for k in _LATENCY_TERMS]] @
+                               th[[HOST_TERMS.index(k) for k in _LATENCY_TERMS]],
+                               F[:, [HOST_TERMS.index(k) for k in _BANDWIDTH_TERMS + _MEMORY_TERMS]] @
+                               th[[HOST_TERMS.index(k) for k in _BANDWIDTH_TERMS + _MEMORY_TERMS]],
+                               F[:, HOST_TERMS.index("gamma")] * m.gamma], axis=1)
+        return SimResult(total, start, terms, rank_terms,
+                         {"intra": int(round(bytes_total)), "inter": 0},
+                         {"intra": int(msgs_total), "inter": 0}, None, None, nrounds,
+                         parts, {k: float(v) for k, v in zip(HOST_TERMS, feats)}, sharing)
+
+
+__all__ = ["Topology", "SimResult", "simulate", "HostModel", "HOST_TERMS", "working_set"]

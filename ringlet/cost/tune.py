@@ -27,13 +27,20 @@ SIM_MAX_P = 256
 
 
 class Row(NamedTuple):
-    """One candidate's prediction (seconds)."""
+    """One candidate's prediction (seconds). ``total`` = latency + bandwidth + reduction
+    + memory; ``memory`` (memory-hierarchy stalls) and ``sharing`` (how much of the total
+    comes from ranks sharing cores, spread over the other terms) are non-zero only for a
+    calibrated host model (:class:`ringlet.cost.simulate.HostModel`); ``parts`` then
+    holds the seconds of every named term on the critical path."""
     algorithm: str
     total: float
     latency: float
     bandwidth: float
     reduction: float
     method: str = "closed form"
+    memory: float = 0.0
+    sharing: float = 0.0
+    parts: tuple = ()
 
 
 def _host_ids(hosts, p):
@@ -75,6 +82,7 @@ class _Env(NamedTuple):
     topology: Topology | None
     key: tuple
     delta: float = 0.0   # local copies (s/byte): priced by simulating the schedule
+    host: object = None  # HostModel of one host: priced by simulating the schedule
 
 
 def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
@@ -83,6 +91,12 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
         if topology.p != p:
             raise ValueError(f"topology has {topology.p} ranks, the group {p}")
         g = topology.gamma if gamma is None else float(gamma)
+        if topology.host is not None:
+            model = topology.host
+            if gamma is not None:
+                from dataclasses import replace
+                model = replace(model, gamma=g)
+            return _Env(model.link, g, None, ("host", model), model.delta, model)
         if topology.hosts == 1:
             return _Env(topology.intra, g, None, ("link", topology.intra, g, topology.delta),
                         topology.delta)
@@ -91,6 +105,12 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
         prof = topology if topology is not None else load_profile()
         g = prof.gamma("shm") if gamma is None else float(gamma)
         if ids is None:
+            model = prof.host_model("shm")
+            if model is not None:
+                if gamma is not None:
+                    from dataclasses import replace
+                    model = replace(model, gamma=g)
+                return _Env(model.link, g, None, ("host", model), model.delta, model)
             link, d = prof.link("shm"), prof.delta("shm")
             return _Env(link, g, None, ("link", link, g, d), d)
         topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("tcp"), g, prof.delta("shm"))
@@ -142,6 +162,10 @@ def build_schedule(collective, algorithm, p, nbytes, itemsize=4, hosts=None, roo
 def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4) -> Row:
     """One candidate's prediction in ``env`` (see :func:`environment`)."""
     if env.topology is None:
+        if env.host is not None and p <= SIM_MAX_P and _algorithms_module() is not None:
+            sched = build_schedule(collective, algorithm, p, nbytes, itemsize)
+            res = simulate(sched, Topology.on_host(p, env.host))
+            return host_row(algorithm, res)
         if env.delta > 0 and p <= SIM_MAX_P and _algorithms_module() is not None:
             # local copies are not in the closed forms: price the schedule itself
             sched = build_schedule(collective, algorithm, p, nbytes, itemsize)
@@ -157,6 +181,15 @@ def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4) -> Ro
         return Row(algorithm, res.time, *res.terms, "simulated")
     t = two_tier_breakdown(collective, nbytes, p, algorithm, topo, env.gamma, itemsize)
     return Row(algorithm, t.total, *t, "closed form (two-tier)")
+
+
+def host_row(algorithm: str, res) -> Row:
+    """A Row from a host-model simulation: bandwidth without the memory stalls, which
+    get their own column."""
+    lat, bw, red = res.terms
+    mem = res.memory
+    return Row(algorithm, res.time, lat, bw - mem, red, "simulated (host model)", mem,
+               res.sharing, tuple(res.parts.items()))
 
 
 def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, itemsize=4) -> Terms:

@@ -4,7 +4,8 @@ printed as a ratio with whether it holds. Not a unit test: run it on a quiet mac
     python bench/targets.py            # everything (several minutes)
     python bench/targets.py --quick    # fewer sizes and iterations
 
-Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
+Each side (ringlet, the peer) keeps its best of 3 runs, so a burst of load from outside
+hits neither alone. Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
 torch for Gloo); a missing peer is reported and its targets skipped.
 """
 from __future__ import annotations
@@ -47,12 +48,33 @@ class Report:
         print(f"\n{sum(r[4] for r in held)} of {len(held)} measured targets hold")
 
 
+REPEATS = 3   # this host is noisy: each side keeps its best of REPEATS interleaved runs
+
+
+def best(runs: list[list[dict]]) -> list[dict]:
+    """Per size, the row with the least time across repeated runs."""
+    out = {}
+    for rows in runs:
+        for r in rows:
+            if r["bytes"] not in out or r["time_us"] < out[r["bytes"]]["time_us"]:
+                out[r["bytes"]] = r
+    return [out[b] for b in sorted(out)]
+
+
+def ours(op, p, sizes, **kw):
+    return best([run_ringlet(op, p, sizes, ["auto"], progress=False, **kw)
+                 for _ in range(REPEATS)])
+
+
 def peer_rows(lib, op, p, sizes, iters, report, what):
-    got = run_peer(lib, op, p, sizes, iters)
-    if isinstance(got, str):
-        report.skip(what, f"{lib}: {got}")
-        return None
-    return {r["bytes"]: r for r in got}
+    runs = []
+    for _ in range(REPEATS):
+        got = run_peer(lib, op, p, sizes, iters)
+        if isinstance(got, str):
+            report.skip(what, f"{lib}: {got}")
+            return None
+        runs.append(got)
+    return {r["bytes"]: r for r in best(runs)}
 
 
 def main(argv=None) -> int:
@@ -66,8 +88,8 @@ def main(argv=None) -> int:
     dump = []
 
     # 1. all_reduce at p = 2, large: plain NumPy and rl.empty buffers vs Open MPI and Gloo.
-    plain = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, progress=False)
-    zc = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, zero_copy=True, progress=False)
+    plain = ours("all_reduce", 2, big, iters=iters)
+    zc = ours("all_reduce", 2, big, iters=iters, zero_copy=True)
     mpi = peer_rows("mpi", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Open MPI")
     gloo = peer_rows("gloo", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Gloo")
     dump += plain + zc + list((mpi or {}).values()) + list((gloo or {}).values())
@@ -81,8 +103,7 @@ def main(argv=None) -> int:
 
     # 2. all_reduce latency at 8 B.
     for p, limit in ((2, 10.0), (4, 60.0)):
-        row = run_ringlet("all_reduce", p, [8], ["auto"], iters=2000 if not a.quick else 500,
-                          progress=False)[0]
+        row = ours("all_reduce", p, [8], iters=2000 if not a.quick else 500)[0]
         dump.append(row)
         rep.bound(f"all_reduce 8 B p={p} ({row.get('ran')})", row["time_us"], limit)
 
@@ -90,18 +111,22 @@ def main(argv=None) -> int:
     sizes = [MiB] if a.quick else [MiB, 8 * MiB]
     for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
         for p in (2, 4):
-            ours = run_ringlet(op, p, sizes, ["auto"], iters=iters, progress=False)
+            mine = ours(op, p, sizes, iters=iters)
+            zc = ours(op, p, sizes, iters=iters, zero_copy=True)
             theirs = peer_rows("mpi", op, p, sizes, iters, rep, f"{op} p={p} vs Open MPI")
-            dump += ours + list((theirs or {}).values())
+            dump += mine + zc + list((theirs or {}).values())
             if theirs:
-                for r in ours:
-                    rep.ratio(f"{op} p={p} {r['bytes'] // MiB} MiB ({r.get('ran')}) vs Open MPI",
+                for r, z in zip(mine, zc):
+                    size = f"{r['bytes'] // MiB} MiB"
+                    rep.ratio(f"{op} p={p} {size} numpy ({r.get('ran')}) vs Open MPI",
                               busbw(r, p), busbw(theirs[r["bytes"]], p), 1.0)
+                    rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
+                              busbw(z, p), busbw(theirs[r["bytes"]], p), 1.0)
 
     # 4. TCP between two emulated hosts vs Gloo (TCP loopback).
     two_hosts = {"RINGLET_HOST_ID_SPLIT": "1"}
-    tcp = run_ringlet("all_reduce", 2, big, ["auto"], iters=iters, env=two_hosts, progress=False)
-    lat = run_ringlet("all_reduce", 2, [8], ["auto"], iters=1000, env=two_hosts, progress=False)[0]
+    tcp = ours("all_reduce", 2, big, iters=iters, env=two_hosts)
+    lat = ours("all_reduce", 2, [8], iters=1000, env=two_hosts)[0]
     dump += tcp + [lat]
     if gloo:
         for r in tcp:

@@ -136,17 +136,20 @@ def _state_key(rank: int) -> str:
     return f"g{_S.generation - 1}/state/{rank}"
 
 
-def _publish_state(describe=None) -> None:
+def _publish_state(waiting: str | None = None) -> None:
     """Tell the store how far this rank got in every group (for other ranks' hang
-    reports); called when a wait has lasted a while, at most once a second."""
+    reports); called when a wait has lasted a while, at most once a second. Cheap: it
+    names the calls in flight and never builds a hang report itself."""
     import json
     import time
     now = time.monotonic()
     if now - getattr(_S, "published", 0.0) < 1.0 or _S.store is None:
         return
     _S.published = now
-    state = {"seq": {str(g.id): g.seq for g in _S.groups},
-             "waiting": describe(0).split(" timed out")[0] if describe else None}
+    if waiting is None:
+        calls = [w.what for w in _S.engine.works] if _S.engine is not None else []
+        waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
+    state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting}
     try:
         _S.store.set(_state_key(_S.world.rank), json.dumps(state).encode())
     except RingletError:
@@ -163,7 +166,7 @@ def _hang_report(tag: int, what) -> str:
     if g is None or _S.store is None:
         return ""
     _S.published = 0.0
-    _publish_state(lambda _: f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
+    _publish_state(f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
     time.sleep(min(1.5, _S.timeout / 10))  # let waiting peers publish too
     lines = []
     for r in g.ranks:

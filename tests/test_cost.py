@@ -810,6 +810,19 @@ def test_fit_host_recovers_a_known_model():
     got = profile.fit_host(samples, dataclasses_replace(
         true, **{k: 1e-6 if k.startswith("alpha") else 3e-11 for k in HOST_TERMS}))
     assert got["residuals"]["max_rel"] < 1e-6
-    assert got["idle_share"] == 0.5 and got["model"] == "host" and got["outliers"] == []
+    assert got["idle_share"] == 0.5   # (imbalance: no round here has 3 busy ranks on 2 cores)
+    assert got["model"] == "host" and got["outliers"] == []
     for k in HOST_TERMS:
         assert got[k] == pytest.approx(getattr(true, k), rel=1e-3, abs=1e-14), k
+
+
+@needs_algorithms
+def test_host_model_imbalance_three_ranks_on_two_cores():
+    """p = 3 ring on 2 cores, all busy: k = 3/2, plus imbalance * (ceil(3/2) - 3/2)."""
+    s = _build("all_reduce", "ring", 3, 3 * 1024)
+    m = _host(alpha=1e-6)                       # 2 messages per rank per round, 4 rounds
+    for imb, k in ((0.0, 1.5), (1.0, 2.0), (0.5, 1.75)):
+        res = simulate(s, Topology.on_host(3, dataclasses_replace(m, imbalance=imb)))
+        assert res.time == pytest.approx(4 * k * 2e-6, rel=1e-4), imb
+    with pytest.raises(ValueError, match="imbalance"):
+        dataclasses_replace(m, imbalance=-0.1)

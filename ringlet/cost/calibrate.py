@@ -1,18 +1,23 @@
 """``ringlet calibrate``: measure how this host's transports spend time and save the profile.
 
 For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets, what
-ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, and 4:
-more ranks than this machine's 2 cores) time a few collectives - barrier, broadcast
-(binomial), all_reduce (ring, direct, recursive doubling) - at sizes from 4 KiB to 64 MiB,
-in several interleaved passes (the median is kept). :func:`ringlet.cost.fit_host` then
-fits a :class:`ringlet.cost.simulate.HostModel` to them: the simulator prices the very
-schedules that ran, and the named terms (per-message CPU alpha on each side, rendezvous
-latency, wake-up latency when ranks outnumber cores, per-byte beta on each side, gamma per
-byte reduced, delta per byte copied locally, memory-hierarchy stalls past the L2s and the
-L3, the cores the ranks share) are solved by non-negative least squares on relative
-error, with the residuals reported. The profile (JSON, see :mod:`ringlet.cost.profile`)
-is saved to the user cache directory, where predictions, ``ringlet explain``,
-``ringlet bench`` and ``algorithm="auto"`` find it.
+ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3 and 4:
+on a 2-core machine the last two measure what sharing cores costs) time a few
+collectives - barrier, broadcast (binomial), all_reduce (ring, direct, recursive
+doubling, binomial tree, naive ring) - at sizes from 4 KiB to 64 MiB (16 MiB when the
+ranks outnumber the cores), in several passes that are separate jobs spread over time
+(passes slowed down by other processes are left out or run again). Each job first
+sends 8 MiB through every shared-memory ring, whose first lap page-faults.
+
+:func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
+the timings: the simulator prices the very schedules that ran, and its named terms
+(per-message CPU alpha on each side, rendezvous latency, latency when ranks outnumber
+cores, per-byte beta on each side, gamma per byte reduced, delta per byte copied
+locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing cores)
+are solved by non-negative least squares on relative error, with the residuals
+reported. The profile (JSON, see :mod:`ringlet.cost.profile`) is saved to the user
+cache directory, where predictions, ``ringlet explain``, ``ringlet bench`` and
+``algorithm="auto"`` find it.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce",
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"))
 DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
-DEFAULT_RANKS = (2, 4)
+DEFAULT_RANKS = (2, 3, 4)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
@@ -174,12 +179,16 @@ def _run_pass(transport, p, sizes, budget, max_reps, timeout):
 
 def _samples(p, runs) -> list[dict]:
     """Samples for the fit from ``{(collective, algorithm, nbytes): [(seconds, reps)]}``:
-    the median over the passes, and the plain model's critical-path counts."""
+    the median of the passes within 1.5x of the fastest (each pass is a median over
+    repetitions; other processes can only slow a pass down, and on a shared 2-core host
+    they sometimes slow two passes of three several-fold), and the plain model's
+    critical-path counts."""
     samples = []
     for (coll, alg, nb), got in runs.items():
         m, b, r, c = critical_counts(coll, alg, nb, p)
+        fastest = min(t for t, _ in got)
         samples.append({"collective": coll, "algorithm": alg, "p": p, "nbytes": nb,
-                        "seconds": statistics.median(t for t, _ in got),
+                        "seconds": statistics.median(t for t, _ in got if t <= 1.5 * fastest),
                         "passes": [t for t, _ in got], "reps": sum(n for _, n in got),
                         "n_messages": m, "bytes": b, "reduce_bytes": r, "copy_bytes": c})
     return samples
@@ -189,14 +198,14 @@ def measure(transport: str, p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.1
             max_reps: int = 50, timeout: float = 600.0, passes: int = 3,
             quiet: float = 30.0, max_load: float = 0.5, retries: int = 2) -> list[dict]:
     """Time the calibration experiments on ``transport`` with ``p`` local ranks; returns
-    samples (dicts with collective, algorithm, p, nbytes, seconds (median over the
-    passes), reps, and the critical-path counts n_messages, bytes, reduce_bytes,
+    samples (dicts with collective, algorithm, p, nbytes, seconds (see ``_samples``),
+    passes, reps, and the critical-path counts n_messages, bytes, reduce_bytes,
     copy_bytes of the plain model) ready for :func:`fit_host` or :func:`fit`.
 
     Each pass is a separate job (fresh ranks, later in time), started once other
     processes leave the cores alone (waiting up to ``quiet`` seconds) and run again, up
     to ``retries`` times, when they kept more than ``max_load`` cores busy during it: a
-    noisy neighbour then spoils one pass, and the median over passes ignores it."""
+    noisy neighbour then spoils a pass, which is left out (see ``_samples``)."""
     runs: dict = {}
     for _ in range(passes):
         _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, max_load,
@@ -275,6 +284,7 @@ def describe(t: dict) -> str:
         ("beta_crowd", t.get("beta_crowd", 0.0) * 1e12, "ps/B",
          "extra per byte moved when the job has more ranks than cores"),
         ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
+        ("imbalance", t.get("imbalance", 0.0), "", "1: busy ranks uneven over cores run at the worst core's pace"),
     ]
     return "\n".join(f"    {k:<12}{v:>9.3g} {u:<5} {why}" for k, v, u, why in rows)
 
@@ -314,8 +324,8 @@ def main(argv=None) -> int:
                     "collectives with local ranks, fit the host model by least squares, and "
                     "save the profile predictions use by default.")
     ap.add_argument("-n", "--nranks", default=",".join(map(str, DEFAULT_RANKS)),
-                    help="comma-separated group sizes to time (default 2,4: 4 ranks on a "
-                         "2-core machine measure what sharing cores costs)")
+                    help="comma-separated group sizes to time (default 2,3,4: on a 2-core "
+                         "machine 3 and 4 ranks measure what sharing cores costs)")
     ap.add_argument("--transports", default="shm,tcp", help="comma-separated: shm, tcp")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated sizes (default 4K,64K,1M,4M,16M,64M)")

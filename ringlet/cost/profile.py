@@ -281,7 +281,8 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
 
 
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
-             iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0)) -> dict:
+             iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
+             imbalances=(0.0, 0.5, 1.0)) -> dict:
     """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
@@ -295,11 +296,12 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     (messages, rendezvous messages, bytes, ...), counts the simulator reports. So the
     fit alternates: simulate every sample with the current parameters to get its counts,
     solve the non-negative least squares (relative error) for the parameters, repeat
-    until they settle; the best iterate (by the re-simulated log error) wins. The one
-    non-linear parameter, ``idle_share`` (how much of a core a rank waiting for its turn
-    still takes), is chosen from ``idle_shares`` by the same error. With ``robust``,
-    samples a first fit misses by more than max(50%, 3x the median) - at most a quarter
-    - are set aside as outliers, as in :func:`fit`. Returns the profile entry: every
+    until they settle; the best iterate (by the re-simulated log error) wins, over three
+    starting points. The two non-linear parameters, ``idle_share`` (how much of a core a
+    rank waiting for its turn still takes) and ``imbalance``, are chosen from
+    ``idle_shares`` x ``imbalances`` by the same error. With ``robust``, samples the
+    first fit misses by more than max(50%, 3x the median) - at most a quarter - are set
+    aside as outliers, as in :func:`fit`. Returns the profile entry: every
     parameter, ``"model": "host"``, ``samples``, ``outliers``, ``residuals``, and
     ``predicted`` (seconds, per sample)."""
     from dataclasses import replace
@@ -361,25 +363,33 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
 
     keep = np.ones(len(y), bool)
     outliers: list[int] = []
+    # several starts (the critical paths, hence the fixed point, depend on where we start)
+    mid = replace(base, idle_share=float(np.median(idle_shares)),
+                  imbalance=float(np.median(imbalances)))
+    best = min((alternate(mid.with_theta(mid.theta * f), keep) for f in (1.0, 0.3, 3.0)),
+               key=lambda b: b[0])
     if robust and len(y) >= 8:
-        _, first, pred = alternate(base, keep)
+        pred = best[2]
         rel = np.abs(pred - y) / y
         limit = max(0.5, 3 * float(np.median(rel)))
         worst = np.argsort(-rel)[: len(y) // 4]
         outliers = sorted(int(i) for i in worst if rel[i] > limit)
         keep[outliers] = False
-    best = None
+        best = alternate(best[1], keep)
     for share in idle_shares:
-        got = alternate(replace(base, idle_share=float(share)), keep)
-        if best is None or got[0] < best[0]:
-            best = got
+        for imb in imbalances:
+            for start in (best[1], base):
+                got = alternate(replace(start, idle_share=float(share), imbalance=float(imb)),
+                                keep)
+                if got[0] < best[0]:
+                    best = got
     _, model, pred = best
     rel = np.abs(pred[keep] - y[keep]) / y[keep]
     out = {"model": "host"}
     out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), ring_bytes=int(model.ring_bytes),
-               idle_share=float(model.idle_share))
+               idle_share=float(model.idle_share), imbalance=float(model.imbalance))
     if out["beta"] <= 0:
         out["beta"] = 1e-15
     out["samples"] = len(rows)

@@ -72,10 +72,14 @@ class HostModel:
                      sleeps instead of spinning, and is woken again for every refill)
 
     Sharing cores: in a round where A ranks are busy, all CPU work of the round is
-    stretched by k = max(1, (A + idle_share * (p - A)) / cores) - the idle ranks of the
-    job still take ``idle_share`` of a core each (they poll, yield and wake). A term's
-    share of a prediction is its parameter times its count on the critical path; what
-    sharing cores adds is reported apart (``SimResult.sharing``).
+    stretched by k = max(1, (A + idle_share * (p - A)) / cores + imbalance * (ceil(A /
+    cores) - A / cores)): the idle ranks of the job still take ``idle_share`` of a core
+    each (they poll, yield and wake), and when the busy ranks do not divide evenly over
+    the cores (3 on 2) the ranks sharing a core hold everyone up - for short rounds the
+    scheduler does not rebalance, ``imbalance`` = 1 means the round runs at the pace of
+    the most crowded core. A term's share of a prediction is its parameter times its
+    count on the critical path; what sharing cores adds is reported apart
+    (``SimResult.sharing``).
 
     Memory and cores are what the plain alpha-beta-gamma model misses on this kind of
     host: the same bytes cost 2-4x more at 64 MiB than at 1 MiB, and 4 ranks on 2 cores
@@ -92,6 +96,7 @@ class HostModel:
     beta_share: float = 0.0
     beta_crowd: float = 0.0
     idle_share: float = 0.5
+    imbalance: float = 0.0
     l2_bytes: int = 1 << 20
     l3_bytes: int = 32 << 20
     cores: int = 1
@@ -108,6 +113,8 @@ class HostModel:
                 raise ValueError(f"HostModel {name} must be >= 1")
         if not 0.0 <= self.idle_share <= 1.0:
             raise ValueError("HostModel idle_share must be between 0 and 1")
+        if not 0.0 <= self.imbalance <= 1.0:
+            raise ValueError("HostModel imbalance must be between 0 and 1")
         if self.eager < 0:
             raise ValueError("HostModel eager must be >= 0 bytes")
 
@@ -125,7 +132,7 @@ class HostModel:
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes",
-                                  "idle_share"}
+                                  "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes"):
             if k in kw:
@@ -565,7 +572,8 @@ class _HostSim:
             busy[src] = True
             busy[dst] = True
             A = np.count_nonzero(busy)
-            k = max(1.0, (A + m.idle_share * (p - A)) / m.cores)
+            k = max(1.0, (A + m.idle_share * (p - A)) / m.cores
+                    + m.imbalance * (-(-A // m.cores) - A / m.cores))
             loc = src == dst
             if loc.any():
                 lf = np.zeros((int(loc.sum()), K))

@@ -330,7 +330,7 @@ class Engine:
                 if done():
                     return
                 if now - start > REPORT_AFTER and self.on_long_wait is not None:
-                    self.on_long_wait(describe)
+                    self.on_long_wait()
             if now > deadline:
                 raise TimeoutError(describe(limit))
             if now - idle_since < self.spin:

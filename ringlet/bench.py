@@ -63,8 +63,14 @@ def iters_for(nbytes: int, iters: int | None) -> int:
 
 
 def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False):
-    """A closure running one collective, plus a checker returning #wrong elements.
-    ``zero_copy``: buffers come from rl.empty (shared memory, read in place by peers)."""
+    """(call, reset, check): one collective; what restores its input between timed calls
+    (outside the timer: in-place collectives overwrite their input); and a checker
+    returning #wrong elements. ``zero_copy``: buffers come from rl.empty."""
+    call, check, reset = _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy)
+    return call, reset or (lambda: None), check
+
+
+def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
     per, total = counts(op, nbytes, p, dtype.itemsize)
     alloc = rl.empty if zero_copy else np.empty
 
@@ -77,43 +83,45 @@ def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False):
     expect_sum = sum(range(1, p + 1))
     if op == "all_reduce":
         x = full(total, rank + 1)
-        def call():
+        def reset():
             x[...] = rank + 1
-            rl.all_reduce(x, algorithm=algo)
-        return call, lambda: int(np.count_nonzero(x != expect_sum))
+        return (lambda: rl.all_reduce(x, algorithm=algo)), \
+            lambda: int(np.count_nonzero(x != expect_sum)), reset
     if op == "broadcast":
         x = full(total, rank + 1)
-        return (lambda: rl.broadcast(x, 0, algorithm=algo)), lambda: int(np.count_nonzero(x != 1))
+        return (lambda: rl.broadcast(x, 0, algorithm=algo)), \
+            lambda: int(np.count_nonzero(x != 1)), None
     if op == "reduce":
         x = full(total, rank + 1)
-        def call():
-            if rank == 0:
-                x[...] = 1
-            rl.reduce(x, 0, algorithm=algo)
-        return call, lambda: int(np.count_nonzero(x != expect_sum)) if rank == 0 else 0
+        def reset():
+            x[...] = rank + 1
+        return (lambda: rl.reduce(x, 0, algorithm=algo)), \
+            lambda: int(np.count_nonzero(x != expect_sum)) if rank == 0 else 0, reset
     blocks_of_ranks = np.repeat(ranks + 1, per).reshape(p, per)
     if op == "all_gather":
         x, y = full(per, rank + 1), full((p, per), 0)
         return (lambda: rl.all_gather(y, x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != blocks_of_ranks))
+            lambda: int(np.count_nonzero(y != blocks_of_ranks)), None
     if op == "reduce_scatter":
         x, y = full((p, per), rank + 1), full(per, 0)
         return (lambda: rl.reduce_scatter(y, x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != expect_sum))
+            lambda: int(np.count_nonzero(y != expect_sum)), None
     if op == "all_to_all":
         x = full((p, per), np.repeat(ranks + 100 * rank, per).reshape(p, per))
         y = full((p, per), 0)
         want = np.repeat(rank + 100 * ranks, per).reshape(p, per)
-        return (lambda: rl.all_to_all(y, x, algorithm=algo)), lambda: int(np.count_nonzero(y != want))
+        return (lambda: rl.all_to_all(y, x, algorithm=algo)), \
+            lambda: int(np.count_nonzero(y != want)), None
     if op == "gather":
         x = full(per, rank + 1)
         y = full((p, per), 0) if rank == 0 else None
         return (lambda: rl.gather(x, y, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != blocks_of_ranks)) if rank == 0 else 0
+            lambda: int(np.count_nonzero(y != blocks_of_ranks)) if rank == 0 else 0, None
     if op == "scatter":
         x = full((p, per), blocks_of_ranks) if rank == 0 else None
         y = full(per, 0)
-        return (lambda: rl.scatter(y, x, 0, algorithm=algo)), lambda: int(np.count_nonzero(y != rank + 1))
+        return (lambda: rl.scatter(y, x, 0, algorithm=algo)), \
+            lambda: int(np.count_nonzero(y != rank + 1)), None
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
 
@@ -133,17 +141,20 @@ def _worker(rank, cfg, out_path):
             bar = None
     for algo in cfg["algos"]:
         for nbytes in cfg["sizes"]:
-            call, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo,
-                                     cfg.get("zero_copy", False))
+            call, reset, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo,
+                                            cfg.get("zero_copy", False))
             n = iters_for(nbytes, cfg["iters"])
             for _ in range(cfg["warmup"]):
                 call()
             times = np.empty(n)
             for i in range(n):
+                reset()
                 rl.barrier()
                 t0 = time.perf_counter()
                 call()
                 times[i] = time.perf_counter() - t0
+            reset()
+            call()                       # the checked call starts from a fresh input
             t = np.array([np.median(times)])
             rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
             wrong = np.array([check() if cfg["check"] else 0], np.int64)

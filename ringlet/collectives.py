@@ -11,7 +11,7 @@ from . import algorithms, fingerprint
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, job_profile, resolve
-from .work import CollectiveWork, DoneWork
+from .work import CollectiveWork
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
@@ -364,4 +364,4 @@ def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: st
 
 
 __all__ = ["broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatter", "gather",
-           "scatter", "all_to_all", "all_to_all_single", "barrier", "schedule", "DoneWork"]
+           "scatter", "all_to_all", "all_to_all_single", "barrier", "schedule"]

@@ -197,13 +197,3 @@ class CollectiveWork(Work):
             peers[req.peer].post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
-
-
-class DoneWork(Work):
-    """An operation that finished (or failed validation) at once."""
-
-    def __init__(self, engine, what: str):
-        super().__init__(engine, what)
-
-    def _done(self) -> bool:
-        return True

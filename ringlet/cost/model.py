@@ -454,13 +454,10 @@ def _rs_direct(p, n, a, b, g, **kw):
 
 @_form("all_to_all", "pairwise")
 @_form("all_to_all_single", "pairwise")
-def _a2a_pairwise(p, n, a, b, g, **kw):
-    return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
-
-
 @_form("all_to_all", "direct")
 @_form("all_to_all_single", "direct")
-def _a2a_direct(p, n, a, b, g, **kw):
+def _a2a_pairwise_or_direct(p, n, a, b, g, **kw):
+    """Both send p-1 blocks of n/p: they differ in order (pairwise avoids hot spots), not cost."""
     return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
 
 

@@ -4,7 +4,6 @@ Copy-DATA is received straight into the destination; reduce-DATA and EAGER paylo
 through a bounce buffer the size of a fragment."""
 from __future__ import annotations
 
-import errno
 import socket
 
 import numpy as np
@@ -12,7 +11,6 @@ import numpy as np
 from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS, Peer,
                        ProtocolError, peer_failure)
 
-_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
 # Fuzzing fix: at most this many reads per _poll_in call. Without a bound, a peer that
 # streams packets (PAD, BYE, unexpected EAGER…) faster than we parse them kept progress()
 # from ever returning, so the waiter never reached its deadline check.

@@ -493,3 +493,42 @@ def test_same_script_runs_under_mpirun(tmp_path):
                           capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} of 3 ok" for r in range(3)]
+
+
+def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
+    """A send reported done with bytes still queued in user space needs its sender to keep
+    driving progress — a sender that then computes, or waits at destroy's barrier, would
+    leave its peer waiting forever (seen as a rare 256 MiB TCP exchange timeout)."""
+    from ringlet.transport.protocol import SendRequest
+    from ringlet.transport.tcp import TcpPeer
+
+    class Trickle:                      # a socket whose kernel takes 1000 bytes per call
+        def __init__(self, sock):
+            self.sock = sock
+
+        def send(self, data):
+            return self.sock.send(memoryview(data)[:1000])
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    class Engine:
+        def protocol_violation(self, peer, why):
+            raise AssertionError(why)
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    peer = TcpPeer(Engine(), 1, a)
+    peer.sock = Trickle(a)
+    req = SendRequest(1, 5, np.full(10_000, 3, np.uint8))   # eager: one packet
+    peer.post_send(req)
+    assert not req.done, "reported done with most of its bytes still queued"
+    while not req.done:
+        peer.progress()
+    got = b""
+    b.settimeout(2)
+    while len(got) < 64 + 10_000:
+        got += b.recv(65536)
+    assert got[64:] == b"\x03" * 10_000
+    a.close(), b.close()

@@ -30,6 +30,8 @@ class TcpPeer(Peer):
                 pass
         self.sock = sock
         self.wpending: list = []                  # bytes not yet accepted by the kernel
+        self.queued = self.flushed = 0            # bytes ever put in / taken from wpending
+        self.unflushed: list = []                 # (queued mark, send) done once flushed past it
         self.hbuf = bytearray(HEADER_SIZE)
         self.hgot = 0
         self.bounce = bytearray(max(eager, frag))
@@ -48,11 +50,27 @@ class TcpPeer(Peer):
             except OSError as exc:
                 self._lost(exc)
                 return False
+            self.flushed += n
             if n < len(buf):
                 self.wpending[0] = buf[n:]
+                self._complete_flushed()
                 return False
             self.wpending.pop(0)
+        self._complete_flushed()
         return True
+
+    def _sent(self, req) -> None:
+        """A send is complete only once its last byte is with the kernel: a rank whose send
+        'completed' with bytes still queued here could stop driving progress (compute, or
+        wait at destroy's barrier) while its peer waits for them forever."""
+        if self.wpending:
+            self.unflushed.append((self.queued, req))
+        else:
+            super()._sent(req)
+
+    def _complete_flushed(self) -> None:
+        while self.unflushed and self.unflushed[0][0] <= self.flushed:
+            Peer._sent(self, self.unflushed.pop(0)[1])
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         if not self._flush():
@@ -77,8 +95,9 @@ class TcpPeer(Peer):
                 return False
             if n < len(part):
                 # The caller may reuse its buffer once we return: keep a private copy.
-                self.wpending.append(bytes(memoryview(part)[n:]))
-                self.wpending.extend(bytes(p) for p in parts[i + 1:])
+                rest = [bytes(memoryview(part)[n:])] + [bytes(p) for p in parts[i + 1:]]
+                self.wpending.extend(rest)
+                self.queued += sum(len(r) for r in rest)
                 break
         return True
 
@@ -91,6 +110,12 @@ class TcpPeer(Peer):
 
     def pending(self) -> bool:
         return bool(self.wpending) or super().pending()
+
+    def fail(self, exc) -> None:
+        for _, req in self.unflushed:
+            req.fail(exc)
+        self.unflushed.clear()
+        super().fail(exc)
 
     # -- in ------------------------------------------------------------------------------
     def _recv_into(self, view: memoryview) -> int:

@@ -260,6 +260,14 @@ def _ar_recursive_doubling(p, n, a, b, g, **kw):
     return _t(q + 2, (q + 2) * n, (q + 1) * n, a, b, g)
 
 
+def _halving_core(p, n, a, b, g):
+    """Recursive halving then doubling among the largest power of two p' <= p:
+    (2 lg p' alpha + 2(p'-1)/p' n beta + (p'-1)/p' n gamma, whether p' < p needs fold-ins)."""
+    q = log2_floor(p)
+    pp = 1 << q
+    return _t(2 * q, 2 * (pp - 1) / pp * n, (pp - 1) / pp * n, a, b, g), pp != p
+
+
 @_form("all_reduce", "rabenseifner")
 def _ar_rabenseifner(p, n, a, b, g, **kw):
     """Recursive-halving reduce-scatter + recursive-doubling all-gather:
@@ -267,12 +275,8 @@ def _ar_rabenseifner(p, n, a, b, g, **kw):
     p - p' extra ranks in first (alpha + n beta + n gamma) and out last (alpha + n beta)."""
     if p == 1:
         return Terms()
-    q = log2_floor(p)
-    pp = 1 << q
-    core = _t(2 * q, 2 * (pp - 1) / pp * n, (pp - 1) / pp * n, a, b, g)
-    if pp == p:
-        return core
-    return core + _t(2, 2 * n, n, a, b, g)
+    core, folded = _halving_core(p, n, a, b, g)
+    return core + _t(2, 2 * n, n, a, b, g) if folded else core
 
 
 @_form("all_reduce", "tree")
@@ -367,12 +371,8 @@ def _rd_rabenseifner(p, n, a, b, g, **kw):
     2 lg p alpha + 2(p-1)/p n beta + (p-1)/p n gamma (+ fold-in step for p != 2^k)."""
     if p == 1:
         return Terms()
-    q = log2_floor(p)
-    pp = 1 << q
-    core = _t(2 * q, 2 * (pp - 1) / pp * n, (pp - 1) / pp * n, a, b, g)
-    if pp == p:
-        return core
-    return core + _t(1, n, n, a, b, g)
+    core, folded = _halving_core(p, n, a, b, g)
+    return core + _t(1, n, n, a, b, g) if folded else core
 
 
 # all_gather (n = total gathered bytes) ------------------------------------------------

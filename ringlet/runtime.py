@@ -98,7 +98,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
                         master_addr=master_addr, master_port=master_port, timeout=timeout,
                         generation=_S.generation)
-        hosts = tuple(_host_of(store, r, _S.generation, timeout) for r in range(world_size))
+        hosts = engine.hosts
         profile = _share_profile(store, rank, world_size, _S.generation, timeout)
     except BaseException:
         store.close()
@@ -197,11 +197,6 @@ def job_profile():
 def _describe_fp(fp) -> dict:
     from . import algorithms, fingerprint
     return fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c]))
-
-
-def _host_of(store, rank: int, gen: int, timeout: float) -> str:
-    import json
-    return json.loads(store.get(f"g{gen}/addr/{rank}", timeout=timeout))["host"]
 
 
 def destroy() -> None:

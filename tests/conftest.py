@@ -1,5 +1,7 @@
 import glob
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -37,6 +39,16 @@ def no_leftover_shm():
 @pytest.fixture(params=["auto", "tcp"])
 def backend(request):
     return request.param
+
+
+def ringlet_run(tmp_path, source: str, n: int = 3):
+    """Run ``source`` as a script under ``ringlet run -n n``; returns (process, seconds)."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), str(script)],
+                          capture_output=True, text=True, timeout=60)
+    return proc, time.monotonic() - t
 
 
 def two_hosts(n):

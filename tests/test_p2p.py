@@ -13,7 +13,7 @@ import pytest
 import ringlet as rl
 from ringlet.rendezvous import StoreServer, TCPStore, env_world, handshake_client
 from ringlet.errors import AuthenticationError
-from conftest import run, two_hosts
+from conftest import ringlet_run, run, two_hosts
 
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
               np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
@@ -305,34 +305,27 @@ def test_spawn_names_first_failing_rank():
 
 
 def test_ringlet_run_tears_down_and_names_failure(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(
-        "import numpy as np, ringlet as rl\n"
-        "rl.init()\n"
-        "if rl.get_rank() == 1:\n"
-        "    raise ValueError('bad shard 17')\n"
-        "rl.recv(np.zeros(1), 1, timeout=120)\n")
-    t = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", str(script)],
-                          capture_output=True, text=True, timeout=60)
+    proc, took = ringlet_run(tmp_path,
+                             "import numpy as np, ringlet as rl\n"
+                             "rl.init()\n"
+                             "if rl.get_rank() == 1:\n"
+                             "    raise ValueError('bad shard 17')\n"
+                             "rl.recv(np.zeros(1), 1, timeout=120)\n")
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.startswith("ringlet run:")]
     assert lines == ["ringlet run: rank 1 failed first: ValueError: bad shard 17"], proc.stderr
-    assert time.monotonic() - t < 30
+    assert took < 30
 
 
 def test_ringlet_run_success(tmp_path):
-    script = tmp_path / "ok.py"
-    script.write_text(
-        "import numpy as np, ringlet as rl, os\n"
-        "rl.init()\n"
-        "x = np.ones(10)\n"
-        "rl.all_reduce(x)\n"
-        "assert x[0] == rl.get_world_size() == int(os.environ['WORLD_SIZE'])\n"
-        "os.write(1, f\"rank {rl.get_rank()} local {os.environ['LOCAL_RANK']} ok\\n\".encode())\n"
-        "rl.destroy()\n")
-    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", str(script)],
-                          capture_output=True, text=True, timeout=60)
+    proc, _ = ringlet_run(tmp_path,
+                          "import numpy as np, ringlet as rl, os\n"
+                          "rl.init()\n"
+                          "x = np.ones(10)\n"
+                          "rl.all_reduce(x)\n"
+                          "assert x[0] == rl.get_world_size() == int(os.environ['WORLD_SIZE'])\n"
+                          "os.write(1, f\"rank {rl.get_rank()} local {os.environ['LOCAL_RANK']} ok\\n\".encode())\n"
+                          "rl.destroy()\n")
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} local {r} ok" for r in range(3)]
 

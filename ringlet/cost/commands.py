@@ -485,7 +485,6 @@ def _explain_main(argv) -> int:
             first = min(sweep[0][1], key=sweep[0][1].get) if sweep else winner
             print(f"  none: {first} wins over the whole range")
         else:
-            prev = None
             segs = []
             start_w = cross[0][1]
             bounds = [None] + [c[0] for c in cross] + [None]

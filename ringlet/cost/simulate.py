@@ -327,7 +327,6 @@ class _Sim:
         lat = np.zeros(p)
         bw = np.zeros(p)
         red = np.zeros(p)
-        idx_p = np.arange(p)
         neg = np.full(p, -np.inf)
         ai, bi = topo.intra.alpha, topo.intra.beta
         ae, be = topo.inter.alpha, topo.inter.beta

@@ -82,6 +82,7 @@ class Engine:
     def _connect(self, master_addr: str, master_port: int, gen: int) -> None:
         prefix = f"g{gen}/"
         use_shm = self.backend in ("auto", "shm")
+        self.hosts = (self.host_id,)
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
             self.seg_path = f"/dev/shm/ringlet-{self.job}-{gen}-{self.rank}"
@@ -99,6 +100,7 @@ class Engine:
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(self.store.get(f"{prefix}addr/{r}", timeout=self.timeout))
                  for r in range(self.world_size)]
+        self.hosts = tuple(info["host"] for info in infos)   # host identity of every rank
         remote = []
         for info in infos:
             r = info["rank"]

@@ -8,7 +8,7 @@ import socket
 
 import numpy as np
 
-from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS, Peer,
+from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
                        ProtocolError, peer_failure)
 
 # Fuzzing fix: at most this many reads per _poll_in call. Without a bound, a peer that

@@ -499,7 +499,6 @@ def _explain_main(argv) -> int:
                     label = f"{format_size(lo_b)} .. {format_size(hi_b)}"
                 segs.append(f"  {label:<26}{w}")
             print("\n".join(segs))
-            del prev
     if a.plot:
         _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])
         print(f"wrote {a.plot}")

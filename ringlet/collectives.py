@@ -11,7 +11,7 @@ from . import algorithms, fingerprint
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, job_profile, resolve
-from .work import CollectiveWork
+from .work import CollectiveWork, compile_plan
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
@@ -47,7 +47,9 @@ _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits,
 def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
     """Everything about a call that does not depend on the buffers' addresses, computed once:
     the algorithm (auto asks the cost model), the schedule, this rank's plan, the ufunc."""
-    key = (collective, algorithm, g.id, count, dtype.str, root, splits, op)
+    # The group object itself (not its id, reused after destroy and init) keys the cache:
+    # the plan holds its world ranks.
+    key = (collective, algorithm, g, count, dtype.str, root, splits, op)
     hit = _CALLS.get(key)
     if hit is None:
         # Uneven all-to-all is priced at its mean block size.
@@ -58,7 +60,7 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
         fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
                                 count, root, op)
-        hit = (name, sched.rank_plan(g.rank), sched.buffers.get("tmp", 0),
+        hit = (name, compile_plan(sched.rank_plan(g.rank), g.ranks), sched.buffers.get("tmp", 0),
                UFUNC[op] if op is not None else None, fp, why)
         if len(_CALLS) > 4096:
             _CALLS.clear()

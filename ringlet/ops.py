@@ -17,6 +17,10 @@ class ReduceOp(enum.Enum):
     BOR = "bor"
     BXOR = "bxor"
 
+    # Members are singletons, so identity hashing agrees with equality; it is computed in C
+    # where Enum's own __hash__ is a Python call (every collective call hashes its op).
+    __hash__ = object.__hash__
+
 
 # AVG reduces with add; the runtime divides by the group size afterwards.
 UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,

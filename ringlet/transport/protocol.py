@@ -74,18 +74,19 @@ class RecvRequest(Request):
 
     def deliver(self, payload) -> None:
         """Apply one in-order piece of the message (a bytes-like of whole elements)."""
-        n = len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
+        if not isinstance(payload, np.ndarray):
+            payload = np.frombuffer(payload, np.uint8)
+        n = payload.nbytes
         if n == 0:
             return
         if self.ufunc is None:
-            dst = self.dst.view(np.uint8)       # dst is flat
-            dst[self.offset:self.offset + n] = np.frombuffer(payload, np.uint8) \
-                if not isinstance(payload, np.ndarray) else payload.view(np.uint8)
+            self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
         else:
             e0, e1 = self.offset // self.itemsize, (self.offset + n) // self.itemsize
-            incoming = (np.frombuffer(payload, self.dtype) if not isinstance(payload, np.ndarray)
-                        else payload.view(self.dtype))
-            self.ufunc(self.acc[e0:e1], incoming, out=self.dst[e0:e1])
+            dst = self.dst[e0:e1]
+            # One view when the accumulator is the destination keeps NumPy off its overlap check.
+            acc = dst if self.acc is self.dst else self.acc[e0:e1]
+            self.ufunc(acc, payload.view(self.dtype), dst)
         self.offset += n
 
 

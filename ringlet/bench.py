@@ -155,12 +155,13 @@ def _worker(rank, cfg, out_path):
                 times[i] = time.perf_counter() - t0
             reset()
             call()                       # the checked call starts from a fresh input
+            # What ran, read before the two all_reduces below overwrite the record.
+            ran = rl.stats()["collectives"].get(cfg["op"], {}).get("algorithm", algo)
             t = np.array([np.median(times)])
             rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
             wrong = np.array([check() if cfg["check"] else 0], np.int64)
             rl.all_reduce(wrong, algorithm="recursive_doubling")
             if rank == 0:
-                ran = rl.stats()["collectives"].get(cfg["op"], {}).get("algorithm", algo)
                 rows.append({"lib": "ringlet", "op": cfg["op"], "p": p, "bytes": nbytes,
                              "dtype": dtype.name, "algorithm": algo, "ran": ran,
                              "zero_copy": cfg.get("zero_copy", False), "time_us": t[0] * 1e6,
@@ -270,6 +271,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sizes = parse_sizes(a.sizes)
     algos = [x for x in a.algo.split(",") if x]
+    from .algorithms import CATALOG     # unknown names fail here, before any rank starts
+    bad = [x for x in algos if x != "auto" and x not in CATALOG[a.op]]
+    if bad:
+        ap.error(f"unknown {a.op} algorithm(s) {', '.join(bad)}; valid: auto, "
+                 f"{', '.join(CATALOG[a.op])}")
     env = None
     if a.hosts > 1:
         if a.n % a.hosts:

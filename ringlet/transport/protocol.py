@@ -55,7 +55,9 @@ class SendRequest(Request):
     __slots__ = ("data", "zc")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
-        super().__init__(peer, tag, data.nbytes, "send", fp)
+        # (Request.__init__ inlined: a small collective creates several requests per call.)
+        self.peer, self.tag, self.nbytes, self.what, self.fp = peer, tag, data.nbytes, "send", fp
+        self.done, self.error, self.msgid, self.offset = False, None, -1, 0
         self.data = data  # flat uint8 view of the caller's buffer
         self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
 
@@ -65,7 +67,8 @@ class RecvRequest(Request):
 
     def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None,
                  fp=NO_FP):
-        super().__init__(peer, tag, dst.nbytes, "recv", fp)
+        self.peer, self.tag, self.nbytes, self.what, self.fp = peer, tag, dst.nbytes, "recv", fp
+        self.done, self.error, self.msgid, self.offset = False, None, -1, 0
         self.dst = dst            # typed flat array receiving the data
         self.ufunc = ufunc        # None: copy; else dst = ufunc(acc, incoming)
         self.acc = dst if acc is None else acc

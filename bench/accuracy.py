@@ -9,7 +9,7 @@
 2. For p in {2, 3, 4} and sizes 64 KiB .. 64 MiB (x4) measures EVERY all_reduce algorithm
    with ringlet's real runtime (local ranks over shared memory, float32 SUM; the method
    of ``ringlet bench``: barrier, time one call, median over iterations of the slowest
-   rank - but with the buffer refilled outside the timed region, see ``_job``;
+   rank; see ``_job``;
    ``--via-bench`` uses ``ringlet.bench.run_ringlet`` itself). Each (p, size) cell is
    measured in ``--repeats`` jobs spread over the run, each running all algorithms in
    ``--blocks`` interleaved blocks; see ``cell_times`` for how the blocks are combined:
@@ -60,12 +60,10 @@ def _job(rank, cfg, out_path):
     ``warmup`` untimed calls then ``iters`` timed ones; rank 0 writes, per entry, the
     median over the timed calls of the slowest rank and how many elements were wrong.
 
-    This is ``ringlet.bench``'s method (barrier, time one call, median over iterations
-    of the slowest rank) with two differences: the buffer is refilled BEFORE the barrier,
-    outside the timed region (``ringlet.bench`` refills it inside its timed call, which
-    at 64 MiB adds the cost of writing 64 MiB to every measurement), and the job first
-    sends 8 MiB through every shared-memory ring (``prefault_rings``): a fresh job's
-    first lap around a ring page-faults."""
+    This is ``ringlet.bench``'s method (refill the buffer, barrier, time one call, median
+    over iterations of the slowest rank) with one difference: the job first sends 8 MiB
+    through every shared-memory ring (``prefault_rings``): a fresh job's first lap around
+    a ring page-faults."""
     import numpy as np
 
     import ringlet as rl

@@ -50,8 +50,12 @@ def test_bench_reports_a_missing_peer_and_goes_on(tmp_path):
     text = r.stdout + r.stderr
     try:
         import torch  # noqa: F401
-        assert "gloo" in text
+        have_torch = True
     except ImportError:
+        have_torch = False
+    if have_torch:     # Gloo ran beside us: its time and our ratio are columns
+        assert "gloo: skipped" not in text and "xgloo" in r.stdout
+    else:
         assert "gloo: skipped" in text and "torch is not installed" in text
     assert any(line.split()[:1] == ["1K"] for line in r.stdout.splitlines())
 

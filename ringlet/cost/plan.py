@@ -143,22 +143,23 @@ def sci(x: float) -> str:
 
 def format_strong(rows, P, G) -> str:
     """Output 4.1.1, character for character for the seed's inputs."""
-    lines = [f"Strong scaling: P = {sci(P)} params, global batch = {int(G)} split across K workers",
-             f"{'K':>6} {'local batch':>12} {'compute (ms)':>13} {'all-reduce (ms)':>16} {'gamma':>9}"]
-    for r in rows:
-        flag = "  <- comm-bound" if r.t_comm > r.t_comp else ""
-        lines.append(f"{r.K:>6d} {int(r.b):>12d} {r.t_comp * 1e3:>13.2f} {r.t_comm * 1e3:>16.2f} "
-                     f"{r.t_comm / r.t_comp:>9.3f}{flag}")
-    return "\n".join(lines)
+    return _scaling_table(
+        f"Strong scaling: P = {sci(P)} params, global batch = {int(G)} split across K workers",
+        "local batch", rows, lambda r: r.b)
 
 
 def format_weak(rows, P, b) -> str:
-    lines = [f"Weak scaling: P = {sci(P)} params, local batch = {int(b)} per worker "
-             f"(global batch grows with K)",
-             f"{'K':>6} {'global batch':>12} {'compute (ms)':>13} {'all-reduce (ms)':>16} {'gamma':>9}"]
+    return _scaling_table(
+        f"Weak scaling: P = {sci(P)} params, local batch = {int(b)} per worker "
+        f"(global batch grows with K)", "global batch", rows, lambda r: r.b * r.K)
+
+
+def _scaling_table(title, batch_header, rows, batch) -> str:
+    lines = [title,
+             f"{'K':>6} {batch_header:>12} {'compute (ms)':>13} {'all-reduce (ms)':>16} {'gamma':>9}"]
     for r in rows:
         flag = "  <- comm-bound" if r.t_comm > r.t_comp else ""
-        lines.append(f"{r.K:>6d} {int(r.b * r.K):>12d} {r.t_comp * 1e3:>13.2f} "
+        lines.append(f"{r.K:>6d} {int(batch(r)):>12d} {r.t_comp * 1e3:>13.2f} "
                      f"{r.t_comm * 1e3:>16.2f} {r.t_comm / r.t_comp:>9.3f}{flag}")
     return "\n".join(lines)
 

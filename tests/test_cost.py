@@ -673,6 +673,20 @@ def test_host_model_one_message_is_the_slower_side():
 
 
 @needs_algorithms
+@needs_algorithms
+def test_host_model_hop_latency_adds_up_along_a_chain_only():
+    """alpha_hop is latency, not CPU: at p = 2 the naive ring's two messages follow each
+    other and pay it twice; recursive doubling's exchange overlaps the two directions
+    and pays it once (each rank still does the CPU work of both its messages)."""
+    m = _host(alpha=1e-6, alpha_hop=3e-6)
+    chain = simulate(_build("all_reduce", "naive_ring", 2, 2), Topology.on_host(2, m))
+    swap = simulate(_build("all_reduce", "recursive_doubling", 2, 2), Topology.on_host(2, m))
+    assert chain.time == pytest.approx(2 * (3e-6 + 1e-6))
+    assert chain.parts["alpha_hop"] == pytest.approx(6e-6)
+    assert swap.time == pytest.approx(3e-6 + 2 * 1e-6)
+    assert swap.parts["alpha_hop"] == pytest.approx(3e-6)
+
+
 def test_host_model_sharing_cores_by_hand():
     """p = 4 ring on 2 cores: every round all 4 ranks are busy, so all CPU work runs
     k = 4/2 = 2 times slower, and beta_share adds (k - 1) * beta_share per byte; 16 KiB
@@ -753,7 +767,7 @@ def test_host_model_bad_input():
                            "nbytes": 0, "seconds": 1e-5}] * 2, terms=["alpha", "nope"])
 
 
-HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
+HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
                 "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
                 "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "idle_share": 0.5,
                 "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 16384,

@@ -86,7 +86,7 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
     p = rl.get_world_size()
     rows = []
 
-    def timed(call, warm):
+    def timed(call, warm, buf=None):
         for _ in range(warm):                    # warm up: schedules, segments, caches
             call()
         # every rank must run the same number of repetitions: agree on the slowest estimate
@@ -97,6 +97,10 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
         reps = int(min(max_reps, max(3, budget // max(float(est[0]), 1e-9))))
         ts = []
         for _ in range(reps):
+            if buf is not None:
+                # Like a gradient, and like ringlet bench and bench/accuracy.py: the buffer
+                # is written just before the call, so the call starts with it dirty in cache.
+                buf[...] = rank + 1
             rl.barrier()
             t0 = time.perf_counter()
             call()
@@ -113,9 +117,9 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
             buf = bufs[nb]
             for coll, alg in EXPERIMENTS:
                 if coll == "broadcast":
-                    t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm)
+                    t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm, buf)
                 else:
-                    t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm)
+                    t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm, buf)
                 rows.append((coll, alg, buf.nbytes, t, reps))
     if rank == 0:
         with open(out_path, "w") as f:
@@ -247,7 +251,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
                 szs = [s for s in sizes if n <= mc["cores"] or s <= CROWDED_MAX_SIZE]
                 _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, 30.0, 0.5, 2)
         samples = [s for n in ranks for s in _samples(n, runs[n])]
-        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_rdv=1e-5,
+        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
                          alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11,
                          beta_crowd=1e-11,
                          l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"], cores=mc["cores"],
@@ -268,6 +272,8 @@ def describe(t: dict) -> str:
                 f"gamma {t.get('gamma', 0):.3g} s/B, delta {t.get('delta', 0):.3g} s/B")
     rows = [
         ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
+        ("alpha_hop", t.get("alpha_hop", 0.0) * 1e6, "us",
+         "latency per message, sender to receiver (adds up along a chain)"),
         ("alpha_rdv", t["alpha_rdv"] * 1e6, "us",
          f"rendezvous latency, messages > {format_size(t['eager'])}"),
         ("alpha_crowd", t["alpha_crowd"] * 1e6, "us",

@@ -439,7 +439,8 @@ def _explain_main(argv) -> int:
     host = env.host
     if host is not None:
         print(f"{host}")
-        print("terms: latency = alpha (CPU per message, each side) + alpha_rdv (rendezvous) + "
+        print("terms: latency = alpha (CPU per message, each side) + alpha_hop (sender to "
+              "receiver, adds up along a chain) + alpha_rdv (rendezvous) + "
               "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
               "delta (local copies) + beta_share / beta_crowd (sharing cores); reduction = gamma; "
               "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3); cores = "

@@ -36,9 +36,9 @@ from .model import Link, Terms, tier
 
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
-HOST_TERMS = ("alpha", "alpha_rdv", "alpha_crowd", "beta", "gamma", "delta", "mem_l2", "mem_l3",
-              "beta_share", "beta_crowd")
-_LATENCY_TERMS = ("alpha", "alpha_rdv", "alpha_crowd")
+HOST_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd", "beta", "gamma", "delta",
+              "mem_l2", "mem_l3", "beta_share", "beta_crowd")
+_LATENCY_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
@@ -57,6 +57,9 @@ class HostModel:
                      sooner than its slower side (fragments pipeline through the ring)
     ``gamma``        extra CPU per byte the receiver reduces out of the ring (over a copy)
     ``delta``        CPU per byte of a local copy; a local reduce costs delta + gamma
+    ``alpha_hop``    latency per message that takes no CPU: from the sender's store to the
+                     receiver seeing it (cache lines crossing cores, the receiver's next
+                     poll). Ranks that exchange overlap it; a chain pays it on every hop
     ``alpha_rdv``    latency per message larger than ``eager`` bytes: the RTS/CTS round
                      trip before data flows
     ``alpha_crowd``  latency per message when the job has more ranks than ``cores``
@@ -89,6 +92,7 @@ class HostModel:
     beta: float
     gamma: float = 0.0
     delta: float = 0.0
+    alpha_hop: float = 0.0
     alpha_rdv: float = 0.0
     alpha_crowd: float = 0.0
     mem_l2: float = 0.0
@@ -144,7 +148,8 @@ class HostModel:
         return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
 
     def __str__(self) -> str:
-        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + rendezvous "
+        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + {self.alpha_hop * 1e6:.3g} us "
+                f"per hop + rendezvous "
                 f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
                 f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
                 f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
@@ -604,6 +609,7 @@ class _HostSim:
             fd = fs.copy()
             fd[:, I["gamma"]] = nb * red
             lat = np.zeros((M, K))
+            lat[:, I["alpha_hop"]] = 1.0
             lat[:, I["alpha_rdv"]] = nb > m.eager
             lat[:, I["alpha_crowd"]] = crowded
             w_s = k * (fs @ th)

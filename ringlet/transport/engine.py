@@ -34,7 +34,11 @@ CHECK_FINGERPRINTS = True   # see _read_check_switch
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
-YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 50)) * 1e-6  # then yield this long
+# Then yield this long before sleeping. Waking a sleeper (doorbell, select, scheduler) costs
+# tens of microseconds, paid on every hop of a chain (naive ring, tree) whose ranks wait
+# their turn: at p = 3 and 4 on 2 cores, 256 KiB naive_ring took 260-500 us with 50 us of
+# yielding and 150-300 us with 1 ms (bench: RINGLET_YIELD_US side by side).
+YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 1000)) * 1e-6
 
 
 def _read_check_switch() -> None:

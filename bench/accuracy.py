@@ -131,8 +131,8 @@ def measure(ps=PS, sizes=SIZES, algos=ALGOS, repeats=3, blocks=5, warmup=1, verb
     One job (p fresh local ranks, ``ringlet.launch.spawn``) per (repeat, p, size); inside
     a job the algorithms run in ``blocks`` interleaved blocks, each in its own shuffled
     order (``block_order``), so that a slow spell of the host (or of the job) hits all of
-    them alike. Each block gives
-    the median over its iterations of the slowest rank (see :func:`_job`; with
+    them alike. Each block gives the median over its iterations of the slowest rank (see
+    :func:`_job`; with
     ``via_bench``, ``ringlet.bench.run_ringlet`` times them instead). This host is
     shared: before a job we wait (up to ``quiet_wait`` s) until other processes use less
     than ``max_load`` / 2 cores, and a job during which they used more than ``max_load``

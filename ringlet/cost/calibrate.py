@@ -11,8 +11,8 @@ sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 
 :func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
-(per-message CPU alpha on each side, rendezvous latency, latency when ranks outnumber
-cores, per-byte beta on each side, gamma per byte reduced, delta per byte copied
+(per-message CPU alpha on each side, latency per hop, rendezvous latency, latency when
+ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte copied
 locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing cores)
 are solved by non-negative least squares on relative error, with the residuals
 reported. The profile (JSON, see :mod:`ringlet.cost.profile`) is saved to the user
@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from .model import Link, format_size, parse_size
-from .profile import Profile, fit_host, machine, profile_path
+from .profile import FIT_START, Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
@@ -251,11 +251,8 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
                 szs = [s for s in sizes if n <= mc["cores"] or s <= CROWDED_MAX_SIZE]
                 _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, 30.0, 0.5, 2)
         samples = [s for n in ranks for s in _samples(n, runs[n])]
-        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
-                         alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11,
-                         beta_crowd=1e-11,
-                         l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"], cores=mc["cores"],
-                         **TRANSPORT[tr])
+        base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
+                         cores=mc["cores"], **TRANSPORT[tr])
         f = fit_host(samples, base)
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred

@@ -144,8 +144,8 @@ class Profile:
                     raise ValueError(f"{source}: transport {name!r} needs a number {key} >= 0")
             if t["beta"] <= 0:
                 raise ValueError(f"{source}: transport {name!r} needs beta > 0")
-            for key in ("gamma", "delta", "alpha_hop", "alpha_rdv", "alpha_crowd", "mem_l2", "mem_l3",
-                        "beta_share", "beta_crowd", "idle_share"):
+            for key in ("gamma", "delta", "alpha_hop", "alpha_rdv", "alpha_crowd", "mem_l2",
+                        "mem_l3", "beta_share", "beta_crowd", "idle_share"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")
@@ -280,6 +280,11 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
     return out
 
 
+#: where fit_host starts the host model's terms (seconds per message, per byte)
+FIT_START = dict(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
+                 alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11, beta_crowd=1e-11)
+
+
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
              imbalances=(0.0, 0.5, 1.0)) -> dict:
@@ -312,9 +317,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     from .simulate import HOST_TERMS, HostModel, Topology, simulate
 
     if base is None:
-        base = HostModel(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
-                         alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11,
-                         beta_crowd=1e-11)
+        base = HostModel(**FIT_START)
     elif isinstance(base, dict):
         base = HostModel.from_params(base)
     names = tuple(HOST_TERMS) if terms is None else tuple(terms)

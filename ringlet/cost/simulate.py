@@ -148,8 +148,8 @@ class HostModel:
         return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
 
     def __str__(self) -> str:
-        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + {self.alpha_hop * 1e6:.3g} us "
-                f"per hop + rendezvous "
+        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + "
+                f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
                 f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
                 f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
                 f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "

@@ -49,7 +49,7 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
     the algorithm (auto asks the cost model), the schedule, this rank's plan, the ufunc."""
     # The group object itself (not its id, reused after destroy and init) keys the cache:
     # the plan holds its world ranks.
-    key = (collective, algorithm, g, count, dtype.str, root, splits, op)
+    key = (collective, algorithm, g, count, dtype, root, splits, op)
     hit = _CALLS.get(key)
     if hit is None:
         # Uneven all-to-all is priced at its mean block size.
@@ -60,7 +60,9 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
         fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
                                 count, root, op)
-        hit = (name, compile_plan(sched.rank_plan(g.rank), g.ranks), sched.buffers.get("tmp", 0),
+        tmp = sched.buffers.get("tmp", 0)
+        pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
+        hit = (name, compile_plan(sched.rank_plan(g.rank), g.ranks), tmp, pool,
                UFUNC[op] if op is not None else None, fp, why)
         if len(_CALLS) > 4096:
             _CALLS.clear()
@@ -70,14 +72,10 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
-    name, plan, tmp, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op, root,
-                                               splits)
+    name, plan, tmp, pool, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op,
+                                                     root, splits)
     if _DEBUG_ALGO:
         log.warning("ringlet rank %d, %s #%d: %s", engine().rank, g.name, g.seq + 1, why)
-    key = (tmp, dtype.str)
-    pool = _TMP.get(key)
-    if pool is None:
-        pool = _TMP[key] = []
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
     work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,

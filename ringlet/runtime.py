@@ -325,7 +325,7 @@ def stats() -> dict:
     for r, p in sorted(eng.peers.items()):
         out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
         out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
-    out["collectives"] = dict(getattr(eng, "coll_stats", {}))
+    out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
     return out
 
 

@@ -82,7 +82,7 @@ class CollectiveWork(Work):
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
                  finish=None, scratch=None):
-        super().__init__(engine, what)
+        self.engine, self._what, self.error = engine, what, None   # (Work.__init__, inlined)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
         self.tag, self.fp = tag, fp
@@ -160,15 +160,8 @@ class CollectiveWork(Work):
         eng.end_collective(self)
         st = eng.coll_stats.get(self._what[0])
         if st is None:
-            st = eng.coll_stats[self._what[0]] = {"calls": 0, "wait_s": 0.0, "max_wait_s": 0.0,
-                                                  "last_arrival": None, "algorithm": None}
-        st["algorithm"] = self._what[3]
-        st["calls"] += 1
-        st["wait_s"] += self.waited
-        if self.waited >= st["max_wait_s"]:
-            st["max_wait_s"] = self.waited
-        if self.last_peer is not None:
-            st["last_arrival"] = self.last_peer
+            st = eng.coll_stats[self._what[0]] = CallStats()
+        st.add(self._what[3], self.waited, self.last_peer)
 
     def _post(self, rnd) -> None:
         bufs, ufunc = self.bufs, self.ufunc
@@ -191,11 +184,35 @@ class CollectiveWork(Work):
             reqs.append(req)
             peers[src].post_recv(req)
         for dst, sb, s0, s1 in rnd[2]:
-            req = SendRequest(dst, tag, bufs[sb][s0:s1].view(np.uint8), fp)
-            reqs.append(req)
-            peers[dst].post_send(req)
+            data = bufs[sb][s0:s1].view(np.uint8)
+            peer = peers[dst]
+            if not peer.send_now(tag, data, fp):   # small sends mostly go at once
+                req = SendRequest(dst, tag, data, fp)
+                reqs.append(req)
+                peer.post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
+
+
+class CallStats:
+    """Counters of one collective on this rank, for ``rl.stats()``."""
+    __slots__ = ("calls", "wait_s", "max_wait_s", "last_arrival", "algorithm")
+
+    def __init__(self):
+        self.calls, self.wait_s, self.max_wait_s = 0, 0.0, 0.0
+        self.last_arrival = self.algorithm = None
+
+    def add(self, algorithm: str, waited: float, last_peer) -> None:
+        self.algorithm = algorithm
+        self.calls += 1
+        self.wait_s += waited
+        if waited >= self.max_wait_s:
+            self.max_wait_s = waited
+        if last_peer is not None:
+            self.last_arrival = last_peer
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 def compile_plan(plan, world_of) -> tuple:

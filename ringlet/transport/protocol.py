@@ -84,6 +84,8 @@ class RecvRequest(Request):
             return
         if self.ufunc is None:
             self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
+        elif n == self.nbytes:   # the whole message at once (small ones): no slicing
+            self.ufunc(self.acc, payload.view(self.dtype), self.dst)
         else:
             e0, e1 = self.offset // self.itemsize, (self.offset + n) // self.itemsize
             dst = self.dst[e0:e1]
@@ -131,13 +133,24 @@ class Peer:
         self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
 
     # -- posting -------------------------------------------------------------------------
+    def send_now(self, tag: int, data, fp=NO_FP) -> bool:
+        """Write a small message straight into the transport, the common case of a small
+        send: True when it went (no request needed), False when it must be queued."""
+        n = data.nbytes
+        if n > self.eager or self.outq or self.dead or not self._write(EAGER, 0, tag, -1, n, 0,
+                                                                       data, *fp):
+            return False
+        self.msgs_sent += 1
+        self.bytes_sent += n
+        return True
+
     def post_send(self, req: SendRequest) -> None:
         if self.dead:
             req.fail(self.dead)
             return
         if req.nbytes <= self.eager:
-            if not self.outq and self._write(EAGER, 0, req.tag, -1, req.nbytes, 0, req.data, *req.fp):
-                self._sent(req)   # the common case: straight into the transport
+            if self.send_now(req.tag, req.data, req.fp):
+                req.done = True
                 return
             self.outq.append(("eager", req))
         else:
@@ -228,14 +241,17 @@ class Peer:
         EAGER and RTS carry the sender's collective fingerprint ``fp``: a receive posted
         with another fingerprint, or a collective of this rank running under the same tag
         with another one, is a mismatch that aborts the collective on every rank."""
-        if kind == RTS:
-            # Senders number large messages 0, 1, 2, … in order; a reused id would orphan
-            # the receive already matched to it.
-            if msgid <= self.last_rts:
-                raise ProtocolError(f"RTS reuses message id {msgid}")
-            self.last_rts = msgid
         if kind == EAGER or kind == RTS:
             q = self.posted.get(tag)
+            if kind == EAGER and q and q[0].fp == fp:   # the common case first
+                self._finish_eager(_pop(self.posted, tag, q), payload)
+                return
+            if kind == RTS:
+                # Senders number large messages 0, 1, 2, … in order; a reused id would
+                # orphan the receive already matched to it.
+                if msgid <= self.last_rts:
+                    raise ProtocolError(f"RTS reuses message id {msgid}")
+                self.last_rts = msgid
             if q and q[0].fp != fp and CHECK_FINGERPRINTS:
                 self.engine.mismatch(tag, q[0].fp, fp, self.rank)
                 return

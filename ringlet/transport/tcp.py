@@ -59,6 +59,9 @@ class TcpPeer(Peer):
         self._complete_flushed()
         return True
 
+    def send_now(self, tag, data, fp=None) -> bool:
+        return False    # a send completes only once flushed (below): it needs a request
+
     def _sent(self, req) -> None:
         """A send is complete only once its last byte is with the kernel: a rank whose send
         'completed' with bytes still queued here could stop driving progress (compute, or

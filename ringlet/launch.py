@@ -208,7 +208,9 @@ def run_main(argv) -> int:
             rank = a.node_rank * a.nproc_per_node + local
             e = dict(env, RANK=str(rank), LOCAL_RANK=str(local),
                      RINGLET_ERROR_FILE=os.path.join(errdir, str(rank)))
-            cmd = [sys.executable, "-m", "ringlet.launch", "-m" if a.module else "-s", a.script, *a.args]
+            # Not "-m ringlet.launch": the package imports that module first, and runpy
+            # warns about running a module that is already imported.
+            cmd = [sys.executable, "-c", _CHILD, "-m" if a.module else "-s", a.script, *a.args]
             procs.append(subprocess.Popen(cmd, env=e))
         failures = _watch([_PopenSentinel(p) for p in procs], lambda i: procs[i].poll(), None,
                           lambda i: procs[i].kill(), lambda i: procs[i].terminate())
@@ -248,6 +250,9 @@ class _PopenSentinel:
         return self.fd
 
 
+_CHILD = "import sys; from ringlet.launch import _child_main; _child_main(sys.argv[1:])"
+
+
 def _child_main(argv) -> None:
     """Run a rank's script; on an uncaught exception leave a one-line summary for the
     launcher before the traceback is printed."""
@@ -274,6 +279,3 @@ def _record(line: str) -> None:
         with open(path, "w") as f:
             f.write(line.splitlines()[0] if line else line)
 
-
-if __name__ == "__main__":
-    _child_main(sys.argv[1:])

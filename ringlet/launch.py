@@ -250,7 +250,9 @@ class _PopenSentinel:
         return self.fd
 
 
-_CHILD = "import sys; from ringlet.launch import _child_main; _child_main(sys.argv[1:])"
+# sys.path[0] as "-m" would set it: the launch directory, absolute (a rank may chdir).
+_CHILD = ("import os, sys; sys.path[0] = os.getcwd(); "
+          "from ringlet.launch import _child_main; _child_main(sys.argv[1:])")
 
 
 def _child_main(argv) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -646,8 +647,9 @@ def test_host_model_ring_p2_by_hand():
     """p = 2 ring all-reduce of 64 KiB: two rounds, one 32 KiB message each way.
     Each rank is one thread: it copies its send into the ring AND copies (reduces) its
     receive out, so its work adds up: RS = (a + 32768 b) + (a + 32768 b + 32768 g),
-    AG = 2 (a + 32768 b); 32 KiB > eager, so each round first pays the rendezvous."""
-    m = _host(alpha=1e-6, beta=1e-9, gamma=0.5e-9, alpha_rdv=2e-6)
+    AG = 2 (a + 32768 b); 32 KiB > eager (16 KiB here), so each round first pays the
+    rendezvous."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=0.5e-9, alpha_rdv=2e-6, eager=16 << 10)
     res = simulate(_build("all_reduce", "ring", 2, 16384), Topology.on_host(2, m))
     rs = 2e-6 + (1e-6 + 32768e-9) + (1e-6 + 32768e-9 + 32768 * 0.5e-9)
     ag = 2e-6 + 2 * (1e-6 + 32768e-9)
@@ -770,8 +772,21 @@ def test_host_model_bad_input():
 HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
                 "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
                 "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "idle_share": 0.5,
-                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 16384,
+                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 256 << 10,
                 "ring_bytes": 4 << 20}
+
+
+def test_profile_of_another_protocol_warns():
+    """A profile fitted when the shm eager limit was 16 KiB prices rendezvous that no longer
+    happen: loading it says so, and how to fix it."""
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_profile()                                   # the running transport's facts
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE, eager=16384)}).save()
+    with pytest.warns(UserWarning, match=r"shm was calibrated with eager = 16384 bytes.*"
+                                         r"ringlet calibrate"):
+        load_profile()
 
 
 @needs_algorithms

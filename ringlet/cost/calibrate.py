@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+from ..transport import shm, tcp
 from .model import Link, format_size, parse_size
 from .profile import FIT_START, Profile, fit_host, machine, profile_path
 
@@ -42,8 +43,8 @@ DEFAULT_RANKS = (2, 3, 4)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
 #: what the transports do (ringlet.transport): eager limit, bytes a pair cycles through
-TRANSPORT = {"shm": {"eager": 16 << 10, "ring_bytes": 4 << 20},
-             "tcp": {"eager": 64 << 10, "ring_bytes": 1 << 20}}
+TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES},
+             "tcp": {"eager": tcp.EAGER_BYTES, "ring_bytes": tcp.FRAG_BYTES}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages

@@ -35,6 +35,7 @@ import math
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,7 +206,25 @@ def load_profile(path=None, *, strict: bool = False) -> Profile:
             raise ValueError(f"cannot read ringlet profile {path}: {exc}") from None
         return _default_cached()
     _CACHE["file"] = (key, prof)
+    for why in stale_reasons(prof):
+        warnings.warn(f"ringlet profile {path}: {why}; rerun `ringlet calibrate`", stacklevel=2)
     return prof
+
+
+def stale_reasons(prof: Profile) -> list:
+    """What differs between the transports a profile was calibrated with and the ones this
+    ringlet runs (a fitted rendezvous latency means little once the eager limit moved)."""
+    from .calibrate import TRANSPORT
+    out = []
+    for name, facts in TRANSPORT.items():
+        t = prof.transports.get(name, {})
+        if t.get("model") != "host":
+            continue
+        for key, now in facts.items():
+            if key in t and int(t[key]) != int(now):
+                out.append(f"{name} was calibrated with {key} = {int(t[key])} bytes, "
+                           f"this ringlet uses {int(now)}")
+    return out
 
 
 def _default_cached() -> Profile:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..transport import shm
 from .model import Link, Terms, tier
 
 
@@ -104,8 +105,8 @@ class HostModel:
     l2_bytes: int = 1 << 20
     l3_bytes: int = 32 << 20
     cores: int = 1
-    eager: int = 16 << 10
-    ring_bytes: int = 4 << 20
+    eager: int = shm.EAGER_BYTES
+    ring_bytes: int = shm.RING_BYTES
 
     def __post_init__(self):
         for name in HOST_TERMS:

@@ -22,7 +22,7 @@ from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, Ring
                       TimeoutError)
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
 from .protocol import RecvRequest, SendRequest, peer_failure
-from .shm import Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
+from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
 from .tcp import TcpPeer
 
 log = logging.getLogger("ringlet")
@@ -69,7 +69,7 @@ class Engine:
         self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
         self.on_long_wait = None    # set by the runtime: publish this rank's state
         self.sel = selectors.DefaultSelector()
-        self.capacity = int(os.environ.get("RINGLET_SHM_RING", 4 << 20)) & ~63
+        self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None
         self.seg_path = None
         self.doorbell = None

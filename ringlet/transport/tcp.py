@@ -17,9 +17,13 @@ from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
 POLL_BUDGET = 1024
 
 
+EAGER_BYTES = 64 << 10   # larger messages go RTS/CTS/DATA
+FRAG_BYTES = 1 << 20     # largest DATA packet (and the receive bounce buffer)
+
+
 class TcpPeer(Peer):
     def __init__(self, engine, rank: int, sock: socket.socket,
-                 eager: int = 64 << 10, frag: int = 1 << 20):
+                 eager: int = EAGER_BYTES, frag: int = FRAG_BYTES):
         super().__init__(engine, rank, eager, frag)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,6 +1,7 @@
 """ringlet.cost: closed forms, seed outputs, simulator, planner, profile, choice, commands."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -8,6 +9,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, fit,
                           load_profile, predict, simulate, step_ratio)
@@ -689,6 +692,21 @@ def test_host_model_hop_latency_adds_up_along_a_chain_only():
     assert swap.parts["alpha_hop"] == pytest.approx(3e-6)
 
 
+@needs_algorithms
+def test_host_model_lag_delays_one_way_streams_not_exchanges():
+    """beta_lag delays a message's end past its slower side without taking CPU: p = 2,
+    the naive ring's two one-way messages of n bytes pay it in full, the ring's exchanges
+    of n/2 bytes hide it under each rank's own work (copying both ways)."""
+    n = 1 << 20
+    m = _host(beta=1e-9, beta_lag=0.5e-9)
+    chain = simulate(_build("all_reduce", "naive_ring", 2, n // 4), Topology.on_host(2, m))
+    swap = simulate(_build("all_reduce", "ring", 2, n // 4), Topology.on_host(2, m))
+    assert chain.time == pytest.approx(2 * n * (1e-9 + 0.5e-9))
+    assert chain.parts["beta_lag"] == pytest.approx(2 * n * 0.5e-9)
+    assert swap.time == pytest.approx(2 * n * 1e-9)     # each round: n/2 out + n/2 in
+    assert swap.parts["beta_lag"] == 0.0
+
+
 def test_host_model_sharing_cores_by_hand():
     """p = 4 ring on 2 cores: every round all 4 ranks are busy, so all CPU work runs
     k = 4/2 = 2 times slower, and beta_share adds (k - 1) * beta_share per byte; 16 KiB
@@ -771,7 +789,8 @@ def test_host_model_bad_input():
 
 HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
                 "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
-                "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "idle_share": 0.5,
+                "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "beta_lag": 6e-12,
+                "idle_share": 0.5,
                 "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 256 << 10,
                 "ring_bytes": 4 << 20}
 
@@ -846,6 +865,23 @@ def test_fit_host_recovers_a_known_model():
 
 
 @needs_algorithms
+def test_fit_host_holds_fixed_terms():
+    """A term measured some other way is held at its value; the rest fit around it."""
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+    samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
+                "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
+                                    Topology.on_host(2, true)).time}
+               for alg in ("ring", "naive_ring", "direct", "recursive_doubling")
+               for nb in (4 << 10, 64 << 10, 1 << 20, 16 << 20)]
+    got = profile.fit_host(samples, true, fixed={"gamma": 2 * true.gamma}, robust=False)
+    assert got["gamma"] == 2 * true.gamma
+    assert got["residuals"]["median_rel"] > 0          # the wrong gamma cannot fit exactly
+    with pytest.raises(ValueError, match="unknown term 'nope'"):
+        profile.fit_host(samples, true, fixed={"nope": 1.0})
+
+
+@needs_algorithms
 def test_host_model_imbalance_three_ranks_on_two_cores():
     """p = 3 ring on 2 cores, all busy: k = 3/2, plus imbalance * (ceil(3/2) - 3/2)."""
     s = _build("all_reduce", "ring", 3, 3 * 1024)
@@ -855,3 +891,31 @@ def test_host_model_imbalance_three_ranks_on_two_cores():
         assert res.time == pytest.approx(4 * k * 2e-6, rel=1e-4), imb
     with pytest.raises(ValueError, match="imbalance"):
         dataclasses_replace(m, imbalance=-0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 6), st.booleans())
+def test_nnls_is_the_best_of_every_subset(seed, ncol, relative):
+    """The active-set NNLS the fits use finds the optimum an exhaustive search over the
+    subsets of columns finds (columns of wildly different scales, as counts of messages
+    and of bytes are)."""
+    rng = np.random.default_rng(seed)
+    X = rng.random((12, ncol)) * 10.0 ** rng.integers(-3, 9, ncol)
+    y = X @ (rng.random(ncol) * (rng.random(ncol) < 0.6)) * 10.0 ** -rng.integers(-3, 9, ncol).mean() \
+        + rng.random(12) * 0.1 + 0.01
+    w = 1 / y if relative else np.ones_like(y)
+
+    def err(c):
+        return float(np.sum(((X @ c - y) * w) ** 2))
+
+    best = err(np.zeros(ncol))
+    for k in range(1, ncol + 1):
+        for cols in itertools.combinations(range(ncol), k):
+            c, *_ = np.linalg.lstsq(X[:, cols] * w[:, None], y * w, rcond=None)
+            if (c >= 0).all():
+                full = np.zeros(ncol)
+                full[list(cols)] = c
+                best = min(best, err(full))
+    got = profile._nnls(X, y, relative)
+    assert (got >= 0).all()
+    assert err(got) <= best * (1 + 1e-6) + 1e-12

@@ -80,7 +80,7 @@ def prefault_rings(rl, nbytes: int = 8 << 20) -> None:
 def _child(rank, out_path, sizes, budget, max_reps, passes=1):
     """Runs in every rank of the calibration job; rank 0 writes the timings. The whole
     list of experiments runs ``passes`` times (a slow spell of the host then spoils one
-    pass, not one experiment); each timing is a median over repetitions."""
+    pass, not one experiment); each timing is the slowest rank's median over repetitions."""
     import numpy as np
 
     import ringlet as rl
@@ -106,7 +106,11 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
             t0 = time.perf_counter()
             call()
             ts.append(time.perf_counter() - t0)
-        return statistics.median(ts), reps
+        # The slowest rank's median, as ringlet bench reports: a root that sends its last
+        # message eagerly is done long before the ranks that must receive it.
+        t = np.array([statistics.median(ts)])
+        rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="direct")
+        return float(t[0]), reps
 
     prefault_rings(rl)
     bufs = {nb: np.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
@@ -171,8 +175,11 @@ def _run_pass(transport, p, sizes, budget, max_reps, timeout):
     b0, o0 = _cpu_seconds()
     t0 = time.perf_counter()
     try:
+        # The jobs name every algorithm they time, so they need no profile; the one being
+        # replaced may be stale, and each job would warn about it.
         spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps), 1),
-              backend=BACKEND[transport], timeout=timeout)
+              backend=BACKEND[transport], timeout=timeout,
+              env={"RINGLET_PROFILE": path + ".none"})
         with open(path) as f:
             data = json.load(f)
     finally:
@@ -287,6 +294,8 @@ def describe(t: dict) -> str:
          "extra per byte per busy rank beyond the cores, x (k - 1)"),
         ("beta_crowd", t.get("beta_crowd", 0.0) * 1e12, "ps/B",
          "extra per byte moved when the job has more ranks than cores"),
+        ("beta_lag", t.get("beta_lag", 0.0) * 1e12, "ps/B",
+         "delay per byte of a one-way stream past its slower side (not CPU)"),
         ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
         ("imbalance", t.get("imbalance", 0.0), "", "1: busy ranks uneven over cores run at the worst core's pace"),
     ]
@@ -356,8 +365,12 @@ def main(argv=None) -> int:
     print(report(prof, samples))
     if not a.dry_run:
         if a.output is None:
+            import warnings
+
             from .profile import load_profile
-            old = load_profile()
+            with warnings.catch_warnings():   # a stale profile is what this run replaces
+                warnings.simplefilter("ignore")
+                old = load_profile()
             if old.calibrated:  # keep transports this run did not measure
                 for name, t in old.transports.items():
                     prof.transports.setdefault(name, t)

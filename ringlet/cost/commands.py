@@ -442,7 +442,8 @@ def _explain_main(argv) -> int:
         print("terms: latency = alpha (CPU per message, each side) + alpha_hop (sender to "
               "receiver, adds up along a chain) + alpha_rdv (rendezvous) + "
               "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
-              "delta (local copies) + beta_share / beta_crowd (sharing cores); reduction = gamma; "
+              "delta (local copies) + beta_share / beta_crowd (sharing cores) + beta_lag (one-way "
+              "streams trail); reduction = gamma; "
               "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3); cores = "
               "how much of the total comes from ranks sharing cores (part of the others)")
     print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")

@@ -146,7 +146,7 @@ class Profile:
             if t["beta"] <= 0:
                 raise ValueError(f"{source}: transport {name!r} needs beta > 0")
             for key in ("gamma", "delta", "alpha_hop", "alpha_rdv", "alpha_crowd", "mem_l2",
-                        "mem_l3", "beta_share", "beta_crowd", "idle_share"):
+                        "mem_l3", "beta_share", "beta_crowd", "beta_lag", "idle_share"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")
@@ -275,7 +275,7 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
     X = np.array([r[:4] for r in rows])
     y = np.array([r[4] for r in rows])
     keep = np.ones(len(y), bool)
-    coef = _nnls3(X, y, relative)
+    coef = _nnls(X, y, relative)
     outliers: list[int] = []
     if robust and len(y) >= 6:
         rel = np.abs(X @ coef - y) / y
@@ -285,7 +285,7 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
         if drop:
             keep[drop] = False
             outliers = sorted(drop)
-            coef = _nnls3(X[keep], y[keep], relative)
+            coef = _nnls(X[keep], y[keep], relative)
     pred = X[keep] @ coef
     yk = y[keep]
     rel = np.abs(pred - yk) / yk
@@ -301,12 +301,13 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
 
 #: where fit_host starts the host model's terms (seconds per message, per byte)
 FIT_START = dict(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
-                 alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11, beta_crowd=1e-11)
+                 alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11, beta_crowd=1e-11,
+                 beta_lag=1e-11)
 
 
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
-             imbalances=(0.0, 0.5, 1.0)) -> dict:
+             imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None) -> dict:
     """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
@@ -314,6 +315,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     HostModel (or dict of its fields) giving the machine's ``cores``, cache sizes,
     ``eager`` and ``ring_bytes``, and the starting parameters. ``terms``: the names of
     the terms to fit (default all of ``HOST_TERMS``; the others are 0) - for ablations.
+    ``fixed``: ``{term: value}`` measured some other way; held at that value, not fitted.
 
     The model is piecewise linear in its parameters: once the critical path of every
     schedule is fixed, a call's time is sum(theta_k * count_k) over the named terms
@@ -339,12 +341,16 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         base = HostModel(**FIT_START)
     elif isinstance(base, dict):
         base = HostModel.from_params(base)
+    fixed = dict(fixed or {})
     names = tuple(HOST_TERMS) if terms is None else tuple(terms)
-    for t in names:
+    for t in (*names, *fixed):
         if t not in HOST_TERMS:
             raise ValueError(f"unknown term {t!r}; valid: {', '.join(HOST_TERMS)}")
+    names = tuple(t for t in names if t not in fixed)
     cols = [HOST_TERMS.index(t) for t in names]
-    base = base.with_theta([getattr(base, k) if k in names else 0.0 for k in HOST_TERMS])
+    held = np.array([float(fixed.get(k, 0.0)) for k in HOST_TERMS])
+    base = base.with_theta([fixed[k] if k in fixed else getattr(base, k) if k in names else 0.0
+                            for k in HOST_TERMS])
     rows = []
     for smp in samples:
         t = float(smp["seconds"])
@@ -375,8 +381,9 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
             err = float(np.sum(np.log(pred[keep] / y[keep]) ** 2))
             if best is None or err < best[0] - 1e-12:
                 best = (err, model, pred)
-            theta = np.zeros(len(HOST_TERMS))
-            theta[cols] = _nnls3(X[keep][:, cols], y[keep], relative)
+            theta = held.copy()
+            rest = y[keep] - X[keep] @ held          # what the fitted terms must explain
+            theta[cols] = _nnls(X[keep][:, cols], rest, relative, y[keep])
             new = model.with_theta(theta)
             if np.allclose(new.theta, model.theta, rtol=1e-4, atol=1e-15):
                 break
@@ -452,27 +459,42 @@ def _size_text(text: str) -> int:
     return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
-def _nnls3(X, y, relative):
-    """Exact non-negative least squares for a few columns: the best of every subset."""
-    w = 1.0 / y if relative else np.ones_like(y)
-    best = None
-    ncol = X.shape[1]
-    for k in range(ncol, 0, -1):
-        for cols in itertools.combinations(range(ncol), k):
-            if not X[:, cols].any():
-                continue
-            A = X[:, cols] * w[:, None]
-            coef, *_ = np.linalg.lstsq(A, y * w, rcond=None)
-            if (coef < 0).any():
-                continue
-            full = np.zeros(ncol)
-            full[list(cols)] = coef
-            err = float(np.sum(((X @ full - y) * w) ** 2))
-            if best is None or err < best[0] - 1e-30:
-                best = (err, full)
-    if best is None:
+def _nnls(X, y, relative, scale=None):
+    """Non-negative least squares (Lawson and Hanson's active set method), weighted by
+    1/``scale`` (default ``y``) when ``relative``. Columns are scaled to unit norm first:
+    counts of messages and of bytes differ by eight orders of magnitude."""
+    w = 1.0 / (y if scale is None else scale) if relative else np.ones_like(y)
+    A = X * w[:, None]
+    b = y * w
+    norms = np.linalg.norm(A, axis=0)
+    if not norms.any():
         raise ValueError("fit: no non-negative solution (are the samples all zero?)")
-    return best[1]
+    live = norms > 0
+    A = A[:, live] / norms[live]
+    n = A.shape[1]
+    tol = 10 * np.finfo(float).eps * max(A.shape) * max(1.0, float(np.abs(A).sum(axis=0).max()))
+    x = np.zeros(n)
+    P = np.zeros(n, bool)                 # the passive set: coefficients free to be > 0
+    for _ in range(3 * n + 3):
+        grad = A.T @ (b - A @ x)
+        if P.all() or grad[~P].max() <= tol:
+            break
+        P[np.flatnonzero(~P)[np.argmax(grad[~P])]] = True
+        while True:
+            z = np.zeros(n)
+            z[P] = np.linalg.lstsq(A[:, P], b, rcond=None)[0]
+            if (z[P] > tol).all():
+                x = z
+                break
+            # step back to the boundary and drop the coefficients that reach zero
+            neg = P & (z <= tol)
+            step = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + step * (z - x)
+            P &= x > tol
+            x[~P] = 0.0
+    full = np.zeros(X.shape[1])
+    full[live] = x / norms[live]
+    return full
 
 
 __all__ = ["Profile", "DEFAULT_PROFILE", "profile_path", "load_profile", "default_profile",

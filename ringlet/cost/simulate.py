@@ -38,9 +38,9 @@ from .model import Link, Terms, tier
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
 HOST_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd", "beta", "gamma", "delta",
-              "mem_l2", "mem_l3", "beta_share", "beta_crowd")
+              "mem_l2", "mem_l3", "beta_share", "beta_crowd", "beta_lag")
 _LATENCY_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd")
-_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd")
+_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
 
@@ -74,6 +74,11 @@ class HostModel:
     ``beta_crowd``   extra CPU per byte moved when the job has more ranks than cores, even
                      in rounds where few are busy (a sender that fills the ring yields and
                      sleeps instead of spinning, and is woken again for every refill)
+    ``beta_lag``     delay per byte by which a message ends after its slower side: a one-way
+                     stream through the ring does not overlap the two copies perfectly (the
+                     receiver trails, a sender that fills the ring waits). It takes no CPU,
+                     so in an exchange, where each rank copies both ways, it hides under
+                     the ranks' own work; a chain (tree, naive ring, broadcast) pays it
 
     Sharing cores: in a round where A ranks are busy, all CPU work of the round is
     stretched by k = max(1, (A + idle_share * (p - A)) / cores + imbalance * (ceil(A /
@@ -100,6 +105,7 @@ class HostModel:
     mem_l3: float = 0.0
     beta_share: float = 0.0
     beta_crowd: float = 0.0
+    beta_lag: float = 0.0
     idle_share: float = 0.5
     imbalance: float = 0.0
     l2_bytes: int = 1 << 20
@@ -644,11 +650,13 @@ class _HostSim:
             own_val = rel_o + cw
             own_F = bF[order] + cF
             own_U = bU[order] + cU
-            # a message is done when the slower side could have finished it
+            # a message is done when the slower side could have finished it, plus the lag
             send_slower = w_s >= w_d
-            done = t0 + np.maximum(w_s, w_d)
-            dF = baseF + k * np.where(send_slower[:, None], fs, fd)
-            dU = baseU + np.where(send_slower[:, None], fs, fd)
+            lag = np.zeros((M, K))
+            lag[:, I["beta_lag"]] = nb
+            done = t0 + np.maximum(w_s, w_d) + lag @ th
+            dF = baseF + k * np.where(send_slower[:, None], fs, fd) + lag
+            dU = baseU + np.where(send_slower[:, None], fs, fd) + lag
             # every rank ends the round at the latest of: its start, its own work, and the
             # completion of every message it takes part in
             cand_r = np.concatenate([ranks, r_o, src, dst])

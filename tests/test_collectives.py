@@ -340,3 +340,26 @@ def _zero_copy(rank):
 
 def test_zero_copy_buffers():
     run(_zero_copy, 3)
+
+
+def _in_place_above_zc_min(rank):
+    from ringlet.runtime import engine
+    from ringlet.transport.shm import EAGER_BYTES, ZERO_COPY_MIN
+    n = 4 * ZERO_COPY_MIN                      # eager from a NumPy array, RTS from rl.empty
+    assert ZERO_COPY_MIN < n <= EAGER_BYTES
+    plain = np.full(n, rank + 1, np.uint8)
+    shared = rl.empty(n, np.uint8)
+    shared[...] = rank + 3
+    got = np.zeros(n, np.uint8)
+    rl.send(plain, 1 - rank) if rank == 0 else rl.recv(got, 0)
+    assert not engine().remote_maps.maps      # an eager packet: nothing read in place
+    if rank == 1:
+        assert (got == 1).all()
+    rl.send(shared, 1 - rank) if rank == 0 else rl.recv(got, 0)
+    if rank == 1:
+        assert (got == 3).all()
+        assert engine().remote_maps.maps, "the rl.empty message was not read in place"
+
+
+def test_rl_empty_message_above_zc_min_is_read_in_place():
+    run(_in_place_above_zc_min, 2)

@@ -5,6 +5,8 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
 
 * A message of at most ``eager`` bytes travels at once as one EAGER packet. If no receive
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
+  (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
+  the receiver read it in place: that one goes by RTS.)
 * A larger message is announced by RTS (ready to send). The receiver answers CTS (clear
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
@@ -137,8 +139,9 @@ class Peer:
         """Write a small message straight into the transport, the common case of a small
         send: True when it went (no request needed), False when it must be queued."""
         n = data.nbytes
-        if n > self.eager or self.outq or self.dead or not self._write(EAGER, 0, tag, -1, n, 0,
-                                                                       data, *fp):
+        if n > self.eager or self.outq or self.dead or (
+                n > self.zc_min and self.zero_copy and locate(data) is not None) or \
+                not self._write(EAGER, 0, tag, -1, n, 0, data, *fp):
             return False
         self.msgs_sent += 1
         self.bytes_sent += n
@@ -148,14 +151,14 @@ class Peer:
         if self.dead:
             req.fail(self.dead)
             return
-        if req.nbytes <= self.eager:
+        if self.zero_copy and req.nbytes > self.zc_min:
+            req.zc = locate(req.data)
+        if req.nbytes <= self.eager and req.zc is None:
             if self.send_now(req.tag, req.data, req.fp):
                 req.done = True
                 return
             self.outq.append(("eager", req))
         else:
-            if self.zero_copy:
-                req.zc = locate(req.data)
             req.msgid = self.next_msgid
             self.next_msgid += 1
             self.awaiting_cts[req.msgid] = req
@@ -353,6 +356,7 @@ class Peer:
         self.outq.clear()
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
+    zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly
 
     def remote_view(self, where, nbytes):
         return None

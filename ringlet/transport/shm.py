@@ -31,6 +31,9 @@ FRAG_BYTES = 256 << 10  # largest DATA fragment (at most a quarter of the ring)
 # the data needs several fragments anyway. At 16 KiB, 64-256 KiB all_reduce calls spent
 # 30-45% of their time waiting for CTS (p = 3, 64 KiB tree: 108-115 -> 61-65 us).
 EAGER_BYTES = FRAG_BYTES
+# Except from an rl.empty buffer: above this, its RTS lets the receiver copy (or reduce)
+# the message once, in place, instead of twice through the ring.
+ZERO_COPY_MIN = 16 << 10
 
 
 def segment_size(slots: int, capacity: int) -> int:
@@ -88,6 +91,7 @@ class ShmPeer(Peer):
 
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
+    zc_min = ZERO_COPY_MIN
 
     def remote_view(self, where, nbytes):
         alloc, fd, offset = where

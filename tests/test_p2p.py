@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ringlet as rl
+from ringlet.transport.shm import EAGER_BYTES
 from ringlet.rendezvous import StoreServer, TCPStore, env_world, handshake_client
 from ringlet.errors import AuthenticationError
 from conftest import ringlet_run, run, two_hosts
@@ -41,7 +42,8 @@ def test_ring_exchange_every_size(n, backend):
 
 def _sizes(rank):
     other = 1 - rank
-    for nbytes in (0, 1, 8, 16 << 10, (16 << 10) + 1, 1 << 20, 256 << 20):
+    for nbytes in (0, 1, 8, 16 << 10, (16 << 10) + 1, EAGER_BYTES, EAGER_BYTES + 1, 1 << 20,
+                   256 << 20):
         if rank == 0:
             rl.send(np.full(nbytes, nbytes % 251, np.uint8), other)
         else:

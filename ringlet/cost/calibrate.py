@@ -13,7 +13,8 @@ sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 the timings: the simulator prices the very schedules that ran, and its named terms
 (per-message CPU alpha on each side, latency per hop, rendezvous latency, latency when
 ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte copied
-locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing cores)
+locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing cores,
+the lag of one-way streams)
 are solved by non-negative least squares on relative error, with the residuals
 reported. The profile (JSON, see :mod:`ringlet.cost.profile`) is saved to the user
 cache directory, where predictions, ``ringlet explain``, ``ringlet bench`` and

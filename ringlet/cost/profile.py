@@ -29,7 +29,6 @@ the runtime and saves ``Profile.from_fits(...)``.
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import math
 import os
@@ -341,7 +340,9 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         base = HostModel(**FIT_START)
     elif isinstance(base, dict):
         base = HostModel.from_params(base)
-    fixed = dict(fixed or {})
+    fixed = {k: float(v) for k, v in (fixed or {}).items()}
+    if any(not math.isfinite(v) or v < 0 for v in fixed.values()):
+        raise ValueError(f"fixed terms must be finite numbers >= 0, got {fixed}")
     names = tuple(HOST_TERMS) if terms is None else tuple(terms)
     for t in (*names, *fixed):
         if t not in HOST_TERMS:
@@ -472,7 +473,8 @@ def _nnls(X, y, relative, scale=None):
     live = norms > 0
     A = A[:, live] / norms[live]
     n = A.shape[1]
-    tol = 10 * np.finfo(float).eps * max(A.shape) * max(1.0, float(np.abs(A).sum(axis=0).max()))
+    tol = 10 * np.finfo(float).eps * max(A.shape) * max(1.0, float(np.abs(A).sum(axis=0).max())) \
+        * max(float(np.linalg.norm(b)), np.finfo(float).tiny)
     x = np.zeros(n)
     P = np.zeros(n, bool)                 # the passive set: coefficients free to be > 0
     for _ in range(3 * n + 3):
@@ -488,7 +490,8 @@ def _nnls(X, y, relative, scale=None):
                 break
             # step back to the boundary and drop the coefficients that reach zero
             neg = P & (z <= tol)
-            step = np.min(x[neg] / (x[neg] - z[neg]))
+            gap = x[neg] - z[neg]
+            step = np.min(np.where(gap > 0, x[neg] / np.where(gap > 0, gap, 1.0), 0.0))
             x = x + step * (z - x)
             P &= x > tol
             x[~P] = 0.0

@@ -161,6 +161,8 @@ class HostModel:
                 f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
                 f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
                 f"{self.cores} cores, +{self.beta_share:.3g} s/B per extra rank per core, "
+                f"+{self.beta_crowd:.3g} s/B when crowded; one-way streams trail "
+                f"{self.beta_lag:.3g} s/B; "
                 f"idle ranks take {self.idle_share:g} core")
 
 

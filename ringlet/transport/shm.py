@@ -84,6 +84,7 @@ class ShmPeer(Peer):
                  eager: int = EAGER_BYTES, frag: int = FRAG_BYTES):
         frag = min(frag, outbox.capacity // 4)
         super().__init__(engine, rank, min(eager, frag), frag)
+        self.zc_min = min(ZERO_COPY_MIN, self.eager)   # a tiny ring: RTS sooner, still in place
         self.inbox, self.outbox = inbox, outbox
         self.doorbell, self.pid = doorbell, pid
         self.tail = inbox.ctrl[8]
@@ -91,7 +92,6 @@ class ShmPeer(Peer):
 
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
-    zc_min = ZERO_COPY_MIN
 
     def remote_view(self, where, nbytes):
         alloc, fd, offset = where

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Link
+from .model import Link, parse_size
 
 PROFILE_VERSION = 1
 
@@ -76,6 +76,7 @@ class Profile:
     host: str = ""
     created: str = ""
     extra: dict = field(default_factory=dict)
+    _models: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def calibrated(self) -> bool:
@@ -112,15 +113,10 @@ class Profile:
         t = self.transports.get(transport)
         if t is None or t.get("model") != "host":
             return None
-        hit = self._models.get(transport) if hasattr(self, "_models") else None
+        hit = self._models.get(transport)
         if hit is None:
             from .simulate import HostModel
-            hit = HostModel.from_params(t)
-            try:
-                self._models = getattr(self, "_models", {})
-                self._models[transport] = hit
-            except AttributeError:  # pragma: no cover
-                pass
+            hit = self._models[transport] = HostModel.from_params(t)
         return hit
 
     # -- (de)serialisation ----------------------------------------------------------
@@ -443,7 +439,7 @@ def machine() -> dict:
             try:
                 level = int((idx / "level").read_text())
                 kind = (idx / "type").read_text().strip()
-                size = _size_text((idx / "size").read_text())
+                size = parse_size((idx / "size").read_text().strip())
                 shared = (idx / "shared_cpu_list").read_text().strip()
             except (OSError, ValueError):
                 continue
@@ -452,12 +448,6 @@ def machine() -> dict:
                 total[level] += size
     return {"cores": len(cpus), "l2_bytes": total[2] or (1 << 20) * len(cpus),
             "l3_bytes": total[3] or (32 << 20)}
-
-
-def _size_text(text: str) -> int:
-    text = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
 def _nnls(X, y, relative, scale=None):

@@ -85,6 +85,14 @@ class _Env(NamedTuple):
     host: object = None  # HostModel of one host: priced by simulating the schedule
 
 
+def _host_env(model, gamma=None) -> _Env:
+    """One host priced by its host model (``gamma``, if given, overrides the model's)."""
+    if gamma is not None:
+        from dataclasses import replace
+        model = replace(model, gamma=float(gamma))
+    return _Env(model.link, model.gamma, None, ("host", model), model.delta, model)
+
+
 def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
     ids = _host_ids(hosts, p)
     if isinstance(topology, Topology):
@@ -92,11 +100,7 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
             raise ValueError(f"topology has {topology.p} ranks, the group {p}")
         g = topology.gamma if gamma is None else float(gamma)
         if topology.host is not None:
-            model = topology.host
-            if gamma is not None:
-                from dataclasses import replace
-                model = replace(model, gamma=g)
-            return _Env(model.link, g, None, ("host", model), model.delta, model)
+            return _host_env(topology.host, gamma)
         if topology.hosts == 1:
             return _Env(topology.intra, g, None, ("link", topology.intra, g, topology.delta),
                         topology.delta)
@@ -107,10 +111,7 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
         if ids is None:
             model = prof.host_model("shm")
             if model is not None:
-                if gamma is not None:
-                    from dataclasses import replace
-                    model = replace(model, gamma=g)
-                return _Env(model.link, g, None, ("host", model), model.delta, model)
+                return _host_env(model, gamma)
             link, d = prof.link("shm"), prof.delta("shm")
             return _Env(link, g, None, ("link", link, g, d), d)
         topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("tcp"), g, prof.delta("shm"))

@@ -21,6 +21,7 @@ from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
+from . import protocol
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
 from .tcp import TcpPeer
@@ -30,7 +31,6 @@ log = logging.getLogger("ringlet")
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
 DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 REPORT_AFTER = 1.0       # a wait this long publishes this rank's state for hang reports
-CHECK_FINGERPRINTS = True   # see _read_check_switch
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
@@ -45,10 +45,7 @@ def _read_check_switch() -> None:
     """RINGLET_UNSAFE_NO_MISMATCH_CHECK=1 turns the mismatch check off. It exists only so
     bench/mismatch_overhead.py can measure what the check costs; read at init (not import)
     so forked ranks see their own environment."""
-    global CHECK_FINGERPRINTS
-    from . import protocol
-    CHECK_FINGERPRINTS = protocol.CHECK_FINGERPRINTS = (
-        os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1")
+    protocol.CHECK_FINGERPRINTS = os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1"
 
 
 class Engine:
@@ -229,7 +226,7 @@ class Engine:
             work.fail(exc)
             return
         self.active[tag] = work
-        if not CHECK_FINGERPRINTS:
+        if not protocol.CHECK_FINGERPRINTS:
             return
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None

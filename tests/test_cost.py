@@ -670,23 +670,39 @@ def test_host_model_ring_p2_by_hand():
 
 @needs_algorithms
 def test_host_model_one_message_is_the_slower_side():
-    """A single message pipelines through the ring: done when the slower side is (the
-    receiver, who also reduces), not after the sum of both sides."""
-    m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9)
+    """A rendezvous message pipelines through the ring: done when the slower side is (the
+    receiver, who also reduces), not after the sum of both sides; it holds the sender
+    until then."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9, eager=1024)
     res = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))
     assert res.time == pytest.approx(1e-6 + 4096 * (1e-9 + 1e-9))
+    assert res.finish[1] == pytest.approx(res.time)          # the sender waits too
 
 
 @needs_algorithms
+def test_host_model_eager_message_is_store_and_forward():
+    """An eager message is one fragment: the sender copies it into the ring and is done,
+    the receiver copies it out once it has arrived (after the hop latency)."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9, alpha_hop=2e-6)
+    assert 4096 <= m.eager
+    res = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))
+    send = 1e-6 + 4096e-9
+    assert res.finish[1] == pytest.approx(send)               # rank 1 sends to the root
+    assert res.time == res.finish[0] == pytest.approx(send + 2e-6 + 1e-6 + 4096 * 2e-9)
+    assert sum(res.parts.values()) == pytest.approx(res.time)
+    assert res.features["alpha"] == 2 and res.features["alpha_hop"] == 1
+
+
 @needs_algorithms
 def test_host_model_hop_latency_adds_up_along_a_chain_only():
     """alpha_hop is latency, not CPU: at p = 2 the naive ring's two messages follow each
-    other and pay it twice; recursive doubling's exchange overlaps the two directions
-    and pays it once (each rank still does the CPU work of both its messages)."""
+    other and pay it twice (and each is copied in, then out: eager); recursive doubling's
+    exchange overlaps the two directions and pays it once (each rank still does the CPU
+    work of both its messages)."""
     m = _host(alpha=1e-6, alpha_hop=3e-6)
     chain = simulate(_build("all_reduce", "naive_ring", 2, 2), Topology.on_host(2, m))
     swap = simulate(_build("all_reduce", "recursive_doubling", 2, 2), Topology.on_host(2, m))
-    assert chain.time == pytest.approx(2 * (3e-6 + 1e-6))
+    assert chain.time == pytest.approx(2 * (1e-6 + 3e-6 + 1e-6))
     assert chain.parts["alpha_hop"] == pytest.approx(6e-6)
     assert swap.time == pytest.approx(3e-6 + 2 * 1e-6)
     assert swap.parts["alpha_hop"] == pytest.approx(3e-6)
@@ -733,14 +749,15 @@ def dataclasses_replace(obj, **kw):
 @needs_algorithms
 def test_host_model_idle_ranks_share():
     """p = 4 binomial broadcast on 2 cores: round 0 is 0 -> 2 alone (2 busy, 2 idle:
-    k = (2 + idle_share * 2) / 2), round 1 is 0 -> 1 and 2 -> 3 (all busy: k = 2)."""
+    k = (2 + idle_share * 2) / 2), round 1 is 0 -> 1 and 2 -> 3 (all busy: k = 2). The
+    messages are eager: rank 2 copies out after rank 0 copied in, then sends on to 3."""
     m = _host(alpha=1e-6, idle_share=0.5)
     s = _build("broadcast", "binomial", 4, 1)
     assert len(s.rounds[0]) == 1 and len(s.rounds[1]) == 2
     res = simulate(s, Topology.on_host(4, m))
-    assert res.time == pytest.approx(1.5e-6 + 2e-6)
+    assert res.time == pytest.approx(2 * 1.5e-6 + 2 * 2e-6)
     res0 = simulate(s, Topology.on_host(4, dataclasses_replace(m, idle_share=0.0)))
-    assert res0.time == pytest.approx(1e-6 + 2e-6)
+    assert res0.time == pytest.approx(2 * 1e-6 + 2 * 2e-6)
 
 
 @needs_algorithms

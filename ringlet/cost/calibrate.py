@@ -38,7 +38,8 @@ from .profile import FIT_START, Profile, fit_host, machine, profile_path
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"))
-DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+# 256 KiB: the largest eager message of shm (one fragment), where the protocol changes
+DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 DEFAULT_RANKS = (2, 3, 4)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
@@ -342,7 +343,7 @@ def main(argv=None) -> int:
                          "machine 3 and 4 ranks measure what sharing cores costs)")
     ap.add_argument("--transports", default="shm,tcp", help="comma-separated: shm, tcp")
     ap.add_argument("--sizes", default=None,
-                    help="comma-separated sizes (default 4K,64K,1M,4M,16M,64M)")
+                    help="comma-separated sizes (default 4K,64K,256K,1M,4M,16M,64M)")
     ap.add_argument("--budget", type=float, default=0.1,
                     help="seconds of repetitions per experiment and pass (default 0.1)")
     ap.add_argument("--passes", type=int, default=3,

@@ -54,8 +54,11 @@ class HostModel:
     ``alpha``        CPU per message, on each side (post, headers, matching, progress)
     ``beta``         CPU per byte, on each side: the sender copies into the shared ring,
                      the receiver copies out of it. A rank's sends and receives add up
-                     (one thread, in order of when each can start); a message is done no
-                     sooner than its slower side (fragments pipeline through the ring)
+                     (one thread, in order of when each can start). A message of more
+                     than ``eager`` bytes is done no sooner than its slower side
+                     (fragments pipeline through the ring, and the sender waits for the
+                     receiver); an eager one is a single fragment, store-and-forward: the
+                     sender copies it in and moves on, the receiver copies it out after
     ``gamma``        extra CPU per byte the receiver reduces out of the ring (over a copy)
     ``delta``        CPU per byte of a local copy; a local reduce costs delta + gamma
     ``alpha_hop``    latency per message that takes no CPU: from the sender's store to the
@@ -542,10 +545,12 @@ def _spill(ws: float, cache: float) -> float:
 class _HostSim:
     """The :class:`HostModel` applied round by round (see its docstring).
 
-    In a round, a rank first runs its local steps, then works through its messages: each
-    message can start once both ends have started the round plus its latency (rendezvous,
-    wake-up); a rank's own work on them adds up (one thread), in order of when they can
-    start; a message is done when the slower of its two sides could be. Busy ranks beyond
+    In a round, a rank first runs its local steps, then works through its messages: a
+    rendezvous message can start once both ends have started the round plus its latency
+    (rendezvous, wake-up) and is done when the slower of its two sides could be; an eager
+    one is copied in by its sender as soon as the sender starts the round and copied out
+    by its receiver once it has arrived (plus its latency). A rank's own work on its
+    messages adds up (one thread), in order of when each can start. Busy ranks beyond
     the cores stretch all CPU work of the round. Along the critical path the simulator
     keeps the count of every term (messages, bytes, ...), stretched and not, so that the
     fit is linear in the parameters and ``explain`` can name every term."""
@@ -624,19 +629,35 @@ class _HostSim:
             w_s = k * (fs @ th)
             w_d = k * (fd @ th)
             s_src, s_dst = start[src], start[dst]
+            # A rendezvous message starts when both ends have started the round (plus its
+            # latency) and streams through the ring, both sides copying at once. An eager
+            # one (a single fragment) is store-and-forward: the sender copies it in as soon
+            # as it starts, the receiver copies it out once it has arrived; the sender does
+            # not wait for the receiver.
+            eager = nb <= m.eager
             e = np.where(s_src >= s_dst, src, dst)
             t0 = np.maximum(s_src, s_dst) + lat @ th
             baseF = F[e] + lat
             baseU = U[e] + lat
+            arrive = s_src + w_s + lat @ th
+            late = eager & (arrive > s_dst)          # the receiver waits for the data
+            rel_s = np.where(eager, s_src, t0)
+            rel_d = np.where(eager, np.maximum(arrive, s_dst), t0)
+            bF_s = np.where(eager[:, None], F[src], baseF)
+            bU_s = np.where(eager[:, None], U[src], baseU)
+            bF_d = np.where(late[:, None], F[src] + k * fs + lat,
+                            np.where(eager[:, None], F[dst], baseF))
+            bU_d = np.where(late[:, None], U[src] + fs + lat,
+                            np.where(eager[:, None], U[dst], baseU))
             # each rank's own work, in order of release (single machine, release dates):
             # done at max_j (release_j + work of everything released at or after it)
             r_i = np.concatenate([src, dst])
-            rel = np.concatenate([t0, t0])
+            rel = np.concatenate([rel_s, rel_d])
             w_i = np.concatenate([w_s, w_d])
             fF = np.concatenate([k * fs, k * fd])
             fU = np.concatenate([fs, fd])
-            bF = np.concatenate([baseF, baseF])
-            bU = np.concatenate([baseU, baseU])
+            bF = np.concatenate([bF_s, bF_d])
+            bU = np.concatenate([bU_s, bU_d])
             order = np.lexsort((-rel, r_i))
             r_o, rel_o, w_o = r_i[order], rel[order], w_i[order]
             first = np.ones(len(r_o), bool)
@@ -652,7 +673,8 @@ class _HostSim:
             own_val = rel_o + cw
             own_F = bF[order] + cF
             own_U = bU[order] + cU
-            # a message is done when the slower side could have finished it, plus the lag
+            # a rendezvous message is done when the slower side could have finished it,
+            # plus the lag; it holds both ends
             send_slower = w_s >= w_d
             lag = np.zeros((M, K))
             lag[:, I["beta_lag"]] = nb
@@ -660,11 +682,13 @@ class _HostSim:
             dF = baseF + k * np.where(send_slower[:, None], fs, fd) + lag
             dU = baseU + np.where(send_slower[:, None], fs, fd) + lag
             # every rank ends the round at the latest of: its start, its own work, and the
-            # completion of every message it takes part in
-            cand_r = np.concatenate([ranks, r_o, src, dst])
-            cand_v = np.concatenate([start, own_val, done, done])
-            cand_F = np.concatenate([F, own_F, dF, dF])
-            cand_U = np.concatenate([U, own_U, dU, dU])
+            # completion of every rendezvous message it takes part in (an eager message
+            # ends with its receiver's copy, part of the receiver's own work)
+            rdv = ~eager
+            cand_r = np.concatenate([ranks, r_o, src[rdv], dst[rdv]])
+            cand_v = np.concatenate([start, own_val, done[rdv], done[rdv]])
+            cand_F = np.concatenate([F, own_F, dF[rdv], dF[rdv]])
+            cand_U = np.concatenate([U, own_U, dU[rdv], dU[rdv]])
             pick = np.lexsort((cand_v, cand_r))
             last = np.ones(len(pick), bool)
             last[:-1] = cand_r[pick][1:] != cand_r[pick][:-1]

@@ -528,3 +528,32 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
         got += b.recv(65536)
     assert got[64:] == b"\x03" * 10_000
     a.close(), b.close()
+
+
+def _flood(rank, n, nbytes, limit):
+    """Rank 0 broadcasts n eager messages as fast as it can; rank 1 dawdles between calls.
+    What rank 1 holds unasked-for must stay bounded (by what one poll reads), not grow
+    with n: it takes a parked message without polling, so it never reads further ahead."""
+    from ringlet.runtime import engine
+    x = np.full(nbytes // 4, rank, np.float32)
+    peak = 0
+    for i in range(n):
+        x[...] = i if rank == 0 else -1
+        rl.broadcast(x, src=0)
+        assert x[0] == x[-1] == i
+        if rank == 1:
+            time.sleep(1e-4)
+            peak = max(peak, sum(p.unexpected_bytes for p in engine().peers.values()))
+    assert peak <= limit, f"rank {rank} parked {peak >> 20} MiB"
+    rl.barrier()
+    assert sum(p.unexpected_bytes for p in engine().peers.values()) == 0
+
+
+@pytest.mark.parametrize("env", [None, two_hosts(2)], ids=["shm", "tcp"])
+def test_a_fast_sender_cannot_make_a_slow_receiver_hoard(env):
+    from ringlet.transport import shm, tcp
+    if env is None:     # at most what the ring holds
+        nbytes, limit = shm.EAGER_BYTES, 2 * shm.RING_BYTES
+    else:               # at most one poll's worth of packets
+        nbytes, limit = tcp.EAGER_BYTES, tcp.POLL_BUDGET * (tcp.EAGER_BYTES + 64)
+    run(_flood, 2, 1500, nbytes, limit, env=env)

@@ -4,8 +4,9 @@ printed as a ratio with whether it holds. Not a unit test: run it on a quiet mac
     python bench/targets.py            # everything (several minutes)
     python bench/targets.py --quick    # fewer sizes and iterations
 
-Each side (ringlet, the peer) keeps its best of 3 runs, so a burst of load from outside
-hits neither alone. Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
+Each side (ringlet, the peer) keeps its best of 3 runs, taken in turns (ringlet, peer,
+ringlet, peer, ...), so neither a burst of load from outside nor a drift of the host
+over the run favours one side. Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
 torch for Gloo); a missing peer is reported and its targets skipped.
 """
 from __future__ import annotations
@@ -61,20 +62,38 @@ def best(runs: list[list[dict]]) -> list[dict]:
     return [out[b] for b in sorted(out)]
 
 
-def ours(op, p, sizes, **kw):
-    return best([run_ringlet(op, p, sizes, ["auto"], progress=False, **kw)
-                 for _ in range(REPEATS)])
-
-
-def peer_rows(lib, op, p, sizes, iters, report, what):
-    runs = []
+def interleaved(jobs: dict) -> dict:
+    """{name: best rows} of ``jobs`` ({name: callable returning rows, or a str saying why
+    it cannot run}), run in turn REPEATS times: ringlet and its peer take turns, so a slow
+    spell or a drift of the host hits both sides, not the one that happened to run then."""
+    runs = {name: [] for name in jobs}
+    skipped = {}
     for _ in range(REPEATS):
-        got = run_peer(lib, op, p, sizes, iters)
-        if isinstance(got, str):
-            report.skip(what, f"{lib}: {got}")
-            return None
-        runs.append(got)
-    return {r["bytes"]: r for r in best(runs)}
+        for name, job in jobs.items():
+            if name in skipped:
+                continue
+            got = job()
+            if isinstance(got, str):
+                skipped[name] = got
+            else:
+                runs[name].append(got)
+    return {name: skipped.get(name) or best(rows) for name, rows in runs.items()}
+
+
+def ours(op, p, sizes, **kw):
+    return lambda: run_ringlet(op, p, sizes, ["auto"], progress=False, **kw)
+
+
+def theirs(lib, op, p, sizes, iters):
+    return lambda: run_peer(lib, op, p, sizes, iters)
+
+
+def by_size(rows, report, what):
+    """The peer's rows by size, or None (and the target reported skipped) if it could not run."""
+    if isinstance(rows, str):
+        report.skip(what, rows)
+        return None
+    return {r["bytes"]: r for r in rows}
 
 
 def main(argv=None) -> int:
@@ -88,10 +107,13 @@ def main(argv=None) -> int:
     dump = []
 
     # 1. all_reduce at p = 2, large: plain NumPy and rl.empty buffers vs Open MPI and Gloo.
-    plain = ours("all_reduce", 2, big, iters=iters)
-    zc = ours("all_reduce", 2, big, iters=iters, zero_copy=True)
-    mpi = peer_rows("mpi", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Open MPI")
-    gloo = peer_rows("gloo", "all_reduce", 2, big, iters, rep, "all_reduce p=2 vs Gloo")
+    got = interleaved({"plain": ours("all_reduce", 2, big, iters=iters),
+                       "zc": ours("all_reduce", 2, big, iters=iters, zero_copy=True),
+                       "mpi": theirs("mpi", "all_reduce", 2, big, iters),
+                       "gloo": theirs("gloo", "all_reduce", 2, big, iters)})
+    plain, zc = got["plain"], got["zc"]
+    mpi = by_size(got["mpi"], rep, "all_reduce p=2 vs Open MPI")
+    gloo = by_size(got["gloo"], rep, "all_reduce p=2 vs Gloo")
     dump += plain + zc + list((mpi or {}).values()) + list((gloo or {}).values())
     for r, z in zip(plain, zc):
         size = f"{r['bytes'] // MiB} MiB"
@@ -103,7 +125,7 @@ def main(argv=None) -> int:
 
     # 2. all_reduce latency at 8 B.
     for p, limit in ((2, 10.0), (4, 60.0)):
-        row = ours("all_reduce", p, [8], iters=2000 if not a.quick else 500)[0]
+        row = interleaved({"8B": ours("all_reduce", p, [8], iters=2000 if not a.quick else 500)})["8B"][0]
         dump.append(row)
         rep.bound(f"all_reduce 8 B p={p} ({row.get('ran')})", row["time_us"], limit)
 
@@ -111,22 +133,25 @@ def main(argv=None) -> int:
     sizes = [MiB] if a.quick else [MiB, 8 * MiB]
     for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
         for p in (2, 4):
-            mine = ours(op, p, sizes, iters=iters)
-            zc = ours(op, p, sizes, iters=iters, zero_copy=True)
-            theirs = peer_rows("mpi", op, p, sizes, iters, rep, f"{op} p={p} vs Open MPI")
-            dump += mine + zc + list((theirs or {}).values())
-            if theirs:
+            got = interleaved({"plain": ours(op, p, sizes, iters=iters),
+                               "zc": ours(op, p, sizes, iters=iters, zero_copy=True),
+                               "mpi": theirs("mpi", op, p, sizes, iters)})
+            mine, zc = got["plain"], got["zc"]
+            peer = by_size(got["mpi"], rep, f"{op} p={p} vs Open MPI")
+            dump += mine + zc + list((peer or {}).values())
+            if peer:
                 for r, z in zip(mine, zc):
                     size = f"{r['bytes'] // MiB} MiB"
                     rep.ratio(f"{op} p={p} {size} numpy ({r.get('ran')}) vs Open MPI",
-                              busbw(r, p), busbw(theirs[r["bytes"]], p), 1.0)
+                              busbw(r, p), busbw(peer[r["bytes"]], p), 1.0)
                     rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
-                              busbw(z, p), busbw(theirs[r["bytes"]], p), 1.0)
+                              busbw(z, p), busbw(peer[r["bytes"]], p), 1.0)
 
     # 4. TCP between two emulated hosts vs Gloo (TCP loopback).
     two_hosts = {"RINGLET_HOST_ID_SPLIT": "1"}
-    tcp = ours("all_reduce", 2, big, iters=iters, env=two_hosts)
-    lat = ours("all_reduce", 2, [8], iters=1000, env=two_hosts)[0]
+    got = interleaved({"tcp": ours("all_reduce", 2, big, iters=iters, env=two_hosts),
+                       "lat": ours("all_reduce", 2, [8], iters=1000, env=two_hosts)})
+    tcp, lat = got["tcp"], got["lat"][0]
     dump += tcp + [lat]
     if gloo:
         for r in tcp:

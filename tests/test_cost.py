@@ -882,6 +882,26 @@ def test_fit_host_recovers_a_known_model():
 
 
 @needs_algorithms
+def test_fit_host_finds_the_l3_the_job_really_has():
+    """Timings made with a 16 MiB L3, fitted from a machine that reports 32 MiB: among the
+    L3 sizes it may try, the fit picks 16 MiB and then fits exactly; held at 32 MiB it
+    cannot."""
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 16 << 20})
+    samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
+                "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
+                                    Topology.on_host(2, true)).time}
+               for alg in ("ring", "naive_ring", "direct", "recursive_doubling", "tree")
+               for nb in (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    reported = dataclasses_replace(true, l3_bytes=32 << 20)
+    got = profile.fit_host(samples, reported, robust=False, l3_fractions=(0.5, 0.75, 1.0))
+    assert got["l3_bytes"] == 16 << 20
+    assert got["residuals"]["max_rel"] < 1e-6
+    held = profile.fit_host(samples, reported, robust=False)
+    assert held["l3_bytes"] == 32 << 20 and held["residuals"]["max_rel"] > 1e-3
+
+
+@needs_algorithms
 def test_fit_host_holds_fixed_terms():
     """A term measured some other way is held at its value; the rest fit around it."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},

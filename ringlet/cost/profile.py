@@ -302,7 +302,8 @@ FIT_START = dict(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-
 
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
-             imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None) -> dict:
+             imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None,
+             l3_fractions=(1.0,)) -> dict:
     """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
@@ -320,7 +321,9 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     until they settle; the best iterate (by the re-simulated log error) wins, over three
     starting points. The two non-linear parameters, ``idle_share`` (how much of a core a
     rank waiting for its turn still takes) and ``imbalance``, are chosen from
-    ``idle_shares`` x ``imbalances`` by the same error. With ``robust``, samples the
+    ``idle_shares`` x ``imbalances`` by the same error, and so is the L3 the job really
+    has: ``l3_fractions`` of ``base.l3_bytes`` (on a virtual machine the L3 that sysfs
+    reports is shared with other tenants). With ``robust``, samples the
     first fit misses by more than max(50%, 3x the median) - at most a quarter - are set
     aside as outliers, as in :func:`fit`. Returns the profile entry: every
     parameter, ``"model": "host"``, ``samples``, ``outliers``, ``residuals``, and
@@ -409,6 +412,11 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
                                 keep)
                 if got[0] < best[0]:
                     best = got
+    for frac in l3_fractions:
+        if frac != 1.0:
+            got = alternate(replace(best[1], l3_bytes=max(1, int(base.l3_bytes * frac))), keep)
+            if got[0] < best[0]:
+                best = got
     _, model, pred = best
     rel = np.abs(pred[keep] - y[keep]) / y[keep]
     out = {"model": "host"}

@@ -777,6 +777,39 @@ def test_host_model_memory_hierarchy_by_hand():
     assert small.memory == 0.0
 
 
+def test_host_model_cache_hits_between_rounds():
+    """A rank that passes on in round 1 what it received in round 0 reads it from its
+    cache, as far as round 0's bytes fit there; its receiver writes cold memory."""
+    from ringlet.cost.simulate import _cache_hits
+    n = 1 << 18                                       # 1 MiB of float32
+    s = Schedule("broadcast", "chain", 3, n, buffers={"buf": n})
+    s.round().copy(src=0, dst=1, n=n, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    s.round().copy(src=1, dst=2, n=n, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    m = _host(l2_bytes=1 << 19, l3_bytes=8 << 20)     # half of it in L2, all in L3
+    hits0, prev = _cache_hits(None, s.rounds[0].cols, 3, m, 4)
+    assert not hits0.any()
+    hits1, _ = _cache_hits(prev, s.rounds[1].cols, 3, m, 4)
+    np.testing.assert_allclose(hits1[:, 0], [0.5, 1.0, 0.0, 0.0])
+    # another part of the buffer: nothing cached
+    t = Schedule("broadcast", "chain", 3, 2 * n, buffers={"buf": 2 * n})
+    t.round().copy(src=0, dst=1, n=n, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    t.round().copy(src=1, dst=2, n=n, sbuf="buf", soff=n, dbuf="buf", doff=n)
+    _, prev = _cache_hits(None, t.rounds[0].cols, 3, m, 4)
+    assert not _cache_hits(prev, t.rounds[1].cols, 3, m, 4)[0].any()
+
+
+@needs_algorithms
+def test_host_model_pipelined_segments_stay_cached():
+    """p = 2, 64 MiB: double_tree passes each segment back right after reducing it, so it
+    streams less from memory than the ring, whose 32 MiB halves cannot stay in a 24 MiB
+    L3 between its two rounds."""
+    m = _host(beta=1e-11, mem_l3=5e-11, l2_bytes=2 << 20, l3_bytes=24 << 20)
+    ring = simulate(_build("all_reduce", "ring", 2, 16 << 20), Topology.on_host(2, m))
+    tree = simulate(_build("all_reduce", "double_tree", 2, 16 << 20), Topology.on_host(2, m))
+    assert tree.parts["mem_l3"] < 0.8 * ring.parts["mem_l3"]
+    assert tree.parts["beta"] == pytest.approx(ring.parts["beta"])   # the same bytes move
+
+
 @needs_algorithms
 def test_host_model_local_steps():
     """direct on 2 ranks: a local copy of n (delta) into tmp, the exchange, then the

@@ -537,6 +537,44 @@ def working_set(schedule, ring_bytes: int = 4 << 20) -> float:
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
 
 
+def _overlap(prev, rank, buf, off, n) -> np.ndarray:
+    """Fraction of each range ``rank``'s ``buf[off:off+n]`` that lies in the ranges of
+    ``prev`` (ranks, buffers, starts, ends) of the same rank and buffer."""
+    out = np.zeros(len(rank))
+    pr, pb, lo, hi = prev
+    if not len(rank) or len(rank) * len(pr) > 1 << 20:   # (large jobs: not worth it)
+        return out
+    same = (rank[:, None] == pr[None, :]) & (buf[:, None] == pb[None, :])
+    ov = np.minimum((off + n)[:, None], hi[None, :]) - np.maximum(off[:, None], lo[None, :])
+    got = np.where(same, np.maximum(ov, 0), 0).sum(axis=1)
+    np.divide(np.minimum(got, n), n, out=out, where=n > 0)
+    return out
+
+
+def _cache_hits(prev, c, p: int, m: HostModel, isz: float):
+    """Cache reuse between consecutive rounds: the fraction of each transfer's source
+    (read by its sender) and destination (written by its receiver) that the same rank
+    touched in the previous round and that is still cached - all of it if that round
+    touched no more bytes than the cache holds, else cache / touched. Returns (hits, what
+    this round touched, for the next); hits is (4, transfers): sender past L2, sender past
+    L3, receiver past L2, receiver past L3. This is why a pipelined schedule (double_tree's
+    segments), which passes a segment on right after it received it, streams less from
+    memory than a ring whose halves are too big to stay cached."""
+    src, dst, n = c["src"], c["dst"], c["n"]
+    ranks = np.concatenate([src, dst])
+    touched = (ranks, np.concatenate([c["sbuf"], c["dbuf"]]),
+               np.concatenate([c["soff"], c["doff"]]), np.concatenate([c["soff"] + n, c["doff"] + n]))
+    hits = np.zeros((4, len(src)))
+    if prev is not None:
+        ranges, nbytes = prev
+        for side, (who, buf, off) in enumerate(((src, c["sbuf"], c["soff"]),
+                                                (dst, c["dbuf"], c["doff"]))):
+            share = _overlap(ranges, who, buf, off, n)
+            for level, cache in enumerate((m.l2_bytes, m.l3_bytes)):
+                hits[2 * side + level] = share * np.minimum(1.0, cache / np.maximum(nbytes[who], 1.0))
+    return hits, (touched, np.bincount(ranks, np.concatenate([n, n]) * isz, p))
+
+
 def _spill(ws: float, cache: float) -> float:
     """Fraction of streamed bytes that miss a cache of ``cache`` bytes: 1 - C/W."""
     return 0.0 if ws <= cache else 1.0 - cache / ws
@@ -577,6 +615,7 @@ class _HostSim:
         msgs_total = 0
         nrounds = 0
         ranks = np.arange(p)
+        prev = None                 # what each rank touched in the previous round
         for rnd in s.rounds:
             c = rnd.cols
             src = c["src"]
@@ -586,6 +625,7 @@ class _HostSim:
             dst = c["dst"]
             nb = c["n"] * isz
             red = c["reduce"].astype(bool)
+            hot, prev = _cache_hits(prev, c, p, m, isz)
             busy = np.zeros(p, bool)
             busy[src] = True
             busy[dst] = True
@@ -607,7 +647,7 @@ class _HostSim:
                 F = F + k * per
                 U = U + per
                 msg = ~loc
-                src, dst, nb, red = src[msg], dst[msg], nb[msg], red[msg]
+                src, dst, nb, red, hot = src[msg], dst[msg], nb[msg], red[msg], hot[:, msg]
             M = len(src)
             if M == 0:
                 continue
@@ -622,6 +662,11 @@ class _HostSim:
             fs[:, I["beta_crowd"]] = nb * crowded / k
             fd = fs.copy()
             fd[:, I["gamma"]] = nb * red
+            # what a rank touched in the previous round may still be in its caches
+            fs[:, I["mem_l2"]] *= 1.0 - hot[0]
+            fs[:, I["mem_l3"]] *= 1.0 - hot[1]
+            fd[:, I["mem_l2"]] *= 1.0 - hot[2]
+            fd[:, I["mem_l3"]] *= 1.0 - hot[3]
             lat = np.zeros((M, K))
             lat[:, I["alpha_hop"]] = 1.0
             lat[:, I["alpha_rdv"]] = nb > m.eager

@@ -12,12 +12,12 @@ sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 :func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
 (per-message CPU alpha on each side, latency per hop, rendezvous latency, latency when
-ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte copied
-locally, memory-hierarchy stalls past the L2s and the L3 (whose size the job really gets is fitted too), the cost of sharing cores,
-the lag of one-way streams)
-are solved by non-negative least squares on relative error, with the residuals
-reported. The profile (JSON, see :mod:`ringlet.cost.profile`) is saved to the user
-cache directory, where predictions, ``ringlet explain``, ``ringlet bench`` and
+ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte
+copied locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing
+cores, the lag of one-way streams) are solved by non-negative least squares on relative
+error, with the residuals reported; so is the size of the L3 the job really gets (on a
+VM, less than sysfs says). The profile (JSON, see :mod:`ringlet.cost.profile`) is saved
+to the user cache directory, where predictions, ``ringlet explain``, ``ringlet bench`` and
 ``algorithm="auto"`` find it.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce",
 DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 DEFAULT_RANKS = (2, 3, 4)
 #: the L3 the fit may find the job really has, as fractions of what sysfs reports (on a VM
-#: the L3 is shared with other tenants; here 20-24 of 32 MiB fit the timings best)
+#: the L3 is shared with other tenants; here 16-24 of 32 MiB fit the timings best)
 L3_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20

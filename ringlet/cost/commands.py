@@ -444,7 +444,8 @@ def _explain_main(argv) -> int:
               "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
               "delta (local copies) + beta_share / beta_crowd (sharing cores) + beta_lag (one-way "
               "streams trail); reduction = gamma; "
-              "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3); cores = "
+              "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3, less what the "
+              "previous round left cached); cores = "
               "how much of the total comes from ranks sharing cores (part of the others)")
     print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")
     scale, unit = (1e6, "us") if rows[0].total < 1e-3 else (1e3, "ms")

@@ -71,7 +71,9 @@ class HostModel:
     ``mem_l2``, ``mem_l3``  extra CPU per byte once the job's working set W (all ranks'
                      buffers and the ring space their messages use) no longer fits the L2
                      caches (``l2_bytes``, all cores) / the L3 (``l3_bytes``): a fraction
-                     1 - C/W of the bytes then streams from the next level
+                     1 - C/W of the bytes then streams from the next level - except
+                     bytes the rank touched in the previous round, still cached if that
+                     round's bytes fit (pipelined segments; see ``_cache_hits``)
     ``beta_share``   extra CPU per byte for each busy rank beyond the cores (context
                      switches evict caches): it adds (k - 1) * beta_share per byte
     ``beta_crowd``   extra CPU per byte moved when the job has more ranks than cores, even

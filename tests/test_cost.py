@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, fit,
@@ -965,6 +965,7 @@ def test_host_model_imbalance_three_ranks_on_two_cores():
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 6), st.booleans())
+@example(5070467, 5, False)
 def test_nnls_is_the_best_of_every_subset(seed, ncol, relative):
     """The active-set NNLS the fits use finds the optimum an exhaustive search over the
     subsets of columns finds (columns of wildly different scales, as counts of messages
@@ -988,4 +989,7 @@ def test_nnls_is_the_best_of_every_subset(seed, ncol, relative):
                 best = min(best, err(full))
     got = profile._nnls(X, y, relative)
     assert (got >= 0).all()
-    assert err(got) <= best * (1 + 1e-6) + 1e-12
+    # Columns 11 orders of magnitude apart pin the optimum down to ~1e-6 in double
+    # precision (seed 5070467, 5 columns: 1.2e-6 above the exhaustive search's); a
+    # wrong active set misses by far more.
+    assert err(got) <= best * (1 + 1e-5) + 1e-12

@@ -693,6 +693,18 @@ def test_host_model_eager_message_is_store_and_forward():
     assert res.features["alpha"] == 2 and res.features["alpha_hop"] == 1
 
 
+def test_host_model_eager_sends_are_copied_in_posting_order():
+    """A root sending two eager messages in one round copies them one after the other:
+    the second receiver gets its data a whole copy later than the first."""
+    s = Schedule("broadcast", "direct", 3, 1024, buffers={"buf": 1024})
+    s.round().copy(src=0, dst=np.array([1, 2]), n=1024, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    m = _host(alpha=1e-6, beta=1e-9, alpha_hop=2e-6, cores=3)
+    res = simulate(s, Topology.on_host(3, m))
+    w = 1e-6 + 4096e-9                        # one side's copy
+    np.testing.assert_allclose(res.finish, [2 * w, w + 2e-6 + w, 2 * w + 2e-6 + w])
+    assert res.features["alpha"] == 3 and res.features["alpha_hop"] == 1
+
+
 @needs_algorithms
 def test_host_model_hop_latency_adds_up_along_a_chain_only():
     """alpha_hop is latency, not CPU: at p = 2 the naive ring's two messages follow each

@@ -577,6 +577,21 @@ def _cache_hits(prev, c, p: int, m: HostModel, isz: float):
     return hits, (touched, np.bincount(ranks, np.concatenate([n, n]) * isz, p))
 
 
+def _cumsum_by(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Running sums of ``rows`` (one per item, in order) within each key: row j gets the
+    sum of the rows i <= j with keys[i] == keys[j]."""
+    order = np.argsort(keys, kind="stable")
+    cs = np.cumsum(rows[order], axis=0)
+    k = keys[order]
+    first = np.ones(len(k), bool)
+    first[1:] = k[1:] != k[:-1]
+    starts = np.flatnonzero(first)
+    cs -= (cs[starts] - rows[order][starts])[np.cumsum(first) - 1]
+    out = np.empty_like(cs)
+    out[order] = cs
+    return out
+
+
 def _spill(ws: float, cache: float) -> float:
     """Fraction of streamed bytes that miss a cache of ``cache`` bytes: 1 - C/W."""
     return 0.0 if ws <= cache else 1.0 - cache / ws
@@ -588,8 +603,9 @@ class _HostSim:
     In a round, a rank first runs its local steps, then works through its messages: a
     rendezvous message can start once both ends have started the round plus its latency
     (rendezvous, wake-up) and is done when the slower of its two sides could be; an eager
-    one is copied in by its sender as soon as the sender starts the round and copied out
-    by its receiver once it has arrived (plus its latency). A rank's own work on its
+    one is copied in by its sender as soon as the sender starts the round (its eager
+    messages one after the other, in posting order) and copied out by its receiver once
+    it has arrived (plus its latency). A rank's own work on its
     messages adds up (one thread), in order of when each can start. Busy ranks beyond
     the cores stretch all CPU work of the round. Along the critical path the simulator
     keeps the count of every term (messages, bytes, ...), stretched and not, so that the
@@ -686,15 +702,17 @@ class _HostSim:
             t0 = np.maximum(s_src, s_dst) + lat @ th
             baseF = F[e] + lat
             baseU = U[e] + lat
-            arrive = s_src + w_s + lat @ th
+            # a sender copies its eager messages in the order it posts them
+            queued = _cumsum_by(src, fs * eager[:, None])
+            arrive = s_src + k * (queued @ th) + lat @ th
             late = eager & (arrive > s_dst)          # the receiver waits for the data
             rel_s = np.where(eager, s_src, t0)
             rel_d = np.where(eager, np.maximum(arrive, s_dst), t0)
             bF_s = np.where(eager[:, None], F[src], baseF)
             bU_s = np.where(eager[:, None], U[src], baseU)
-            bF_d = np.where(late[:, None], F[src] + k * fs + lat,
+            bF_d = np.where(late[:, None], F[src] + k * queued + lat,
                             np.where(eager[:, None], F[dst], baseF))
-            bU_d = np.where(late[:, None], U[src] + fs + lat,
+            bU_d = np.where(late[:, None], U[src] + queued + lat,
                             np.where(eager[:, None], U[dst], baseU))
             # each rank's own work, in order of release (single machine, release dates):
             # done at max_j (release_j + work of everything released at or after it)

@@ -4,7 +4,7 @@ For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets
 ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3 and 4:
 on a 2-core machine the last two measure what sharing cores costs) time a few
 collectives - barrier, broadcast (binomial), all_reduce (ring, direct, recursive
-doubling, binomial tree, naive ring) - at sizes from 4 KiB to 64 MiB (16 MiB when the
+doubling, binomial tree, naive ring, Rabenseifner, double binary tree) - at sizes from 4 KiB to 64 MiB (16 MiB when the
 ranks outnumber the cores), in several passes that are separate jobs spread over time
 (passes slowed down by other processes are left out or run again). Each job first
 sends 8 MiB through every shared-memory ring, whose first lap page-faults.
@@ -37,7 +37,8 @@ from .profile import FIT_START, Profile, fit_host, machine, profile_path
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
-               ("all_reduce", "naive_ring"))
+               ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),
+               ("all_reduce", "double_tree"))
 # 256 KiB: the largest eager message of shm (one fragment), where the protocol changes
 DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 DEFAULT_RANKS = (2, 3, 4)

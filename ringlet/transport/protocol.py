@@ -139,12 +139,16 @@ class Peer:
         """Write a small message straight into the transport, the common case of a small
         send: True when it went (no request needed), False when it must be queued."""
         n = data.nbytes
-        if n > self.eager or self.outq or self.dead or (
-                n > self.zc_min and self.zero_copy and locate(data) is not None) or \
-                not self._write(EAGER, 0, tag, -1, n, 0, data, *fp):
+        if n > self.eager or (n > self.zc_min and self.zero_copy and locate(data) is not None):
+            return False
+        return self._eager_now(tag, data, fp)
+
+    def _eager_now(self, tag: int, data, fp) -> bool:
+        """Write an EAGER packet now if nothing is queued ahead of it and there is room."""
+        if self.outq or self.dead or not self._write(EAGER, 0, tag, -1, data.nbytes, 0, data, *fp):
             return False
         self.msgs_sent += 1
-        self.bytes_sent += n
+        self.bytes_sent += data.nbytes
         return True
 
     def post_send(self, req: SendRequest) -> None:
@@ -152,9 +156,9 @@ class Peer:
             req.fail(self.dead)
             return
         if self.zero_copy and req.nbytes > self.zc_min:
-            req.zc = locate(req.data)
+            req.zc = locate(req.data)      # (once: send_now is not asked again)
         if req.nbytes <= self.eager and req.zc is None:
-            if self.send_now(req.tag, req.data, req.fp):
+            if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True
                 return
             self.outq.append(("eager", req))

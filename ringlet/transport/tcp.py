@@ -63,7 +63,7 @@ class TcpPeer(Peer):
         self._complete_flushed()
         return True
 
-    def send_now(self, tag, data, fp=None) -> bool:
+    def _eager_now(self, tag, data, fp) -> bool:
         return False    # a send completes only once flushed (below): it needs a request
 
     def _sent(self, req) -> None:

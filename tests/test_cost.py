@@ -16,6 +16,7 @@ from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, 
                           load_profile, predict, simulate, step_ratio)
 from ringlet.cost import commands, model, plan, profile, tune
 from ringlet.schedule import Schedule, chunks
+from ringlet.transport import shm
 
 IB = TIERS["infiniband"]
 A, BETA = IB.alpha, IB.beta
@@ -780,7 +781,7 @@ def test_host_model_memory_hierarchy_by_hand():
     n = 8 << 20
     s = _build("broadcast", "binomial", 2, n // 4)
     assert working_set(s, 4 << 20) == 2 * n + (4 << 20)
-    m = _host(beta=1e-10, mem_l3=2e-10, l2_bytes=1 << 40, l3_bytes=10 << 20)
+    m = _host(beta=1e-10, mem_l3=2e-10, l2_bytes=1 << 40, l3_bytes=10 << 20, ring_bytes=4 << 20)
     res = simulate(s, Topology.on_host(2, m))
     assert res.time == pytest.approx(n * (1e-10 + 2e-10 * 0.5))
     assert res.parts["mem_l3"] == pytest.approx(n * 1e-10) == res.memory
@@ -853,8 +854,8 @@ HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv"
                 "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
                 "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "beta_lag": 6e-12,
                 "idle_share": 0.5,
-                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2, "eager": 256 << 10,
-                "ring_bytes": 4 << 20}
+                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2,
+                "eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES}   # this ringlet's transport
 
 
 def test_profile_of_another_protocol_warns():

@@ -4,7 +4,7 @@ printed as a ratio with whether it holds. Not a unit test: run it on a quiet mac
     python bench/targets.py            # everything (several minutes)
     python bench/targets.py --quick    # fewer sizes and iterations
 
-Each side (ringlet, the peer) keeps its best of 3 runs, taken in turns (ringlet, peer,
+Each side (ringlet, the peer) keeps its best of 5 runs, taken in turns (ringlet, peer,
 ringlet, peer, ...), so neither a burst of load from outside nor a drift of the host
 over the run favours one side. Needs the peers for the comparisons (../shared/peers/install_peers.sh: Open MPI + mpi4py,
 torch for Gloo); a missing peer is reported and its targets skipped.
@@ -49,7 +49,7 @@ class Report:
         print(f"\n{sum(r[4] for r in held)} of {len(held)} measured targets hold")
 
 
-REPEATS = 3   # this host is noisy: each side keeps its best of REPEATS interleaved runs
+REPEATS = 5   # this host is noisy: each side keeps its best of REPEATS interleaved runs
 
 
 def best(runs: list[list[dict]]) -> list[dict]:
@@ -147,12 +147,15 @@ def main(argv=None) -> int:
                     rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
                               busbw(z, p), busbw(peer[r["bytes"]], p), 1.0)
 
-    # 4. TCP between two emulated hosts vs Gloo (TCP loopback).
+    # 4. TCP between two emulated hosts vs Gloo (TCP loopback), Gloo measured again in
+    # turns with it: section 1's figures are minutes old by now, on a host that drifts.
     two_hosts = {"RINGLET_HOST_ID_SPLIT": "1"}
     got = interleaved({"tcp": ours("all_reduce", 2, big, iters=iters, env=two_hosts),
+                       "gloo": theirs("gloo", "all_reduce", 2, big, iters),
                        "lat": ours("all_reduce", 2, [8], iters=1000, env=two_hosts)})
     tcp, lat = got["tcp"], got["lat"][0]
-    dump += tcp + [lat]
+    gloo = by_size(got["gloo"], rep, "all_reduce TCP 2 hosts vs Gloo")
+    dump += tcp + [lat] + list((gloo or {}).values())
     if gloo:
         for r in tcp:
             rep.ratio(f"all_reduce TCP 2 hosts {r['bytes'] // MiB} MiB vs Gloo", busbw(r, 2),

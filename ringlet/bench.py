@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from .cost.model import parse_size
+
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
           "reduce": lambda p: 1.0, "all_gather": lambda p: (p - 1) / p,
           "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
@@ -29,14 +31,9 @@ TOTAL_SIZED = {"all_gather", "reduce_scatter", "gather", "scatter"}
 OPS = sorted(FACTOR)
 
 
-def parse_size(s: str) -> int:
-    s = s.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
-
-
 def parse_sizes(spec: str) -> list[int]:
-    """"8,1K,1M" or "8:256M" (doubling) or "8:256M:4" (multiply by 4)."""
+    """"8,1K,1M" or "8:256M" (doubling) or "8:256M:4" (multiply by 4); each size is read
+    as everywhere in ringlet (:func:`ringlet.cost.parse_size`: 1M = 1MiB, 1MB = 10^6)."""
     if ":" in spec:
         parts = spec.split(":")
         lo, hi = parse_size(parts[0]), parse_size(parts[1])
@@ -269,7 +266,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="append one JSON object per row to this file")
     ap.add_argument("--plot", help="save busbw vs size to this PNG (needs matplotlib)")
     a = ap.parse_args(argv)
-    sizes = parse_sizes(a.sizes)
+    try:
+        sizes = parse_sizes(a.sizes)
+    except ValueError as exc:
+        ap.error(f"--sizes: {exc}")
     algos = [x for x in a.algo.split(",") if x]
     from .algorithms import CATALOG     # unknown names fail here, before any rank starts
     bad = [x for x in algos if x != "auto" and x not in CATALOG[a.op]]

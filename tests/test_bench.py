@@ -66,3 +66,17 @@ def test_bench_rejects_an_unknown_algorithm_before_starting_ranks():
     assert r.returncode == 2
     assert "unknown broadcast algorithm(s) pipelined" in r.stderr and "pipeline" in r.stderr
     assert "rank" not in r.stderr          # refused by the command line, not by a rank
+
+
+def test_bench_sizes_read_units_as_the_cost_commands_do():
+    """`--sizes 8MB` is 8 * 10^6 bytes in `ringlet bench` as in `ringlet plan`/`explain`;
+    8M and 8MiB are 8 * 2^20 (they used to disagree on MB)."""
+    from ringlet.bench import parse_sizes
+    from ringlet.cost import parse_size
+    assert parse_sizes("8MB,8M,8MiB,1K") == [parse_size("8MB"), 8 << 20, 8 << 20, 1024]
+    assert parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
+    with pytest.raises(ValueError, match="cannot read size"):
+        parse_sizes("8 parsecs")
+    r = bench("-n", "2", "--sizes", "8parsecs", timeout=30)
+    assert r.returncode == 2 and "--sizes: cannot read size '8parsecs'" in r.stderr

@@ -28,6 +28,10 @@ FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
           "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
           "gather": lambda p: (p - 1) / p, "scatter": lambda p: (p - 1) / p}
 TOTAL_SIZED = {"all_gather", "reduce_scatter", "gather", "scatter"}
+#: the schedule's buffers a call binds to the caller's arrays (rl.empty with --zero-copy)
+BUFFERS = {"all_reduce": ("buf",), "broadcast": ("buf",), "reduce": ("buf",),
+           **{op: ("in", "out") for op in ("all_gather", "reduce_scatter", "all_to_all",
+                                           "gather", "scatter")}}
 OPS = sorted(FACTOR)
 
 
@@ -188,7 +192,8 @@ def _predict(row: dict, backend: str) -> float | None:
         algo = row["algorithm"]
         if algo == "auto":
             algo = row.get("ran") or "auto"
-        return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend)
+        shared = BUFFERS[row["op"]] if row.get("zero_copy") else ()
+        return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend, shared=shared)
     except (ImportError, AttributeError, ValueError, KeyError, TypeError, RuntimeError):
         return None
 

@@ -10,56 +10,72 @@ import numpy as np
 from . import algorithms, fingerprint
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
+from .buffers import locate
 from .runtime import engine, job_profile, resolve
+from .transport.shm import ZERO_COPY_MIN
 from .work import CollectiveWork, compile_plan
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 
 
-def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int):
-    """(algorithm to run, why) for a call."""
+def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, shared=()):
+    """(algorithm to run, why, whether auto picked it for rl.empty buffers) for a call."""
     table = algorithms.CATALOG[collective]
     if algorithm == "auto":
-        return _auto(collective, g, count, itemsize)
+        return _auto(collective, g, count, itemsize, shared)
     if algorithm not in table:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                          f"auto, {', '.join(table)}")
     return algorithm, (f"{collective} {count} x {itemsize} B p={g.size}: {algorithm} "
-                       f"(forced by algorithm=)")
+                       f"(forced by algorithm=)"), False
 
 
-def _auto(collective: str, g: Group, count: int, itemsize: int) -> tuple[str, str]:
-    """Least predicted time under the job's profile (rank 0's, so every rank agrees)."""
+def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
+    """Least predicted time under the job's profile (rank 0's, so every rank agrees).
+    ``shared``: the call's buffers that are rl.empty arrays, whose large sends peers read
+    in place; when that changes the pick, the fingerprint says so, and ranks that pass
+    other kinds of buffers learn why they disagree instead of deadlocking."""
     from . import cost
     from .cost.tune import explain_line
     hosts = g.host_indices()
+    hosts = hosts if len(set(hosts)) > 1 else None
     nbytes = cost.nbytes_of(collective, g.size, count, itemsize)
-    name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(),
-                             hosts=hosts if len(set(hosts)) > 1 else None, itemsize=itemsize)
-    return name, explain_line(collective, nbytes, g.size, name, rows)
+    name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
+                             itemsize=itemsize, shared=shared)
+    why = explain_line(collective, nbytes, g.size, name, rows)
+    if not shared:
+        return name, why, False
+    plain = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
+                        itemsize=itemsize)[0]
+    return name, f"{why} [rl.empty {', '.join(shared)}; with NumPy buffers: {plain}]", plain != name
+
+
+def _shared(bufs: dict) -> tuple:
+    """Names of the call's buffers that are rl.empty arrays."""
+    return tuple(name for name, arr in bufs.items() if locate(arr) is not None)
 
 
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
-_CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op) -> prepared call
+_CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> prepared call
 
 
-def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
+def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()):
     """Everything about a call that does not depend on the buffers' addresses, computed once:
     the algorithm (auto asks the cost model), the schedule, this rank's plan, the ufunc."""
     # The group object itself (not its id, reused after destroy and init) keys the cache:
     # the plan holds its world ranks.
-    key = (collective, algorithm, g, count, dtype, root, splits, op)
+    key = (collective, algorithm, g, count, dtype, root, splits, op, shared)
     hit = _CALLS.get(key)
     if hit is None:
         # Uneven all-to-all is priced at its mean block size.
         mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
-        name, why = _pick(collective, algorithm, g, mean, dtype.itemsize)
+        name, why, by_kind = _pick(collective, algorithm, g, mean, dtype.itemsize, shared)
         hosts = g.host_indices() if name == "hierarchical" else None
         sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
         fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
-                                count, root, op)
+                                count, root, op, by_kind)
         tmp = sched.buffers.get("tmp", 0)
         pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
         hit = (name, compile_plan(sched.rank_plan(g.rank), g.ranks), tmp, pool,
@@ -72,8 +88,10 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits):
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
+    # rl.empty buffers can change auto's pick, once some message may be read in place
+    shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
     name, plan, tmp, pool, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op,
-                                                     root, splits)
+                                                     root, splits, shared)
     if _DEBUG_ALGO:
         log.warning("ringlet rank %d, %s #%d: %s", engine().rank, g.name, g.seq + 1, why)
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)

@@ -14,10 +14,12 @@ _OPS = (None,) + tuple(ReduceOp)
 
 
 def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, count: int,
-           root: int | None, op: ReduceOp | None) -> tuple[int, int]:
+           root: int | None, op: ReduceOp | None, by_kind: bool = False) -> tuple[int, int]:
+    """``by_kind``: algorithm="auto" picked ``algorithm`` because the buffers are rl.empty
+    arrays (with NumPy ones it would have picked another)."""
     code = ((COLLECTIVES.index(collective) + 1)
             | (algorithms.index(algorithm) + 1) << 8
-            | ord(dtype.char) << 16 | dtype.itemsize << 24
+            | ord(dtype.char) << 16 | dtype.itemsize << 24 | int(by_kind) << 31
             | _OPS.index(op) << 32
             | ((root or 0) & 0xFFFFFF) << 40)
     return code, count
@@ -39,7 +41,8 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
         dtype = "?"
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
             "dtype": dtype, "count": count, "root": code >> 40 & 0xFFFFFF,
-            "op": op if op in ("?", None) else op.name}
+            "op": op if op in ("?", None) else op.name,
+            "auto_for": "rl.empty" if code >> 31 & 1 else None}
 
 
 def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
@@ -48,5 +51,9 @@ def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
         args = ", ".join(f"{k}={v}" for k, v in d.items() if k != "collective" and v is not None)
         return f"{d['collective']}({args})"
     fields = [k for k in mine if mine[k] != theirs[k]]
+    hint = ""
+    if "algorithm" in fields and (mine.get("auto_for") or theirs.get("auto_for")):
+        hint = ("; algorithm='auto' picks for the kind of buffers passed (rl.empty arrays are "
+                "read in place): pass the same kind on every rank, or name the algorithm")
     return (f"rank {me} called {show(mine)} but rank {them} called {show(theirs)}; "
-            f"they differ in {', '.join(fields) or 'nothing visible'}")
+            f"they differ in {', '.join(fields) or 'nothing visible'}{hint}")

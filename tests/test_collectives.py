@@ -363,3 +363,42 @@ def _in_place_above_zc_min(rank):
 
 def test_rl_empty_message_above_zc_min_is_read_in_place():
     run(_in_place_above_zc_min, 2)
+
+
+def _auto_by_buffer_kind(rank):
+    """Under a calibrated host profile, 64 KiB broadcast at p = 3 is binomial from NumPy
+    buffers but direct from rl.empty ones (the root's one announcement per peer, each
+    peer copying in place, beats forwarding). Ranks that pass different kinds of buffers
+    disagree, and say why, on every rank."""
+    n = 16 << 10                                           # 64 KiB of float32
+    ran = lambda: rl.stats()["collectives"]["broadcast"]["algorithm"]  # noqa: E731
+    plain = np.full(n, rank, np.float32)
+    rl.broadcast(plain, 0)
+    assert (plain == 0).all() and ran() == "binomial", ran()
+    shared = rl.empty(n, np.float32)
+    shared[...] = rank
+    rl.broadcast(shared, 0)
+    assert (shared == 0).all() and ran() == "direct", ran()
+    mixed = shared if rank == 0 else plain
+    raised = []
+    for step in ("call", "next"):
+        try:
+            rl.broadcast(mixed, 0, timeout=20) if step == "call" else rl.barrier(timeout=20)
+        except rl.CollectiveMismatch as exc:
+            raised.append(step)
+            if step == "call" and "differ in" in str(exc):
+                assert "auto_for=rl.empty" in str(exc) and "pass the same kind" in str(exc), exc
+    assert raised, f"rank {rank}: mixed buffer kinds did not raise"
+
+
+def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
+    from ringlet.cost import profile
+    from ringlet.transport import shm
+    path = tmp_path / "profile.json"
+    host = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5,
+            "alpha_crowd": 1.8e-5, "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11,
+            "mem_l2": 1.6e-11, "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11,
+            "beta_lag": 6e-12, "idle_share": 0.5, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
+            "cores": 2, "eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES}
+    profile.Profile.from_fits({"shm": host}).save(path)
+    run(_auto_by_buffer_kind, 3, env={"RINGLET_PROFILE": str(path)})

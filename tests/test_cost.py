@@ -790,6 +790,39 @@ def test_host_model_memory_hierarchy_by_hand():
     assert small.memory == 0.0
 
 
+@needs_algorithms
+def test_host_model_reads_shared_buffers_in_place_by_hand():
+    """p = 3 direct broadcast of n bytes on 3 cores. From a NumPy buffer the root copies
+    both messages into the rings, one after the other: lat + 2 (alpha + beta n). From an
+    rl.empty buffer it only announces them, and each receiver copies once, in place, at
+    the same time: lat + alpha + beta n. lat = alpha_hop + alpha_rdv either way."""
+    from dataclasses import replace
+    a, hop, rdv, beta, n = 3e-6, 2e-6, 1e-5, 1e-10, 8 << 20
+    m = _host(alpha=a, alpha_hop=hop, alpha_rdv=rdv, beta=beta, beta_lag=1e-11, cores=3)
+    s = _build("broadcast", "direct", 3, n // 4)
+    ring = simulate(s, Topology.on_host(3, m))
+    assert ring.time == pytest.approx(hop + rdv + 2 * (a + beta * n))    # the root's copies
+    in_place = simulate(s, Topology.on_host(3, m), shared=("buf",))
+    assert in_place.time == pytest.approx(hop + rdv + a + beta * n)      # no one-way lag
+    assert in_place.parts["beta_lag"] == 0.0
+    # a 64 KiB message, eager from a NumPy buffer, goes by rendezvous from an rl.empty one
+    small = _build("broadcast", "direct", 3, 16 << 10)
+    assert simulate(small, Topology.on_host(3, m)).parts["alpha_rdv"] == 0.0
+    assert simulate(small, Topology.on_host(3, m), shared=("buf",)).parts["alpha_rdv"] == \
+        pytest.approx(rdv)
+    # not at or below the threshold, not from scratch, not on a transport without it
+    tiny = _build("broadcast", "direct", 3, 1024)
+    assert simulate(tiny, Topology.on_host(3, m), shared=("buf",)).time == \
+        simulate(tiny, Topology.on_host(3, m)).time
+    bruck = _build("all_gather", "bruck", 3, n // 12)          # sends from its scratch "tmp"
+    assert simulate(bruck, Topology.on_host(3, m), shared=("in", "out")).time == \
+        simulate(bruck, Topology.on_host(3, m)).time
+    tcp_like = replace(m, zero_copy_min=-1)
+    assert simulate(s, Topology.on_host(3, tcp_like), shared=("buf",)).time == ring.time
+    with pytest.raises(ValueError, match="unknown buffers"):
+        simulate(s, Topology.on_host(3, m), shared=("nope",))
+
+
 def test_host_model_cache_hits_between_rounds():
     """A rank that passes on in round 1 what it received in round 0 reads it from its
     cache, as far as round 0's bytes fit there; its receiver writes cold memory."""
@@ -869,6 +902,24 @@ def test_profile_of_another_protocol_warns():
     with pytest.warns(UserWarning, match=r"shm was calibrated with eager = 16384 bytes.*"
                                          r"ringlet calibrate"):
         load_profile()
+
+@needs_algorithms
+def test_choose_prices_rl_empty_buffers_as_read_in_place():
+    """With a calibrated host, choose() prices the caller's rl.empty buffers as read in
+    place: 8 MiB broadcast at p = 4 turns from binomial to direct. A profile that did not
+    record the transport's in-place threshold gets it from the transport."""
+    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)})
+    assert "zero_copy_min" not in HOST_PROFILE
+    assert prof.host_model("shm").zero_copy_min == shm.ZERO_COPY_MIN
+    plain, rows = choose("broadcast", 8 << 20, 4, topology=prof)
+    mine, shared_rows = choose("broadcast", 8 << 20, 4, topology=prof, shared=("buf",))
+    assert (plain, mine) == ("binomial", "direct")
+    t = {r.algorithm: r.total for r in rows}
+    ts = {r.algorithm: r.total for r in shared_rows}
+    assert all(ts[a] < t[a] for a in t)
+    assert tune.predict_host("broadcast", 8 << 20, 4, "direct", profile=prof,
+                             shared=("buf",)) == pytest.approx(ts["direct"])
+
 
 
 @needs_algorithms

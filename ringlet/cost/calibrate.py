@@ -48,9 +48,11 @@ L3_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
-#: what the transports do (ringlet.transport): eager limit, bytes a pair cycles through
-TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES},
-             "tcp": {"eager": tcp.EAGER_BYTES, "ring_bytes": tcp.FRAG_BYTES}}
+#: what the transports do (ringlet.transport): eager limit, bytes a pair cycles through,
+#: above how many bytes a send from an rl.empty buffer is read in place (-1: never)
+TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES,
+                     "zero_copy_min": shm.ZERO_COPY_MIN},
+             "tcp": {"eager": tcp.EAGER_BYTES, "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages

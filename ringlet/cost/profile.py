@@ -115,8 +115,10 @@ class Profile:
             return None
         hit = self._models.get(transport)
         if hit is None:
+            from .calibrate import TRANSPORT
             from .simulate import HostModel
-            hit = self._models[transport] = HostModel.from_params(t)
+            # what the transport does and an older profile did not record: as it does now
+            hit = self._models[transport] = HostModel.from_params({**TRANSPORT.get(transport, {}), **t})
         return hit
 
     # -- (de)serialisation ----------------------------------------------------------
@@ -423,7 +425,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), ring_bytes=int(model.ring_bytes),
-               idle_share=float(model.idle_share), imbalance=float(model.imbalance))
+               zero_copy_min=int(model.zero_copy_min), idle_share=float(model.idle_share), imbalance=float(model.imbalance))
     if out["beta"] <= 0:
         out["beta"] = 1e-15
     out["samples"] = len(rows)

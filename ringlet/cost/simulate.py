@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..transport import shm
+from ..schedule import BUFFER_NAMES
 from .model import Link, Terms, tier
 
 
@@ -118,6 +119,9 @@ class HostModel:
     cores: int = 1
     eager: int = shm.EAGER_BYTES
     ring_bytes: int = shm.RING_BYTES
+    # a larger message from a buffer in shared memory (rl.empty) is read in place by its
+    # receiver; -1: this transport never does that
+    zero_copy_min: int = shm.ZERO_COPY_MIN
 
     def __post_init__(self):
         for name in HOST_TERMS:
@@ -148,9 +152,9 @@ class HostModel:
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes",
-                                  "idle_share", "imbalance"}
+                                  "zero_copy_min", "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
-        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes"):
+        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes", "zero_copy_min"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)
@@ -304,11 +308,14 @@ class SimResult:
 
 
 def simulate(schedule, topology: Topology | None = None, *, link: Link | str | None = None,
-             gamma: float | None = None) -> SimResult:
+             gamma: float | None = None, shared=()) -> SimResult:
     """Price ``schedule`` (a :class:`ringlet.schedule.Schedule`) on ``topology``.
 
     ``simulate(s, link="infiniband")`` is shorthand for a uniform topology; ``gamma``
-    overrides the topology's. See the module docstring for the model."""
+    overrides the topology's. ``shared`` names the schedule's buffers that lie in shared
+    memory (``rl.empty``): on a :class:`HostModel` their sends above its
+    ``zero_copy_min`` are read in place by the receiver. See the module docstring for
+    the model."""
     p = int(schedule.p)
     if topology is None:
         if link is None:
@@ -325,7 +332,7 @@ def simulate(schedule, topology: Topology | None = None, *, link: Link | str | N
         if gamma is not None:
             from dataclasses import replace
             model = replace(model, gamma=g)
-        return _HostSim(schedule, model).run()
+        return _HostSim(schedule, model, shared).run()
     return _Sim(schedule, topology, g).run()
 
 
@@ -613,10 +620,15 @@ class _HostSim:
 
     K = len(HOST_TERMS)
 
-    def __init__(self, schedule, model: HostModel):
+    def __init__(self, schedule, model: HostModel, shared=()):
         self.s = schedule
         self.m = model
         self.p = int(schedule.p)
+        bad = set(shared) - set(BUFFER_NAMES)
+        if bad:
+            raise ValueError(f"shared names unknown buffers {sorted(bad)}; valid: {BUFFER_NAMES}")
+        self.shared = np.array([BUFFER_NAMES.index(b) for b in shared] if model.zero_copy_min >= 0
+                               else [], np.int64)
 
     def run(self) -> SimResult:
         s, m, p, K = self.s, self.m, self.p, self.K
@@ -643,6 +655,7 @@ class _HostSim:
             dst = c["dst"]
             nb = c["n"] * isz
             red = c["reduce"].astype(bool)
+            sbuf = c["sbuf"]
             hot, prev = _cache_hits(prev, c, p, m, isz)
             busy = np.zeros(p, bool)
             busy[src] = True
@@ -665,7 +678,8 @@ class _HostSim:
                 F = F + k * per
                 U = U + per
                 msg = ~loc
-                src, dst, nb, red, hot = src[msg], dst[msg], nb[msg], red[msg], hot[:, msg]
+                src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg],
+                                                hot[:, msg], sbuf[msg])
             M = len(src)
             if M == 0:
                 continue
@@ -680,6 +694,12 @@ class _HostSim:
             fs[:, I["beta_crowd"]] = nb * crowded / k
             fd = fs.copy()
             fd[:, I["gamma"]] = nb * red
+            # read in place: the sender only announces it (RTS), the receiver's copy is the
+            # one copy; no ring, so no lag of a one-way stream either
+            inplace = (nb > m.zero_copy_min) & np.isin(sbuf, self.shared)
+            if inplace.any():
+                for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
+                    fs[inplace, I[term]] = 0.0
             # what a rank touched in the previous round may still be in its caches
             fs[:, I["mem_l2"]] *= 1.0 - hot[0]
             fs[:, I["mem_l3"]] *= 1.0 - hot[1]
@@ -687,7 +707,7 @@ class _HostSim:
             fd[:, I["mem_l3"]] *= 1.0 - hot[3]
             lat = np.zeros((M, K))
             lat[:, I["alpha_hop"]] = 1.0
-            lat[:, I["alpha_rdv"]] = nb > m.eager
+            lat[:, I["alpha_rdv"]] = (nb > m.eager) | inplace
             lat[:, I["alpha_crowd"]] = crowded
             w_s = k * (fs @ th)
             w_d = k * (fd @ th)
@@ -697,7 +717,7 @@ class _HostSim:
             # one (a single fragment) is store-and-forward: the sender copies it in as soon
             # as it starts, the receiver copies it out once it has arrived; the sender does
             # not wait for the receiver.
-            eager = nb <= m.eager
+            eager = (nb <= m.eager) & ~inplace
             e = np.where(s_src >= s_dst, src, dst)
             t0 = np.maximum(s_src, s_dst) + lat @ th
             baseF = F[e] + lat
@@ -742,7 +762,7 @@ class _HostSim:
             # plus the lag; it holds both ends
             send_slower = w_s >= w_d
             lag = np.zeros((M, K))
-            lag[:, I["beta_lag"]] = nb
+            lag[:, I["beta_lag"]] = nb * ~inplace
             done = t0 + np.maximum(w_s, w_d) + lag @ th
             dF = baseF + k * np.where(send_slower[:, None], fs, fd) + lag
             dU = baseU + np.where(send_slower[:, None], fs, fd) + lag

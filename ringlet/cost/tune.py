@@ -160,12 +160,13 @@ def build_schedule(collective, algorithm, p, nbytes, itemsize=4, hosts=None, roo
     return algs.build(collective, algorithm, p, count, itemsize=itemsize, root=root, **kw)
 
 
-def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4) -> Row:
-    """One candidate's prediction in ``env`` (see :func:`environment`)."""
+def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4, shared=()) -> Row:
+    """One candidate's prediction in ``env`` (see :func:`environment`); ``shared``: see
+    :func:`choose`."""
     if env.topology is None:
         if env.host is not None and p <= SIM_MAX_P and _algorithms_module() is not None:
             sched = build_schedule(collective, algorithm, p, nbytes, itemsize)
-            res = simulate(sched, Topology.on_host(p, env.host))
+            res = simulate(sched, Topology.on_host(p, env.host), shared=shared)
             return host_row(algorithm, res)
         if env.delta > 0 and p <= SIM_MAX_P and _algorithms_module() is not None:
             # local copies are not in the closed forms: price the schedule itself
@@ -208,7 +209,7 @@ _CACHE_MAX = 4096
 
 
 def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, candidates=None,
-           *, itemsize: int = 4, gamma: float | None = None) -> tuple[str, list[Row]]:
+           *, itemsize: int = 4, gamma: float | None = None, shared=()) -> tuple[str, list[Row]]:
     """The algorithm with the least predicted time, and every candidate's prediction.
 
     ``topology``: None (this host's calibrated profile, see :mod:`ringlet.cost.profile`),
@@ -218,7 +219,9 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     link joins them. ``candidates`` restricts the choice (default: all of the collective's
     algorithms; ``hierarchical`` only with several hosts). Rows are sorted fastest first;
     ties go to the earlier algorithm in the catalog. ``nbytes`` follows the size
-    convention of :mod:`ringlet.cost.model`."""
+    convention of :mod:`ringlet.cost.model`. ``shared`` names the caller's buffers that
+    are ``rl.empty`` arrays ("buf", "in", "out"): a calibrated host prices their large
+    sends as read in place by the receiver (one copy, not two through the ring)."""
     check_collective(collective)
     if isinstance(p, bool) or int(p) != p or p < 1:
         raise ValueError(f"p (group size) must be an integer >= 1, got {p!r}")
@@ -231,14 +234,15 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
         else ("profile", _profile_key(topology))
     if topology is None:
         tk = ("profile", _profile_key(load_profile()))
-    key = (collective, int(nbytes), p, hk, ck, tk, itemsize, gamma)
+    shared = tuple(sorted(shared))
+    key = (collective, int(nbytes), p, hk, ck, tk, itemsize, gamma, shared)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit[0], list(hit[1])
     env = environment(p, topology, hosts, gamma)
     cands = candidates_for(collective, env.topology is not None, ck)
     order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
-    rows = [predict_terms(collective, nbytes, p, a, env, itemsize) for a in cands]
+    rows = [predict_terms(collective, nbytes, p, a, env, itemsize, shared) for a in cands]
     rows.sort(key=lambda r: (r.total, order[r.algorithm]))
     result = (rows[0].algorithm, tuple(rows))
     if len(_CACHE) >= _CACHE_MAX:
@@ -304,27 +308,30 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
 # ------------------------------------------------------------------------ this host
 
 def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "auto",
-                 backend: str = "shm", *, itemsize: int = 4, profile: Profile | None = None) -> float:
+                 backend: str = "shm", *, itemsize: int = 4, profile: Profile | None = None,
+                 shared=()) -> float:
     """Predicted seconds of one call run by ``p`` local ranks of this host (what
     ``ringlet bench`` measures), from the calibrated profile (:func:`load_profile`).
 
     ``backend`` is the transport the ranks use: "shm" (the default inside a host) or
     "tcp" (every message over the profile's tcp link). ``algorithm="auto"`` (or None) is
     resolved as the runtime resolves it: ``choose`` on the shared-memory profile of one
-    host. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`."""
+    host. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
+    ``shared``: the buffers that are ``rl.empty`` arrays (see :func:`choose`)."""
     check_collective(collective)
     if backend not in ("shm", "tcp"):
         raise ValueError(f"unknown backend {backend!r}; valid: shm, tcp")
     prof = profile if profile is not None else load_profile()
     if algorithm in (None, "auto"):
-        algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize)[0]
+        algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize,
+                           shared=shared)[0]
     check_algorithm(collective, algorithm)
     if backend == "shm":
         topology = prof
     else:
         topology = Topology.from_profile(1, p, prof, transport="tcp")
     rows = choose(collective, nbytes, p, topology=topology, candidates=(algorithm,),
-                  itemsize=itemsize)[1]
+                  itemsize=itemsize, shared=shared)[1]
     return rows[0].total
 
 

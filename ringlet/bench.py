@@ -22,16 +22,14 @@ import time
 import numpy as np
 
 from .cost.model import parse_size
+from .schedule import USER_BUFFERS
 
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
           "reduce": lambda p: 1.0, "all_gather": lambda p: (p - 1) / p,
           "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
           "gather": lambda p: (p - 1) / p, "scatter": lambda p: (p - 1) / p}
 TOTAL_SIZED = {"all_gather", "reduce_scatter", "gather", "scatter"}
-#: the schedule's buffers a call binds to the caller's arrays (rl.empty with --zero-copy)
-BUFFERS = {"all_reduce": ("buf",), "broadcast": ("buf",), "reduce": ("buf",),
-           **{op: ("in", "out") for op in ("all_gather", "reduce_scatter", "all_to_all",
-                                           "gather", "scatter")}}
+
 OPS = sorted(FACTOR)
 
 
@@ -192,7 +190,7 @@ def _predict(row: dict, backend: str) -> float | None:
         algo = row["algorithm"]
         if algo == "auto":
             algo = row.get("ran") or "auto"
-        shared = BUFFERS[row["op"]] if row.get("zero_copy") else ()
+        shared = USER_BUFFERS[row["op"]] if row.get("zero_copy") else ()   # rl.empty
         return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend, shared=shared)
     except (ImportError, AttributeError, ValueError, KeyError, TypeError, RuntimeError):
         return None

@@ -45,6 +45,11 @@ import numpy as np
 COPY = "copy"
 REDUCE = "reduce"
 BUFFER_NAMES = ("buf", "in", "out", "tmp")
+#: the buffers a collective binds to the caller's arrays (all but the runtime's "tmp")
+USER_BUFFERS = {"broadcast": ("buf",), "reduce": ("buf",), "all_reduce": ("buf",),
+                "barrier": (), **{c: ("in", "out") for c in (
+                    "all_gather", "reduce_scatter", "all_to_all", "all_to_all_single",
+                    "gather", "scatter")}}
 _BUF_ID = {name: i for i, name in enumerate(BUFFER_NAMES)}
 _NO_ACC = -1
 

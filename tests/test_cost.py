@@ -921,6 +921,16 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
                              shared=("buf",)) == pytest.approx(ts["direct"])
 
 
+@needs_algorithms
+def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save()
+    for flags, winner in (([], "binomial"), (["--zero-copy"], "direct")):
+        assert commands.explain_main(["broadcast", "--size", "8M", "-n", "4", *flags]) == 0
+        out = capsys.readouterr().out
+        assert f"winner: {winner} " in out, out
+        assert ("rl.empty buffers" in out) == bool(flags)
+
+
 
 @needs_algorithms
 def test_host_profile_drives_choose_predict_and_explain(capsys):

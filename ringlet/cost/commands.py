@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..schedule import USER_BUFFERS
 from . import plan as _plan
 from .model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
                     tier)
@@ -384,6 +385,9 @@ def _explain_main(argv) -> int:
                     help="size range for the crossover sweep (default 8:4G)")
     ap.add_argument("--plot", metavar="FILE.png", default=None,
                     help="plot time vs size per algorithm, crossovers marked")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="the buffers are rl.empty arrays, whose large sends local receivers "
+                         "read in place (as auto prices them)")
     a = ap.parse_args(argv)
     coll = a.collective
     if coll not in ALGORITHMS:
@@ -432,10 +436,14 @@ def _explain_main(argv) -> int:
         nb = max(nb // unit_bytes, 1) * unit_bytes
         print(f"(size rounded to {nb} B: whole {a.itemsize}-byte elements in each of "
               f"{unit_bytes // a.itemsize} block(s))")
+    shared = USER_BUFFERS[coll] if a.zero_copy else ()
     winner, rows = choose(coll, nb, p, topology=topology, candidates=a.algorithms,
-                          itemsize=a.itemsize, gamma=gamma)
+                          itemsize=a.itemsize, gamma=gamma, shared=shared)
     env = environment(p, topology, None, gamma)
-    print(f"{coll} of {format_size(nb)} {conv} ({nb:,} B), p = {p}: {where}")
+    kind = ", rl.empty buffers" if a.zero_copy else ""
+    print(f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}")
+    if a.zero_copy and env.host is None:
+        print("(--zero-copy changes nothing here: only a calibrated host prices in-place reads)")
     host = env.host
     if host is not None:
         print(f"{host}")
@@ -479,7 +487,7 @@ def _explain_main(argv) -> int:
         ppo = 2 if env.topology is not None else 4
         cross, sweep = crossovers(coll, p, topology=topology, candidates=a.algorithms,
                                   lo=lo, hi=hi, itemsize=a.itemsize, gamma=gamma,
-                                  points_per_octave=ppo)
+                                  points_per_octave=ppo, shared=shared)
         lo_eff = sweep[0][0] if sweep else lo
         hi_eff = sweep[-1][0] if sweep else hi
         print(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "

@@ -261,11 +261,12 @@ def explain_line(collective, nbytes, p, algorithm, rows) -> str:
 
 def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=None, *,
                lo: int | None = None, hi: int = 1 << 32, points_per_octave: int = 2,
-               itemsize: int = 4, gamma: float | None = None, rtol: float = 1e-3):
+               itemsize: int = 4, gamma: float | None = None, rtol: float = 1e-3, shared=()):
     """Sizes where the winner changes: a log sweep from ``lo`` to ``hi`` bytes, then
     bisection between sweep points with different winners (to ``rtol`` relative
     precision, on whole elements). Returns ``[(nbytes, old_winner, new_winner), ...]``
-    plus, as a second value, the sweep ``[(nbytes, {algorithm: seconds})]``."""
+    plus, as a second value, the sweep ``[(nbytes, {algorithm: seconds})]``. ``shared``:
+    see :func:`choose`."""
     env = environment(p, topology, hosts, gamma)
     cands = candidates_for(collective, env.topology is not None, candidates)
     order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
@@ -275,7 +276,7 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
     lo = max(int(lo), unit)
 
     def times(nb):
-        return {a: predict_terms(collective, nb, p, a, env, itemsize).total for a in cands}
+        return {a: predict_terms(collective, nb, p, a, env, itemsize, shared).total for a in cands}
 
     def winner(ts):
         return min(ts, key=lambda a: (ts[a], order[a]))

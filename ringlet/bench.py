@@ -29,7 +29,6 @@ FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
           "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
           "gather": lambda p: (p - 1) / p, "scatter": lambda p: (p - 1) / p}
 TOTAL_SIZED = {"all_gather", "reduce_scatter", "gather", "scatter"}
-
 OPS = sorted(FACTOR)
 
 

@@ -8,9 +8,9 @@ import os
 import numpy as np
 
 from . import algorithms, fingerprint
+from .buffers import locate
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
-from .buffers import locate
 from .runtime import engine, job_profile, resolve
 from .transport.shm import ZERO_COPY_MIN
 from .work import CollectiveWork, compile_plan

@@ -1,5 +1,6 @@
 """A collective's fingerprint: what a rank believes the call is — collective, algorithm,
-dtype, count, root and reduce op — packed into two integers carried in the header of
+dtype, count, root, reduce op, and whether auto picked the algorithm for rl.empty buffers —
+packed into two integers carried in the header of
 every message of the call (its sequence number travels in the tag). A receiver that sees
 another fingerprint than its own knows the ranks disagree, and says exactly how."""
 from __future__ import annotations

@@ -118,7 +118,8 @@ class Profile:
             from .calibrate import TRANSPORT
             from .simulate import HostModel
             # what the transport does and an older profile did not record: as it does now
-            hit = self._models[transport] = HostModel.from_params({**TRANSPORT.get(transport, {}), **t})
+            facts = TRANSPORT.get(transport, {})
+            hit = self._models[transport] = HostModel.from_params({**facts, **t})
         return hit
 
     # -- (de)serialisation ----------------------------------------------------------
@@ -425,7 +426,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), ring_bytes=int(model.ring_bytes),
-               zero_copy_min=int(model.zero_copy_min), idle_share=float(model.idle_share), imbalance=float(model.imbalance))
+               zero_copy_min=int(model.zero_copy_min), idle_share=float(model.idle_share),
+               imbalance=float(model.imbalance))
     if out["beta"] <= 0:
         out["beta"] = 1e-15
     out["samples"] = len(rows)

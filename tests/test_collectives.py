@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import ringlet as rl
 from ringlet import algorithms
-from conftest import run
+from conftest import HOST_PROFILE, run
 
 INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 FLOATS = [np.float16, np.float32, np.float64]
@@ -393,12 +393,6 @@ def _auto_by_buffer_kind(rank):
 
 def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
     from ringlet.cost import profile
-    from ringlet.transport import shm
     path = tmp_path / "profile.json"
-    host = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5,
-            "alpha_crowd": 1.8e-5, "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11,
-            "mem_l2": 1.6e-11, "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11,
-            "beta_lag": 6e-12, "idle_share": 0.5, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
-            "cores": 2, "eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES}
-    profile.Profile.from_fits({"shm": host}).save(path)
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
     run(_auto_by_buffer_kind, 3, env={"RINGLET_PROFILE": str(path)})

@@ -18,6 +18,8 @@ from ringlet.cost import commands, model, plan, profile, tune
 from ringlet.schedule import Schedule, chunks
 from ringlet.transport import shm
 
+from conftest import HOST_PROFILE
+
 IB = TIERS["infiniband"]
 A, BETA = IB.alpha, IB.beta
 
@@ -883,12 +885,6 @@ def test_host_model_bad_input():
                            "nbytes": 0, "seconds": 1e-5}] * 2, terms=["alpha", "nope"])
 
 
-HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5,
-                "beta": 1.8e-11, "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11,
-                "mem_l3": 2.8e-11, "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "beta_lag": 6e-12,
-                "idle_share": 0.5,
-                "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2,
-                "eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES}   # this ringlet's transport
 
 
 def test_profile_of_another_protocol_warns():

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..transport import shm
 from ..schedule import BUFFER_NAMES
+from ..transport import shm
 from .model import Link, Terms, tier
 
 
@@ -527,7 +527,7 @@ class _Sim:
         return finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols]
 
 
-def working_set(schedule, ring_bytes: int = 4 << 20) -> float:
+def working_set(schedule, ring_bytes: int = shm.RING_BYTES) -> float:
     """Bytes a job touches: every rank's buffers, plus the part of each shared ring that
     its pair's messages cycle through (up to the ring's size)."""
     isz = float(schedule.itemsize)

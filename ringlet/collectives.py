@@ -92,11 +92,12 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
     name, plan, tmp, pool, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op,
                                                      root, splits, shared)
+    eng = engine()
     if _DEBUG_ALGO:
-        log.warning("ringlet rank %d, %s #%d: %s", engine().rank, g.name, g.seq + 1, why)
+        log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, why)
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
-    work = CollectiveWork(engine(), plan, bufs, ufunc, g.ranks, tag,
+    work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag,
                           (collective, seq, g.name, name), fp, finish, (pool, scratch))
     if async_op:
         return work

@@ -634,6 +634,7 @@ def test_explain_every_collective(capsys):
 # ------------------------------------------------------------------ host model (shm)
 
 from ringlet.cost.simulate import HOST_TERMS, HostModel, working_set  # noqa: E402
+from ringlet.schedule import BUFFER_NAMES  # noqa: E402
 
 NO_CACHE = dict(l2_bytes=1 << 40, l3_bytes=1 << 40)   # working sets always fit: no memory term
 
@@ -783,6 +784,10 @@ def test_host_model_memory_hierarchy_by_hand():
     n = 8 << 20
     s = _build("broadcast", "binomial", 2, n // 4)
     assert working_set(s, 4 << 20) == 2 * n + (4 << 20)
+    # read in place from an rl.empty buffer, the message uses no ring space
+    buf = BUFFER_NAMES.index("buf")
+    assert working_set(s, 4 << 20, shared=[buf], zero_copy_min=16 << 10) == 2 * n
+    assert working_set(s, 4 << 20, shared=[buf], zero_copy_min=-1) == 2 * n + (4 << 20)
     m = _host(beta=1e-10, mem_l3=2e-10, l2_bytes=1 << 40, l3_bytes=10 << 20, ring_bytes=4 << 20)
     res = simulate(s, Topology.on_host(2, m))
     assert res.time == pytest.approx(n * (1e-10 + 2e-10 * 0.5))

@@ -527,15 +527,20 @@ class _Sim:
         return finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols]
 
 
-def working_set(schedule, ring_bytes: int = shm.RING_BYTES) -> float:
+def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
+                zero_copy_min: int = -1) -> float:
     """Bytes a job touches: every rank's buffers, plus the part of each shared ring that
-    its pair's messages cycle through (up to the ring's size)."""
+    its pair's messages cycle through (up to the ring's size). A message its receiver
+    reads in place (from one of the ``shared`` buffers, indices into ``BUFFER_NAMES``, and
+    larger than ``zero_copy_min``; -1: none is) uses no ring."""
     isz = float(schedule.itemsize)
     total = float(sum(int(v) for v in schedule.buffers.values())) * schedule.p * isz
     biggest: dict = {}
     for rnd in schedule.rounds:
         c = rnd.cols
         msg = c["src"] != c["dst"]
+        if zero_copy_min >= 0 and len(shared):
+            msg &= ~((c["n"] * isz > zero_copy_min) & np.isin(c["sbuf"], shared))
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -634,7 +639,7 @@ class _HostSim:
         s, m, p, K = self.s, self.m, self.p, self.K
         th = m.theta
         isz = float(s.itemsize)
-        ws = working_set(s, m.ring_bytes)
+        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min)
         f2, f3 = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         crowded = 1.0 if p > m.cores else 0.0
         I = {k: i for i, k in enumerate(HOST_TERMS)}

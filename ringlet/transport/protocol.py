@@ -193,7 +193,9 @@ class Peer:
         if self.dead:
             return False
         moved = self._poll_in()
-        return self.pump_out() or moved
+        if self.outq:       # (checked here: a spinning waiter calls this in a tight loop)
+            return self.pump_out() or moved
+        return moved
 
     def pump_out(self) -> bool:
         moved = False

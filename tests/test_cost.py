@@ -654,9 +654,10 @@ def test_host_model_ring_p2_by_hand():
     """p = 2 ring all-reduce of 64 KiB: two rounds, one 32 KiB message each way.
     Each rank is one thread: it copies its send into the ring AND copies (reduces) its
     receive out, so its work adds up: RS = (a + 32768 b) + (a + 32768 b + 32768 g),
-    AG = 2 (a + 32768 b); 32 KiB > eager (16 KiB here), so each round first pays the
-    rendezvous."""
-    m = _host(alpha=1e-6, beta=1e-9, gamma=0.5e-9, alpha_rdv=2e-6, eager=16 << 10)
+    AG = 2 (a + 32768 b); 32 KiB > eager and rendezvous (16 KiB here), so each round
+    first pays the rendezvous. Streamed (rendezvous 64 KiB) it does not."""
+    m = _host(alpha=1e-6, beta=1e-9, gamma=0.5e-9, alpha_rdv=2e-6, eager=16 << 10,
+              rendezvous=16 << 10)
     res = simulate(_build("all_reduce", "ring", 2, 16384), Topology.on_host(2, m))
     rs = 2e-6 + (1e-6 + 32768e-9) + (1e-6 + 32768e-9 + 32768 * 0.5e-9)
     ag = 2e-6 + 2 * (1e-6 + 32768e-9)
@@ -670,6 +671,10 @@ def test_host_model_ring_p2_by_hand():
     assert res.features["alpha"] == 4 and res.features["alpha_rdv"] == 2
     # the plain-link view of the model: one message between idle ranks
     assert m.link.alpha == pytest.approx(2 * 1e-6 + 2e-6) and m.link.beta == pytest.approx(2e-9)
+    streamed = simulate(_build("all_reduce", "ring", 2, 16384),
+                        Topology.on_host(2, dataclasses_replace(m, rendezvous=64 << 10)))
+    assert streamed.time == pytest.approx(rs + ag - 4e-6)
+    assert streamed.features["alpha_rdv"] == 0
 
 
 @needs_algorithms

@@ -46,8 +46,8 @@ from ringlet import launch
 from ringlet.errors import CollectiveMismatch, PeerFailure
 from ringlet.rendezvous import MAGIC, MAX_FRAME, NONCE, StoreServer, TCPStore, _mac, handshake_client
 from ringlet.transport.protocol import (ABORT, BYE, CTS, CTS_OK, CTS_REJECT, DATA, EAGER, HEADER,
-                                        HEADER_SIZE, KINDS, PAD, RTS, RecvRequest, SendRequest,
-                                        peer_failure)
+                                        HEADER_SIZE, KINDS, PAD, RTS, RTS_STREAM, RecvRequest,
+                                        SendRequest, peer_failure)
 from ringlet.transport.tcp import TcpPeer
 from conftest import run, two_hosts
 
@@ -1055,6 +1055,8 @@ PINNED = {
     "eager-claims-2^62": lambda w: (hdr(EAGER, 0, 1, -1, 1 << 62), "oversized"),
     "data-claims-2^62": lambda w: (hdr(DATA, 0, 0, 0, 1 << 62), "oversized"),
     "rts-negative-length": lambda w: (hdr(RTS, 0, 1, 0, -5), "bad header"),
+    # DATA right behind its RTS is for shared memory, where it cannot hoard: not over TCP
+    "rts-stream-over-tcp": lambda w: (hdr(RTS, RTS_STREAM, 1, 0, 2048), "does not stream"),
     "cts-unknown": lambda w: (hdr(CTS, 0, 0, 12345, 0), "CTS for unknown"),
     "kind-0": lambda w: (hdr(0), "bad header kind=0"),
 }

@@ -549,11 +549,87 @@ def _flood(rank, n, nbytes, limit):
     assert sum(p.unexpected_bytes for p in engine().peers.values()) == 0
 
 
-@pytest.mark.parametrize("env", [None, two_hosts(2)], ids=["shm", "tcp"])
+@pytest.mark.parametrize("env", [None, "streamed", two_hosts(2)], ids=["shm", "shm-streamed", "tcp"])
 def test_a_fast_sender_cannot_make_a_slow_receiver_hoard(env):
     from ringlet.transport import shm, tcp
     if env is None:     # at most what the ring holds
         nbytes, limit = shm.EAGER_BYTES, 2 * shm.RING_BYTES
+    elif env == "streamed":   # ... and the streamed message it holds the start of
+        nbytes, limit, env = shm.STREAM_BYTES, 2 * shm.RING_BYTES + shm.STREAM_BYTES, None
     else:               # at most one poll's worth of packets
         nbytes, limit = tcp.EAGER_BYTES, tcp.POLL_BUDGET * (tcp.EAGER_BYTES + 64)
-    run(_flood, 2, 1500, nbytes, limit, env=env)
+    run(_flood, 2, 1500 if nbytes <= shm.EAGER_BYTES else 300, nbytes, limit, env=env)
+
+
+def _streamed(rank):
+    """Messages above the eager limit but within STREAM_BYTES go without waiting for CTS.
+    The receiver may not have asked yet: it parks what arrives (all of the message, or its
+    start while the sender is held up) and hands it over, copied or reduced, when asked;
+    a receive of the wrong size fails alone and the link goes on."""
+    from ringlet.runtime import engine
+    from ringlet.transport.shm import STREAM_BYTES
+    eng, other = engine(), 1 - rank
+    peer = eng.peers[eng.rank ^ 1]
+    assert peer.stream_max == STREAM_BYTES > EAGER_BYTES
+    big = STREAM_BYTES // 4                  # float32 elements: several fragments
+    mid = (EAGER_BYTES + 4096) // 4          # just past the eager limit
+    payload = {n: np.arange(n, dtype=np.float32) + 7 for n in (big, mid)}
+    for n in (mid, big):
+        x = payload[n]
+        # 1. asked for after all of it arrived: parked whole, then copied
+        if rank == 1:
+            rl.send(x, other, tag=1)
+            rl.send(np.ones(1), other, tag=2)
+        else:
+            rl.recv(np.empty(1), other, tag=2)   # behind tag 1 in the ring: parks it
+            assert peer.unexpected and peer.unexpected_bytes == x.nbytes
+            y = np.zeros_like(x)
+            rl.recv(y, other, tag=1)
+            np.testing.assert_array_equal(y, x)
+            assert peer.unexpected_bytes == 0 and not peer.incoming
+        rl.barrier()
+        # 2. asked for while the sender is held up mid-message (a whole-ring message does
+        #    not fit beside its headers): the start is parked, the rest goes straight into
+        #    the receive - which reduces it (dst = acc + data)
+        if rank == 1:
+            w = rl.isend(x, other, tag=3)        # (while the receiver sleeps: fills the ring)
+            time.sleep(0.4)                      # no progress: the rest waits in our queue
+            w.wait()
+            rl.send(np.ones(1), other, tag=4)
+        else:
+            y = np.zeros(n, np.float32)
+            time.sleep(0.1)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.15:  # progress (parks what fits in the ring)
+                eng.progress()
+            parked = [item[1] for q in peer.unexpected.values() for item in q]
+            if n == big:
+                assert len(parked) == 1 and 0 < parked[0].offset < parked[0].nbytes
+            acc = np.full(n, 0.5, np.float32)
+            req = eng.irecv(other, 3, y, np.add, acc)
+            eng.wait(lambda: req.done, 10, lambda limit: "reduce-receive")
+            assert req.error is None
+            np.testing.assert_array_equal(y, x + 0.5)
+            rl.recv(np.empty(1), other, tag=4)
+        rl.barrier()
+        # 3. the wrong size: that receive fails (parked or posted first), the next arrives
+        for late in (True, False):
+            if rank == 1:
+                rl.send(x, other, tag=5)
+                rl.send(x, other, tag=6)
+            else:
+                if late:
+                    t0 = time.monotonic()
+                    while time.monotonic() - t0 < 0.1:
+                        eng.progress()
+                with pytest.raises(ValueError, match="bytes but the receive buffer has"):
+                    rl.recv(np.zeros(n + 1, np.float32), other, tag=5)
+                y = np.zeros_like(x)
+                rl.recv(y, other, tag=6)
+                np.testing.assert_array_equal(y, x)
+            rl.barrier()
+    assert not peer.dead and not peer.incoming and peer.unexpected_bytes == 0
+
+
+def test_streamed_messages_parked_claimed_reduced_and_refused():
+    run(_streamed, 2)

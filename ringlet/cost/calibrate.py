@@ -48,11 +48,13 @@ L3_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
-#: what the transports do (ringlet.transport): eager limit, bytes a pair cycles through,
-#: above how many bytes a send from an rl.empty buffer is read in place (-1: never)
-TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES,
-                     "zero_copy_min": shm.ZERO_COPY_MIN},
-             "tcp": {"eager": tcp.EAGER_BYTES, "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1}}
+#: what the transports do (ringlet.transport): eager limit, above how many bytes a
+#: message waits for CTS, bytes a pair cycles through, above how many bytes a send from
+#: an rl.empty buffer is read in place (-1: never)
+TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "rendezvous": shm.STREAM_BYTES,
+                     "ring_bytes": shm.RING_BYTES, "zero_copy_min": shm.ZERO_COPY_MIN},
+             "tcp": {"eager": tcp.EAGER_BYTES, "rendezvous": tcp.EAGER_BYTES,
+                     "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages
@@ -288,7 +290,8 @@ def describe(t: dict) -> str:
         ("alpha_hop", t.get("alpha_hop", 0.0) * 1e6, "us",
          "latency per message, sender to receiver (adds up along a chain)"),
         ("alpha_rdv", t["alpha_rdv"] * 1e6, "us",
-         f"rendezvous latency, messages > {format_size(t['eager'])}"),
+         f"rendezvous latency, messages > "
+         f"{format_size(max(t['eager'], t.get('rendezvous', t['eager'])))}"),
         ("alpha_crowd", t["alpha_crowd"] * 1e6, "us",
          f"latency per message when ranks outnumber the {t['cores']} cores"),
         ("beta", t["beta"] * 1e12, "ps/B", "CPU per byte, each side"),

@@ -425,7 +425,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     out = {"model": "host"}
     out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
-               eager=int(model.eager), ring_bytes=int(model.ring_bytes),
+               eager=int(model.eager), rendezvous=int(model.rendezvous),
+               ring_bytes=int(model.ring_bytes),
                zero_copy_min=int(model.zero_copy_min), idle_share=float(model.idle_share),
                imbalance=float(model.imbalance))
     if out["beta"] <= 0:

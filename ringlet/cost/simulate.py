@@ -65,8 +65,9 @@ class HostModel:
     ``alpha_hop``    latency per message that takes no CPU: from the sender's store to the
                      receiver seeing it (cache lines crossing cores, the receiver's next
                      poll). Ranks that exchange overlap it; a chain pays it on every hop
-    ``alpha_rdv``    latency per message larger than ``eager`` bytes: the RTS/CTS round
-                     trip before data flows
+    ``alpha_rdv``    latency per message larger than ``rendezvous`` bytes: the RTS/CTS
+                     round trip before data flows (up to it, a message larger than
+                     ``eager`` streams its fragments right behind its RTS)
     ``alpha_crowd``  latency per message when the job has more ranks than ``cores``
                      (waiting ranks yield and sleep, and must be scheduled again)
     ``mem_l2``, ``mem_l3``  extra CPU per byte once the job's working set W (all ranks'
@@ -118,6 +119,7 @@ class HostModel:
     l3_bytes: int = 32 << 20
     cores: int = 1
     eager: int = shm.EAGER_BYTES
+    rendezvous: int = shm.STREAM_BYTES
     ring_bytes: int = shm.RING_BYTES
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
@@ -135,8 +137,8 @@ class HostModel:
             raise ValueError("HostModel idle_share must be between 0 and 1")
         if not 0.0 <= self.imbalance <= 1.0:
             raise ValueError("HostModel imbalance must be between 0 and 1")
-        if self.eager < 0:
-            raise ValueError("HostModel eager must be >= 0 bytes")
+        if self.eager < 0 or self.rendezvous < 0:
+            raise ValueError("HostModel eager and rendezvous must be >= 0 bytes")
 
     @property
     def theta(self) -> np.ndarray:
@@ -151,10 +153,11 @@ class HostModel:
 
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
-        keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes",
-                                  "zero_copy_min", "idle_share", "imbalance"}
+        keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
+                                  "ring_bytes", "zero_copy_min", "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
-        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "ring_bytes", "zero_copy_min"):
+        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
+                  "zero_copy_min"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)
@@ -712,7 +715,7 @@ class _HostSim:
             fd[:, I["mem_l3"]] *= 1.0 - hot[3]
             lat = np.zeros((M, K))
             lat[:, I["alpha_hop"]] = 1.0
-            lat[:, I["alpha_rdv"]] = (nb > m.eager) | inplace
+            lat[:, I["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
             lat[:, I["alpha_crowd"]] = crowded
             w_s = k * (fs @ th)
             w_d = k * (fd @ th)

@@ -11,6 +11,10 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
   stream, and nothing is ever allocated on the strength of a peer's claimed size.
+* Except a message of at most ``stream_max`` bytes (transports that set it: shm), whose
+  DATA follows its RTS (flagged RTS_STREAM) at once: the round trip would cost more than
+  the copy. A receiver with no receive posted for it parks the fragments as they arrive
+  (bounded, like unasked-for eager messages) and hands them over when one is posted.
 
 Messages of one (pair, tag) are matched in the order they were sent.
 """
@@ -29,6 +33,7 @@ HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
+RTS_STREAM = 2   # RTS flag: its DATA follows at once, without waiting for CTS
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
@@ -54,7 +59,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc")
+    __slots__ = ("data", "zc", "stream")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -62,6 +67,7 @@ class SendRequest(Request):
         self.done, self.error, self.msgid, self.offset = False, None, -1, 0
         self.data = data  # flat uint8 view of the caller's buffer
         self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
+        self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
 
 
 class RecvRequest(Request):
@@ -98,11 +104,11 @@ class RecvRequest(Request):
 
 
 class _Discard:
-    """Sink for the rest of a message whose receive was cancelled."""
+    """Sink for the rest of a message whose receive was cancelled or refused."""
     __slots__ = ("msgid", "nbytes", "offset", "tag", "ufunc", "done", "error")
 
-    def __init__(self, req):
-        self.msgid, self.nbytes, self.offset, self.tag = req.msgid, req.nbytes, req.offset, req.tag
+    def __init__(self, msgid: int, nbytes: int, offset: int, tag: int):
+        self.msgid, self.nbytes, self.offset, self.tag = msgid, nbytes, offset, tag
         self.ufunc, self.done, self.error = True, True, None
 
     def deliver(self, payload) -> None:
@@ -110,6 +116,22 @@ class _Discard:
 
     def fail(self, exc) -> None:
         pass  # its receive already failed
+
+
+class _Parked:
+    """The fragments so far of a streamed message nobody has asked for yet."""
+    __slots__ = ("msgid", "nbytes", "offset", "tag", "buf")
+
+    def __init__(self, msgid: int, nbytes: int, tag: int):
+        self.msgid, self.nbytes, self.offset, self.tag = msgid, nbytes, 0, tag
+        self.buf = bytearray()   # grows with what arrives, never by the claimed size
+
+    def deliver(self, payload) -> None:
+        self.buf += memoryview(payload)   # (+= an ndarray would be NumPy's addition)
+        self.offset = len(self.buf)
+
+    def fail(self, exc) -> None:
+        pass  # nobody waits on it
 
 
 class Peer:
@@ -165,8 +187,12 @@ class Peer:
         else:
             req.msgid = self.next_msgid
             self.next_msgid += 1
-            self.awaiting_cts[req.msgid] = req
             self.outq.append(("rts", req))
+            if req.nbytes <= self.stream_max and req.zc is None:
+                req.stream = True
+                self.outq.append(("data", req))
+            else:
+                self.awaiting_cts[req.msgid] = req
         self.pump_out()
 
     def post_recv(self, req: RecvRequest) -> None:
@@ -183,6 +209,9 @@ class Peer:
             if item[0] == "eager":
                 self.unexpected_bytes -= len(item[1])
                 self._finish_eager(req, item[1])
+            elif item[0] == "stream":
+                self.unexpected_bytes -= item[1].nbytes
+                self._claim_parked(req, item[1])
             else:
                 self._accept(req, item[1], item[2], item[3])
             return
@@ -193,9 +222,7 @@ class Peer:
         if self.dead:
             return False
         moved = self._poll_in()
-        if self.outq:       # (checked here: a spinning waiter calls this in a tight loop)
-            return self.pump_out() or moved
-        return moved
+        return self.pump_out() or moved
 
     def pump_out(self) -> bool:
         moved = False
@@ -207,7 +234,8 @@ class Peer:
                 self._sent(item)
             elif kind == "rts":
                 if item.zc is None:
-                    ok = self._write(RTS, 0, item.tag, item.msgid, item.nbytes, 0, None, *item.fp)
+                    ok = self._write(RTS, RTS_STREAM if item.stream else 0, item.tag, item.msgid,
+                                     item.nbytes, 0, None, *item.fp)
                 else:
                     alloc, fd, off = item.zc
                     ok = self._write(RTS, RTS_ZC, item.tag, item.msgid, item.nbytes, off, None,
@@ -255,31 +283,46 @@ class Peer:
             if kind == EAGER and q and q[0].fp == fp:   # the common case first
                 self._finish_eager(_pop(self.posted, tag, q), payload)
                 return
+            stream = False
             if kind == RTS:
                 # Senders number large messages 0, 1, 2, … in order; a reused id would
                 # orphan the receive already matched to it.
                 if msgid <= self.last_rts:
                     raise ProtocolError(f"RTS reuses message id {msgid}")
                 self.last_rts = msgid
+                stream = flags == RTS_STREAM
+                if stream and (length <= 0 or not self.stream_max):
+                    raise ProtocolError(f"streamed RTS of {length} bytes on a link that does "
+                                        f"not stream" if not self.stream_max else
+                                        f"streamed RTS of {length} bytes")
             if q and q[0].fp != fp and CHECK_FINGERPRINTS:
+                if stream:   # its DATA is on the way: let it drain
+                    self.incoming[msgid] = _Discard(msgid, length, 0, tag)
                 self.engine.mismatch(tag, q[0].fp, fp, self.rank)
                 return
             where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
             if q:
                 if kind == EAGER:
                     self._finish_eager(_pop(self.posted, tag, q), payload)
+                elif stream:
+                    self._accept_stream(_pop(self.posted, tag, q), msgid, length)
                 else:
                     self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
             if fp != NO_FP and CHECK_FINGERPRINTS:
                 self.engine.check_fingerprint(tag, fp, self.rank)
-            if kind == EAGER:
+            if kind == EAGER or stream:
                 self.unexpected_bytes += length
                 if self.unexpected_bytes > MAX_UNEXPECTED:
                     raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
                                         f"nobody has asked for")
-            item = (("eager", bytes(payload), fp) if kind == EAGER
-                    else ("rts", msgid, length, where, fp))
+            if kind == EAGER:
+                item = ("eager", bytes(payload), fp)
+            elif stream:
+                parked = self.incoming[msgid] = _Parked(msgid, length, tag)
+                item = ("stream", parked, fp)
+            else:
+                item = ("rts", msgid, length, where, fp)
             _push(self.unexpected, tag, item)
         elif kind == ABORT:
             self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
@@ -310,7 +353,7 @@ class Peer:
     def data_done(self, req: RecvRequest) -> None:
         if req.offset == req.nbytes:
             del self.incoming[req.msgid]
-            if not isinstance(req, _Discard):
+            if isinstance(req, RecvRequest):   # (not a sink: _Discard, _Parked)
                 self._received(req)
 
     def _finish_eager(self, req: RecvRequest, payload) -> None:
@@ -336,6 +379,36 @@ class Peer:
             self.incoming[msgid] = req
             self.outq.append(("cts", (msgid, CTS_OK, 0)))
         self.pump_out()
+
+    def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
+        """A streamed message met its receive: its DATA goes straight there."""
+        if length != req.nbytes:
+            self.incoming[msgid] = _Discard(msgid, length, 0, req.tag)
+            req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
+                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+            return
+        req.msgid = msgid
+        self.incoming[msgid] = req
+
+    def _claim_parked(self, req: RecvRequest, parked: _Parked) -> None:
+        """A receive posted for a streamed message that arrived first: take what is parked,
+        and the rest of its DATA as it comes."""
+        done = parked.offset == parked.nbytes    # (then it has left ``incoming``)
+        if parked.nbytes != req.nbytes:
+            if not done:
+                self.incoming[parked.msgid] = _Discard(parked.msgid, parked.nbytes,
+                                                       parked.offset, parked.tag)
+            req.fail(ValueError(f"recv from rank {self.rank}: message has {parked.nbytes} bytes "
+                                f"but the receive buffer has {req.nbytes} bytes; nothing was "
+                                f"written"))
+            return
+        if parked.offset:
+            req.deliver(parked.buf)
+        if done:
+            self._received(req)
+        else:
+            req.msgid = parked.msgid
+            self.incoming[parked.msgid] = req
 
     def _received(self, req: RecvRequest):
         self.msgs_recv += 1
@@ -363,6 +436,7 @@ class Peer:
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly
+    stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
     def remote_view(self, where, nbytes):
         return None
@@ -375,11 +449,14 @@ class Peer:
         """Fail every posted receive of one collective (it was aborted)."""
         for req in self.posted.pop(tag, ()):
             req.fail(exc)
+        for item in self.unexpected.pop(tag, ()):     # nobody will ask for these now
+            self.unexpected_bytes -= (len(item[1]) if item[0] == "eager" else
+                                      item[1].nbytes if item[0] == "stream" else 0)
         for msgid, req in list(self.incoming.items()):
             if req.tag == tag and not isinstance(req, _Discard):
                 req.fail(exc)
                 # Fragments may still be on their way: drain them instead of failing the link.
-                self.incoming[msgid] = _Discard(req)
+                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, tag)
 
     def pending(self) -> bool:
         return bool(self.outq or self.incoming or self.awaiting_cts

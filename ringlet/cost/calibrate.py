@@ -39,7 +39,8 @@ EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce",
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),
                ("all_reduce", "double_tree"))
-# 256 KiB: the largest eager message of shm (one fragment), where the protocol changes
+# 256 KiB and 1 MiB: the largest eager (one fragment) and streamed (no CTS) messages of
+# shm, where the protocol changes
 DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 DEFAULT_RANKS = (2, 3, 4)
 #: the L3 the fit may find the job really has, as fractions of what sysfs reports (on a VM

@@ -11,10 +11,10 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
   stream, and nothing is ever allocated on the strength of a peer's claimed size.
-* Except a message of at most ``stream_max`` bytes (transports that set it: shm), whose
-  DATA follows its RTS (flagged RTS_STREAM) at once: the round trip would cost more than
-  the copy. A receiver with no receive posted for it parks the fragments as they arrive
-  (bounded, like unasked-for eager messages) and hands them over when one is posted.
+* Except a message of at most ``stream_max`` bytes (transports that set it: shm, up to
+  what its ring holds), whose DATA follows its RTS (flagged RTS_STREAM) at once, without
+  the round trip. A receiver with no receive posted for it parks the fragments as they
+  arrive (bounded, like unasked-for eager messages) and hands them over when one is posted.
 
 Messages of one (pair, tag) are matched in the order they were sent.
 """
@@ -309,8 +309,6 @@ class Peer:
                 else:
                     self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
-            if fp != NO_FP and CHECK_FINGERPRINTS:
-                self.engine.check_fingerprint(tag, fp, self.rank)
             if kind == EAGER or stream:
                 self.unexpected_bytes += length
                 if self.unexpected_bytes > MAX_UNEXPECTED:
@@ -324,6 +322,8 @@ class Peer:
             else:
                 item = ("rts", msgid, length, where, fp)
             _push(self.unexpected, tag, item)
+            if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
+                self.engine.check_fingerprint(tag, fp, self.rank)
         elif kind == ABORT:
             self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:

@@ -23,7 +23,8 @@ HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_hop": 2.5e-6, "alpha_rdv"
                 "mem_l2": 1.6e-11, "mem_l3": 2.8e-11, "beta_share": 4.7e-11,
                 "beta_crowd": 1.4e-11, "beta_lag": 6e-12, "idle_share": 0.5,
                 "l2_bytes": 2 << 20, "l3_bytes": 32 << 20, "cores": 2,
-                "eager": shm.EAGER_BYTES, "ring_bytes": shm.RING_BYTES}   # this ringlet's transport
+                "eager": shm.EAGER_BYTES, "rendezvous": shm.STREAM_BYTES,
+                "ring_bytes": shm.RING_BYTES}   # this ringlet's transport
 
 
 def run(fn, n, *args, backend=None, env=None, timeout=JOB_TIMEOUT):

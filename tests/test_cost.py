@@ -908,6 +908,12 @@ def test_profile_of_another_protocol_warns():
     with pytest.warns(UserWarning, match=r"shm was calibrated with eager = 16384 bytes.*"
                                          r"ringlet calibrate"):
         load_profile()
+    # one from before messages streamed: priced as it was fitted, and told to recalibrate
+    old = {k: v for k, v in HOST_PROFILE.items() if k != "rendezvous"}
+    profile.Profile.from_fits({"shm": old}).save()
+    with pytest.warns(UserWarning, match=rf"every message over {shm.EAGER_BYTES} bytes waited"):
+        prof = load_profile()
+    assert prof.host_model("shm").rendezvous == shm.EAGER_BYTES
 
 @needs_algorithms
 def test_choose_prices_rl_empty_buffers_as_read_in_place():

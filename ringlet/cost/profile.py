@@ -117,9 +117,13 @@ class Profile:
         if hit is None:
             from .calibrate import TRANSPORT
             from .simulate import HostModel
-            # what the transport does and an older profile did not record: as it does now
-            facts = TRANSPORT.get(transport, {})
-            hit = self._models[transport] = HostModel.from_params({**facts, **t})
+            # what the transport does and an older profile did not record: as it does now,
+            # except the rendezvous limit: its alpha_rdv was fitted when every message
+            # above the eager limit waited for CTS (stale_reasons says so)
+            params = {**TRANSPORT.get(transport, {}), **t}
+            if "rendezvous" not in t and "eager" in params:
+                params["rendezvous"] = params["eager"]
+            hit = self._models[transport] = HostModel.from_params(params)
         return hit
 
     # -- (de)serialisation ----------------------------------------------------------
@@ -222,6 +226,11 @@ def stale_reasons(prof: Profile) -> list:
             if key in t and int(t[key]) != int(now):
                 out.append(f"{name} was calibrated with {key} = {int(t[key])} bytes, "
                            f"this ringlet uses {int(now)}")
+        eager = int(t.get("eager", facts["eager"]))
+        if "rendezvous" not in t and int(facts["rendezvous"]) > eager:
+            out.append(f"{name} was calibrated when every message over {eager} bytes waited "
+                       f"for CTS; this ringlet streams up to {int(facts['rendezvous'])} bytes "
+                       f"at once")
     return out
 
 

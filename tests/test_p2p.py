@@ -561,7 +561,7 @@ def test_a_fast_sender_cannot_make_a_slow_receiver_hoard(env):
     run(_flood, 2, 1500 if nbytes <= shm.EAGER_BYTES else 300, nbytes, limit, env=env)
 
 
-def _streamed(rank):
+def _streamed(rank, tmp):
     """Messages above the eager limit but within STREAM_BYTES go without waiting for CTS.
     The receiver may not have asked yet: it parks what arrives (all of the message, or its
     start while the sender is held up) and hands it over, copied or reduced, when asked;
@@ -590,23 +590,27 @@ def _streamed(rank):
         rl.barrier()
         # 2. asked for while the sender is held up mid-message (a whole-ring message does
         #    not fit beside its headers): the start is parked, the rest goes straight into
-        #    the receive - which reduces it (dst = acc + data)
+        #    the receive - which reduces it (dst = acc + data). Files say when, so that
+        #    neither rank makes progress while the other must not.
+        sent, asked = os.path.join(tmp, f"sent{n}"), os.path.join(tmp, f"asked{n}")
         if rank == 1:
-            w = rl.isend(x, other, tag=3)        # (while the receiver sleeps: fills the ring)
-            time.sleep(0.4)                      # no progress: the rest waits in our queue
+            w = rl.isend(x, other, tag=3)        # fills the ring; the rest waits in our queue
+            open(sent, "w").close()
+            _await_file(asked)                   # (no progress meanwhile)
             w.wait()
             rl.send(np.ones(1), other, tag=4)
         else:
             y = np.zeros(n, np.float32)
-            time.sleep(0.1)
+            _await_file(sent)
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 0.15:  # progress (parks what fits in the ring)
+            while time.monotonic() - t0 < 0.1:   # progress: parks what the ring holds
                 eng.progress()
             parked = [item[1] for q in peer.unexpected.values() for item in q]
             if n == big:
                 assert len(parked) == 1 and 0 < parked[0].offset < parked[0].nbytes
             acc = np.full(n, 0.5, np.float32)
             req = eng.irecv(other, 3, y, np.add, acc)
+            open(asked, "w").close()
             eng.wait(lambda: req.done, 10, lambda limit: "reduce-receive")
             assert req.error is None
             np.testing.assert_array_equal(y, x + 0.5)
@@ -631,5 +635,12 @@ def _streamed(rank):
     assert not peer.dead and not peer.incoming and peer.unexpected_bytes == 0
 
 
-def test_streamed_messages_parked_claimed_reduced_and_refused():
-    run(_streamed, 2)
+def _await_file(path, limit=30.0):
+    t0 = time.monotonic()
+    while not os.path.exists(path):
+        assert time.monotonic() - t0 < limit, f"{path} never appeared"
+        time.sleep(0.001)
+
+
+def test_streamed_messages_parked_claimed_reduced_and_refused(tmp_path):
+    run(_streamed, 2, str(tmp_path))

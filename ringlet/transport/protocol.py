@@ -119,16 +119,18 @@ class _Discard:
 
 
 class _Parked:
-    """The fragments so far of a streamed message nobody has asked for yet."""
-    __slots__ = ("msgid", "nbytes", "offset", "tag", "buf")
+    """The fragments so far of a streamed message nobody has asked for yet: a copy of each
+    as it arrives (nothing allocated by the claimed size; no regrowing buffer either)."""
+    __slots__ = ("msgid", "nbytes", "offset", "tag", "pieces")
 
     def __init__(self, msgid: int, nbytes: int, tag: int):
         self.msgid, self.nbytes, self.offset, self.tag = msgid, nbytes, 0, tag
-        self.buf = bytearray()   # grows with what arrives, never by the claimed size
+        self.pieces: list = []
 
     def deliver(self, payload) -> None:
-        self.buf += memoryview(payload)   # (+= an ndarray would be NumPy's addition)
-        self.offset = len(self.buf)
+        piece = payload.tobytes() if isinstance(payload, np.ndarray) else bytes(payload)
+        self.pieces.append(piece)
+        self.offset += len(piece)
 
     def fail(self, exc) -> None:
         pass  # nobody waits on it
@@ -402,8 +404,9 @@ class Peer:
                                 f"but the receive buffer has {req.nbytes} bytes; nothing was "
                                 f"written"))
             return
-        if parked.offset:
-            req.deliver(parked.buf)
+        for piece in parked.pieces:    # (whole fragments: whole elements, as deliver needs)
+            req.deliver(piece)
+        parked.pieces = []
         if done:
             self._received(req)
         else:

@@ -609,7 +609,7 @@ def _streamed(rank, tmp):
             if n == big:
                 assert len(parked) == 1 and 0 < parked[0].offset < parked[0].nbytes
             acc = np.full(n, 0.5, np.float32)
-            req = eng.irecv(other, 3, y, np.add, acc)
+            req = eng.irecv(other, 3, y, np.add, acc)   # (world group: wire tag = user tag)
             open(asked, "w").close()
             eng.wait(lambda: req.done, 10, lambda limit: "reduce-receive")
             assert req.error is None

@@ -293,7 +293,7 @@ def _bad(rank):
     assert (x == 1).all()
     # Disagreements between ranks raise on every rank, never hang: at the call itself, or
     # — for a rank whose part had already completed when the news came — at its next call.
-    for case in range(3):
+    for case in range(4):
         raised = []
         for step in ("call", "next"):
             try:
@@ -303,8 +303,11 @@ def _bad(rank):
                     rl.all_reduce(np.ones(10 + rank, np.float32), timeout=20)
                 elif case == 1:
                     rl.all_reduce(np.ones(10, np.float32 if rank else np.float64), timeout=20)
-                else:
+                elif case == 2:
                     rl.all_reduce(np.ones(50_000), op="max" if rank == 1 else "sum", timeout=20)
+                else:   # 800 kB messages: streamed, their data on its way when refused
+                    rl.all_reduce(np.ones(100_000), op="max" if rank == 1 else "sum",
+                                  algorithm="tree", timeout=20)
             except rl.CollectiveMismatch as exc:
                 assert "differ in" in str(exc) or "mismatched" in str(exc), exc
                 raised.append(step)

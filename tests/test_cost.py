@@ -895,8 +895,6 @@ def test_host_model_bad_input():
                            "nbytes": 0, "seconds": 1e-5}] * 2, terms=["alpha", "nope"])
 
 
-
-
 def test_profile_of_another_protocol_warns():
     """A profile fitted when the shm eager limit was 16 KiB prices rendezvous that no longer
     happen: loading it says so, and how to fix it."""
@@ -914,6 +912,7 @@ def test_profile_of_another_protocol_warns():
     with pytest.warns(UserWarning, match=rf"every message over {shm.EAGER_BYTES} bytes waited"):
         prof = load_profile()
     assert prof.host_model("shm").rendezvous == shm.EAGER_BYTES
+
 
 @needs_algorithms
 def test_choose_prices_rl_empty_buffers_as_read_in_place():
@@ -941,7 +940,6 @@ def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
         out = capsys.readouterr().out
         assert f"winner: {winner} " in out, out
         assert ("rl.empty buffers" in out) == bool(flags)
-
 
 
 @needs_algorithms

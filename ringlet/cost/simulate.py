@@ -541,9 +541,8 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
     biggest: dict = {}
     for rnd in schedule.rounds:
         c = rnd.cols
-        msg = c["src"] != c["dst"]
-        if zero_copy_min >= 0 and len(shared):
-            msg &= ~((c["n"] * isz > zero_copy_min) & np.isin(c["sbuf"], shared))
+        msg = (c["src"] != c["dst"]) & ~_read_in_place(c["n"] * isz, c["sbuf"], shared,
+                                                        zero_copy_min)
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -552,6 +551,14 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
             if v > biggest.get(k, 0):
                 biggest[k] = v
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
+
+
+def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int) -> np.ndarray:
+    """Which messages their receiver reads in place: sent from one of the ``shared``
+    buffers (indices into ``BUFFER_NAMES``) and larger than ``zero_copy_min`` (-1: none)."""
+    if zero_copy_min < 0 or not len(shared):
+        return np.zeros(len(nbytes), bool)
+    return (nbytes > zero_copy_min) & np.isin(sbuf, shared)
 
 
 def _overlap(prev, rank, buf, off, n) -> np.ndarray:
@@ -635,8 +642,7 @@ class _HostSim:
         bad = set(shared) - set(BUFFER_NAMES)
         if bad:
             raise ValueError(f"shared names unknown buffers {sorted(bad)}; valid: {BUFFER_NAMES}")
-        self.shared = np.array([BUFFER_NAMES.index(b) for b in shared] if model.zero_copy_min >= 0
-                               else [], np.int64)
+        self.shared = np.array([BUFFER_NAMES.index(b) for b in shared], np.int64)
 
     def run(self) -> SimResult:
         s, m, p, K = self.s, self.m, self.p, self.K
@@ -704,7 +710,7 @@ class _HostSim:
             fd[:, I["gamma"]] = nb * red
             # read in place: the sender only announces it (RTS), the receiver's copy is the
             # one copy; no ring, so no lag of a one-way stream either
-            inplace = (nb > m.zero_copy_min) & np.isin(sbuf, self.shared)
+            inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min)
             if inplace.any():
                 for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
                     fs[inplace, I[term]] = 0.0

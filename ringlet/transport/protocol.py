@@ -208,11 +208,10 @@ class Peer:
                 self.engine.mismatch(req.tag, req.fp, q[0][-1], self.rank)
                 return
             item = _pop(self.unexpected, req.tag, q)
+            self.unexpected_bytes -= _held(item)
             if item[0] == "eager":
-                self.unexpected_bytes -= len(item[1])
                 self._finish_eager(req, item[1])
             elif item[0] == "stream":
-                self.unexpected_bytes -= item[1].nbytes
                 self._claim_parked(req, item[1])
             else:
                 self._accept(req, item[1], item[2], item[3])
@@ -293,10 +292,10 @@ class Peer:
                     raise ProtocolError(f"RTS reuses message id {msgid}")
                 self.last_rts = msgid
                 stream = flags == RTS_STREAM
-                if stream and (length <= 0 or not self.stream_max):
-                    raise ProtocolError(f"streamed RTS of {length} bytes on a link that does "
-                                        f"not stream" if not self.stream_max else
-                                        f"streamed RTS of {length} bytes")
+                if stream and not self.stream_max:
+                    raise ProtocolError("streamed RTS on a link that does not stream")
+                if stream and length <= 0:
+                    raise ProtocolError(f"streamed RTS of {length} bytes")
             if q and q[0].fp != fp and CHECK_FINGERPRINTS:
                 if stream:   # its DATA is on the way: let it drain
                     self.incoming[msgid] = _Discard(msgid, length, 0, tag)
@@ -361,8 +360,7 @@ class Peer:
     def _finish_eager(self, req: RecvRequest, payload) -> None:
         n = len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
         if n != req.nbytes:
-            req.fail(ValueError(f"recv from rank {self.rank}: message has {n} bytes but the "
-                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+            self._refuse(req, n)
             return
         req.deliver(payload)
         self._received(req)
@@ -370,8 +368,7 @@ class Peer:
     def _accept(self, req: RecvRequest, msgid: int, length: int, where=None) -> None:
         if length != req.nbytes:
             self.outq.append(("cts", (msgid, CTS_REJECT, req.nbytes)))
-            req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
-                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+            self._refuse(req, length)
         elif where is not None and (src := self.remote_view(where, length)) is not None:
             req.deliver(src)        # one copy (or reduce), straight from the sender's buffer
             self._received(req)
@@ -386,8 +383,7 @@ class Peer:
         """A streamed message met its receive: its DATA goes straight there."""
         if length != req.nbytes:
             self.incoming[msgid] = _Discard(msgid, length, 0, req.tag)
-            req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
-                                f"receive buffer has {req.nbytes} bytes; nothing was written"))
+            self._refuse(req, length)
             return
         req.msgid = msgid
         self.incoming[msgid] = req
@@ -400,9 +396,7 @@ class Peer:
             if not done:
                 self.incoming[parked.msgid] = _Discard(parked.msgid, parked.nbytes,
                                                        parked.offset, parked.tag)
-            req.fail(ValueError(f"recv from rank {self.rank}: message has {parked.nbytes} bytes "
-                                f"but the receive buffer has {req.nbytes} bytes; nothing was "
-                                f"written"))
+            self._refuse(req, parked.nbytes)
             return
         for piece in parked.pieces:    # (whole fragments: whole elements, as deliver needs)
             req.deliver(piece)
@@ -412,6 +406,11 @@ class Peer:
         else:
             req.msgid = parked.msgid
             self.incoming[parked.msgid] = req
+
+    def _refuse(self, req: RecvRequest, length: int) -> None:
+        """Fail a receive whose message has another size (the link goes on)."""
+        req.fail(ValueError(f"recv from rank {self.rank}: message has {length} bytes but the "
+                            f"receive buffer has {req.nbytes} bytes; nothing was written"))
 
     def _received(self, req: RecvRequest):
         self.msgs_recv += 1
@@ -453,8 +452,7 @@ class Peer:
         for req in self.posted.pop(tag, ()):
             req.fail(exc)
         for item in self.unexpected.pop(tag, ()):     # nobody will ask for these now
-            self.unexpected_bytes -= (len(item[1]) if item[0] == "eager" else
-                                      item[1].nbytes if item[0] == "stream" else 0)
+            self.unexpected_bytes -= _held(item)
         for msgid, req in list(self.incoming.items()):
             if req.tag == tag and not isinstance(req, _Discard):
                 req.fail(exc)
@@ -467,6 +465,12 @@ class Peer:
 
     def close(self) -> None:
         pass
+
+
+def _held(item) -> int:
+    """Bytes an unasked-for message counts against MAX_UNEXPECTED (an RTS holds none)."""
+    kind = item[0]
+    return len(item[1]) if kind == "eager" else item[1].nbytes if kind == "stream" else 0
 
 
 def _push(queues: dict, tag: int, item) -> None:

@@ -615,12 +615,14 @@ def test_calibrate_end_to_end(tmp_path, capsys):
                            "-n", "2", "--passes", "1", "--output", str(out)]) == 0
     prof = load_profile(out, strict=True)
     t = prof.transports["shm"]
-    # barrier once, then every experiment at each size
-    assert t["samples"] == 1 + 2 * len(calibrate.EXPERIMENTS) and "residuals" in t
+    # barrier once, then every experiment at each size, from NumPy and rl.empty buffers
+    n_exp = len(calibrate.EXPERIMENTS) + len(calibrate.ZERO_COPY_EXPERIMENTS)
+    assert t["samples"] == 1 + 2 * n_exp and "residuals" in t
     assert t["model"] == "host" and t["ranks"] == [2] and t["cores"] >= 1
     assert prof.host_model("shm") is not None and prof.link("shm").alpha > 0
     text = capsys.readouterr().out
     assert "shm: host model" in text and "alpha_rdv" in text and "saved" in text
+    assert "broadcast/direct rl.empty" in text
 
 
 def test_explain_every_collective(capsys):
@@ -996,6 +998,41 @@ def test_fit_host_recovers_a_known_model():
     assert got["model"] == "host" and got["outliers"] == []
     for k in HOST_TERMS:
         assert got[k] == pytest.approx(getattr(true, k), rel=1e-3, abs=1e-14), k
+
+
+@needs_algorithms
+def test_fit_host_learns_the_rendezvous_from_rl_empty_timings():
+    """Up to 1 MiB no ring message waits for CTS any more, so timings of the NumPy
+    experiments alone cannot show alpha_rdv; the rl.empty broadcasts calibration adds
+    (each read in place after an RTS round trip) give it back, priced as read in place."""
+    from ringlet.cost.calibrate import EXPERIMENTS, ZERO_COPY_EXPERIMENTS
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+
+    def timed(experiments, shared):
+        out = []
+        for p in (2, 4):
+            for nb in (4 << 10, 64 << 10, 256 << 10, 1 << 20):
+                for coll, alg in experiments:
+                    sched = _build(coll, alg, p, model.count_of(coll, p, nb))
+                    t = simulate(sched, Topology.on_host(p, true), shared=shared).time
+                    out.append({"collective": coll, "algorithm": alg, "p": p, "nbytes": nb,
+                                "seconds": t, "shared": list(shared)})
+        return out
+
+    plain = timed(EXPERIMENTS, ())
+    both = plain + timed(ZERO_COPY_EXPERIMENTS, ("buf",))
+    start = dataclasses_replace(true, **{k: 1e-6 if k.startswith("alpha") else 3e-11
+                                         for k in HOST_TERMS})
+    blind = profile.fit_host(plain, start, robust=False)
+    assert blind["alpha_rdv"] != pytest.approx(true.alpha_rdv, rel=0.1)
+    got = profile.fit_host(both, start, robust=False)
+    assert got["residuals"]["max_rel"] < 1e-6
+    assert got["alpha_rdv"] == pytest.approx(true.alpha_rdv, rel=1e-3)
+    # the plain alpha-beta fit has no in-place message: it leaves those samples out
+    counts = {"n_messages": 2, "bytes": 1e6, "reduce_bytes": 0}
+    kept = [dict(counts, seconds=1e-3), dict(counts, bytes=2e6, seconds=2e-3)]
+    assert profile.fit(kept + [dict(counts, seconds=5.0, shared=["buf"])])["samples"] == 2
 
 
 @needs_algorithms

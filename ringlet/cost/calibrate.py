@@ -4,7 +4,8 @@ For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets
 ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3 and 4:
 on a 2-core machine the last two measure what sharing cores costs) time a few
 collectives - barrier, broadcast (binomial), all_reduce (ring, direct, recursive
-doubling, binomial tree, naive ring, Rabenseifner, double binary tree) - at sizes from 4 KiB to 64 MiB (16 MiB when the
+doubling, binomial tree, naive ring, Rabenseifner, double binary tree; and a direct
+broadcast from rl.empty buffers) - at sizes from 4 KiB to 64 MiB (16 MiB when the
 ranks outnumber the cores), in several passes that are separate jobs spread over time
 (passes slowed down by other processes are left out or run again). Each job first
 sends 8 MiB through every shared-memory ring, whose first lap page-faults.
@@ -39,6 +40,11 @@ EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce",
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),
                ("all_reduce", "double_tree"))
+#: ... and from rl.empty buffers, whose receivers read each message in place after an RTS
+#: round trip: since messages up to the ring's size stream without one, these are what
+#: shows the fit alpha_rdv at the sizes where it matters (at 64 KiB it was fitted to 0
+#: without them, and rl.empty calls predicted 47-79% short)
+ZERO_COPY_EXPERIMENTS = (("broadcast", "direct"),)
 # 256 KiB and 1 MiB: the largest eager (one fragment) and streamed (no CTS) messages of
 # shm, where the protocol changes
 DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -125,10 +131,11 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
 
     prefault_rings(rl)
     bufs = {nb: np.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
+    shared_bufs = {nb: rl.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
     for i in range(passes):
         warm = 2 if i == 0 else 1
         t, reps = timed(rl.barrier, warm)
-        rows.append(("barrier", "dissemination", 0, t, reps))
+        rows.append(("barrier", "dissemination", 0, t, reps, []))
         for nb in sizes:
             buf = bufs[nb]
             for coll, alg in EXPERIMENTS:
@@ -136,7 +143,11 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
                     t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm, buf)
                 else:
                     t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm, buf)
-                rows.append((coll, alg, buf.nbytes, t, reps))
+                rows.append((coll, alg, buf.nbytes, t, reps, []))
+            sbuf = shared_bufs[nb]
+            for coll, alg in ZERO_COPY_EXPERIMENTS:
+                t, reps = timed(lambda: rl.broadcast(sbuf, 0, algorithm=alg), warm, sbuf)
+                rows.append((coll, alg, sbuf.nbytes, t, reps, ["buf"]))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"p": p, "rows": rows}, f)
@@ -201,16 +212,17 @@ def _run_pass(transport, p, sizes, budget, max_reps, timeout):
 
 
 def _samples(p, runs) -> list[dict]:
-    """Samples for the fit from ``{(collective, algorithm, nbytes): [(seconds, reps)]}``:
-    the median of the passes within 1.5x of the fastest (each pass is a median over
-    repetitions; other processes can only slow a pass down, and on a shared 2-core host
-    they sometimes slow two passes of three several-fold), and the plain model's
-    critical-path counts."""
+    """Samples for the fit from ``{(collective, algorithm, nbytes, shared): [(seconds,
+    reps)]}``: the median of the passes within 1.5x of the fastest (each pass is a median
+    over repetitions; other processes can only slow a pass down, and on a shared 2-core
+    host they sometimes slow two passes of three several-fold), and the plain model's
+    critical-path counts. ``shared``: the buffers that were rl.empty arrays."""
     samples = []
-    for (coll, alg, nb), got in runs.items():
+    for (coll, alg, nb, shared), got in runs.items():
         m, b, r, c = critical_counts(coll, alg, nb, p)
         fastest = min(t for t, _ in got)
         samples.append({"collective": coll, "algorithm": alg, "p": p, "nbytes": nb,
+                        "shared": list(shared),
                         "seconds": statistics.median(t for t, _ in got if t <= 1.5 * fastest),
                         "passes": [t for t, _ in got], "reps": sum(n for _, n in got),
                         "n_messages": m, "bytes": b, "reduce_bytes": r, "copy_bytes": c})
@@ -246,8 +258,8 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
         rows, load = _run_pass(transport, p, sizes, budget, max_reps, timeout)
         if load <= max_load:
             break
-    for coll, alg, nb, t, reps in rows:
-        runs.setdefault((coll, alg, nb), []).append((t, reps))
+    for coll, alg, nb, t, reps, shared in rows:
+        runs.setdefault((coll, alg, nb, tuple(shared)), []).append((t, reps))
     return load
 
 
@@ -333,7 +345,8 @@ def report(profile: Profile, samples: dict) -> str:
             if pred is None:
                 pred = (s["n_messages"] * link.alpha + s["bytes"] * link.beta
                         + s["reduce_bytes"] * t["gamma"] + s.get("copy_bytes", 0) * t.get("delta", 0))
-            lines.append(f"    p={s['p']} {s['collective'] + '/' + s['algorithm']:<30}{format_size(s['nbytes']):>10}"
+            what = s['collective'] + '/' + s['algorithm'] + (" rl.empty" if s.get("shared") else "")
+            lines.append(f"    p={s['p']} {what:<30}{format_size(s['nbytes']):>10}"
                          f"  measured {s['seconds'] * 1e6:>10.1f} us  model {pred * 1e6:>10.1f} us"
                          f"  ({(pred / s['seconds'] - 1) * 100:+.0f}%)"
                          + ("  outlier, not fitted" if i in out else ""))

@@ -265,10 +265,14 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
     stalls now and then) and the fit is redone without them.
     Returns ``{"alpha", "beta", "gamma", "delta", "samples", "outliers": [indices], "residuals":
     {"rms", "median_rel", "max_rel"}}`` (residuals over the samples kept), ready to be a
-    profile's transport entry. A parameter the samples do not exercise comes out 0."""
+    profile's transport entry. A parameter the samples do not exercise comes out 0.
+    Samples timed with rl.empty buffers (``shared``) are left out: the plain model has no
+    message read in place."""
     rows = []
     for s in samples:
         if isinstance(s, dict):
+            if s.get("shared"):    # read in place: the plain model has no such message
+                continue
             s = (s["n_messages"], s["bytes"], s.get("reduce_bytes", 0), s["seconds"],
                  s.get("copy_bytes", 0))
         if len(s) == 4:
@@ -319,7 +323,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
-    ``seconds`` (one timed call each; ``itemsize`` optional, default 4). ``base``: a
+    ``seconds`` (one timed call each; ``itemsize`` optional, default 4; ``shared``
+    optional: the buffers that were rl.empty arrays, see ``simulate``). ``base``: a
     HostModel (or dict of its fields) giving the machine's ``cores``, cache sizes,
     ``eager`` and ``ring_bytes``, and the starting parameters. ``terms``: the names of
     the terms to fit (default all of ``HOST_TERMS``; the others are 0) - for ablations.
@@ -372,16 +377,16 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         sched = build(smp["collective"], smp["algorithm"], int(smp["p"]),
                       count_of(smp["collective"], int(smp["p"]), int(smp["nbytes"]), isz),
                       itemsize=isz)
-        rows.append((sched, t))
+        rows.append((sched, t, tuple(smp.get("shared", ()))))
     if len(rows) < 2:
         raise ValueError("fit_host needs at least two samples")
-    y = np.array([t for _, t in rows])
+    y = np.array([t for _, t, _ in rows])
 
     def counts(model):
         X = np.zeros((len(rows), len(HOST_TERMS)))
         pred = np.zeros(len(rows))
-        for i, (sched, _) in enumerate(rows):
-            res = simulate(sched, Topology.on_host(sched.p, model))
+        for i, (sched, _, shared) in enumerate(rows):
+            res = simulate(sched, Topology.on_host(sched.p, model), shared=shared)
             X[i] = [res.features[k] for k in HOST_TERMS]
             pred[i] = res.time
         return X, pred

@@ -12,8 +12,9 @@ from .buffers import locate
 from .group import Group
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, job_profile, resolve
+from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
-from .work import CollectiveWork, compile_plan
+from .work import CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
@@ -78,8 +79,9 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()
                                 count, root, op, by_kind)
         tmp = sched.buffers.get("tmp", 0)
         pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
-        hit = (name, compile_plan(sched.rank_plan(g.rank), g.ranks), tmp, pool,
-               UFUNC[op] if op is not None else None, fp, why)
+        plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
+        ufunc = UFUNC[op] if op is not None else None
+        hit = (name, plan, tmp, pool, ufunc, fp, why, fast.prepare(engine(), plan, ufunc, dtype))
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
@@ -90,15 +92,26 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
     # rl.empty buffers can change auto's pick, once some message may be read in place
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
-    name, plan, tmp, pool, ufunc, fp, why = _prepare(collective, algorithm, g, count, dtype, op,
-                                                     root, splits, shared)
+    name, plan, tmp, pool, ufunc, fp, why, fc = _prepare(collective, algorithm, g, count, dtype,
+                                                         op, root, splits, shared)
     eng = engine()
     if _DEBUG_ALGO:
         log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, why)
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
-    work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag,
-                          (collective, seq, g.name, name), fp, finish, (pool, scratch))
+    what = (collective, seq, g.name, name)
+    resume = None
+    # A small blocking call with nothing else in flight runs in C as far as it goes.
+    if fc is not None and not async_op and not eng.works and not eng.aborts:
+        resume = fast.run(eng, fc, bufs, tag, fp)
+        if resume is not None and resume[0] == fc.rounds:
+            if finish is not None:
+                finish()
+            pool.append(scratch)
+            record_call(eng, what, resume[2], resume[3], fast=True)
+            return None
+    work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
+                          (pool, scratch), resume and resume[:3])
     if async_op:
         return work
     work.wait(timeout)

@@ -319,7 +319,9 @@ def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float
 
 # -- counters ----------------------------------------------------------------------------
 def stats() -> dict:
-    """Per-peer (world rank) messages and bytes sent and received since init or reset."""
+    """Per-peer (world rank) messages and bytes sent and received since init or reset, and
+    per collective: calls, fast_calls (run wholly by the C fast path of small calls), time
+    waited for peers (total and longest), the rank that arrived last, the last algorithm."""
     eng = engine()
     out = {"sent": {}, "received": {}}
     for r, p in sorted(eng.peers.items()):

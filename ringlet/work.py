@@ -81,7 +81,9 @@ class CollectiveWork(Work):
         return f"{coll} #{seq} of group {group} ({algo})"
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
-                 finish=None, scratch=None):
+                 finish=None, scratch=None, resume=None):
+        """``resume``: (rounds done, receives done of the next round as a bit mask or -1
+        if it has not started, seconds waited) when the C fast path ran the plan that far."""
         self.engine, self._what, self.error = engine, what, None   # (Work.__init__, inlined)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
@@ -95,8 +97,15 @@ class CollectiveWork(Work):
         self._posted_at = 0.0
         engine.works.append(self)
         engine.start_collective(self)
-        if not self.done:
-            self.advance()
+        if self.done:
+            return
+        if resume is not None:
+            self.i, mask, self.waited = resume
+            if mask >= 0:   # its local steps and sends are done, and these receives
+                self.reqs = self._post_recvs(plan[self.i][1], mask)
+                self._posted_at = time.perf_counter()
+                self.i += 1
+        self.advance()
 
     def _done(self) -> bool:
         return self.done
@@ -158,10 +167,7 @@ class CollectiveWork(Work):
         except ValueError:
             pass
         eng.end_collective(self)
-        st = eng.coll_stats.get(self._what[0])
-        if st is None:
-            st = eng.coll_stats[self._what[0]] = CallStats()
-        st.add(self._what[3], self.waited, self.last_peer)
+        record_call(eng, self._what, self.waited, self.last_peer)
 
     def _post(self, rnd) -> None:
         bufs, ufunc = self.bufs, self.ufunc
@@ -170,19 +176,11 @@ class CollectiveWork(Work):
             if reduce:
                 # The accumulator is usually the destination: one view for both keeps
                 # NumPy off its overlap check (a third of a small call's reduce time).
-                ufunc(dst if ab is None else bufs[ab][a0:a1], bufs[sb][s0:s1], dst)
+                ufunc(dst if ab is None else bufs[ab][a0:a1], bufs[sb][s0:s1], out=dst)
             else:
                 dst[...] = bufs[sb][s0:s1]
+        reqs = self._post_recvs(rnd[1])
         peers, tag, fp = self.engine.peers, self.tag, self.fp
-        reqs = []
-        for src, reduce, db, d0, d1, ab, a0, a1 in rnd[1]:
-            dst = bufs[db][d0:d1]
-            if reduce:
-                req = RecvRequest(src, tag, dst, ufunc, None if ab is None else bufs[ab][a0:a1], fp)
-            else:
-                req = RecvRequest(src, tag, dst, None, None, fp)
-            reqs.append(req)
-            peers[src].post_recv(req)
         for dst, sb, s0, s1 in rnd[2]:
             data = bufs[sb][s0:s1].view(np.uint8)
             peer = peers[dst]
@@ -193,13 +191,39 @@ class CollectiveWork(Work):
         self.reqs = reqs
         self._posted_at = time.perf_counter()
 
+    def _post_recvs(self, recvs, skip: int = 0) -> list:
+        """Post a round's receives (but those whose bit is set in ``skip``)."""
+        bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
+        reqs = []
+        for k, (src, reduce, db, d0, d1, ab, a0, a1) in enumerate(recvs):
+            if skip >> k & 1:
+                continue
+            dst = bufs[db][d0:d1]
+            if reduce:
+                req = RecvRequest(src, tag, dst, ufunc, None if ab is None else bufs[ab][a0:a1], fp)
+            else:
+                req = RecvRequest(src, tag, dst, None, None, fp)
+            reqs.append(req)
+            peers[src].post_recv(req)
+        return reqs
+
+
+def record_call(engine, what, waited: float, last_peer, fast: bool = False) -> None:
+    """Count one finished call of collective ``what[0]`` (run by algorithm ``what[3]``;
+    ``fast``: wholly by the C fast path)."""
+    st = engine.coll_stats.get(what[0])
+    if st is None:
+        st = engine.coll_stats[what[0]] = CallStats()
+    st.add(what[3], waited, last_peer)
+    st.fast_calls += fast
+
 
 class CallStats:
     """Counters of one collective on this rank, for ``rl.stats()``."""
-    __slots__ = ("calls", "wait_s", "max_wait_s", "last_arrival", "algorithm")
+    __slots__ = ("calls", "fast_calls", "wait_s", "max_wait_s", "last_arrival", "algorithm")
 
     def __init__(self):
-        self.calls, self.wait_s, self.max_wait_s = 0, 0.0, 0.0
+        self.calls, self.fast_calls, self.wait_s, self.max_wait_s = 0, 0, 0.0, 0.0
         self.last_arrival = self.algorithm = None
 
     def add(self, algorithm: str, waited: float, last_peer) -> None:

@@ -21,7 +21,7 @@ from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
 from ..rendezvous import handshake_client, handshake_server, local_address_towards
-from . import protocol
+from . import fast, protocol
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
 from .tcp import TcpPeer
@@ -78,6 +78,11 @@ class Engine:
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
         self.crowded = local > (ncpu or 1)
         self.spin = SPIN_CROWDED if self.crowded else SPIN_FREE
+        # Small all-local calls run in C (transport/fast.py) for as long as a waiter would
+        # spin or yield before sleeping; the sleep, and anything unusual, is this engine's.
+        # Only in one-host jobs: there, no TCP link waits for the progress a call makes.
+        self.fast = fast.enabled() and not self.tcp_peers
+        self.fast_budget = YIELD_CROWDED if self.crowded else self.spin
 
     # -- setup ---------------------------------------------------------------------------
     def _connect(self, master_addr: str, master_port: int, gen: int) -> None:

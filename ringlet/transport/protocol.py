@@ -93,13 +93,13 @@ class RecvRequest(Request):
         if self.ufunc is None:
             self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
         elif n == self.nbytes:   # the whole message at once (small ones): no slicing
-            self.ufunc(self.acc, payload.view(self.dtype), self.dst)
+            self.ufunc(self.acc, payload.view(self.dtype), out=self.dst)
         else:
             e0, e1 = self.offset // self.itemsize, (self.offset + n) // self.itemsize
             dst = self.dst[e0:e1]
             # One view when the accumulator is the destination keeps NumPy off its overlap check.
             acc = dst if self.acc is self.dst else self.acc[e0:e1]
-            self.ufunc(acc, payload.view(self.dtype), dst)
+            self.ufunc(acc, payload.view(self.dtype), out=dst)
         self.offset += n
 
 

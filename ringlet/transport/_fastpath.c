@@ -1,0 +1,432 @@
+/* The fast path of small collectives over shared memory: one rank's compiled plan run in C
+ * while every message is a small EAGER packet and nothing unusual happens.
+ *
+ * It writes and reads exactly the packets the Python engine does (same rings, same 64-byte
+ * headers), so the two interleave freely. Anything it does not expect at the head of a
+ * ring (another tag or kind, another fingerprint or size, a full ring), and any wait longer
+ * than its budget, makes it stop and say how far it got; the Python engine takes over from
+ * there and handles it with its full checks (mismatch, protocol, liveness, timeouts,
+ * sleeping). So this file only ever does the common case, and never waits unboundedly.
+ *
+ * run(plan, arrays, peers, links, kernel, tag, fp1, fp2, budget_s, yield)
+ *   plan    bytes of int64 (see ringlet/transport/fast.py: encode)
+ *   arrays  tuple of the call's buffers, indexed by the plan's buffer numbers
+ *   peers   tuple of the ShmPeer objects the plan talks to (head/tail/counters live there)
+ *   links   tuple of (in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, flag) addresses
+ *   kernel  index of the reduce kernel (-1: the plan has no reduction)
+ * Returns None when it did nothing (a peer has queued or parked traffic, or is dead), else
+ * (rounds done, receives done in the next round as a bit mask or -1 if it has not started,
+ *  seconds waited, index of the peer waited on last or -1, peers whose doorbell to ring).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define HEADER_SIZE 64
+#define EAGER 1
+#define PAD 5
+#define MAX_LINKS 64
+#define MAX_RECVS 62 /* the mask is one int64 */
+
+typedef struct {
+    uint32_t kind, flags;
+    int64_t tag, msgid, length, aux, fp1, fp2, zc;
+} header_t;
+
+typedef struct {
+    uint64_t *in_ctrl, *out_ctrl; /* [0] head, [8] tail */
+    char *in_data, *out_data;
+    int64_t in_cap, out_cap;
+    uint64_t *flag;   /* the peer's "asleep" word: poke its doorbell after writing */
+    int64_t head, tail;
+    int64_t msgs_sent, bytes_sent, msgs_recv, bytes_recv;
+    int poke;
+} link_t;
+
+/* -- reduce kernels: dst = op(acc, in), with NumPy's results ------------------------------ */
+typedef void (*kernel_fn)(char *dst, const char *acc, const char *in, int64_t n);
+
+#define BIN(NAME, T, EXPR)                                                          \
+    static void NAME(char *d_, const char *a_, const char *b_, int64_t n) {         \
+        T *d = (T *)d_; const T *a = (const T *)a_, *b = (const T *)b_;             \
+        for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (EXPR); }    \
+    }
+/* Integers wrap like NumPy's: do the arithmetic unsigned (signed overflow is undefined). */
+#define INTS(T, U)                                                                 \
+    BIN(sum_##T, T, (T)((U)x + (U)y))                                              \
+    BIN(prod_##T, T, (T)((U)x * (U)y))                                             \
+    BIN(min_##T, T, x <= y ? x : y)                                                \
+    BIN(max_##T, T, x >= y ? x : y)                                                \
+    BIN(band_##T, T, x & y)                                                        \
+    BIN(bor_##T, T, x | y)                                                         \
+    BIN(bxor_##T, T, x ^ y)
+/* np.minimum/np.maximum propagate NaN (the first operand's, when both are) and, like x86's
+ * minps, give the second operand on a tie: min(-0.0, +0.0) is +0.0. */
+#define FLOATS(T)                                                                  \
+    BIN(sum_##T, T, x + y)                                                         \
+    BIN(prod_##T, T, x * y)                                                        \
+    BIN(min_##T, T, (x < y || isnan(x)) ? x : y)                                   \
+    BIN(max_##T, T, (x > y || isnan(x)) ? x : y)
+
+INTS(int8_t, uint8_t) INTS(uint8_t, uint8_t) INTS(int16_t, uint16_t) INTS(uint16_t, uint16_t)
+INTS(int32_t, uint32_t) INTS(uint32_t, uint32_t) INTS(int64_t, uint64_t) INTS(uint64_t, uint64_t)
+FLOATS(float) FLOATS(double)
+
+/* Order: per dtype (see fast.py DTYPES), the ops sum, prod, min, max, band, bor, bxor. */
+#define INT_ROW(T) sum_##T, prod_##T, min_##T, max_##T, band_##T, bor_##T, bxor_##T
+#define FLOAT_ROW(T) sum_##T, prod_##T, min_##T, max_##T, NULL, NULL, NULL
+static const kernel_fn KERNELS[] = {
+    INT_ROW(int8_t), INT_ROW(uint8_t), INT_ROW(int16_t), INT_ROW(uint16_t),
+    INT_ROW(int32_t), INT_ROW(uint32_t), INT_ROW(int64_t), INT_ROW(uint64_t),
+    FLOAT_ROW(float), FLOAT_ROW(double),
+};
+#define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
+
+/* -- rings ---------------------------------------------------------------------------------- */
+static inline int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* Where a packet of `need` bytes would go after `head`, skipping the ring's tail end like
+ * ShmPeer._write; -1 if there is no room now. *pad is set to the bytes skipped. */
+static int64_t room(int64_t head, int64_t tail, int64_t cap, int64_t need, int64_t *pad) {
+    int64_t free_ = cap - (head - tail), pos = head % cap;
+    *pad = 0;
+    if (cap - pos < need) {
+        if (free_ < (cap - pos) + need) return -1;
+        *pad = cap - pos;
+        return 0;
+    }
+    return free_ < need ? -1 : pos;
+}
+
+static void put_header(char *at, uint32_t kind, int64_t tag, int64_t length, int64_t fp1,
+                       int64_t fp2) {
+    header_t h = {kind, 0, tag, -1, length, 0, fp1, fp2, 0};
+    memcpy(at, &h, sizeof h);
+}
+
+static void write_eager(link_t *l, const char *src, int64_t n, int64_t tag, int64_t fp1,
+                        int64_t fp2) {
+    int64_t need = HEADER_SIZE + round64(n), pad;
+    int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);
+    int64_t pos = room(l->head, tail, l->out_cap, need, &pad);   /* checked before: fits */
+    if (pad) {
+        put_header(l->out_data + l->head % l->out_cap, PAD, 0, 0, 0, 0);
+        l->head += pad;
+    }
+    if (n) memcpy(l->out_data + pos + HEADER_SIZE, src, (size_t)n);
+    put_header(l->out_data + pos, EAGER, tag, n, fp1, fp2);
+    l->head += need;
+    __atomic_store_n(&l->out_ctrl[0], (uint64_t)l->head, __ATOMIC_RELEASE);   /* publish */
+    if (__atomic_load_n(l->flag, __ATOMIC_RELAXED)) l->poke = 1;
+    l->msgs_sent++;
+    l->bytes_sent += n;
+}
+
+/* The next packet from this link if it is the EAGER message wanted (PADs skipped): its
+ * payload, or NULL if nothing has arrived (*other = 0) or something else is first (*other = 1). */
+static const char *peek(link_t *l, int64_t tag, int64_t fp1, int64_t fp2, int64_t n, int *other) {
+    *other = 0;
+    for (;;) {
+        int64_t head = (int64_t)__atomic_load_n(&l->in_ctrl[0], __ATOMIC_ACQUIRE);
+        if (head == l->tail) return NULL;
+        int64_t pos = l->tail % l->in_cap;
+        header_t h;
+        memcpy(&h, l->in_data + pos, sizeof h);
+        if (h.kind == PAD) {
+            l->tail += l->in_cap - pos;
+            __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);
+            continue;
+        }
+        if (h.kind != EAGER || h.tag != tag || h.fp1 != fp1 || h.fp2 != fp2 || h.length != n ||
+            pos + HEADER_SIZE + n > l->in_cap) {
+            *other = 1;
+            return NULL;
+        }
+        return l->in_data + pos + HEADER_SIZE;
+    }
+}
+
+static void consumed(link_t *l, int64_t n) {
+    l->tail += HEADER_SIZE + round64(n);
+    __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);   /* hand back */
+    if (__atomic_load_n(l->flag, __ATOMIC_RELAXED)) l->poke = 1;
+    l->msgs_recv++;
+    l->bytes_recv += n;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* -- Python glue ---------------------------------------------------------------------------- */
+static PyObject *S_head, *S_tail, *S_outq, *S_unexpected, *S_dead, *S_msgs_sent, *S_bytes_sent,
+    *S_msgs_recv, *S_bytes_recv;
+
+static int get_i64(PyObject *obj, PyObject *name, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int add_i64(PyObject *obj, PyObject *name, int64_t delta) {
+    int64_t v;
+    if (!delta) return 0;
+    if (get_i64(obj, name, &v) < 0) return -1;
+    PyObject *o = PyLong_FromLongLong(v + delta);
+    if (!o) return -1;
+    int rc = PyObject_SetAttr(obj, name, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+static int set_i64(PyObject *obj, PyObject *name, int64_t value) {
+    PyObject *o = PyLong_FromLongLong(value);
+    if (!o) return -1;
+    int rc = PyObject_SetAttr(obj, name, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* True when the peer has nothing queued out, nothing parked in, and is alive: only then do
+ * its ring's next packets belong to this call, in order. */
+static int idle(PyObject *peer) {
+    PyObject *v;
+    int busy;
+    if (!(v = PyObject_GetAttr(peer, S_dead))) return -1;
+    busy = v != Py_None;
+    Py_DECREF(v);
+    if (busy) return 0;
+    if (!(v = PyObject_GetAttr(peer, S_outq))) return -1;
+    busy = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (busy) return busy < 0 ? -1 : 0;
+    if (!(v = PyObject_GetAttr(peer, S_unexpected))) return -1;
+    busy = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return busy < 0 ? -1 : !busy;
+}
+
+static void *addr(PyObject *t, Py_ssize_t i) { return PyLong_AsVoidPtr(PyTuple_GET_ITEM(t, i)); }
+
+typedef struct {
+    const int64_t *p, *end;
+} reader_t;
+
+static int next(reader_t *r, int64_t *v) {
+    if (r->p >= r->end) return -1;
+    *v = *r->p++;
+    return 0;
+}
+
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *arrays = args[1], *peers = args[2], *links = args[3];
+    if (!PyBytes_Check(args[0]) || !PyTuple_Check(arrays) || !PyTuple_Check(peers) ||
+        !PyTuple_Check(links) || PyTuple_GET_SIZE(peers) != PyTuple_GET_SIZE(links) ||
+        PyTuple_GET_SIZE(peers) > MAX_LINKS || PyTuple_GET_SIZE(arrays) > 8) {
+        PyErr_SetString(PyExc_TypeError, "run(): bad arguments");
+        return NULL;
+    }
+    int kernel = (int)PyLong_AsLong(args[4]);
+    int64_t tag = PyLong_AsLongLong(args[5]), fp1 = PyLong_AsLongLong(args[6]),
+            fp2 = PyLong_AsLongLong(args[7]);
+    double budget = PyFloat_AsDouble(args[8]);
+    int yield = PyObject_IsTrue(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    kernel_fn reduce = NULL;
+    if (kernel >= 0) {
+        if (kernel >= N_KERNELS || !(reduce = KERNELS[kernel])) {
+            PyErr_SetString(PyExc_ValueError, "run(): no such kernel");
+            return NULL;
+        }
+    }
+
+    Py_ssize_t npeers = PyTuple_GET_SIZE(peers), nbufs = PyTuple_GET_SIZE(arrays);
+    link_t L[MAX_LINKS];
+    for (Py_ssize_t i = 0; i < npeers; i++) {
+        PyObject *peer = PyTuple_GET_ITEM(peers, i), *t = PyTuple_GET_ITEM(links, i);
+        int ok = idle(peer);
+        if (ok <= 0) {
+            if (ok < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+            PyErr_SetString(PyExc_TypeError, "run(): bad link");
+            return NULL;
+        }
+        link_t *l = &L[i];
+        memset(l, 0, sizeof *l);
+        l->in_ctrl = addr(t, 0);
+        l->in_data = addr(t, 1);
+        l->in_cap = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+        l->out_ctrl = addr(t, 3);
+        l->out_data = addr(t, 4);
+        l->out_cap = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 5));
+        l->flag = addr(t, 6);
+        if (PyErr_Occurred() || get_i64(peer, S_head, &l->head) < 0 ||
+            get_i64(peer, S_tail, &l->tail) < 0)
+            return NULL;
+    }
+    Py_buffer views[8];
+    char *buf[8];
+    Py_ssize_t got = 0;
+    for (; got < nbufs; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto fail_views;
+        buf[got] = views[got].buf;
+    }
+
+    /* Buffer b holds bytes [off, off + n): the plan never reaches outside the call's arrays. */
+#define INSIDE(b, off, n) \
+    ((b) >= 0 && (b) < nbufs && (off) >= 0 && (n) >= 0 && (off) + (n) <= views[b].len)
+    reader_t rd = {(const int64_t *)PyBytes_AS_STRING(args[0]),
+                   (const int64_t *)(PyBytes_AS_STRING(args[0]) + PyBytes_GET_SIZE(args[0]))};
+    int64_t nrounds, itemsize, done_rounds = 0, mask = -1, last = -1;
+    double waited = 0.0;
+    int malformed = 0;
+    if (next(&rd, &nrounds) < 0 || next(&rd, &itemsize) < 0 || itemsize <= 0) goto bad_plan;
+    for (; done_rounds < nrounds; done_rounds++) {
+        int64_t nlocal, nrecv, nsend;
+        if (next(&rd, &nlocal) < 0 || next(&rd, &nrecv) < 0 || next(&rd, &nsend) < 0 ||
+            nrecv > MAX_RECVS || rd.end - rd.p < 8 * nlocal + 7 * nrecv + 4 * nsend)
+            goto bad_plan;
+        const int64_t *loc = rd.p, *rcv = loc + 8 * nlocal, *snd = rcv + 7 * nrecv;
+        rd.p = snd + 4 * nsend;
+        /* Every send of the round must fit now, or the Python engine queues the round. */
+        int64_t heads[MAX_LINKS];
+        for (Py_ssize_t i = 0; i < npeers; i++) heads[i] = L[i].head;
+        for (int64_t k = 0; k < nsend; k++) {
+            const int64_t *s = snd + 4 * k;
+            if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3])) goto bad_plan;
+            link_t *l = &L[s[0]];
+            int64_t need = HEADER_SIZE + round64(s[3]), pad;
+            int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);
+            if (room(heads[s[0]], tail, l->out_cap, need, &pad) < 0) goto stop;
+            heads[s[0]] += pad + need;
+        }
+        for (int64_t k = 0; k < nlocal; k++) {   /* reduce, sb, so, n, db, do, ab, ao */
+            const int64_t *t = loc + 8 * k;
+            if (!INSIDE(t[1], t[2], t[3]) || !INSIDE(t[4], t[5], t[3]) ||
+                (t[6] >= 0 && !INSIDE(t[6], t[7], t[3])) || (t[0] && !reduce))
+                goto bad_plan;
+            char *dst = buf[t[4]] + t[5];
+            const char *src = buf[t[1]] + t[2];
+            if (t[0])
+                reduce(dst, t[6] < 0 ? dst : buf[t[6]] + t[7], src, t[3] / itemsize);
+            else
+                memmove(dst, src, (size_t)t[3]);
+        }
+        for (int64_t k = 0; k < nsend; k++) {    /* peer, sb, so, nbytes */
+            const int64_t *s = snd + 4 * k;
+            write_eager(&L[s[0]], buf[s[1]] + s[2], s[3], tag, fp1, fp2);
+        }
+        /* Receives: peer, reduce, db, do, nbytes, ab, ao */
+        mask = 0;
+        int64_t want = nrecv ? (((int64_t)1 << nrecv) - 1) : 0;
+        double start = 0.0;
+        while (mask != want) {
+            int progressed = 0;
+            for (int64_t k = 0; k < nrecv; k++) {
+                if (mask >> k & 1) continue;
+                const int64_t *r = rcv + 7 * k;
+                if (r[0] < 0 || r[0] >= npeers || !INSIDE(r[2], r[3], r[4]) ||
+                    (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce))
+                    goto bad_plan;
+                int other;
+                const char *payload = peek(&L[r[0]], tag, fp1, fp2, r[4], &other);
+                if (other) goto stop;
+                if (!payload) {
+                    last = r[0];
+                    continue;
+                }
+                char *dst = buf[r[2]] + r[3];
+                if (r[1])
+                    reduce(dst, r[5] < 0 ? dst : buf[r[5]] + r[6], payload, r[4] / itemsize);
+                else
+                    memcpy(dst, payload, (size_t)r[4]);
+                consumed(&L[r[0]], r[4]);
+                mask |= (int64_t)1 << k;
+                progressed = 1;
+            }
+            if (mask == want || progressed) continue;
+            double t = now();
+            if (start == 0.0) start = t;
+            else if (t - start > budget) {
+                waited += t - start;
+                goto stop;
+            }
+            if (yield) sched_yield();
+        }
+        if (start != 0.0) waited += now() - start;
+        mask = -1;
+    }
+    goto out;
+
+bad_plan:   /* (fast.encode writes only valid plans: this is a guard, not a path) */
+    malformed = 1;
+stop:
+out:
+    for (Py_ssize_t i = 0; i < nbufs; i++) PyBuffer_Release(&views[i]);
+    {
+        PyObject *poke = PyList_New(0);
+        if (!poke) return NULL;
+        for (Py_ssize_t i = 0; i < npeers; i++) {
+            PyObject *peer = PyTuple_GET_ITEM(peers, i);
+            link_t *l = &L[i];
+            if (set_i64(peer, S_head, l->head) < 0 || set_i64(peer, S_tail, l->tail) < 0 ||
+                add_i64(peer, S_msgs_sent, l->msgs_sent) < 0 ||
+                add_i64(peer, S_bytes_sent, l->bytes_sent) < 0 ||
+                add_i64(peer, S_msgs_recv, l->msgs_recv) < 0 ||
+                add_i64(peer, S_bytes_recv, l->bytes_recv) < 0 ||
+                (l->poke && PyList_Append(poke, peer) < 0)) {
+                Py_DECREF(poke);
+                return NULL;
+            }
+        }
+        if (malformed) {
+            Py_DECREF(poke);
+            PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+            return NULL;
+        }
+        return Py_BuildValue("(LLdLN)", (long long)done_rounds, (long long)mask, waited,
+                             (long long)last, poke);
+    }
+
+fail_views:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    return NULL;
+}
+
+static PyMethodDef METHODS[] = {
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "Run a compiled all-eager shared-memory plan; see the module source."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_fastpath", NULL, -1, METHODS};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+#define INTERN(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(S_head, "head");
+    INTERN(S_tail, "tail");
+    INTERN(S_outq, "outq");
+    INTERN(S_unexpected, "unexpected");
+    INTERN(S_dead, "dead");
+    INTERN(S_msgs_sent, "msgs_sent");
+    INTERN(S_bytes_sent, "bytes_sent");
+    INTERN(S_msgs_recv, "msgs_recv");
+    INTERN(S_bytes_recv, "bytes_recv");
+#undef INTERN
+    return PyModule_Create(&MODULE);
+}

@@ -1,0 +1,142 @@
+"""The C fast path of small collectives over shared memory (``_fastpath.c``).
+
+A small call (8 B all_reduce, a barrier) is all fixed cost: in Python, creating the work,
+posting requests, polling every peer and matching packets is ~15 us at p = 2, while the
+bytes cross in well under one. When every message of a rank's plan is a small EAGER packet
+to a local peer, the runtime hands the *same compiled plan* to C, which writes and reads
+the same packets the Python engine would. At the first surprise (a packet of another call,
+a full ring, a peer not there within the spin budget) C stops and reports how far it got,
+and the Python engine resumes the plan from there — so every failure, mismatch and timeout
+is still handled by the one engine that knows how.
+
+The extension is optional: without a compiler the runtime runs everything in Python.
+RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out).
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from .shm import SLOT_CTRL, ShmPeer
+
+try:
+    from . import _fastpath
+except ImportError:   # built without a C compiler: the Python engine does it all
+    _fastpath = None
+
+# Kernel table order of _fastpath.c: dtypes (kind, itemsize) by rows, ops by columns.
+_DTYPES = (("i", 1), ("u", 1), ("i", 2), ("u", 2), ("i", 4), ("u", 4), ("i", 8), ("u", 8),
+           ("f", 4), ("f", 8))
+_OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
+        "bitwise_or": 5, "bitwise_xor": 6}
+MAX_RECVS = 62     # receives of one round: a bit mask in one int64
+MAX_BUFFERS = 8
+
+
+def enabled() -> bool:
+    """Read at engine start, so forked ranks see their own environment."""
+    return _fastpath is not None and os.environ.get("RINGLET_NO_FASTPATH") != "1"
+
+
+def kernel(ufunc, dtype: np.dtype) -> int | None:
+    """Index of the C reduce kernel for ``ufunc`` on ``dtype`` (-1 when nothing reduces),
+    or None if C has none (bool, float16, byte-swapped …): then the call stays in Python."""
+    if ufunc is None:
+        return -1
+    if not dtype.isnative or (dtype.kind, dtype.itemsize) not in _DTYPES:
+        return None
+    op = _OPS.get(ufunc.__name__)
+    if op is None or (dtype.kind == "f" and op >= 4):
+        return None
+    return _DTYPES.index((dtype.kind, dtype.itemsize)) * 7 + op
+
+
+class FastCall:
+    """One prepared call's plan in the form C reads, with the rings it uses."""
+    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds")
+
+    def __init__(self, names, plan, peers, links, kernel, rounds):
+        self.names, self.plan, self.peers, self.links = names, plan, peers, links
+        self.kernel, self.rounds = kernel, rounds
+
+
+def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
+    """A FastCall for a compiled plan (``work.compile_plan``), or None when some message
+    is not a small EAGER one to a local peer (or C cannot reduce this dtype)."""
+    if not engine.fast:
+        return None
+    k = kernel(ufunc, dtype)
+    if k is None:
+        return None
+    order: dict[int, int] = {}      # world rank -> position in peers
+
+    def peer(world_rank, nbytes):
+        p = engine.peers.get(world_rank)
+        # (above zc_min a message from an rl.empty buffer would go by RTS, not eagerly)
+        if not isinstance(p, ShmPeer) or nbytes > p.zc_min:
+            raise LookupError
+        return order.setdefault(world_rank, len(order))
+
+    try:
+        names, words = encode(plan, dtype.itemsize, peer)
+    except LookupError:       # a message too big, or not to a local peer
+        return None
+    peers = tuple(engine.peers[r] for r in order)
+    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan))
+
+
+def encode(plan: tuple, itemsize: int, peer) -> tuple:
+    """(buffer names, the plan as C reads it): int64 words, offsets in bytes —
+    [rounds, itemsize], then per round [locals, receives, sends] and their records:
+    local (reduce, src buf, offset, bytes, dst buf, offset, acc buf or -1, offset),
+    receive (peer, reduce, dst buf, offset, bytes, acc buf or -1, offset),
+    send (peer, src buf, offset, bytes). ``peer(world rank, bytes)`` numbers the peers
+    (LookupError: not one C may talk to)."""
+    names = tuple(sorted({t[i] for local, recvs, sends in plan for i, steps in
+                          ((1, local), (4, local), (7, local), (2, recvs), (5, recvs), (1, sends))
+                          for t in steps} - {None}))
+    if len(names) > MAX_BUFFERS:
+        raise LookupError
+    index = {n: i for i, n in enumerate(names)}
+    size = itemsize
+    words = [len(plan), size]
+    for local, recvs, sends in plan:
+        if len(recvs) > MAX_RECVS:
+            raise LookupError
+        words += [len(local), len(recvs), len(sends)]
+        for reduce, sb, s0, s1, db, d0, d1, ab, a0, a1 in local:
+            words += [int(reduce), index[sb], s0 * size, (s1 - s0) * size, index[db],
+                      d0 * size, -1 if ab is None else index[ab], a0 * size]
+        for src, reduce, db, d0, d1, ab, a0, a1 in recvs:
+            n = (d1 - d0) * size
+            words += [peer(src, n), int(reduce), index[db], d0 * size, n,
+                      -1 if ab is None else index[ab], a0 * size]
+        for dst, sb, s0, s1 in sends:
+            n = (s1 - s0) * size
+            words += [peer(dst, n), index[sb], s0 * size, n]
+    return names, struct.pack(f"<{len(words)}q", *words)
+
+
+def _link(peer: ShmPeer) -> tuple:
+    """Addresses C needs of one pair's two rings (they live as long as the engine)."""
+    def ring(r):
+        data = r.data.ctypes.data
+        return data - SLOT_CTRL, data, r.capacity
+
+    asleep = peer.outbox.data.ctypes.data - peer.outbox.base   # word 0 of the peer's segment
+    return ring(peer.inbox) + ring(peer.outbox) + (asleep,)
+
+
+def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
+    """Run the plan in C as far as it goes: None if it did not start, else (rounds done,
+    receives done of the next round as a mask or -1, seconds waited, world rank waited on)."""
+    res = _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
+                        fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded)
+    if res is None:
+        return None
+    rounds, mask, waited, last, poke = res
+    for p in poke:
+        engine.ring_doorbell(p.doorbell)
+    return rounds, mask, waited, fc.peers[last].rank if last >= 0 else None

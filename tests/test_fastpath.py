@@ -1,0 +1,217 @@
+"""The C fast path of small shared-memory calls (ringlet/transport/fast.py): it computes the
+same bits as the Python engine, hands a call over to it mid-round, wakes sleeping peers,
+and the Python engine alone still runs everything."""
+import time
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ringlet as rl
+from ringlet.runtime import engine
+from ringlet.transport import fast
+from conftest import run
+from test_collectives import _property, in_rank_settings
+
+KERNEL_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+                 np.uint64, np.float32, np.float64]
+OPS = {"f": ["SUM", "PROD", "MIN", "MAX", "AVG"],
+       "i": ["SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"]}
+UFUNCS = {"f": [np.add, np.multiply, np.minimum, np.maximum],
+          "i": [np.add, np.multiply, np.minimum, np.maximum, np.bitwise_and, np.bitwise_or,
+                np.bitwise_xor]}
+
+
+def test_the_extension_is_built():
+    # gcc is all the README's install needs: a missing fast path is a build failure here.
+    assert fast._fastpath is not None, "ringlet/transport/_fastpath.c was not compiled"
+
+
+class _Loopback:
+    """A peer whose outbox is its inbox: what C sends, it receives back."""
+
+    def __init__(self, capacity=1 << 16):
+        self.mem = np.zeros(128 + capacity + 8, np.uint8)      # ctrl, ring, asleep word
+        base = self.mem.ctypes.data
+        ring = (base, base + 128, capacity)
+        self.link = ring + ring + (base + 128 + capacity,)
+        self.head = self.tail = 0
+        self.outq, self.unexpected, self.dead = (), {}, None
+        self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
+
+
+def _reduce_through_c(acc, incoming, ufunc):
+    """acc = ufunc(acc, incoming), as a received message reduced by the C fast path."""
+    n = acc.size
+    plan = (((), ((0, True, "acc", 0, n, None, 0, 0),), ((0, "in", 0, n),)),)
+    names, words = fast.encode(plan, acc.itemsize, lambda rank, nbytes: 0)
+    peer = _Loopback()
+    bufs = {"acc": acc, "in": incoming}
+    res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
+                             fast.kernel(ufunc, acc.dtype), 7, 1, 2, 0.1, False)
+    assert res[:2] == (1, -1) and peer.msgs_recv == 1 and peer.tail == peer.head, res
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(dtype=st.sampled_from(KERNEL_DTYPES), count=st.integers(1, 70), data=st.data())
+def test_c_kernels_give_numpys_bits(dtype, count, data):
+    """Any bit pattern (NaN payloads, infinities, signed zeros, subnormals, wrapping
+    integers): the C reduce kernels give exactly the bits the Python engine's NumPy call
+    gives, so a call's ranks agree whichever of the two reduced on each."""
+    dtype = np.dtype(dtype)
+    ufunc = data.draw(st.sampled_from(UFUNCS["f" if dtype.kind == "f" else "i"]))
+    raw = data.draw(st.binary(min_size=2 * count * dtype.itemsize,
+                              max_size=2 * count * dtype.itemsize))
+    a, b = np.frombuffer(raw, dtype).reshape(2, count).copy()
+    if dtype.kind == "f" and data.draw(st.booleans()):   # plenty of the special values
+        special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310], dtype)
+        a[::2] = data.draw(st.sampled_from(list(special)))
+        b[::3] = data.draw(st.sampled_from(list(special)))
+    want = a.copy()
+    with np.errstate(all="ignore"):
+        ufunc(want, b, out=want)    # what the Python engine does with a received message
+    got = a.copy()
+    _reduce_through_c(got, b, ufunc)
+    # Where both operands are NaN, which payload survives is the compiler's choice of operand
+    # order for a commutative op (NumPy's own loops differ): a NaN is all that is promised.
+    both = np.isnan(a) & np.isnan(b) if dtype.kind == "f" else np.zeros(count, bool)
+    assert np.isnan(got[both]).all(), (dtype, ufunc.__name__, a, b, got)
+    got[both] = want[both] = 0
+    assert got.tobytes() == want.tobytes(), (dtype, ufunc.__name__, a, b, got, want)
+
+
+def _same_bits(rank):
+    """The same call run blocking (C) and async (the Python engine) gives the same bits."""
+    p = rl.get_world_size()
+
+    @in_rank_settings(40)
+    @given(dtype=st.sampled_from(KERNEL_DTYPES), seed=st.integers(0, 2 ** 31),
+           count=st.integers(1, 300), data=st.data())
+    def check(dtype, seed, count, data):
+        dtype = np.dtype(dtype)
+        op = data.draw(st.sampled_from(OPS["f" if dtype.kind == "f" else "i"]))
+        algo = data.draw(st.sampled_from(["ring", "recursive_doubling", "tree"]))
+        raw = np.random.default_rng([seed, rank]).integers(0, 256, count * dtype.itemsize,
+                                                           dtype=np.uint8)
+        a, b = raw.view(dtype).copy(), raw.view(dtype).copy()
+        rl.barrier()        # (drawing an example takes longer than the spin budget)
+        with np.errstate(all="ignore"):
+            rl.all_reduce(a, op=op, algorithm=algo)
+            rl.all_reduce(b, op=op, algorithm=algo, async_op=True).wait()
+        assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes(), (dtype, op, algo, p)
+
+    check()
+    # (A call whose partner is late past the spin budget finishes in Python: most are not.)
+    calls = rl.stats()["collectives"]["all_reduce"]
+    assert calls["fast_calls"] >= 5, calls
+
+
+def test_blocking_and_async_calls_give_the_same_bits():
+    run(_same_bits, 2)
+    run(_same_bits, 3)
+
+
+def _late_partner(rank):
+    """Rank 0 arrives well after the others' spin budget: they hand the call to the Python
+    engine part-way (after their first round's sends) and it finishes there."""
+    p = rl.get_world_size()
+    for i in range(6):
+        if rank == 0 and i % 2 == 0:
+            time.sleep(0.05)
+        x = np.full(7, rank + i, np.float64)
+        rl.all_reduce(x, algorithm="recursive_doubling")
+        np.testing.assert_array_equal(x, sum(range(p)) + p * i)
+        y = np.arange(6, dtype=np.int32) * (rank + 1) if rank == 1 else np.zeros(6, np.int32)
+        rl.broadcast(y, 1, algorithm="binomial")
+        np.testing.assert_array_equal(y, np.arange(6) * 2)
+    st = rl.stats()["collectives"]["all_reduce"]
+    assert st["calls"] == 6
+    if rank != 0:   # three calls waited past the budget and resumed in Python
+        assert st["fast_calls"] <= 3, st
+        assert st["max_wait_s"] > 0.02, st
+
+
+def test_a_late_partner_hands_the_call_to_the_python_engine():
+    run(_late_partner, 4)
+    run(_late_partner, 2)
+
+
+def _wakes_the_sleeper(rank):
+    eng = engine()
+    rung = []
+    if rank == 1:
+        ring = eng.ring_doorbell
+        eng.ring_doorbell = lambda name: (rung.append(name), ring(name))
+        time.sleep(0.4)    # rank 0 has gone to sleep waiting for this call
+    x = np.ones(3, np.float32)
+    t = time.monotonic()
+    rl.all_reduce(x)
+    np.testing.assert_array_equal(x, 2)
+    if rank == 1:
+        assert rl.stats()["collectives"]["all_reduce"]["fast_calls"] == 1
+        assert rung, "the C fast path wrote to a sleeping rank without ringing its doorbell"
+    else:
+        assert time.monotonic() - t > 0.3
+
+
+def test_fast_path_rings_a_sleeping_peers_doorbell():
+    run(_wakes_the_sleeper, 2)
+
+
+def _python_only(rank, collective):
+    _property(rank, collective, 8)
+    assert not engine().fast
+    assert all(s["fast_calls"] == 0 for s in rl.stats()["collectives"].values())
+
+
+def test_python_engine_alone_when_the_fast_path_is_off():
+    for collective in ("all_reduce", "all_gather", "barrier"):
+        run(_python_only, 3, collective, env={"RINGLET_NO_FASTPATH": "1"})
+
+
+def _counted(rank):
+    """A call run in C counts its messages and bytes like the Python engine does."""
+    other = 1 - rank
+    x = np.ones(4, np.float32)
+    for _ in range(200):    # (a call whose partner is late past the spin budget goes on in Python)
+        before = rl.stats()
+        rl.all_reduce(x, algorithm="recursive_doubling")
+        after = rl.stats()
+        was_fast = after["collectives"]["all_reduce"]["fast_calls"] > before["collectives"].get(
+            "all_reduce", {}).get("fast_calls", 0)
+        both = np.array([was_fast], np.int32)    # (the ranks must leave the loop together)
+        rl.all_reduce(both, op="MIN")
+        if both[0]:
+            break
+    else:
+        raise AssertionError("no call took the fast path")
+    for way in ("sent", "received"):
+        assert after[way][other]["messages"] - before[way][other]["messages"] == 1
+        assert after[way][other]["bytes"] - before[way][other]["bytes"] == 16
+    big = np.ones(64 << 10, np.float32)     # 256 KiB: messages above the fast path's limit
+    calls = rl.stats()["collectives"]["all_reduce"]
+    rl.all_reduce(big)
+    done = rl.stats()["collectives"]["all_reduce"]
+    assert done["calls"] == calls["calls"] + 1 and done["fast_calls"] == calls["fast_calls"]
+
+
+def test_small_calls_take_the_fast_path_and_count_their_messages():
+    run(_counted, 2)
+
+
+def _full_ring(rank):
+    """A root far ahead of its receiver fills the ring: the call that finds no room for its
+    sends is handed to the Python engine before it starts, which queues them."""
+    if rank == 1:
+        time.sleep(0.3)
+    for i in range(10):
+        x = np.full(200, i if rank == 0 else -1, np.float32)    # 800 B: 4 fit in the ring
+        rl.broadcast(x, 0, algorithm="direct")
+        np.testing.assert_array_equal(x, i)
+    if rank == 0:
+        st = rl.stats()["collectives"]["broadcast"]
+        assert 4 <= st["fast_calls"] < 10, st
+
+
+def test_a_full_ring_hands_the_call_to_the_python_engine():
+    run(_full_ring, 2, env={"RINGLET_SHM_RING": "4096"})

@@ -143,6 +143,7 @@ def _worker(rank, cfg, out_path):
                                             cfg.get("zero_copy", False))
             n = iters_for(nbytes, cfg["iters"])
             for _ in range(cfg["warmup"]):
+                reset()      # (in place, sums grow each call: unreset, they overflow)
                 call()
             times = np.empty(n)
             for i in range(n):

@@ -3,6 +3,7 @@ each row says it ran."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,9 +15,10 @@ from ringlet.bench import FACTOR
 pytestmark = pytest.mark.timeout(180)
 
 
-def bench(*args, timeout=150):
+def bench(*args, timeout=150, env=None):
     return subprocess.run([sys.executable, "-m", "ringlet.cli", "bench", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_bench_prints_nccl_columns_checks_results_and_records_what_ran(tmp_path):
@@ -42,6 +44,16 @@ def test_bench_prints_nccl_columns_checks_results_and_records_what_ran(tmp_path)
     auto_lines = [line for line in r.stdout.splitlines() if "auto:" in line]
     assert len(auto_lines) == 2 and all(f"auto:{x['ran']}" in line for x, line in
                                         zip([x for x in rows if x["algorithm"] == "auto"], auto_lines))
+
+
+def test_long_warmups_of_in_place_sums_do_not_overflow():
+    # 300 unreset all_reduces of float32 (rank + 1) once summed past 3.4e38 (p = 2 doubles it).
+    # NumPy says so; the C fast path's kernels would overflow silently.
+    r = bench("-n", "2", "--op", "all_reduce", "--sizes", "8", "--iters", "3", "--warmup", "300",
+              "--check", env={"RINGLET_NO_FASTPATH": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "overflow" not in r.stderr, r.stderr
+    assert r.stdout.split()[-1] == "0"     # #wrong
 
 
 def test_bench_reports_a_missing_peer_and_goes_on(tmp_path):

@@ -680,6 +680,23 @@ def test_host_model_ring_p2_by_hand():
 
 
 @needs_algorithms
+def test_a_call_of_small_messages_is_priced_as_run_in_c():
+    """Every message of a call at most fast_bytes: its per-message CPU is alpha_fast (the C
+    fast path); one larger message anywhere and the whole call is the Python engine's."""
+    m = _host(alpha=4e-6, alpha_fast=1e-6, beta=1e-9, fast_bytes=16 << 10, cores=4)
+    ring = Topology.on_host(4, m)
+    small = simulate(_build("all_reduce", "ring", 4, 16384), ring)     # 16 KiB chunks
+    large = simulate(_build("all_reduce", "ring", 4, 16388), ring)     # one is 16 KiB + 4 B
+    assert small.features["alpha"] == 0 and small.features["alpha_fast"] == 12
+    assert large.features["alpha_fast"] == 0 and large.features["alpha"] == 12
+    assert small.parts["alpha_fast"] == pytest.approx(12e-6)
+    # a model without the fast path (fitted before it, or not built) prices alpha throughout
+    off = simulate(_build("all_reduce", "ring", 4, 16384),
+                   Topology.on_host(4, dataclasses_replace(m, fast_bytes=0)))
+    assert off.features["alpha"] == 12 and off.time - small.time == pytest.approx(12 * 3e-6)
+
+
+@needs_algorithms
 def test_host_model_one_message_is_the_slower_side():
     """A rendezvous message pipelines through the ring: done when the slower side is (the
     receiver, who also reduces), not after the sum of both sides; it holds the sender
@@ -914,6 +931,12 @@ def test_profile_of_another_protocol_warns():
     with pytest.warns(UserWarning, match=rf"every message over {shm.EAGER_BYTES} bytes waited"):
         prof = load_profile()
     assert prof.host_model("shm").rendezvous == shm.EAGER_BYTES
+    # one from before small calls ran in C: its alpha is theirs too, until recalibrated
+    old = {k: v for k, v in HOST_PROFILE.items() if k not in ("fast_bytes", "alpha_fast")}
+    profile.Profile.from_fits({"shm": old}).save()
+    with pytest.warns(UserWarning, match=r"before calls of messages up to 16384 bytes ran in C"):
+        prof = load_profile()
+    assert prof.host_model("shm").fast_bytes == 0
 
 
 @needs_algorithms
@@ -981,7 +1004,8 @@ def test_fit_host_recovers_a_known_model():
     """Timings made by a known host model (the calibration experiments at p = 2 and 4)
     give back its parameters: the alternating NNLS converges on exact data."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
+                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
     from ringlet.cost.calibrate import EXPERIMENTS
     samples = []
     for p in (2, 4):
@@ -1007,7 +1031,8 @@ def test_fit_host_learns_the_rendezvous_from_rl_empty_timings():
     (each read in place after an RTS round trip) give it back, priced as read in place."""
     from ringlet.cost.calibrate import EXPERIMENTS, ZERO_COPY_EXPERIMENTS
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
+                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
 
     def timed(experiments, shared):
         out = []
@@ -1041,7 +1066,8 @@ def test_fit_host_finds_the_l3_the_job_really_has():
     L3 sizes it may try, the fit picks 16 MiB and then fits exactly; held at 32 MiB it
     cannot."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 16 << 20})
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 16 << 20,
+                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
     samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
                 "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
                                     Topology.on_host(2, true)).time}
@@ -1059,7 +1085,8 @@ def test_fit_host_finds_the_l3_the_job_really_has():
 def test_fit_host_holds_fixed_terms():
     """A term measured some other way is held at its value; the rest fit around it."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20})
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
+                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
     samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
                 "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
                                     Topology.on_host(2, true)).time}

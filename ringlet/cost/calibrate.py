@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from ..transport import shm, tcp
+from ..transport import fast, shm, tcp
 from .model import Link, format_size, parse_size
 from .profile import FIT_START, Profile, fit_host, machine, profile_path
 
@@ -59,9 +59,10 @@ BACKEND = {"shm": None, "tcp": "tcp"}
 #: message waits for CTS, bytes a pair cycles through, above how many bytes a send from
 #: an rl.empty buffer is read in place (-1: never)
 TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "rendezvous": shm.STREAM_BYTES,
-                     "ring_bytes": shm.RING_BYTES, "zero_copy_min": shm.ZERO_COPY_MIN},
+                     "ring_bytes": shm.RING_BYTES, "zero_copy_min": shm.ZERO_COPY_MIN,
+                     "fast_bytes": fast.FAST_BYTES if fast.enabled() else 0},
              "tcp": {"eager": tcp.EAGER_BYTES, "rendezvous": tcp.EAGER_BYTES,
-                     "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1}}
+                     "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1, "fast_bytes": 0}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages
@@ -300,6 +301,8 @@ def describe(t: dict) -> str:
                 f"gamma {t.get('gamma', 0):.3g} s/B, delta {t.get('delta', 0):.3g} s/B")
     rows = [
         ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
+        ("alpha_fast", t.get("alpha_fast", 0.0) * 1e6, "us",
+         f"the same in calls run in C (messages <= {format_size(t.get('fast_bytes', 0))})"),
         ("alpha_hop", t.get("alpha_hop", 0.0) * 1e6, "us",
          "latency per message, sender to receiver (adds up along a chain)"),
         ("alpha_rdv", t["alpha_rdv"] * 1e6, "us",

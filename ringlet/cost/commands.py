@@ -447,7 +447,8 @@ def _explain_main(argv) -> int:
     host = env.host
     if host is not None:
         print(f"{host}")
-        print("terms: latency = alpha (CPU per message, each side) + alpha_hop (sender to "
+        print("terms: latency = alpha (CPU per message, each side; alpha_fast in a call "
+              "whose messages are small enough to run in C) + alpha_hop (sender to "
               "receiver, adds up along a chain) + alpha_rdv (rendezvous) + "
               "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
               "delta (local copies) + beta_share / beta_crowd (sharing cores) + beta_lag (one-way "

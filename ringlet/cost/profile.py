@@ -123,6 +123,9 @@ class Profile:
             params = {**TRANSPORT.get(transport, {}), **t}
             if "rendezvous" not in t and "eager" in params:
                 params["rendezvous"] = params["eager"]
+            # ... and the fast path: its alpha was fitted to calls all run in Python
+            if "fast_bytes" not in t:
+                params["fast_bytes"] = 0
             hit = self._models[transport] = HostModel.from_params(params)
         return hit
 
@@ -147,7 +150,7 @@ class Profile:
                     raise ValueError(f"{source}: transport {name!r} needs a number {key} >= 0")
             if t["beta"] <= 0:
                 raise ValueError(f"{source}: transport {name!r} needs beta > 0")
-            for key in ("gamma", "delta", "alpha_hop", "alpha_rdv", "alpha_crowd", "mem_l2",
+            for key in ("gamma", "delta", "alpha_fast", "alpha_hop", "alpha_rdv", "alpha_crowd", "mem_l2",
                         "mem_l3", "beta_share", "beta_crowd", "beta_lag", "idle_share"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -231,6 +234,9 @@ def stale_reasons(prof: Profile) -> list:
             out.append(f"{name} was calibrated when every message over {eager} bytes waited "
                        f"for CTS; this ringlet streams up to {int(facts['rendezvous'])} bytes "
                        f"at once")
+        if "fast_bytes" not in t and int(facts["fast_bytes"]) > 0:
+            out.append(f"{name} was calibrated before calls of messages up to "
+                       f"{int(facts['fast_bytes'])} bytes ran in C")
     return out
 
 
@@ -311,9 +317,9 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
 
 
 #: where fit_host starts the host model's terms (seconds per message, per byte)
-FIT_START = dict(alpha=5e-6, beta=5e-11, gamma=3e-11, delta=3e-11, alpha_hop=2e-6, alpha_rdv=1e-5,
-                 alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11, beta_crowd=1e-11,
-                 beta_lag=1e-11)
+FIT_START = dict(alpha=5e-6, alpha_fast=1e-6, beta=5e-11, gamma=3e-11, delta=3e-11,
+                 alpha_hop=2e-6, alpha_rdv=1e-5, alpha_crowd=1e-5, mem_l2=3e-11, mem_l3=3e-11,
+                 beta_share=1e-11, beta_crowd=1e-11, beta_lag=1e-11)
 
 
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
@@ -441,7 +447,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), rendezvous=int(model.rendezvous),
                ring_bytes=int(model.ring_bytes),
-               zero_copy_min=int(model.zero_copy_min), idle_share=float(model.idle_share),
+               zero_copy_min=int(model.zero_copy_min), fast_bytes=int(model.fast_bytes),
+               idle_share=float(model.idle_share),
                imbalance=float(model.imbalance))
     if out["beta"] <= 0:
         out["beta"] = 1e-15

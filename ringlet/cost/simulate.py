@@ -38,9 +38,9 @@ from .model import Link, Terms, tier
 
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
-HOST_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd", "beta", "gamma", "delta",
-              "mem_l2", "mem_l3", "beta_share", "beta_crowd", "beta_lag")
-_LATENCY_TERMS = ("alpha", "alpha_hop", "alpha_rdv", "alpha_crowd")
+HOST_TERMS = ("alpha", "alpha_fast", "alpha_hop", "alpha_rdv", "alpha_crowd", "beta", "gamma",
+              "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd", "beta_lag")
+_LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_hop", "alpha_rdv", "alpha_crowd")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
@@ -53,6 +53,8 @@ class HostModel:
     cores. Named terms (seconds per message, or per byte):
 
     ``alpha``        CPU per message, on each side (post, headers, matching, progress)
+    ``alpha_fast``   the same for a call whose every message has at most ``fast_bytes``
+                     bytes: it runs in C (ringlet/transport/fast.py), not the Python engine
     ``beta``         CPU per byte, on each side: the sender copies into the shared ring,
                      the receiver copies out of it. A rank's sends and receives add up
                      (one thread, in order of when each can start). A message of more
@@ -105,6 +107,7 @@ class HostModel:
     beta: float
     gamma: float = 0.0
     delta: float = 0.0
+    alpha_fast: float = 0.0
     alpha_hop: float = 0.0
     alpha_rdv: float = 0.0
     alpha_crowd: float = 0.0
@@ -124,6 +127,9 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
+    # a call whose messages have at most this many bytes runs in C (alpha_fast, not
+    # alpha); 0: none does (no fast path, or a profile fitted before there was one)
+    fast_bytes: int = 0
 
     def __post_init__(self):
         for name in HOST_TERMS:
@@ -137,8 +143,8 @@ class HostModel:
             raise ValueError("HostModel idle_share must be between 0 and 1")
         if not 0.0 <= self.imbalance <= 1.0:
             raise ValueError("HostModel imbalance must be between 0 and 1")
-        if self.eager < 0 or self.rendezvous < 0:
-            raise ValueError("HostModel eager and rendezvous must be >= 0 bytes")
+        if self.eager < 0 or self.rendezvous < 0 or self.fast_bytes < 0:
+            raise ValueError("HostModel eager, rendezvous and fast_bytes must be >= 0 bytes")
 
     @property
     def theta(self) -> np.ndarray:
@@ -154,10 +160,11 @@ class HostModel:
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
-                                  "ring_bytes", "zero_copy_min", "idle_share", "imbalance"}
+                                  "ring_bytes", "zero_copy_min", "fast_bytes", "idle_share",
+                                  "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min"):
+                  "zero_copy_min", "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)
@@ -167,7 +174,9 @@ class HostModel:
         return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
 
     def __str__(self) -> str:
-        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side + "
+        fast = (f" ({self.alpha_fast * 1e6:.3g} us in calls of messages <= {self.fast_bytes} B)"
+                if self.fast_bytes else "")
+        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side{fast} + "
                 f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
                 f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
                 f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
@@ -652,6 +661,10 @@ class _HostSim:
         f2, f3 = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         crowded = 1.0 if p > m.cores else 0.0
         I = {k: i for i, k in enumerate(HOST_TERMS)}
+        # a call whose messages are all small runs in C: its per-message CPU is alpha_fast
+        largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
+                       for r in s.rounds), default=0.0) * isz
+        per_message = I["alpha_fast"] if 0 < m.fast_bytes and largest <= m.fast_bytes else I["alpha"]
         start = np.zeros(p)
         F = np.zeros((p, K))        # term counts on each rank's critical path (stretched)
         U = np.zeros((p, K))        # the same, unstretched
@@ -700,7 +713,7 @@ class _HostSim:
             bytes_total += float(nb.sum())
             msgs_total += M
             fs = np.zeros((M, K))
-            fs[:, I["alpha"]] = 1.0
+            fs[:, per_message] = 1.0
             fs[:, I["beta"]] = nb
             fs[:, I["mem_l2"]] = nb * f2
             fs[:, I["mem_l3"]] = nb * f3

@@ -19,7 +19,7 @@ import struct
 
 import numpy as np
 
-from .shm import SLOT_CTRL, ShmPeer
+from .shm import SLOT_CTRL, ZERO_COPY_MIN, ShmPeer
 
 try:
     from . import _fastpath
@@ -31,6 +31,9 @@ _DTYPES = (("i", 1), ("u", 1), ("i", 2), ("u", 2), ("i", 4), ("u", 4), ("i", 8),
            ("f", 4), ("f", 8))
 _OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
         "bitwise_or": 5, "bitwise_xor": 6}
+# The largest message of a call C runs (any larger from an rl.empty buffer goes by RTS,
+# to be read in place: the Python engine's business).
+FAST_BYTES = ZERO_COPY_MIN
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
 
@@ -74,8 +77,7 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
-        # (above zc_min a message from an rl.empty buffer would go by RTS, not eagerly)
-        if not isinstance(p, ShmPeer) or nbytes > p.zc_min:
+        if not isinstance(p, ShmPeer) or nbytes > min(p.zc_min, FAST_BYTES):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 

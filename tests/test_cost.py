@@ -622,7 +622,8 @@ def test_calibrate_end_to_end(tmp_path, capsys):
     assert prof.host_model("shm") is not None and prof.link("shm").alpha > 0
     text = capsys.readouterr().out
     assert "shm: host model" in text and "alpha_rdv" in text and "saved" in text
-    assert "broadcast/direct rl.empty" in text
+    assert "broadcast/direct rl.empty" in text and "all_gather/direct" in text
+    assert "alpha_fast" in text and t["fast_bytes"] == HOST_PROFILE["fast_bytes"]
 
 
 def test_explain_every_collective(capsys):

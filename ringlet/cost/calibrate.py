@@ -4,15 +4,15 @@ For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets
 ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3 and 4:
 on a 2-core machine the last two measure what sharing cores costs) time a few
 collectives - barrier, broadcast (binomial), all_reduce (ring, direct, recursive
-doubling, binomial tree, naive ring, Rabenseifner, double binary tree; and a direct
-broadcast from rl.empty buffers) - at sizes from 4 KiB to 64 MiB (16 MiB when the
+doubling, binomial tree, naive ring, Rabenseifner, double binary tree), all_gather (ring,
+recursive doubling, direct) and a direct broadcast from rl.empty buffers - at sizes from 4 KiB to 64 MiB (16 MiB when the
 ranks outnumber the cores), in several passes that are separate jobs spread over time
 (passes slowed down by other processes are left out or run again). Each job first
 sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 
 :func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
-(per-message CPU alpha on each side, latency per hop, rendezvous latency, latency when
+(per-message CPU alpha on each side - alpha_fast in calls run in C -, latency per hop, rendezvous latency, latency when
 ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte
 copied locally, memory-hierarchy stalls past the L2s and the L3, the cost of sharing
 cores, the lag of one-way streams) are solved by non-negative least squares on relative
@@ -36,10 +36,13 @@ from .model import Link, format_size, parse_size
 from .profile import FIT_START, Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
+#: (all_gather's many concurrent messages price what all_reduce's do not: without them
+#: auto ran recursive_doubling at p = 4, 1 MiB, where direct measured 23% faster)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),
-               ("all_reduce", "double_tree"))
+               ("all_reduce", "double_tree"), ("all_gather", "ring"),
+               ("all_gather", "recursive_doubling"), ("all_gather", "direct"))
 #: ... and from rl.empty buffers, whose receivers read each message in place after an RTS
 #: round trip: since messages up to the ring's size stream without one, these are what
 #: shows the fit alpha_rdv at the sizes where it matters (at 64 KiB it was fitted to 0
@@ -139,9 +142,15 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
         rows.append(("barrier", "dissemination", 0, t, reps, []))
         for nb in sizes:
             buf = bufs[nb]
+            # all_gather: nb bytes out, a p-th of them in from each rank
+            gin, gout = buf[:max(buf.size // p, 1)], np.zeros((p, max(buf.size // p, 1)), np.float32)
             for coll, alg in EXPERIMENTS:
                 if coll == "broadcast":
                     t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm, buf)
+                elif coll == "all_gather":
+                    t, reps = timed(lambda: rl.all_gather(gout, gin, algorithm=alg), warm, gin)
+                    rows.append((coll, alg, gout.nbytes, t, reps, []))
+                    continue
                 else:
                     t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm, buf)
                 rows.append((coll, alg, buf.nbytes, t, reps, []))

@@ -4,6 +4,7 @@ and the Python engine alone still runs everything."""
 import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +216,23 @@ def _full_ring(rank):
 
 def test_a_full_ring_hands_the_call_to_the_python_engine():
     run(_full_ring, 2, env={"RINGLET_SHM_RING": "4096"})
+
+
+def test_a_call_with_more_peers_than_c_handles_stays_in_python(monkeypatch):
+    """A plan that talks to more local peers than the C path takes (a direct all_to_all of
+    66+ ranks on one host) is left to the Python engine instead of failing in C."""
+    from ringlet.transport.shm import ShmPeer
+
+    class Engine:
+        fast = True
+        peers = {}
+
+    for r in range(1, fast.MAX_PEERS + 2):
+        peer = object.__new__(ShmPeer)
+        peer.zc_min = 16 << 10
+        Engine.peers[r] = peer
+    monkeypatch.setattr(fast, "_link", lambda peer: (0,) * 7)    # (no rings behind these)
+    sends = tuple((r, "in", 0, 1) for r in Engine.peers)
+    f32 = np.dtype(np.float32)
+    assert len(fast.prepare(Engine, (((), (), sends[:fast.MAX_PEERS]),), None, f32).peers) == 64
+    assert fast.prepare(Engine, (((), (), sends),), None, f32) is None

@@ -366,6 +366,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 waited += t - start;
                 goto stop;
             }
+            /* Ranks outnumber cores: let the one we wait for run. (Else spin: a "pause"
+             * here measured ~0.2 us slower per 8 B all_reduce at p = 2.) */
             if (yield) sched_yield();
         }
         if (start != 0.0) waited += now() - start;

@@ -36,6 +36,7 @@ _OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
 FAST_BYTES = ZERO_COPY_MIN
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
+MAX_PEERS = 64     # (_fastpath.c's MAX_LINKS)
 
 
 def enabled() -> bool:
@@ -84,6 +85,8 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     try:
         names, words = encode(plan, dtype.itemsize, peer)
     except LookupError:       # a message too big, or not to a local peer
+        return None
+    if len(order) > MAX_PEERS:
         return None
     peers = tuple(engine.peers[r] for r in order)
     return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan))

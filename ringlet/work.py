@@ -27,10 +27,13 @@ class Work:
         self.engine.progress()
         return self._done()
 
+    _spun = 0.0   # seconds the C fast path already spun for it: the engine spins less
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the operation completes; raise its error if it failed.
         ``timeout`` (seconds) defaults to the one given to ``init``."""
-        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on)
+        spun, self._spun = self._spun, 0.0
+        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on, spun)
         if self.error is None:
             self.error = self._error()
         if self.error is not None:
@@ -101,6 +104,7 @@ class CollectiveWork(Work):
             return
         if resume is not None:
             self.i, mask, self.waited = resume
+            self._spun = self.waited
             if mask >= 0:   # its local steps and sends are done, and these receives
                 self.reqs = self._post_recvs(plan[self.i][1], mask)
                 self._posted_at = time.perf_counter()

@@ -940,6 +940,18 @@ def test_profile_of_another_protocol_warns():
     assert prof.host_model("shm").fast_bytes == 0
 
 
+def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):
+    """RINGLET_NO_FASTPATH (or no compiler) on this rank: no warning to recalibrate, and
+    the profile's fast_bytes still prices calls - every rank must pick alike."""
+    from ringlet.cost import calibrate
+    monkeypatch.setitem(calibrate.TRANSPORT, "shm", dict(calibrate.TRANSPORT["shm"], fast_bytes=0))
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE, fast_bytes=16384)}).save()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prof = load_profile()
+    assert prof.host_model("shm").fast_bytes == 16384
+
+
 @needs_algorithms
 def test_choose_prices_rl_empty_buffers_as_read_in_place():
     """With a calibrated host, choose() prices the caller's rl.empty buffers as read in

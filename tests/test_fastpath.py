@@ -101,10 +101,10 @@ def _same_bits(rank):
             rl.all_reduce(b, op=op, algorithm=algo, async_op=True).wait()
         assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes(), (dtype, op, algo, p)
 
+    # (How many blocking calls ran wholly in C depends on the host's load: a partner late
+    # past the spin budget hands the call to Python. The C kernels are checked on their own
+    # above, and test_small_calls_take_the_fast_path... waits for a call that ran in C.)
     check()
-    # (A call whose partner is late past the spin budget finishes in Python: most are not.)
-    calls = rl.stats()["collectives"]["all_reduce"]
-    assert calls["fast_calls"] >= 5, calls
 
 
 def test_blocking_and_async_calls_give_the_same_bits():

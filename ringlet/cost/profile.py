@@ -123,9 +123,10 @@ class Profile:
             params = {**TRANSPORT.get(transport, {}), **t}
             if "rendezvous" not in t and "eager" in params:
                 params["rendezvous"] = params["eager"]
-            # ... and the fast path: its alpha was fitted to calls all run in Python
-            if "fast_bytes" not in t:
-                params["fast_bytes"] = 0
+            # ... and the fast path: as the profile was fitted (an older one: every call in
+            # Python), not as this process runs - a rank with RINGLET_NO_FASTPATH must
+            # still price (and pick algorithms) as the other ranks do
+            params["fast_bytes"] = int(t.get("fast_bytes", 0))
             hit = self._models[transport] = HostModel.from_params(params)
         return hit
 
@@ -226,7 +227,9 @@ def stale_reasons(prof: Profile) -> list:
         if t.get("model") != "host":
             continue
         for key, now in facts.items():
-            if key in t and int(t[key]) != int(now):
+            # (fast_bytes differs where the fast path is off or not built: the profile's
+            # alpha still prices the calls that run in Python)
+            if key in t and key != "fast_bytes" and int(t[key]) != int(now):
                 out.append(f"{name} was calibrated with {key} = {int(t[key])} bytes, "
                            f"this ringlet uses {int(now)}")
         eager = int(t.get("eager", facts["eager"]))

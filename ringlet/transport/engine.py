@@ -317,8 +317,12 @@ class Engine:
                     moved = True
         return moved
 
-    def wait(self, done, timeout: float | None, describe, peers=tuple) -> None:
-        """Drive progress until ``done()``; on expiry raise TimeoutError(describe())."""
+    def wait(self, done, timeout: float | None, describe, peers=tuple, spun: float = 0.0) -> None:
+        """Drive progress until ``done()``; on expiry raise TimeoutError(describe()).
+        ``spun``: seconds already spent spinning and yielding for it (by the C fast path),
+        taken off this wait's own spin and yield before it sleeps. Under load, yielding
+        twice as long lost to other processes: p = 3 8 B all_reduce with two busy loops
+        on the cores, 2.2-3.0 ms per call against 2.0-2.1 ms in Python alone."""
         if done():
             return
         limit = self.timeout if timeout is None else timeout
@@ -336,7 +340,7 @@ class Engine:
                 return
             now = time.monotonic()
             if idle_since is None:
-                idle_since = now
+                idle_since, spun = now - spun, 0.0
             if now - self._last_liveness > LIVENESS_EVERY:
                 self._last_liveness = now
                 self.check_liveness()

@@ -12,6 +12,7 @@ from .errors import RingletError
 from .group import MAX_USER_TAG, Group
 from .ops import as_array
 from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_address_towards, new_token
+from .transport import fast
 from .transport.engine import Engine
 from .work import RequestWork
 
@@ -309,12 +310,31 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWor
 
 
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
-    isend(buf, dst, group, tag).wait(timeout)
+    _blocking(isend, "send", buf, dst, group, tag, timeout)
 
 
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
-    irecv(buf, src, group, tag).wait(timeout)
+    _blocking(irecv, "recv", buf, src, group, tag, timeout)
     return src
+
+
+def _blocking(post, kind: str, buf, peer: int, group, tag: int, timeout) -> None:
+    """A small blocking send or receive to a local rank runs in C (transport/fast.py);
+    anything else, or one C could not finish, is posted and waited for."""
+    eng = engine()
+    if eng.fast:
+        g = resolve(group)
+        world = _peer(g, peer, kind)
+        arr = as_array(buf, "send buffer" if kind == "send" else "receive buffer",
+                       writable=kind == "recv")
+        done, spun = fast.p2p(eng, kind, world, _tag(g, tag), arr.reshape(-1).view(np.uint8))
+        if done:
+            return
+        work = post(buf, peer, group, tag)
+        work._spun = spun
+        work.wait(timeout)
+        return
+    post(buf, peer, group, tag).wait(timeout)
 
 
 # -- counters ----------------------------------------------------------------------------

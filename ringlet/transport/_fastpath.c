@@ -14,7 +14,8 @@
  *   peers   tuple of the ShmPeer objects the plan talks to (head/tail/counters live there)
  *   links   tuple of (in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, flag) addresses
  *   kernel  index of the reduce kernel (-1: the plan has no reduction)
- * Returns None when it did nothing (a peer has queued or parked traffic, or is dead), else
+ * Returns None when it did nothing (a peer has traffic queued, parked or a receive posted,
+ * or is dead), else
  * (rounds done, receives done in the next round as a bit mask or -1 if it has not started,
  *  seconds waited, index of the peer waited on last or -1, peers whose doorbell to ring).
  */
@@ -165,7 +166,7 @@ static double now(void) {
 }
 
 /* -- Python glue ---------------------------------------------------------------------------- */
-static PyObject *S_head, *S_tail, *S_outq, *S_unexpected, *S_dead, *S_msgs_sent, *S_bytes_sent,
+static PyObject *S_head, *S_tail, *S_outq, *S_unexpected, *S_posted, *S_dead, *S_msgs_sent, *S_bytes_sent,
     *S_msgs_recv, *S_bytes_recv;
 
 static int get_i64(PyObject *obj, PyObject *name, int64_t *out) {
@@ -195,8 +196,9 @@ static int set_i64(PyObject *obj, PyObject *name, int64_t value) {
     return rc;
 }
 
-/* True when the peer has nothing queued out, nothing parked in, and is alive: only then do
- * its ring's next packets belong to this call, in order. */
+/* True when the peer is alive, has nothing queued out, nothing parked in and no receive
+ * posted: only then are its ring's next packets this call's, in order (a posted irecv of
+ * the same tag must get its message first). */
 static int idle(PyObject *peer) {
     PyObject *v;
     int busy;
@@ -209,6 +211,10 @@ static int idle(PyObject *peer) {
     Py_DECREF(v);
     if (busy) return busy < 0 ? -1 : 0;
     if (!(v = PyObject_GetAttr(peer, S_unexpected))) return -1;
+    busy = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (busy) return busy < 0 ? -1 : 0;
+    if (!(v = PyObject_GetAttr(peer, S_posted))) return -1;
     busy = PyObject_IsTrue(v);
     Py_DECREF(v);
     return busy < 0 ? -1 : !busy;
@@ -424,6 +430,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(S_tail, "tail");
     INTERN(S_outq, "outq");
     INTERN(S_unexpected, "unexpected");
+    INTERN(S_posted, "posted");
     INTERN(S_dead, "dead");
     INTERN(S_msgs_sent, "msgs_sent");
     INTERN(S_bytes_sent, "bytes_sent");

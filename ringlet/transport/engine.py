@@ -83,6 +83,7 @@ class Engine:
         # Only in one-host jobs: there, no TCP link waits for the progress a call makes.
         self.fast = fast.enabled() and not self.tcp_peers
         self.fast_budget = YIELD_CROWDED if self.crowded else self.spin
+        self.fast_p2p: dict = {}    # (send or recv, peer, bytes) -> its FastCall, or None
 
     # -- setup ---------------------------------------------------------------------------
     def _connect(self, master_addr: str, master_port: int, gen: int) -> None:

@@ -134,6 +134,26 @@ def _link(peer: ShmPeer) -> tuple:
     return ring(peer.inbox) + ring(peer.outbox) + (asleep,)
 
 
+def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
+    """A blocking point-to-point ``kind`` ("send" or "recv") of ``data`` (a flat uint8
+    view) with world rank ``peer``, in C when it is small and local - as a one-round plan:
+    (done, seconds spent waiting in C). Not done: the caller posts it as usual."""
+    key = (kind, peer, data.nbytes)
+    fc = engine.fast_p2p.get(key, False)
+    if fc is False:
+        n = data.nbytes
+        plan = ((((), (), ((peer, "buf", 0, n),)),) if kind == "send" else
+                (((), ((peer, False, "buf", 0, n, None, 0, 0),), ()),))
+        fc = prepare(engine, plan, None, np.dtype(np.uint8))
+        if len(engine.fast_p2p) > 1024:
+            engine.fast_p2p.clear()
+        engine.fast_p2p[key] = fc
+    if fc is None or engine.works:
+        return False, 0.0
+    res = run(engine, fc, {"buf": data}, tag, (0, 0))
+    return (res is not None and res[0] == 1), (res[2] if res is not None else 0.0)
+
+
 def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
     """Run the plan in C as far as it goes: None if it did not start, else (rounds done,
     receives done of the next round as a mask or -1, seconds waited, world rank waited on)."""

@@ -683,7 +683,8 @@ def test_host_model_ring_p2_by_hand():
 @needs_algorithms
 def test_a_call_of_small_messages_is_priced_as_run_in_c():
     """Every message of a call at most fast_bytes: its per-message CPU is alpha_fast (the C
-    fast path); one larger message anywhere and the whole call is the Python engine's."""
+    fast path), plus alpha_fast_call once per rank for entering it; one larger message
+    anywhere and the whole call is the Python engine's."""
     m = _host(alpha=4e-6, alpha_fast=1e-6, beta=1e-9, fast_bytes=16 << 10, cores=4)
     ring = Topology.on_host(4, m)
     small = simulate(_build("all_reduce", "ring", 4, 16384), ring)     # 16 KiB chunks
@@ -695,6 +696,14 @@ def test_a_call_of_small_messages_is_priced_as_run_in_c():
     off = simulate(_build("all_reduce", "ring", 4, 16384),
                    Topology.on_host(4, dataclasses_replace(m, fast_bytes=0)))
     assert off.features["alpha"] == 12 and off.time - small.time == pytest.approx(12 * 3e-6)
+    entry = simulate(_build("all_reduce", "ring", 4, 16384),
+                     Topology.on_host(4, dataclasses_replace(m, alpha_fast_call=2e-6)))
+    assert entry.time - small.time == pytest.approx(2e-6)    # once, every rank at once
+    assert entry.parts["alpha_fast_call"] == pytest.approx(2e-6)
+    crowded = Topology.on_host(4, dataclasses_replace(m, alpha_fast_call=2e-6, cores=2))
+    assert simulate(_build("all_reduce", "ring", 4, 16384), crowded).features[
+        "alpha_fast_call"] == 2                                # 4 ranks take turns on 2 cores
+    assert large.features["alpha_fast_call"] == 0
 
 
 @needs_algorithms

@@ -312,6 +312,8 @@ def describe(t: dict) -> str:
         ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
         ("alpha_fast", t.get("alpha_fast", 0.0) * 1e6, "us",
          f"the same in calls run in C (messages <= {format_size(t.get('fast_bytes', 0))})"),
+        ("alpha_fast_call", t.get("alpha_fast_call", 0.0) * 1e6, "us",
+         "CPU per call run in C, each rank (its Python entry)"),
         ("alpha_hop", t.get("alpha_hop", 0.0) * 1e6, "us",
          "latency per message, sender to receiver (adds up along a chain)"),
         ("alpha_rdv", t["alpha_rdv"] * 1e6, "us",

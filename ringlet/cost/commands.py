@@ -448,7 +448,8 @@ def _explain_main(argv) -> int:
     if host is not None:
         print(f"{host}")
         print("terms: latency = alpha (CPU per message, each side; alpha_fast in a call "
-              "whose messages are small enough to run in C) + alpha_hop (sender to "
+              "whose messages are small enough to run in C, which also costs alpha_fast_call "
+              "once per rank) + alpha_hop (sender to "
               "receiver, adds up along a chain) + alpha_rdv (rendezvous) + "
               "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
               "delta (local copies) + beta_share / beta_crowd (sharing cores) + beta_lag (one-way "

@@ -38,9 +38,11 @@ from .model import Link, Terms, tier
 
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
-HOST_TERMS = ("alpha", "alpha_fast", "alpha_hop", "alpha_rdv", "alpha_crowd", "beta", "gamma",
-              "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd", "beta_lag")
-_LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_hop", "alpha_rdv", "alpha_crowd")
+HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
+              "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
+              "beta_lag")
+_LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
+                  "alpha_crowd")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
@@ -55,6 +57,10 @@ class HostModel:
     ``alpha``        CPU per message, on each side (post, headers, matching, progress)
     ``alpha_fast``   the same for a call whose every message has at most ``fast_bytes``
                      bytes: it runs in C (ringlet/transport/fast.py), not the Python engine
+    ``alpha_fast_call``  CPU per such call on each rank, before its first message: its
+                     Python entry (checks, the cached plan, the call into C). At p = 2 an
+                     8 B all_reduce costs about the same with one message per side as with
+                     two; this is most of it
     ``beta``         CPU per byte, on each side: the sender copies into the shared ring,
                      the receiver copies out of it. A rank's sends and receives add up
                      (one thread, in order of when each can start). A message of more
@@ -108,6 +114,7 @@ class HostModel:
     gamma: float = 0.0
     delta: float = 0.0
     alpha_fast: float = 0.0
+    alpha_fast_call: float = 0.0
     alpha_hop: float = 0.0
     alpha_rdv: float = 0.0
     alpha_crowd: float = 0.0
@@ -174,8 +181,8 @@ class HostModel:
         return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
 
     def __str__(self) -> str:
-        fast = (f" ({self.alpha_fast * 1e6:.3g} us in calls of messages <= {self.fast_bytes} B)"
-                if self.fast_bytes else "")
+        fast = (f" ({self.alpha_fast * 1e6:.3g} us, and {self.alpha_fast_call * 1e6:.3g} us per "
+                f"call, in calls of messages <= {self.fast_bytes} B)" if self.fast_bytes else "")
         return (f"host model: alpha {self.alpha * 1e6:.3g} us per side{fast} + "
                 f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
                 f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
@@ -664,10 +671,17 @@ class _HostSim:
         # a call whose messages are all small runs in C: its per-message CPU is alpha_fast
         largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
                        for r in s.rounds), default=0.0) * isz
-        per_message = I["alpha_fast"] if 0 < m.fast_bytes and largest <= m.fast_bytes else I["alpha"]
+        fast_call = 0 < m.fast_bytes and largest <= m.fast_bytes
+        per_message = I["alpha_fast"] if fast_call else I["alpha"]
         start = np.zeros(p)
         F = np.zeros((p, K))        # term counts on each rank's critical path (stretched)
         U = np.zeros((p, K))        # the same, unstretched
+        if fast_call and s.rounds:
+            # every rank enters the call at once: more ranks than cores take turns
+            k0 = max(1.0, (p + 0.0) / m.cores)
+            F[:, I["alpha_fast_call"]] = k0
+            U[:, I["alpha_fast_call"]] = 1.0
+            start = start + k0 * m.alpha_fast_call
         bytes_total = 0.0
         msgs_total = 0
         nrounds = 0

@@ -294,47 +294,58 @@ def _tag(g: Group, tag: int) -> int:
 
 
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    g = resolve(group)
-    peer = _peer(g, dst, "send")
-    arr = as_array(buf, "send buffer")
-    req = engine().isend(peer, _tag(g, tag), arr.reshape(-1).view(np.uint8))
-    return RequestWork(_S.engine, req, f"send to rank {dst} (tag {tag}, {g.name})")
+    return _post(*_p2p("send", buf, dst, group, tag))
 
 
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    g = resolve(group)
-    peer = _peer(g, src, "recv")
-    arr = as_array(buf, "receive buffer", writable=True)
-    req = engine().irecv(peer, _tag(g, tag), arr.reshape(-1))
-    return RequestWork(_S.engine, req, f"recv from rank {src} (tag {tag}, {g.name})")
+    return _post(*_p2p("recv", buf, src, group, tag))
 
 
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
-    _blocking(isend, "send", buf, dst, group, tag, timeout)
+    _blocking(_p2p("send", buf, dst, group, tag), timeout)
 
 
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
-    _blocking(irecv, "recv", buf, src, group, tag, timeout)
+    _blocking(_p2p("recv", buf, src, group, tag), timeout)
     return src
 
 
-def _blocking(post, kind: str, buf, peer: int, group, tag: int, timeout) -> None:
+def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
+    """A send's or receive's arguments, checked: (kind, world rank of the peer, wire tag,
+    the buffer as a flat array, what to call it in errors)."""
+    g = resolve(group)
+    world = _peer(g, peer, kind)
+    if kind == "send":
+        flat = as_array(buf, "send buffer").reshape(-1)
+        what = f"send to rank {peer} (tag {tag}, {g.name})"
+    else:
+        flat = as_array(buf, "receive buffer", writable=True).reshape(-1)
+        what = f"recv from rank {peer} (tag {tag}, {g.name})"
+    return kind, world, _tag(g, tag), flat, what
+
+
+def _post(kind: str, world: int, wire: int, flat, what: str) -> RequestWork:
+    eng = engine()
+    if kind == "send":
+        req = eng.isend(world, wire, flat.view(np.uint8))
+    else:
+        req = eng.irecv(world, wire, flat)
+    return RequestWork(eng, req, what)
+
+
+def _blocking(args: tuple, timeout) -> None:
     """A small blocking send or receive to a local rank runs in C (transport/fast.py);
     anything else, or one C could not finish, is posted and waited for."""
     eng = engine()
+    spun = 0.0
     if eng.fast:
-        g = resolve(group)
-        world = _peer(g, peer, kind)
-        arr = as_array(buf, "send buffer" if kind == "send" else "receive buffer",
-                       writable=kind == "recv")
-        done, spun = fast.p2p(eng, kind, world, _tag(g, tag), arr.reshape(-1).view(np.uint8))
+        kind, world, wire, flat, _ = args
+        done, spun = fast.p2p(eng, kind, world, wire, flat.view(np.uint8))
         if done:
             return
-        work = post(buf, peer, group, tag)
-        work._spun = spun
-        work.wait(timeout)
-        return
-    post(buf, peer, group, tag).wait(timeout)
+    work = _post(*args)
+    work._spun = spun
+    work.wait(timeout)
 
 
 # -- counters ----------------------------------------------------------------------------

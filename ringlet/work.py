@@ -86,7 +86,8 @@ class CollectiveWork(Work):
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
                  finish=None, scratch=None, resume=None):
         """``resume``: (rounds done, receives done of the next round as a bit mask or -1
-        if it has not started, seconds waited) when the C fast path ran the plan that far."""
+        if it has not started, seconds waited, seconds of the wait C gave up on) when the
+        C fast path ran the plan that far."""
         self.engine, self._what, self.error = engine, what, None   # (Work.__init__, inlined)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
@@ -103,8 +104,7 @@ class CollectiveWork(Work):
         if self.done:
             return
         if resume is not None:
-            self.i, mask, self.waited = resume
-            self._spun = self.waited
+            self.i, mask, self.waited, self._spun = resume
             if mask >= 0:   # its local steps and sends are done, and these receives
                 self.reqs = self._post_recvs(plan[self.i][1], mask)
                 self._posted_at = time.perf_counter()

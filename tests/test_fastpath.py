@@ -50,7 +50,7 @@ def _reduce_through_c(acc, incoming, ufunc):
     peer = _Loopback()
     bufs = {"acc": acc, "in": incoming}
     res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
-                             fast.kernel(ufunc, acc.dtype), 7, 1, 2, 0.1, False)
+                             fast.kernel(ufunc, acc.dtype), 7, 1, 2, 0.1, False, print)
     assert res[:2] == (1, -1) and peer.msgs_recv == 1 and peer.tail == peer.head, res
 
 
@@ -80,6 +80,37 @@ def test_c_kernels_give_numpys_bits(dtype, count, data):
     assert np.isnan(got[both]).all(), (dtype, ufunc.__name__, a, b, got)
     got[both] = want[both] = 0
     assert got.tobytes() == want.tobytes(), (dtype, ufunc.__name__, a, b, got, want)
+
+
+def test_two_messages_from_one_peer_in_a_round_keep_their_order():
+    """Two receives from the same peer in one round take its messages in the order posted
+    (same tag, size and fingerprint: only the order tells them apart)."""
+    peer = _Loopback()
+    out = np.zeros(8, np.int32)
+    src = np.arange(8, dtype=np.int32)
+    plan = (((), ((0, False, "out", 4, 8, None, 0, 0), (0, False, "out", 0, 4, None, 0, 0)),
+             ((0, "src", 0, 4), (0, "src", 4, 8))),)
+    names, words = fast.encode(plan, 4, lambda rank, nbytes: 0)
+    bufs = {"out": out, "src": src}
+    res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,), -1,
+                             7, 1, 2, 0.1, False, print)
+    assert res[:2] == (1, -1)
+    np.testing.assert_array_equal(out, [4, 5, 6, 7, 0, 1, 2, 3])
+
+
+def test_a_reduction_over_a_misaligned_buffer_stays_in_python():
+    """The C kernels read whole elements: a float32 array at an odd address (a view into a
+    byte buffer) leaves the call to NumPy."""
+    peer = _Loopback()
+    raw = np.zeros(4 * 5 + 1, np.uint8)
+    acc = raw[1:].view(np.float32)
+    assert not acc.flags.aligned
+    plan = (((), ((0, True, "acc", 0, 5, None, 0, 0),), ((0, "in", 0, 5),)),)
+    names, words = fast.encode(plan, 4, lambda rank, nbytes: 0)
+    bufs = {"acc": acc, "in": np.ones(5, np.float32)}
+    assert fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
+                              fast.kernel(np.add, acc.dtype), 7, 1, 2, 0.1, False, print) is None
+    assert peer.head == 0 and peer.msgs_sent == 0       # nothing was sent
 
 
 def _same_bits(rank):

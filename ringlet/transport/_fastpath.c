@@ -8,16 +8,18 @@
  * there and handles it with its full checks (mismatch, protocol, liveness, timeouts,
  * sleeping). So this file only ever does the common case, and never waits unboundedly.
  *
- * run(plan, arrays, peers, links, kernel, tag, fp1, fp2, budget_s, yield)
+ * run(plan, arrays, peers, links, kernel, tag, fp1, fp2, budget_s, yield, wake)
  *   plan    bytes of int64 (see ringlet/transport/fast.py: encode)
  *   arrays  tuple of the call's buffers, indexed by the plan's buffer numbers
  *   peers   tuple of the ShmPeer objects the plan talks to (head/tail/counters live there)
  *   links   tuple of (in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, flag) addresses
  *   kernel  index of the reduce kernel (-1: the plan has no reduction)
+ *   wake    wake(peer) rings the doorbell of a peer seen asleep (before any wait here)
  * Returns None when it did nothing (a peer has traffic queued, parked or a receive posted,
- * or is dead), else
- * (rounds done, receives done in the next round as a bit mask or -1 if it has not started,
- *  seconds waited, index of the peer waited on last or -1, peers whose doorbell to ring).
+ * or is dead; a reduction over a misaligned buffer), else (rounds done, receives done in
+ * the next round as a bit mask or -1 if it has not started, seconds waited, index of the
+ * peer waited on last or -1, seconds of the wait it gave up on).
+ * Reductions here do not consult NumPy's floating-point error state (np.errstate).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,10 +58,11 @@ typedef void (*kernel_fn)(char *dst, const char *acc, const char *in, int64_t n)
         T *d = (T *)d_; const T *a = (const T *)a_, *b = (const T *)b_;             \
         for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (EXPR); }    \
     }
-/* Integers wrap like NumPy's: do the arithmetic unsigned (signed overflow is undefined). */
+/* Integers wrap like NumPy's: do the arithmetic unsigned and wide (signed overflow is
+ * undefined, and two uint16_t would multiply as signed ints). */
 #define INTS(T, U)                                                                 \
-    BIN(sum_##T, T, (T)((U)x + (U)y))                                              \
-    BIN(prod_##T, T, (T)((U)x * (U)y))                                             \
+    BIN(sum_##T, T, (T)(U)((uint64_t)(U)x + (uint64_t)(U)y))                       \
+    BIN(prod_##T, T, (T)(U)((uint64_t)(U)x * (uint64_t)(U)y))                      \
     BIN(min_##T, T, x <= y ? x : y)                                                \
     BIN(max_##T, T, x >= y ? x : y)                                                \
     BIN(band_##T, T, x & y)                                                        \
@@ -105,8 +108,15 @@ static int64_t room(int64_t head, int64_t tail, int64_t cap, int64_t need, int64
 
 static void put_header(char *at, uint32_t kind, int64_t tag, int64_t length, int64_t fp1,
                        int64_t fp2) {
-    header_t h = {kind, 0, tag, -1, length, 0, fp1, fp2, 0};
+    header_t h = {kind, 0, tag, kind == EAGER ? -1 : 0, length, 0, fp1, fp2, 0};  /* as Python */
     memcpy(at, &h, sizeof h);
+}
+
+/* The store that published head or tail must be visible before the peer's "asleep" flag
+ * is read (a store-load order x86-64 does not keep), or a peer falling asleep is missed. */
+static int asleep(link_t *l) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(l->flag, __ATOMIC_RELAXED) != 0;
 }
 
 static void write_eager(link_t *l, const char *src, int64_t n, int64_t tag, int64_t fp1,
@@ -122,7 +132,7 @@ static void write_eager(link_t *l, const char *src, int64_t n, int64_t tag, int6
     put_header(l->out_data + pos, EAGER, tag, n, fp1, fp2);
     l->head += need;
     __atomic_store_n(&l->out_ctrl[0], (uint64_t)l->head, __ATOMIC_RELEASE);   /* publish */
-    if (__atomic_load_n(l->flag, __ATOMIC_RELAXED)) l->poke = 1;
+    if (asleep(l)) l->poke = 1;
     l->msgs_sent++;
     l->bytes_sent += n;
 }
@@ -133,7 +143,7 @@ static const char *peek(link_t *l, int64_t tag, int64_t fp1, int64_t fp2, int64_
     *other = 0;
     for (;;) {
         int64_t head = (int64_t)__atomic_load_n(&l->in_ctrl[0], __ATOMIC_ACQUIRE);
-        if (head == l->tail) return NULL;
+        if (head <= l->tail) return NULL;   /* (a head that went backwards: nothing new) */
         int64_t pos = l->tail % l->in_cap;
         header_t h;
         memcpy(&h, l->in_data + pos, sizeof h);
@@ -154,7 +164,7 @@ static const char *peek(link_t *l, int64_t tag, int64_t fp1, int64_t fp2, int64_
 static void consumed(link_t *l, int64_t n) {
     l->tail += HEADER_SIZE + round64(n);
     __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);   /* hand back */
-    if (__atomic_load_n(l->flag, __ATOMIC_RELAXED)) l->poke = 1;
+    if (asleep(l)) l->poke = 1;
     l->msgs_recv++;
     l->bytes_recv += n;
 }
@@ -232,15 +242,29 @@ static int next(reader_t *r, int64_t *v) {
     return 0;
 }
 
+/* Ring the doorbell of every peer seen asleep since the last call (wake(peer) in Python:
+ * it swallows the socket's errors; a missed wake-up costs a sleeper at most its nap). */
+static void wake_sleepers(link_t *L, Py_ssize_t npeers, PyObject *peers, PyObject *wake) {
+    for (Py_ssize_t i = 0; i < npeers; i++) {
+        if (!L[i].poke) continue;
+        L[i].poke = 0;
+        PyObject *r = PyObject_CallOneArg(wake, PyTuple_GET_ITEM(peers, i));
+        if (r) Py_DECREF(r);
+        else PyErr_Clear();
+    }
+}
+
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 10 arguments");
+    (void)self;
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 11 arguments");
         return NULL;
     }
-    PyObject *arrays = args[1], *peers = args[2], *links = args[3];
+    PyObject *arrays = args[1], *peers = args[2], *links = args[3], *wake = args[10];
     if (!PyBytes_Check(args[0]) || !PyTuple_Check(arrays) || !PyTuple_Check(peers) ||
         !PyTuple_Check(links) || PyTuple_GET_SIZE(peers) != PyTuple_GET_SIZE(links) ||
-        PyTuple_GET_SIZE(peers) > MAX_LINKS || PyTuple_GET_SIZE(arrays) > 8) {
+        PyTuple_GET_SIZE(peers) > MAX_LINKS || PyTuple_GET_SIZE(arrays) > 8 ||
+        !PyCallable_Check(wake)) {
         PyErr_SetString(PyExc_TypeError, "run(): bad arguments");
         return NULL;
     }
@@ -257,19 +281,37 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         }
     }
+    const int64_t *words = (const int64_t *)PyBytes_AS_STRING(args[0]);
+    reader_t rd = {words, words + PyBytes_GET_SIZE(args[0]) / 8};
+    int64_t nrounds, itemsize;
+    if (next(&rd, &nrounds) < 0 || next(&rd, &itemsize) < 0 || itemsize <= 0) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+        return NULL;
+    }
 
     Py_ssize_t npeers = PyTuple_GET_SIZE(peers), nbufs = PyTuple_GET_SIZE(arrays);
+    Py_buffer views[8];
+    char *buf[8];
+    Py_ssize_t got = 0;
+    for (; got < nbufs; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto release;
+        buf[got] = views[got].buf;
+        /* the typed kernels need whole elements where they are (plan offsets are) */
+        if (reduce && (uintptr_t)buf[got] % (uintptr_t)itemsize) {
+            got++;
+            goto untouched;
+        }
+    }
     link_t L[MAX_LINKS];
     for (Py_ssize_t i = 0; i < npeers; i++) {
         PyObject *peer = PyTuple_GET_ITEM(peers, i), *t = PyTuple_GET_ITEM(links, i);
         int ok = idle(peer);
-        if (ok <= 0) {
-            if (ok < 0) return NULL;
-            Py_RETURN_NONE;
-        }
+        if (ok < 0) goto release;
+        if (!ok) goto untouched;
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
             PyErr_SetString(PyExc_TypeError, "run(): bad link");
-            return NULL;
+            goto release;
         }
         link_t *l = &L[i];
         memset(l, 0, sizeof *l);
@@ -282,37 +324,33 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         l->flag = addr(t, 6);
         if (PyErr_Occurred() || get_i64(peer, S_head, &l->head) < 0 ||
             get_i64(peer, S_tail, &l->tail) < 0)
-            return NULL;
-    }
-    Py_buffer views[8];
-    char *buf[8];
-    Py_ssize_t got = 0;
-    for (; got < nbufs; got++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, got), &views[got], PyBUF_SIMPLE) < 0)
-            goto fail_views;
-        buf[got] = views[got].buf;
+            goto release;
     }
 
     /* Buffer b holds bytes [off, off + n): the plan never reaches outside the call's arrays. */
 #define INSIDE(b, off, n) \
     ((b) >= 0 && (b) < nbufs && (off) >= 0 && (n) >= 0 && (off) + (n) <= views[b].len)
-    reader_t rd = {(const int64_t *)PyBytes_AS_STRING(args[0]),
-                   (const int64_t *)(PyBytes_AS_STRING(args[0]) + PyBytes_GET_SIZE(args[0]))};
-    int64_t nrounds, itemsize, done_rounds = 0, mask = -1, last = -1;
-    double waited = 0.0;
-    int malformed = 0;
-    if (next(&rd, &nrounds) < 0 || next(&rd, &itemsize) < 0 || itemsize <= 0) goto bad_plan;
+    int64_t done_rounds = 0, mask = -1, last = -1;
+    double waited = 0.0, stalled = 0.0;
+    int malformed = 0, interrupted = 0;
     for (; done_rounds < nrounds; done_rounds++) {
         int64_t nlocal, nrecv, nsend;
         if (next(&rd, &nlocal) < 0 || next(&rd, &nrecv) < 0 || next(&rd, &nsend) < 0 ||
-            nrecv > MAX_RECVS || rd.end - rd.p < 8 * nlocal + 7 * nrecv + 4 * nsend)
+            nlocal < 0 || nrecv < 0 || nsend < 0 || nrecv > MAX_RECVS ||
+            rd.end - rd.p < 8 * nlocal + 7 * nrecv + 4 * nsend)
             goto bad_plan;
         const int64_t *loc = rd.p, *rcv = loc + 8 * nlocal, *snd = rcv + 7 * nrecv;
         rd.p = snd + 4 * nsend;
+        for (int64_t k = 0; k < nrecv; k++) {     /* peer, reduce, db, do, nbytes, ab, ao */
+            const int64_t *r = rcv + 7 * k;
+            if (r[0] < 0 || r[0] >= npeers || !INSIDE(r[2], r[3], r[4]) ||
+                (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce))
+                goto bad_plan;
+        }
         /* Every send of the round must fit now, or the Python engine queues the round. */
         int64_t heads[MAX_LINKS];
         for (Py_ssize_t i = 0; i < npeers; i++) heads[i] = L[i].head;
-        for (int64_t k = 0; k < nsend; k++) {
+        for (int64_t k = 0; k < nsend; k++) {     /* peer, sb, so, nbytes */
             const int64_t *s = snd + 4 * k;
             if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3])) goto bad_plan;
             link_t *l = &L[s[0]];
@@ -321,7 +359,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (room(heads[s[0]], tail, l->out_cap, need, &pad) < 0) goto stop;
             heads[s[0]] += pad + need;
         }
-        for (int64_t k = 0; k < nlocal; k++) {   /* reduce, sb, so, n, db, do, ab, ao */
+        for (int64_t k = 0; k < nlocal; k++) {    /* reduce, sb, so, n, db, do, ab, ao */
             const int64_t *t = loc + 8 * k;
             if (!INSIDE(t[1], t[2], t[3]) || !INSIDE(t[4], t[5], t[3]) ||
                 (t[6] >= 0 && !INSIDE(t[6], t[7], t[3])) || (t[0] && !reduce))
@@ -333,26 +371,27 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             else
                 memmove(dst, src, (size_t)t[3]);
         }
-        for (int64_t k = 0; k < nsend; k++) {    /* peer, sb, so, nbytes */
+        for (int64_t k = 0; k < nsend; k++) {
             const int64_t *s = snd + 4 * k;
             write_eager(&L[s[0]], buf[s[1]] + s[2], s[3], tag, fp1, fp2);
         }
-        /* Receives: peer, reduce, db, do, nbytes, ab, ao */
         mask = 0;
         int64_t want = nrecv ? (((int64_t)1 << nrecv) - 1) : 0;
-        double start = 0.0;
+        double since = 0.0;    /* when this wait started making no progress */
         while (mask != want) {
             int progressed = 0;
+            uint64_t behind = 0;   /* peers whose earlier receive is still waiting */
             for (int64_t k = 0; k < nrecv; k++) {
-                if (mask >> k & 1) continue;
                 const int64_t *r = rcv + 7 * k;
-                if (r[0] < 0 || r[0] >= npeers || !INSIDE(r[2], r[3], r[4]) ||
-                    (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce))
-                    goto bad_plan;
+                if (mask >> k & 1) continue;
+                /* a peer's messages of one tag match receives in order: a later receive
+                 * from it must not take what an earlier one is waiting for */
+                if (behind >> r[0] & 1) continue;
                 int other;
                 const char *payload = peek(&L[r[0]], tag, fp1, fp2, r[4], &other);
                 if (other) goto stop;
                 if (!payload) {
+                    behind |= (uint64_t)1 << r[0];
                     last = r[0];
                     continue;
                 }
@@ -365,30 +404,42 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 mask |= (int64_t)1 << k;
                 progressed = 1;
             }
-            if (mask == want || progressed) continue;
+            if (progressed) {      /* like the engine's spin, the budget is per idle stretch */
+                if (since != 0.0) waited += now() - since;
+                since = 0.0;
+                continue;
+            }
+            if (mask == want) break;
             double t = now();
-            if (start == 0.0) start = t;
-            else if (t - start > budget) {
-                waited += t - start;
+            if (since == 0.0) {
+                since = t;
+                wake_sleepers(L, npeers, peers, wake);   /* before waiting on them */
+                if (PyErr_CheckSignals() < 0) {
+                    interrupted = 1;
+                    goto stop;
+                }
+            } else if (t - since > budget) {
+                waited += t - since;
+                stalled = t - since;
                 goto stop;
             }
             /* Ranks outnumber cores: let the one we wait for run. (Else spin: a "pause"
              * here measured ~0.2 us slower per 8 B all_reduce at p = 2.) */
             if (yield) sched_yield();
         }
-        if (start != 0.0) waited += now() - start;
+        if (since != 0.0) waited += now() - since;
         mask = -1;
     }
-    goto out;
+    goto stop;
 
 bad_plan:   /* (fast.encode writes only valid plans: this is a guard, not a path) */
     malformed = 1;
 stop:
-out:
     for (Py_ssize_t i = 0; i < nbufs; i++) PyBuffer_Release(&views[i]);
     {
-        PyObject *poke = PyList_New(0);
-        if (!poke) return NULL;
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);       /* (a KeyboardInterrupt, say) */
+        wake_sleepers(L, npeers, peers, wake);
         for (Py_ssize_t i = 0; i < npeers; i++) {
             PyObject *peer = PyTuple_GET_ITEM(peers, i);
             link_t *l = &L[i];
@@ -396,22 +447,27 @@ out:
                 add_i64(peer, S_msgs_sent, l->msgs_sent) < 0 ||
                 add_i64(peer, S_bytes_sent, l->bytes_sent) < 0 ||
                 add_i64(peer, S_msgs_recv, l->msgs_recv) < 0 ||
-                add_i64(peer, S_bytes_recv, l->bytes_recv) < 0 ||
-                (l->poke && PyList_Append(poke, peer) < 0)) {
-                Py_DECREF(poke);
+                add_i64(peer, S_bytes_recv, l->bytes_recv) < 0) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(trace);
                 return NULL;
             }
         }
-        if (malformed) {
-            Py_DECREF(poke);
-            PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
-            return NULL;
-        }
-        return Py_BuildValue("(LLdLN)", (long long)done_rounds, (long long)mask, waited,
-                             (long long)last, poke);
+        PyErr_Restore(type, value, trace);
     }
+    if (interrupted) return NULL;
+    if (malformed) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+        return NULL;
+    }
+    return Py_BuildValue("(LLdLd)", (long long)done_rounds, (long long)mask, waited,
+                         (long long)last, stalled);
 
-fail_views:
+untouched:   /* nothing was done: the Python engine runs the call */
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    Py_RETURN_NONE;
+release:
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
     return NULL;
 }

@@ -321,9 +321,8 @@ class Engine:
     def wait(self, done, timeout: float | None, describe, peers=tuple, spun: float = 0.0) -> None:
         """Drive progress until ``done()``; on expiry raise TimeoutError(describe()).
         ``spun``: seconds already spent spinning and yielding for it (by the C fast path),
-        taken off this wait's own spin and yield before it sleeps. Under load, yielding
-        twice as long lost to other processes: p = 3 8 B all_reduce with two busy loops
-        on the cores, 2.2-3.0 ms per call against 2.0-2.1 ms in Python alone."""
+        taken off this wait's own spin and yield before it sleeps (under load, yielding
+        twice as long lost to other processes)."""
         if done():
             return
         limit = self.timeout if timeout is None else timeout

@@ -10,7 +10,9 @@ and the Python engine resumes the plan from there — so every failure, mismatch
 is still handled by the one engine that knows how.
 
 The extension is optional: without a compiler the runtime runs everything in Python.
-RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out).
+RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out). Reductions in C do not
+consult NumPy's floating-point error state: under np.errstate(over="raise") a small float
+all_reduce that overflows gives inf, as MPI's would, instead of raising.
 """
 from __future__ import annotations
 
@@ -137,7 +139,7 @@ def _link(peer: ShmPeer) -> tuple:
 def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     """A blocking point-to-point ``kind`` ("send" or "recv") of ``data`` (a flat uint8
     view) with world rank ``peer``, in C when it is small and local - as a one-round plan:
-    (done, seconds spent waiting in C). Not done: the caller posts it as usual."""
+    (done, seconds of the wait C gave up on). Not done: the caller posts it as usual."""
     key = (kind, peer, data.nbytes)
     fc = engine.fast_p2p.get(key, False)
     if fc is False:
@@ -151,17 +153,22 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     if fc is None or engine.works:
         return False, 0.0
     res = run(engine, fc, {"buf": data}, tag, (0, 0))
-    return (res is not None and res[0] == 1), (res[2] if res is not None else 0.0)
+    return (res is not None and res[0] == 1), (res[4] if res is not None else 0.0)
 
 
 def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
     """Run the plan in C as far as it goes: None if it did not start, else (rounds done,
-    receives done of the next round as a mask or -1, seconds waited, world rank waited on)."""
+    receives done of the next round as a mask or -1, seconds waited, world rank waited on
+    last, seconds of the wait C gave up on)."""
     res = _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
-                        fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded)
+                        fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
+                        _wake)
     if res is None:
         return None
-    rounds, mask, waited, last, poke = res
-    for p in poke:
-        engine.ring_doorbell(p.doorbell)
-    return rounds, mask, waited, fc.peers[last].rank if last >= 0 else None
+    rounds, mask, waited, last, stalled = res
+    return rounds, mask, waited, fc.peers[last].rank if last >= 0 else None, stalled
+
+
+def _wake(peer: ShmPeer) -> None:
+    """C saw this peer asleep after writing to it, or reading from it."""
+    peer.engine.ring_doorbell(peer.doorbell)

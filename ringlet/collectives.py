@@ -108,10 +108,10 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
             if finish is not None:
                 finish()
             pool.append(scratch)
-            record_call(eng, what, resume[2], resume[3], fast=True)
+            record_call(eng, what, resume[2], resume[4], fast=True)
             return None
     work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
-                          (pool, scratch), resume and (resume[0], resume[1], resume[2], resume[4]))
+                          (pool, scratch), resume and resume[:4])
     if async_op:
         return work
     work.wait(timeout)

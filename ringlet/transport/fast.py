@@ -153,20 +153,20 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     if fc is None or engine.works:
         return False, 0.0
     res = run(engine, fc, {"buf": data}, tag, (0, 0))
-    return (res is not None and res[0] == 1), (res[4] if res is not None else 0.0)
+    return (res is not None and res[0] == 1), (res[3] if res is not None else 0.0)
 
 
 def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
     """Run the plan in C as far as it goes: None if it did not start, else (rounds done,
-    receives done of the next round as a mask or -1, seconds waited, world rank waited on
-    last, seconds of the wait C gave up on)."""
+    receives done of the next round as a mask or -1, seconds waited, seconds of the wait C
+    gave up on - CollectiveWork's ``resume`` - and the world rank waited on last)."""
     res = _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
                         fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
                         _wake)
     if res is None:
         return None
     rounds, mask, waited, last, stalled = res
-    return rounds, mask, waited, fc.peers[last].rank if last >= 0 else None, stalled
+    return rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None
 
 
 def _wake(peer: ShmPeer) -> None:

@@ -4,4 +4,4 @@ succeeds and ringlet runs in pure Python."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("ringlet.transport._fastpath", ["ringlet/transport/_fastpath.c"],
-                             extra_compile_args=["-O2", "-std=c11", "-Wall"], optional=True)])
+                             extra_compile_args=["-O3", "-std=c11", "-Wall"], optional=True)])

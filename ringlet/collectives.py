@@ -101,8 +101,8 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     seq, tag = g.next_collective_tag()
     what = (collective, seq, g.name, name)
     resume = None
-    # A small blocking call with nothing else in flight runs in C as far as it goes.
-    if fc is not None and not async_op and not eng.works and not eng.aborts:
+    # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
+    if fc is not None and not async_op and not eng.works and not eng.aborts and fc.runs(bufs):
         resume = fast.run(eng, fc, bufs, tag, fp)
         if resume is not None and resume[0] == fc.rounds:
             if finish is not None:

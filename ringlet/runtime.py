@@ -334,8 +334,9 @@ def _post(kind: str, world: int, wire: int, flat, what: str) -> RequestWork:
 
 
 def _blocking(args: tuple, timeout) -> None:
-    """A small blocking send or receive to a local rank runs in C (transport/fast.py);
-    anything else, or one C could not finish, is posted and waited for."""
+    """A blocking send or receive of one EAGER packet (at most 256 KiB) to a local rank runs
+    in C (transport/fast.py); anything else, or one C could not finish, is posted and
+    waited for."""
     eng = engine()
     spun = 0.0
     if eng.fast:
@@ -351,7 +352,7 @@ def _blocking(args: tuple, timeout) -> None:
 # -- counters ----------------------------------------------------------------------------
 def stats() -> dict:
     """Per-peer (world rank) messages and bytes sent and received since init or reset, and
-    per collective: calls, fast_calls (run wholly by the C fast path of small calls), time
+    per collective: calls, fast_calls (run wholly by the C fast path, transport/fast.py), time
     waited for peers (total and longest), the rank that arrived last, the last algorithm."""
     eng = engine()
     out = {"sent": {}, "received": {}}

@@ -16,7 +16,7 @@ from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, 
                           load_profile, predict, simulate, step_ratio)
 from ringlet.cost import commands, model, plan, profile, tune
 from ringlet.schedule import Schedule, chunks
-from ringlet.transport import shm
+from ringlet.transport import fast, shm
 
 from conftest import HOST_PROFILE
 
@@ -704,6 +704,14 @@ def test_a_call_of_small_messages_is_priced_as_run_in_c():
     assert simulate(_build("all_reduce", "ring", 4, 16384), crowded).features[
         "alpha_fast_call"] == 2                                # 4 ranks take turns on 2 cores
     assert large.features["alpha_fast_call"] == 0
+    # EAGER packets up to fast_bytes, unless one is read in place from an rl.empty buffer
+    eager = Topology.on_host(4, dataclasses_replace(m, fast_bytes=256 << 10, eager=256 << 10))
+    mid = _build("all_reduce", "ring", 4, 65536)                       # 64 KiB chunks
+    assert simulate(mid, eager).features["alpha_fast"] == 12
+    in_place = simulate(mid, eager, shared=("buf",))
+    assert in_place.features["alpha_fast"] == 0 and in_place.features["alpha"] == 12
+    assert simulate(_build("all_reduce", "ring", 4, 16384), eager,
+                    shared=("buf",)).features["alpha_fast"] == 12         # <= 16 KiB: EAGER
 
 
 @needs_algorithms
@@ -944,9 +952,15 @@ def test_profile_of_another_protocol_warns():
     # one from before small calls ran in C: its alpha is theirs too, until recalibrated
     old = {k: v for k, v in HOST_PROFILE.items() if k not in ("fast_bytes", "alpha_fast")}
     profile.Profile.from_fits({"shm": old}).save()
-    with pytest.warns(UserWarning, match=r"before \(or without\) calls of messages up to 16384"):
+    with pytest.warns(UserWarning, match=rf"before \(or without\) calls of messages up to "
+                                         rf"{fast.FAST_BYTES} bytes"):
         prof = load_profile()
     assert prof.host_model("shm").fast_bytes == 0
+    # one from when only calls of messages up to 16 KiB ran in C: priced as fitted, warned
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE, fast_bytes=16384)}).save()
+    with pytest.warns(UserWarning, match=r"before \(or without\) calls of messages up to"):
+        prof = load_profile()
+    assert prof.host_model("shm").fast_bytes == 16384
 
 
 def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):

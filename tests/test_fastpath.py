@@ -55,7 +55,7 @@ def _reduce_through_c(acc, incoming, ufunc):
 
 
 @settings(max_examples=400, deadline=None, database=None)
-@given(dtype=st.sampled_from(KERNEL_DTYPES), count=st.integers(1, 70), data=st.data())
+@given(dtype=st.sampled_from(KERNEL_DTYPES), count=st.integers(1, 300), data=st.data())
 def test_c_kernels_give_numpys_bits(dtype, count, data):
     """Any bit pattern (NaN payloads, infinities, signed zeros, subnormals, wrapping
     integers): the C reduce kernels give exactly the bits the Python engine's NumPy call
@@ -202,31 +202,37 @@ def test_python_engine_alone_when_the_fast_path_is_off():
         run(_python_only, 3, collective, env={"RINGLET_NO_FASTPATH": "1"})
 
 
+def _until_both_in_c(call):
+    """Run ``call`` until both ranks ran it wholly in C; (stats before, stats after) of
+    that call. A call whose partner is late past the spin budget goes on in Python: on a
+    loaded host many in a row can, so this tries for a while (the ranks leave together)."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        before = rl.stats()
+        name = call()
+        after = rl.stats()
+        was_fast = after["collectives"][name]["fast_calls"] > before["collectives"].get(
+            name, {}).get("fast_calls", 0)
+        both = np.array([was_fast, time.monotonic() < deadline], np.int32)
+        rl.all_reduce(both, op="MIN")
+        if both[0]:
+            return before, after
+        if not both[1]:
+            raise AssertionError(f"no {name} ran in C in 30 s")
+
+
 def _counted(rank):
     """A call run in C counts its messages and bytes like the Python engine does."""
     other = 1 - rank
     x = np.ones(4, np.float32)
-    # A call whose partner is late past the spin budget goes on in Python: on a loaded host
-    # many in a row can, so try for a while (the ranks leave the loop together).
-    deadline = time.monotonic() + 30.0
-    while True:
-        before = rl.stats()
-        rl.all_reduce(x, algorithm="recursive_doubling")
-        after = rl.stats()
-        was_fast = after["collectives"]["all_reduce"]["fast_calls"] > before["collectives"].get(
-            "all_reduce", {}).get("fast_calls", 0)
-        both = np.array([was_fast, time.monotonic() < deadline], np.int32)
-        rl.all_reduce(both, op="MIN")
-        if both[0]:
-            break
-        if not both[1]:
-            raise AssertionError("no call took the fast path in 30 s")
+    before, after = _until_both_in_c(lambda: rl.all_reduce(x, algorithm="recursive_doubling")
+                                     or "all_reduce")
     for way in ("sent", "received"):
         assert after[way][other]["messages"] - before[way][other]["messages"] == 1
         assert after[way][other]["bytes"] - before[way][other]["bytes"] == 16
-    big = np.ones(64 << 10, np.float32)     # 256 KiB: messages above the fast path's limit
+    big = np.ones(128 << 10, np.float32)    # one 512 KiB message: above the fast path's limit
     calls = rl.stats()["collectives"]["all_reduce"]
-    rl.all_reduce(big)
+    rl.all_reduce(big, algorithm="recursive_doubling")
     done = rl.stats()["collectives"]["all_reduce"]
     assert done["calls"] == calls["calls"] + 1 and done["fast_calls"] == calls["fast_calls"]
 
@@ -249,6 +255,37 @@ def _full_ring(rank):
         assert 4 <= st["fast_calls"] < 10, st
 
 
+def _eager_sized(rank):
+    """Messages above 16 KiB run in C too while they are EAGER packets (64 KiB here), with
+    the same bits as Python's; from an rl.empty buffer they stay in Python, which sends
+    them by RTS for the peer to read in place."""
+    other = 1 - rank
+    want = np.arange(16 << 10, dtype=np.float32) * 3      # 64 KiB, ranks' sum
+    x = np.empty_like(want)
+
+    def call():
+        x[...] = np.arange(x.size) * (rank + 1)
+        rl.all_reduce(x, algorithm="recursive_doubling")
+        np.testing.assert_array_equal(x, want)
+        return "all_reduce"
+
+    before, after = _until_both_in_c(call)
+    assert after["sent"][other]["bytes"] - before["sent"][other]["bytes"] == x.nbytes
+    shared = rl.empty(x.size, np.float32)
+    shared[...] = np.arange(x.size) * (rank + 1)
+    calls = rl.stats()["collectives"]["all_reduce"]
+    assert not engine().remote_maps.maps
+    rl.all_reduce(shared, algorithm="recursive_doubling")
+    np.testing.assert_array_equal(shared, want)
+    done = rl.stats()["collectives"]["all_reduce"]
+    assert done["fast_calls"] == calls["fast_calls"]
+    assert engine().remote_maps.maps, "the rl.empty message was not read in place"
+
+
+def test_calls_of_eager_messages_run_in_c_but_not_from_rl_empty():
+    run(_eager_sized, 2)
+
+
 def test_a_full_ring_hands_the_call_to_the_python_engine():
     run(_full_ring, 2, env={"RINGLET_SHM_RING": "4096"})
 
@@ -264,7 +301,7 @@ def test_a_call_with_more_peers_than_c_handles_stays_in_python(monkeypatch):
 
     for r in range(1, fast.MAX_PEERS + 2):
         peer = object.__new__(ShmPeer)
-        peer.zc_min = 16 << 10
+        peer.zc_min, peer.eager = 16 << 10, 256 << 10
         Engine.peers[r] = peer
     monkeypatch.setattr(fast, "_link", lambda peer: (0,) * 7)    # (no rings behind these)
     sends = tuple((r, "in", 0, 1) for r in Engine.peers)

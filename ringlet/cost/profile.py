@@ -238,7 +238,7 @@ def stale_reasons(prof: Profile) -> list:
             out.append(f"{name} was calibrated when every message over {eager} bytes waited "
                        f"for CTS; this ringlet streams up to {int(facts['rendezvous'])} bytes "
                        f"at once")
-        if int(t.get("fast_bytes", 0)) == 0 and int(facts["fast_bytes"]) > 0:
+        if int(t.get("fast_bytes", 0)) < int(facts["fast_bytes"]):
             out.append(f"{name} was calibrated before (or without) calls of messages up to "
                        f"{int(facts['fast_bytes'])} bytes running in C")
     return out

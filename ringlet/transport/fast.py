@@ -1,13 +1,15 @@
-"""The C fast path of small collectives over shared memory (``_fastpath.c``).
+"""The C fast path of collectives of EAGER messages over shared memory (``_fastpath.c``).
 
 A small call (8 B all_reduce, a barrier) is all fixed cost: in Python, creating the work,
 posting requests, polling every peer and matching packets is ~15 us at p = 2, while the
-bytes cross in well under one. When every message of a rank's plan is a small EAGER packet
-to a local peer, the runtime hands the *same compiled plan* to C, which writes and reads
-the same packets the Python engine would. At the first surprise (a packet of another call,
-a full ring, a peer not there within the spin budget) C stops and reports how far it got,
-and the Python engine resumes the plan from there — so every failure, mismatch and timeout
-is still handled by the one engine that knows how.
+bytes cross in well under one; up to the EAGER limit (256 KiB) Python's fixed cost is still
+most of a call (64 KiB all_reduce at p = 2: 23 us in Python, 10 us in C). When every
+message of a rank's plan is an EAGER packet to a local peer, the runtime hands the *same
+compiled plan* to C, which writes and reads the same packets the Python engine would. At
+the first surprise (a packet of another call, a full ring, a peer not there within the
+spin budget) C stops and reports how far it got, and the Python engine resumes the plan
+from there — so every failure, mismatch and timeout is still handled by the one engine
+that knows how.
 
 The extension is optional: without a compiler the runtime runs everything in Python.
 RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out). Reductions in C do not
@@ -21,7 +23,8 @@ import struct
 
 import numpy as np
 
-from .shm import SLOT_CTRL, ZERO_COPY_MIN, ShmPeer
+from ..buffers import locate
+from .shm import EAGER_BYTES, SLOT_CTRL, ShmPeer
 
 try:
     from . import _fastpath
@@ -33,9 +36,10 @@ _DTYPES = (("i", 1), ("u", 1), ("i", 2), ("u", 2), ("i", 4), ("u", 4), ("i", 8),
            ("f", 4), ("f", 8))
 _OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
         "bitwise_or": 5, "bitwise_xor": 6}
-# The largest message of a call C runs (any larger from an rl.empty buffer goes by RTS,
-# to be read in place: the Python engine's business).
-FAST_BYTES = ZERO_COPY_MIN
+# The largest message of a call C runs: one EAGER packet. (A message above ZERO_COPY_MIN
+# from an rl.empty buffer goes by RTS instead, to be read in place: such a call stays in
+# Python, see FastCall.inplace.)
+FAST_BYTES = EAGER_BYTES
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
 MAX_PEERS = 64     # (_fastpath.c's MAX_LINKS)
@@ -60,17 +64,24 @@ def kernel(ufunc, dtype: np.dtype) -> int | None:
 
 
 class FastCall:
-    """One prepared call's plan in the form C reads, with the rings it uses."""
-    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds")
+    """One prepared call's plan in the form C reads, with the rings it uses. ``inplace``:
+    the buffers it sends messages from that peers would read in place were the buffer an
+    rl.empty array (see ``runs``)."""
+    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds", "inplace")
 
-    def __init__(self, names, plan, peers, links, kernel, rounds):
+    def __init__(self, names, plan, peers, links, kernel, rounds, inplace=()):
         self.names, self.plan, self.peers, self.links = names, plan, peers, links
-        self.kernel, self.rounds = kernel, rounds
+        self.kernel, self.rounds, self.inplace = kernel, rounds, inplace
+
+    def runs(self, bufs: dict) -> bool:
+        """Whether C can run the call on these buffers: not when a large message would come
+        from an rl.empty array (the Python engine sends it by RTS, read in place)."""
+        return not any(locate(bufs[name]) is not None for name in self.inplace)
 
 
 def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     """A FastCall for a compiled plan (``work.compile_plan``), or None when some message
-    is not a small EAGER one to a local peer (or C cannot reduce this dtype)."""
+    is not an EAGER one to a local peer (or C cannot reduce this dtype)."""
     if not engine.fast:
         return None
     k = kernel(ufunc, dtype)
@@ -80,7 +91,7 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
-        if not isinstance(p, ShmPeer) or nbytes > min(p.zc_min, FAST_BYTES):
+        if not isinstance(p, ShmPeer) or nbytes > min(p.eager, FAST_BYTES):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 
@@ -91,7 +102,10 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     if len(order) > MAX_PEERS:
         return None
     peers = tuple(engine.peers[r] for r in order)
-    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan))
+    inplace = {sb for _, _, sends in plan for dst, sb, s0, s1 in sends
+               if (s1 - s0) * dtype.itemsize > engine.peers[dst].zc_min}
+    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan),
+                    tuple(sorted(inplace)))
 
 
 def encode(plan: tuple, itemsize: int, peer) -> tuple:
@@ -138,7 +152,7 @@ def _link(peer: ShmPeer) -> tuple:
 
 def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     """A blocking point-to-point ``kind`` ("send" or "recv") of ``data`` (a flat uint8
-    view) with world rank ``peer``, in C when it is small and local - as a one-round plan:
+    view) with world rank ``peer``, in C when it is EAGER and local - as a one-round plan:
     (done, seconds of the wait C gave up on). Not done: the caller posts it as usual."""
     key = (kind, peer, data.nbytes)
     fc = engine.fast_p2p.get(key, False)
@@ -150,7 +164,7 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
         if len(engine.fast_p2p) > 1024:
             engine.fast_p2p.clear()
         engine.fast_p2p[key] = fc
-    if fc is None or engine.works:
+    if fc is None or engine.works or not fc.runs({"buf": data}):
         return False, 0.0
     res = run(engine, fc, {"buf": data}, tag, (0, 0))
     return (res is not None and res[0] == 1), (res[3] if res is not None else 0.0)

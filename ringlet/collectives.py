@@ -102,7 +102,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     what = (collective, seq, g.name, name)
     resume = None
     # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
-    if fc is not None and not async_op and not eng.works and not eng.aborts and fc.runs(bufs):
+    if fc is not None and not async_op and not eng.works and not eng.aborts:
         resume = fast.run(eng, fc, bufs, tag, fp)
         if resume is not None and resume[0] == fc.rounds:
             if finish is not None:

@@ -348,14 +348,21 @@ def test_zero_copy_buffers():
 def _in_place_above_zc_min(rank):
     from ringlet.runtime import engine
     from ringlet.transport.shm import EAGER_BYTES, ZERO_COPY_MIN
-    n = 4 * ZERO_COPY_MIN                      # eager from a NumPy array, RTS from rl.empty
-    assert ZERO_COPY_MIN < n <= EAGER_BYTES
+    assert ZERO_COPY_MIN >= EAGER_BYTES         # an EAGER packet is never read in place
+    small = rl.empty(EAGER_BYTES, np.uint8)
+    small[...] = rank + 5
+    got = np.zeros(EAGER_BYTES, np.uint8)
+    rl.send(small, 1 - rank) if rank == 0 else rl.recv(got, 0)
+    assert not engine().remote_maps.maps
+    if rank == 1:
+        assert (got == 5).all()
+    n = 2 * ZERO_COPY_MIN                       # streamed from a NumPy array, RTS from rl.empty
     plain = np.full(n, rank + 1, np.uint8)
     shared = rl.empty(n, np.uint8)
     shared[...] = rank + 3
     got = np.zeros(n, np.uint8)
     rl.send(plain, 1 - rank) if rank == 0 else rl.recv(got, 0)
-    assert not engine().remote_maps.maps      # an eager packet: nothing read in place
+    assert not engine().remote_maps.maps      # through the ring: nothing read in place
     if rank == 1:
         assert (got == 1).all()
     rl.send(shared, 1 - rank) if rank == 0 else rl.recv(got, 0)
@@ -369,11 +376,11 @@ def test_rl_empty_message_above_zc_min_is_read_in_place():
 
 
 def _auto_by_buffer_kind(rank):
-    """Under a calibrated host profile, 64 KiB broadcast at p = 3 is binomial from NumPy
+    """Under a calibrated host profile, 1 MiB broadcast at p = 3 is binomial from NumPy
     buffers but direct from rl.empty ones (the root's one announcement per peer, each
     peer copying in place, beats forwarding). Ranks that pass different kinds of buffers
     disagree, and say why, on every rank."""
-    n = 16 << 10                                           # 64 KiB of float32
+    n = 256 << 10                                          # 1 MiB of float32
     ran = lambda: rl.stats()["collectives"]["broadcast"]["algorithm"]  # noqa: E731
     plain = np.full(n, rank, np.float32)
     rl.broadcast(plain, 0)

@@ -56,8 +56,8 @@ class HostModel:
 
     ``alpha``        CPU per message, on each side (post, headers, matching, progress)
     ``alpha_fast``   the same for a call whose every message is an EAGER packet of at most
-                     ``fast_bytes`` (none read in place): it runs in C
-                     (ringlet/transport/fast.py), not the Python engine
+                     ``fast_bytes``: it runs in C (ringlet/transport/fast.py), not the
+                     Python engine
     ``alpha_fast_call``  CPU per such call on each rank, before its first message: its
                      Python entry (checks, the cached plan, the call into C). At p = 2 an
                      8 B all_reduce costs about the same with one message per side as with
@@ -135,9 +135,9 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
-    # a call whose messages have at most this many bytes (EAGER packets, none read in
-    # place) runs in C (alpha_fast, not alpha); 0: none does (no fast path, or a profile
-    # fitted before there was one)
+    # a call whose messages have at most this many bytes (EAGER packets) runs in C
+    # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
+    # there was one)
     fast_bytes: int = 0
 
     def __post_init__(self):
@@ -571,21 +571,6 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
 
 
-def _runs_in_c(schedule, m: HostModel, shared) -> bool:
-    """Whether a call runs in C (transport/fast.py): every message one EAGER packet of at
-    most ``fast_bytes``, and none read in place from an rl.empty buffer (that goes by RTS)."""
-    if not m.fast_bytes:
-        return False
-    for rnd in schedule.rounds:
-        c = rnd.cols
-        msg = c["src"] != c["dst"]
-        nb = c["n"][msg] * float(schedule.itemsize)
-        if (nb.max(initial=0) > m.fast_bytes
-                or _read_in_place(nb, c["sbuf"][msg], shared, m.zero_copy_min).any()):
-            return False
-    return True
-
-
 def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int) -> np.ndarray:
     """Which messages their receiver reads in place: sent from one of the ``shared``
     buffers (indices into ``BUFFER_NAMES``) and larger than ``zero_copy_min`` (-1: none)."""
@@ -685,7 +670,11 @@ class _HostSim:
         f2, f3 = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         crowded = 1.0 if p > m.cores else 0.0
         I = {k: i for i, k in enumerate(HOST_TERMS)}
-        fast_call = _runs_in_c(s, m, self.shared)   # then its per-message CPU is alpha_fast
+        # a call whose messages are all EAGER packets runs in C: its per-message CPU is
+        # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
+        largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
+                       for r in s.rounds), default=0.0) * isz
+        fast_call = 0 < m.fast_bytes and largest <= m.fast_bytes
         per_message = I["alpha_fast"] if fast_call else I["alpha"]
         start = np.zeros(p)
         F = np.zeros((p, K))        # term counts on each rank's critical path (stretched)

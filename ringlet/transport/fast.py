@@ -23,7 +23,6 @@ import struct
 
 import numpy as np
 
-from ..buffers import locate
 from .shm import EAGER_BYTES, SLOT_CTRL, ShmPeer
 
 try:
@@ -36,9 +35,8 @@ _DTYPES = (("i", 1), ("u", 1), ("i", 2), ("u", 2), ("i", 4), ("u", 4), ("i", 8),
            ("f", 4), ("f", 8))
 _OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
         "bitwise_or": 5, "bitwise_xor": 6}
-# The largest message of a call C runs: one EAGER packet. (A message above ZERO_COPY_MIN
-# from an rl.empty buffer goes by RTS instead, to be read in place: such a call stays in
-# Python, see FastCall.inplace.)
+# The largest message of a call C runs: one EAGER packet, from any buffer (rl.empty ones
+# are read in place only above it: shm.ZERO_COPY_MIN).
 FAST_BYTES = EAGER_BYTES
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
@@ -64,19 +62,12 @@ def kernel(ufunc, dtype: np.dtype) -> int | None:
 
 
 class FastCall:
-    """One prepared call's plan in the form C reads, with the rings it uses. ``inplace``:
-    the buffers it sends messages from that peers would read in place were the buffer an
-    rl.empty array (see ``runs``)."""
-    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds", "inplace")
+    """One prepared call's plan in the form C reads, with the rings it uses."""
+    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds")
 
-    def __init__(self, names, plan, peers, links, kernel, rounds, inplace=()):
+    def __init__(self, names, plan, peers, links, kernel, rounds):
         self.names, self.plan, self.peers, self.links = names, plan, peers, links
-        self.kernel, self.rounds, self.inplace = kernel, rounds, inplace
-
-    def runs(self, bufs: dict) -> bool:
-        """Whether C can run the call on these buffers: not when a large message would come
-        from an rl.empty array (the Python engine sends it by RTS, read in place)."""
-        return not any(locate(bufs[name]) is not None for name in self.inplace)
+        self.kernel, self.rounds = kernel, rounds
 
 
 def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
@@ -91,7 +82,8 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
-        if not isinstance(p, ShmPeer) or nbytes > min(p.eager, FAST_BYTES):
+        # (zc_min: an rl.empty buffer's message larger than that goes by RTS, not EAGER)
+        if not isinstance(p, ShmPeer) or nbytes > min(p.eager, p.zc_min, FAST_BYTES):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 
@@ -102,10 +94,7 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     if len(order) > MAX_PEERS:
         return None
     peers = tuple(engine.peers[r] for r in order)
-    inplace = {sb for _, _, sends in plan for dst, sb, s0, s1 in sends
-               if (s1 - s0) * dtype.itemsize > engine.peers[dst].zc_min}
-    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan),
-                    tuple(sorted(inplace)))
+    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan))
 
 
 def encode(plan: tuple, itemsize: int, peer) -> tuple:
@@ -164,7 +153,7 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
         if len(engine.fast_p2p) > 1024:
             engine.fast_p2p.clear()
         engine.fast_p2p[key] = fc
-    if fc is None or engine.works or not fc.runs({"buf": data}):
+    if fc is None or engine.works:
         return False, 0.0
     res = run(engine, fc, {"buf": data}, tag, (0, 0))
     return (res is not None and res[0] == 1), (res[3] if res is not None else 0.0)

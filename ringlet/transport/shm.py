@@ -41,8 +41,12 @@ EAGER_BYTES = FRAG_BYTES
 # cells, e.g. all_to_all 1 MiB 71.3 -> 66.4 us, broadcast 1 MiB 56.7 -> 52.6 us.
 STREAM_BYTES = RING_BYTES
 # Except from an rl.empty buffer: above this, its RTS lets the receiver copy (or reduce)
-# the message once, in place, instead of twice through the ring.
-ZERO_COPY_MIN = 16 << 10
+# the message once, in place, instead of twice through the ring. Not below: a call of
+# EAGER packets runs in C (fast.py), which beats one copy fewer plus the RTS round trip and
+# Python - rl.empty, forced algorithms, 300 calls, 16 KiB vs 256 KiB here, two turns:
+# all_reduce p=2 64 KiB 40-44 -> 10 us, all_to_all p=4 1 MiB 204-218 -> 110-155 us,
+# all_gather p=4 1 MiB 249-271 -> 100-110 us, broadcast p=4 256 KiB 90-113 -> 43-46 us.
+ZERO_COPY_MIN = EAGER_BYTES
 
 
 def segment_size(slots: int, capacity: int) -> int:

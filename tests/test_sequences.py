@@ -1,8 +1,8 @@
 """Random sequences of calls, as a training step issues them, checked against NumPy.
 
 Each example is a list of calls drawn by hypothesis (the same on every rank: derandomized,
-no shrinking): collectives of every size class — run in C (at most 16 KiB), EAGER, streamed
-through the ring, read in place from rl.empty buffers — blocking and async with several in
+no shrinking): collectives of every size class — EAGER packets (run in C when blocking),
+streamed through the ring, read in place from rl.empty buffers — blocking and async with several in
 flight, on the world and on a subgroup, and point-to-point around a ring. Before each call
 one rank may arrive late, so that calls run in C hand over mid-plan to the Python engine,
 and packets of the next call land while a rank is still in the last one. One rank can run
@@ -23,8 +23,8 @@ from test_collectives import in_rank_settings
 
 KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
          "p2p"]
-# Element counts around each threshold of the shared-memory transport (float64 / int32):
-# in C (<= 16 KiB), EAGER (<= 256 KiB), streamed (<= the 1 MiB ring), larger.
+# Element counts around the shared-memory transport's thresholds (bytes by dtype): EAGER
+# (<= 256 KiB, in C), streamed (<= the 1 MiB ring, or read in place from rl.empty), larger.
 COUNTS = [0, 1, 3, 2048, 2049, 4096, 4097, 30_000, 32_768, 40_000, 140_000, 300_000]
 DTYPES = [np.float64, np.int32, np.int64, np.uint8, np.float32]
 
@@ -52,7 +52,7 @@ def _alloc(shared, shape, dtype):
     return rl.empty(shape, dtype) if shared else np.empty(shape, dtype)
 
 
-def _issue(step, c, seed, g, world_rank, p2p_tag):
+def _issue(step, c, seed, g, p2p_tag):
     """Start call ``c`` on group ``g``; returns (work or None, check())."""
     p, rank = g.size, g.rank
     kind, dtype, n = c["kind"], np.dtype(c["dtype"]), c["count"]
@@ -133,7 +133,7 @@ def _sequences(rank, examples, python_rank):
                 continue
             if c["late"] % p == rank and c["late"] >= 0:
                 time.sleep(0.002)
-            work, ok = _issue(step, c, seed, g, rank, tag)
+            work, ok = _issue(step, c, seed, g, tag)
             if work is None:
                 ok()
             else:

@@ -334,7 +334,7 @@ def _post(kind: str, world: int, wire: int, flat, what: str) -> RequestWork:
 
 
 def _blocking(args: tuple, timeout) -> None:
-    """A blocking send or receive of one EAGER packet (at most 256 KiB) to a local rank runs
+    """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
     waited for."""
     eng = engine()

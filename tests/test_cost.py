@@ -852,9 +852,9 @@ def test_host_model_reads_shared_buffers_in_place_by_hand():
     in_place = simulate(s, Topology.on_host(3, m), shared=("buf",))
     assert in_place.time == pytest.approx(hop + rdv + a + beta * n)      # no one-way lag
     assert in_place.parts["beta_lag"] == 0.0
-    # a 512 KiB message, streamed from a NumPy buffer (no round trip), goes by rendezvous
+    # a 1 MiB message, streamed from a NumPy buffer (no round trip), goes by rendezvous
     # from an rl.empty one
-    small = _build("broadcast", "direct", 3, 128 << 10)
+    small = _build("broadcast", "direct", 3, 256 << 10)
     assert simulate(small, Topology.on_host(3, m)).parts["alpha_rdv"] == 0.0
     assert simulate(small, Topology.on_host(3, m), shared=("buf",)).parts["alpha_rdv"] == \
         pytest.approx(rdv)
@@ -987,7 +987,8 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
     assert (plain, mine) == ("binomial", "direct")
     t = {r.algorithm: r.total for r in rows}
     ts = {r.algorithm: r.total for r in shared_rows}
-    assert all(ts[a] < t[a] for a in t)
+    # never dearer; the same where every message is an EAGER packet (pipeline's segments)
+    assert all(ts[a] <= t[a] for a in t) and ts["direct"] < t["direct"]
     assert tune.predict_host("broadcast", 8 << 20, 4, "direct", profile=prof,
                              shared=("buf",)) == pytest.approx(ts["direct"])
 

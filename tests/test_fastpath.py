@@ -230,7 +230,7 @@ def _counted(rank):
     for way in ("sent", "received"):
         assert after[way][other]["messages"] - before[way][other]["messages"] == 1
         assert after[way][other]["bytes"] - before[way][other]["bytes"] == 16
-    big = np.ones(128 << 10, np.float32)    # one 512 KiB message: above the fast path's limit
+    big = np.ones(256 << 10, np.float32)    # one 1 MiB message: above the fast path's limit
     calls = rl.stats()["collectives"]["all_reduce"]
     rl.all_reduce(big, algorithm="recursive_doubling")
     done = rl.stats()["collectives"]["all_reduce"]

@@ -24,8 +24,8 @@ from test_collectives import in_rank_settings
 KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
          "p2p"]
 # Element counts around the shared-memory transport's thresholds (bytes by dtype): EAGER
-# (<= 256 KiB, in C), streamed (<= the 1 MiB ring, or read in place from rl.empty), larger.
-COUNTS = [0, 1, 3, 2048, 2049, 4096, 4097, 30_000, 32_768, 40_000, 140_000, 300_000]
+# (<= 512 KiB, in C), streamed (<= the 1 MiB ring, or read in place from rl.empty), larger.
+COUNTS = [0, 1, 3, 2048, 4097, 30_000, 32_768, 65_536, 65_537, 131_072, 140_000, 300_000]
 DTYPES = [np.float64, np.int32, np.int64, np.uint8, np.float32]
 
 call = st.fixed_dictionaries({

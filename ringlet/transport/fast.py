@@ -2,8 +2,8 @@
 
 A small call (8 B all_reduce, a barrier) is all fixed cost: in Python, creating the work,
 posting requests, polling every peer and matching packets is ~15 us at p = 2, while the
-bytes cross in well under one; up to the EAGER limit (256 KiB) Python's fixed cost is still
-most of a call (64 KiB all_reduce at p = 2: 23 us in Python, 10 us in C). When every
+bytes cross in well under one; up to the EAGER limit (512 KiB) Python's fixed cost still
+weighs (64 KiB all_reduce at p = 2: 23 us in Python, 10 us in C). When every
 message of a rank's plan is an EAGER packet to a local peer, the runtime hands the *same
 compiled plan* to C, which writes and reads the same packets the Python engine would. At
 the first surprise (a packet of another call, a full ring, a peer not there within the

@@ -277,6 +277,36 @@ def test_calls_of_eager_messages_run_in_c():
     run(_eager_sized, 2)
 
 
+def _room(rank):
+    """A root a call or two ahead of its receiver finds the ring full (two 400 KiB EAGER
+    packets fill it): it waits in C for the receiver to make room, within the spin budget,
+    instead of handing every such call to the Python engine."""
+    x = np.full(100 << 10, rank, np.float32)                 # 400 KiB
+    deadline = time.monotonic() + 30.0
+    while True:
+        before = rl.stats()["collectives"].get("broadcast", {})
+        for _ in range(3):
+            if rank == 1:                                    # a little behind, each call
+                t = time.perf_counter()
+                while time.perf_counter() - t < 30e-6:
+                    pass
+            rl.broadcast(x, 0, algorithm="direct")
+        after = rl.stats()["collectives"]["broadcast"]
+        # the root receives nothing: any time it waited was for room in the ring
+        waited_in_c = (after["fast_calls"] - before.get("fast_calls", 0) == 3
+                       and after["wait_s"] > before.get("wait_s", 0.0)) if rank == 0 else True
+        both = np.array([waited_in_c, time.monotonic() < deadline], np.int32)
+        rl.all_reduce(both, op="MIN")
+        if both[0]:
+            break
+        assert both[1], "the root never waited for room in C in 30 s"
+    np.testing.assert_array_equal(x, 0)
+
+
+def test_a_full_ring_waits_in_c_for_room():
+    run(_room, 2)
+
+
 def test_a_full_ring_hands_the_call_to_the_python_engine():
     run(_full_ring, 2, env={"RINGLET_SHM_RING": "4096"})
 

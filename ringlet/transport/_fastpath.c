@@ -1,5 +1,5 @@
 /* The fast path of collectives over shared memory: one rank's compiled plan run in C while
- * every message is an EAGER packet (at most 256 KiB) and nothing unusual happens.
+ * every message is one EAGER packet (shm.EAGER_BYTES, 512 KiB) and nothing unusual happens.
  *
  * It writes and reads exactly the packets the Python engine does (same rings, same 64-byte
  * headers), so the two interleave freely. Anything it does not expect at the head of a

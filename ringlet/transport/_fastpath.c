@@ -257,6 +257,29 @@ static void wake_sleepers(link_t *L, Py_ssize_t npeers, PyObject *peers, PyObjec
     }
 }
 
+/* One turn of a wait that makes no progress (for a packet, or for room in a ring). Its first
+ * turn rings the doorbells of peers seen asleep and checks signals; once it has lasted
+ * longer than `budget` it gives up. Returns 0 to go on waiting, 1 when the budget is spent
+ * (its length added to *waited and set as *stalled), -1 on a signal (an exception set).
+ * *since is when the wait started (0: not started). */
+static int stall(double *since, double budget, int yield, double *waited, double *stalled,
+                 link_t *L, Py_ssize_t npeers, PyObject *peers, PyObject *wake) {
+    double t = now();
+    if (*since == 0.0) {
+        *since = t;
+        wake_sleepers(L, npeers, peers, wake);   /* before waiting on them */
+        if (PyErr_CheckSignals() < 0) return -1;
+    } else if (t - *since > budget) {
+        *waited += t - *since;
+        *stalled = t - *since;
+        return 1;
+    }
+    /* Ranks outnumber cores: let the one we wait for run. (Else spin: a "pause" here
+     * measured ~0.2 us slower per 8 B all_reduce at p = 2.) */
+    if (yield) sched_yield();
+    return 0;
+}
+
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 11) {
@@ -369,21 +392,13 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             }
             if (blocked < 0) break;
             last = blocked;
-            double t = now();
-            if (since_room == 0.0) {
-                since_room = t;
-                if (asleep(&L[blocked])) L[blocked].poke = 1;
-                wake_sleepers(L, npeers, peers, wake);
-                if (PyErr_CheckSignals() < 0) {
-                    interrupted = 1;
-                    goto stop;
-                }
-            } else if (t - since_room > budget) {
-                waited += t - since_room;
-                stalled = t - since_room;
+            if (since_room == 0.0 && asleep(&L[blocked])) L[blocked].poke = 1;
+            int gave_up = stall(&since_room, budget, yield, &waited, &stalled, L, npeers,
+                                peers, wake);
+            if (gave_up) {
+                interrupted = gave_up < 0;
                 goto stop;
             }
-            if (yield) sched_yield();
         }
         if (since_room != 0.0) waited += now() - since_room;
         for (int64_t k = 0; k < nlocal; k++) {    /* reduce, sb, so, n, db, do, ab, ao */
@@ -437,22 +452,11 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 continue;
             }
             if (mask == want) break;
-            double t = now();
-            if (since == 0.0) {
-                since = t;
-                wake_sleepers(L, npeers, peers, wake);   /* before waiting on them */
-                if (PyErr_CheckSignals() < 0) {
-                    interrupted = 1;
-                    goto stop;
-                }
-            } else if (t - since > budget) {
-                waited += t - since;
-                stalled = t - since;
+            int gave_up = stall(&since, budget, yield, &waited, &stalled, L, npeers, peers, wake);
+            if (gave_up) {
+                interrupted = gave_up < 0;
                 goto stop;
             }
-            /* Ranks outnumber cores: let the one we wait for run. (Else spin: a "pause"
-             * here measured ~0.2 us slower per 8 B all_reduce at p = 2.) */
-            if (yield) sched_yield();
         }
         if (since != 0.0) waited += now() - since;
         mask = -1;

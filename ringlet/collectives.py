@@ -209,9 +209,24 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
     return _flat(arr), None
 
 
-def _separate(inp: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """An input that aliases the output (in-place all_gather) is copied first."""
-    return inp.copy() if np.shares_memory(inp, out) else inp
+def _separate(inp: np.ndarray, out: np.ndarray, own: int | None = None) -> np.ndarray:
+    """An input that aliases the output is copied first, except the in-place all_gather
+    (gather at the root): an input that *is* block ``own`` of the output. Every algorithm
+    reads that block only as this rank's contribution and writes it only with the same
+    values (its local copy is then a self-copy, which NumPy and the C path skip or make
+    harmless), so it needs neither the copy nor the allocation."""
+    if not np.shares_memory(inp, out):
+        return inp
+    if own is not None and _is_block(inp, out, own):
+        return inp
+    return inp.copy()
+
+
+def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:
+    """Is flat ``inp`` exactly block ``k`` (of inp.size elements) of flat ``out``?"""
+    block = out[k * inp.size:(k + 1) * inp.size]
+    return (inp.size == block.size and inp.dtype == out.dtype and inp.strides == block.strides
+            and inp.__array_interface__["data"][0] == block.__array_interface__["data"][0])
 
 
 def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
@@ -222,7 +237,7 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     _check_algorithm(algorithm)
     a = as_array(inp, "all_gather input")
     flat_out, copy_back = _blocks(out, g.size, a, "all_gather output", True)
-    bufs = {"in": _separate(_flat(a), flat_out), "out": flat_out}
+    bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("all_gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
                 finish=copy_back)
 
@@ -258,7 +273,7 @@ def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
         flat_out, copy_back = _blocks(out, g.size, a, "gather output", True)
     else:
         flat_out = np.empty(0, a.dtype)
-    bufs = {"in": _separate(_flat(a), flat_out), "out": flat_out}
+    bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
                 root=dst, finish=copy_back)
 

@@ -375,6 +375,45 @@ def test_rl_empty_message_above_zc_min_is_read_in_place():
     run(_in_place_above_zc_min, 2)
 
 
+def _in_place_gather(rank, alloc_name):
+    """all_gather(out, out[rank]) and gather at the root into out[root]: every algorithm,
+    message sizes from EAGER (in C) through streamed to RTS (read in place from rl.empty),
+    right results, and no copy of the input (tracemalloc sees no allocation its size)."""
+    import tracemalloc
+    from ringlet.transport.shm import RING_BYTES
+    p = rl.get_world_size()
+    alloc = rl.empty if alloc_name == "rl.empty" else np.empty
+    for count in (1000, 150_000, 600_000):               # float32: 4 KB, 600 KB, 2.4 MB
+        want = np.stack([np.arange(count, dtype=np.float32) + 10 * r for r in range(p)])
+        for collective in ("all_gather", "gather"):
+            for algo in algorithms.CATALOG[collective]:
+                out = alloc((p, count), np.float32)
+
+                def call():
+                    out[...] = 0
+                    out[rank] = want[rank]
+                    if collective == "all_gather":
+                        rl.all_gather(out, out[rank], algorithm=algo)
+                    else:
+                        rl.gather(out[rank], out if rank == 1 else None, dst=1, algorithm=algo)
+                call()                                   # (pools its scratch, if any)
+                tracemalloc.start()
+                call()
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                if collective == "all_gather" or rank == 1:
+                    np.testing.assert_array_equal(out, want, err_msg=f"{collective} {algo}")
+                # (Not below the ring's size: a streamed fragment that arrives before its
+                # receive is posted is parked in a copy; and a call's bookkeeping is KBs.)
+                if 4 * count > RING_BYTES:
+                    assert peak < 4 * count // 2, (collective, algo, count, peak)
+
+
+@pytest.mark.parametrize("alloc", ["numpy", "rl.empty"])
+def test_in_place_all_gather_and_gather_copy_nothing(alloc):
+    run(_in_place_gather, 3, alloc)
+
+
 def _auto_by_buffer_kind(rank):
     """Under a calibrated host profile, 1 MiB broadcast at p = 3 is binomial from NumPy
     buffers but direct from rl.empty ones (the root's one announcement per peer, each

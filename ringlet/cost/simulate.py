@@ -681,7 +681,7 @@ class _HostSim:
         U = np.zeros((p, K))        # the same, unstretched
         if fast_call and s.rounds:
             # every rank enters the call at once: more ranks than cores take turns
-            k0 = max(1.0, (p + 0.0) / m.cores)
+            k0 = max(1.0, p / m.cores)
             F[:, I["alpha_fast_call"]] = k0
             U[:, I["alpha_fast_call"]] = 1.0
             start = start + k0 * m.alpha_fast_call

@@ -373,6 +373,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce))
                 goto bad_plan;
         }
+        for (int64_t k = 0; k < nsend; k++) {     /* peer, sb, so, nbytes */
+            const int64_t *s = snd + 4 * k;
+            if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3])) goto bad_plan;
+        }
         /* Every send of the round must fit before any is written: wait for the receivers
          * to make room, within the budget like any wait here, else the Python engine queues
          * the round. (A rank a round or two ahead of the peer it sends to, as at p = 3 on 2
@@ -381,9 +385,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         for (;;) {
             int64_t heads[MAX_LINKS], blocked = -1;
             for (Py_ssize_t i = 0; i < npeers; i++) heads[i] = L[i].head;
-            for (int64_t k = 0; k < nsend && blocked < 0; k++) {     /* peer, sb, so, nbytes */
+            for (int64_t k = 0; k < nsend && blocked < 0; k++) {
                 const int64_t *s = snd + 4 * k;
-                if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3])) goto bad_plan;
                 link_t *l = &L[s[0]];
                 int64_t need = HEADER_SIZE + round64(s[3]), pad;
                 int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);

@@ -82,8 +82,8 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
-        # (zc_min: an rl.empty buffer's message larger than that goes by RTS, not EAGER)
-        if not isinstance(p, ShmPeer) or nbytes > min(p.eager, p.zc_min, FAST_BYTES):
+        # (zc_min <= eager: above it an rl.empty buffer's message goes by RTS, not EAGER)
+        if not isinstance(p, ShmPeer) or nbytes > min(p.zc_min, FAST_BYTES):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 

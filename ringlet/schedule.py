@@ -36,7 +36,7 @@ Buffer names are bound by the runtime per collective (counts in elements):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -170,12 +170,19 @@ class Schedule:
     splits: tuple[tuple[int, ...], ...] | None = None
     hosts: tuple[int, ...] | None = None
     notes: dict = field(default_factory=dict)
+    #: leading rounds of zero-element messages in which the ranks agree on the call
+    #: before any data moves (rooted collectives: ``ringlet.algorithms.agree_first``)
+    agreement: int = 0
 
     def round(self) -> Round:
         """Append a new, empty round and return it for the builder to fill."""
         rnd = Round()
         self.rounds.append(rnd)
         return rnd
+
+    def without_agreement(self) -> "Schedule":
+        """The algorithm alone, without its agreement rounds: what the textbook counts."""
+        return replace(self, rounds=self.rounds[self.agreement:], agreement=0)
 
     # -- per-rank views, computed once (schedules are cached, so are these) -------------
     def rank_plan(self, rank: int) -> tuple[RankRound, ...]:
@@ -259,7 +266,7 @@ class Schedule:
                 + (f", root {self.root}" if self.root is not None else ""))
         lines = [head]
         for i, rnd in enumerate(self.rounds):
-            lines.append(f"  round {i}:")
+            lines.append(f"  round {i}:" + (" (agree on the call)" if i < self.agreement else ""))
             lines.extend(f"    {t}" for t in rnd)
         return "\n".join(lines)
 

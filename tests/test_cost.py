@@ -165,6 +165,9 @@ def test_weak_vs_strong_scaling():
 
 def test_closed_forms_hand_computed():
     n, a, b, g = 1e6, A, BETA, 1e-10
+
+    def agree(p):   # a rooted call's ranks first agree on it: a barrier, lg p messages
+        return math.ceil(math.log2(p)) * a
     t = breakdown("all_reduce", n, 4, "ring", IB, g)
     assert t == pytest.approx((6 * a, 1.5 * n * b, 0.75 * n * g))
     assert predict("all_reduce", n, 4, "ring", IB, g) == pytest.approx(6 * a + 1.5 * n * b + .75 * n * g)
@@ -178,13 +181,13 @@ def test_closed_forms_hand_computed():
         (6 * a, 2 * 7 / 8 * n * b, 7 / 8 * n * g))
     assert breakdown("all_reduce", n, 4, "tree", IB, g) == pytest.approx((4 * a, 4 * n * b, 2 * n * g))
     assert breakdown("all_reduce", n, 5, "direct", IB, g) == pytest.approx((4 * a, 4 * n * b, 4 * n * g))
-    assert breakdown("broadcast", n, 8, "binomial", IB) == pytest.approx((3 * a, 3 * n * b, 0))
-    assert breakdown("broadcast", n, 5, "binomial", IB) == pytest.approx((3 * a, 3 * n * b, 0))
+    assert breakdown("broadcast", n, 8, "binomial", IB) == pytest.approx((3 * a + agree(8), 3 * n * b, 0))
+    assert breakdown("broadcast", n, 5, "binomial", IB) == pytest.approx((3 * a + agree(5), 3 * n * b, 0))
     assert breakdown("broadcast", n, 4, "pipeline", IB, segments=10) == pytest.approx(
-        (12 * a, 12 * n / 10 * b, 0))
+        (12 * a + agree(4), 12 * n / 10 * b, 0))
     assert breakdown("broadcast", n, 8, "scatter_allgather", IB) == pytest.approx(
-        (10 * a, 2 * 7 / 8 * n * b, 0))
-    assert breakdown("reduce", n, 8, "binomial", IB, g) == pytest.approx((3 * a, 3 * n * b, 3 * n * g))
+        (10 * a + agree(8), 2 * 7 / 8 * n * b, 0))
+    assert breakdown("reduce", n, 8, "binomial", IB, g) == pytest.approx((3 * a + agree(8), 3 * n * b, 3 * n * g))
     assert breakdown("all_gather", n, 8, "ring", IB) == pytest.approx((7 * a, 7 / 8 * n * b, 0))
     assert breakdown("all_gather", n, 8, "bruck", IB) == pytest.approx((3 * a, 7 / 8 * n * b, 0))
     assert breakdown("reduce_scatter", n, 8, "recursive_halving", IB, g) == pytest.approx(
@@ -193,8 +196,8 @@ def test_closed_forms_hand_computed():
     # Bruck all-to-all: lg p steps of p/2 blocks of n/p for p = 2^k
     assert breakdown("all_to_all", n, 8, "bruck", IB) == pytest.approx((3 * a, 3 * 4 / 8 * n * b, 0))
     assert model.bruck_blocks(5) == 2 + 2 + 1
-    assert breakdown("gather", n, 8, "binomial", IB) == pytest.approx((3 * a, 7 / 8 * n * b, 0))
-    assert breakdown("scatter", n, 8, "direct", IB) == pytest.approx((7 * a, 7 / 8 * n * b, 0))
+    assert breakdown("gather", n, 8, "binomial", IB) == pytest.approx((3 * a + agree(8), 7 / 8 * n * b, 0))
+    assert breakdown("scatter", n, 8, "direct", IB) == pytest.approx((7 * a + agree(8), 7 / 8 * n * b, 0))
     assert breakdown("barrier", 0, 9, "dissemination", IB) == pytest.approx((4 * a, 0, 0))
     # seed 000, Exercise 4.2.3: naive ring moves ~K times the ring's bytes, same latency
     naive = breakdown("all_reduce", 256 * 2 ** 20, 16, "naive_ring", IB)
@@ -718,7 +721,7 @@ def test_host_model_one_message_is_the_slower_side():
     receiver, who also reduces), not after the sum of both sides; it holds the sender
     until then."""
     m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9, eager=1024)
-    res = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))
+    res = simulate(_build("reduce", "binomial", 2, 1024).without_agreement(), Topology.on_host(2, m))
     assert res.time == pytest.approx(1e-6 + 4096 * (1e-9 + 1e-9))
     assert res.finish[1] == pytest.approx(res.time)          # the sender waits too
 
@@ -729,7 +732,7 @@ def test_host_model_eager_message_is_store_and_forward():
     the receiver copies it out once it has arrived (after the hop latency)."""
     m = _host(alpha=1e-6, beta=1e-9, gamma=1e-9, alpha_hop=2e-6)
     assert 4096 <= m.eager
-    res = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))
+    res = simulate(_build("reduce", "binomial", 2, 1024).without_agreement(), Topology.on_host(2, m))
     send = 1e-6 + 4096e-9
     assert res.finish[1] == pytest.approx(send)               # rank 1 sends to the root
     assert res.time == res.finish[0] == pytest.approx(send + 2e-6 + 1e-6 + 4096 * 2e-9)
@@ -808,7 +811,7 @@ def test_host_model_idle_ranks_share():
     k = (2 + idle_share * 2) / 2), round 1 is 0 -> 1 and 2 -> 3 (all busy: k = 2). The
     messages are eager: rank 2 copies out after rank 0 copied in, then sends on to 3."""
     m = _host(alpha=1e-6, idle_share=0.5)
-    s = _build("broadcast", "binomial", 4, 1)
+    s = _build("broadcast", "binomial", 4, 1).without_agreement()
     assert len(s.rounds[0]) == 1 and len(s.rounds[1]) == 2
     res = simulate(s, Topology.on_host(4, m))
     assert res.time == pytest.approx(2 * 1.5e-6 + 2 * 2e-6)
@@ -822,7 +825,7 @@ def test_host_model_memory_hierarchy_by_hand():
     the ring space the message cycles through (4 MiB): W = 20 MiB. With a 10 MiB L3,
     half the bytes stream from memory: each side pays (beta + mem_l3 / 2) per byte."""
     n = 8 << 20
-    s = _build("broadcast", "binomial", 2, n // 4)
+    s = _build("broadcast", "binomial", 2, n // 4).without_agreement()
     assert working_set(s, 4 << 20) == 2 * n + (4 << 20)
     # read in place from an rl.empty buffer, the message uses no ring space
     buf = BUFFER_NAMES.index("buf")
@@ -846,7 +849,7 @@ def test_host_model_reads_shared_buffers_in_place_by_hand():
     from dataclasses import replace
     a, hop, rdv, beta, n = 3e-6, 2e-6, 1e-5, 1e-10, 8 << 20
     m = _host(alpha=a, alpha_hop=hop, alpha_rdv=rdv, beta=beta, beta_lag=1e-11, cores=3)
-    s = _build("broadcast", "direct", 3, n // 4)
+    s = _build("broadcast", "direct", 3, n // 4).without_agreement()
     ring = simulate(s, Topology.on_host(3, m))
     assert ring.time == pytest.approx(hop + rdv + 2 * (a + beta * n))    # the root's copies
     in_place = simulate(s, Topology.on_host(3, m), shared=("buf",))
@@ -854,12 +857,12 @@ def test_host_model_reads_shared_buffers_in_place_by_hand():
     assert in_place.parts["beta_lag"] == 0.0
     # a 1 MiB message, streamed from a NumPy buffer (no round trip), goes by rendezvous
     # from an rl.empty one
-    small = _build("broadcast", "direct", 3, 256 << 10)
+    small = _build("broadcast", "direct", 3, 256 << 10).without_agreement()
     assert simulate(small, Topology.on_host(3, m)).parts["alpha_rdv"] == 0.0
     assert simulate(small, Topology.on_host(3, m), shared=("buf",)).parts["alpha_rdv"] == \
         pytest.approx(rdv)
     # not at or below the threshold, not from scratch, not on a transport without it
-    tiny = _build("broadcast", "direct", 3, 1024)
+    tiny = _build("broadcast", "direct", 3, 1024).without_agreement()
     assert simulate(tiny, Topology.on_host(3, m), shared=("buf",)).time == \
         simulate(tiny, Topology.on_host(3, m)).time
     bruck = _build("all_gather", "bruck", 3, n // 12)          # sends from its scratch "tmp"

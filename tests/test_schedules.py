@@ -238,7 +238,7 @@ POW2 = [1, 2, 4, 8, 16]
 
 
 def traffic(collective, algorithm, p, count, itemsize=4, **kw):
-    s = build(collective, algorithm, p, count, itemsize=itemsize, **kw)
+    s = build(collective, algorithm, p, count, itemsize=itemsize, **kw).without_agreement()
     return s, s.traffic()
 
 
@@ -370,7 +370,7 @@ def test_pipeline_segments_rule():
     assert pipeline_segments(8, 3) <= 3
     small, big = pipeline_segments(8, 1024), pipeline_segments(8, 1 << 22)
     assert 1 <= small <= big <= 64 and big > 1
-    s = build("broadcast", "pipeline", 8, 1 << 22)
+    s = build("broadcast", "pipeline", 8, 1 << 22).without_agreement()
     assert s.notes["segments"] == big and s.messages == 7 * big
 
 

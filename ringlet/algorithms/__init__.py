@@ -108,7 +108,26 @@ def _build(collective, algorithm, p, count, itemsize, root, hosts, splits) -> Sc
         kwargs["splits"] = splits
     s = CATALOG[collective][algorithm](p, count, **kwargs)
     s.collective = collective
+    if root is not None and p > 1:
+        agree_first(s)
     return s
+
+
+def agree_first(s: Schedule) -> None:
+    """A rooted collective starts with a barrier of zero-element messages, so its ranks
+    agree on the call before any data moves.
+
+    Every message carries the sender's fingerprint of the call (root included), and a
+    receiver that sees another one aborts the call on every rank. A rooted algorithm alone
+    cannot guarantee that: ranks that disagree on the root may share no message (two ranks
+    that each think the other is the root of a gather both send and return). After the
+    dissemination rounds every rank has heard, through a chain of messages each sent
+    only after its sender's previous round, from every other rank; a rank that differs
+    breaks the chain where it first meets the other view, so no rank can finish the call.
+    Cost: lg p zero-byte messages per rank (the cost model prices them with the rest)."""
+    agree = barrier.dissemination(s.p).rounds
+    s.rounds[:0] = agree
+    s.agreement = len(agree)
 
 
 #: below this many bytes per rank a collective is latency-bound (a rule of thumb: about

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from ..algorithms import ROOTED
+
 # --------------------------------------------------------------------------- links
 
 
@@ -722,7 +724,10 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
         kw.update(hosts=H, intra=(li.alpha, li.beta), inter=(le.alpha, le.beta), share=share)
     if p == 1 and alg != "hierarchical":
         return Terms()
-    return _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
+    terms = _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
+    if collective in ROOTED:   # its ranks agree on the call first (algorithms.agree_first)
+        terms += _barrier(p, n, link.alpha, link.beta, g)
+    return terms
 
 
 def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "ring",

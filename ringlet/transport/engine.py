@@ -227,8 +227,10 @@ class Engine:
                     peer = self.peers.get(r)
                     if peer is not None and not peer.dead:
                         peer.send_abort(tag, work.fp, (min(earlier), 0), STALE)
-                self.failed[tag] = True
         if exc is not None:
+            # Failed here, so another peer's abort of this call arriving later is not kept
+            # for (and wrongly charged to) this group's next call.
+            self._mark_failed(tag)
             work.fail(exc)
             return
         self.active[tag] = work
@@ -295,10 +297,13 @@ class Engine:
         if len(self.aborts) > 1024:
             self.aborts.pop(next(iter(self.aborts)))
 
-    def _fail_collective(self, tag: int, exc) -> None:
+    def _mark_failed(self, tag: int) -> None:
         self.failed[tag] = True
         if len(self.failed) > 1024:
             self.failed.pop(next(iter(self.failed)))
+
+    def _fail_collective(self, tag: int, exc) -> None:
+        self._mark_failed(tag)
         work = self.active.pop(tag, None)
         for peer in self.peers.values():
             peer.fail_tag(tag, exc)

@@ -1,0 +1,270 @@
+"""The README's promises, each proven on real ranks: every argument ranks can disagree on
+raises CollectiveMismatch naming it; barrier synchronises; every collective runs over TCP
+and across emulated hosts; a killed rank is named in every collective family; timeouts
+hold; p2p beyond 1 GiB arrives intact; every reduce op on every dtype is exact."""
+import functools
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from ringlet import algorithms
+from ringlet.ops import UFUNC, ReduceOp
+from conftest import run, two_hosts
+
+
+# -- disagreements -----------------------------------------------------------------------
+def _differing(msg: str) -> set:
+    m = re.search(r"they differ in ([a-z_]+(?:, [a-z_]+)*)", msg)
+    return set(m.group(1).split(", ")) if m else set()
+
+
+# (what differs, rank 2's call, everyone else's call, the two values the message must show)
+def _disagreeing_calls():
+    def ar(**kw):
+        return lambda: rl.all_reduce(kw.pop("x", np.ones(10)), timeout=20, **kw)
+    return [
+        ("collective", lambda: rl.broadcast(np.ones(10), 0, timeout=20), ar(),
+         ("broadcast(", "all_reduce(")),
+        ("count", ar(x=np.ones(11)), ar(), ("count=11", "count=10")),
+        ("dtype", ar(x=np.ones(10, np.float32)), ar(), ("dtype=float32", "dtype=float64")),
+        ("op", ar(op="max"), ar(), ("op=MAX", "op=SUM")),
+        ("algorithm", ar(algorithm="recursive_doubling"), ar(algorithm="ring"),
+         ("algorithm=recursive_doubling", "algorithm=ring")),
+    ]
+
+
+def _disagree(rank):
+    p = rl.get_world_size()
+    for field, odd, even, values in _disagreeing_calls():
+        with pytest.raises(rl.CollectiveMismatch) as info:
+            (odd if rank == 2 else even)()
+        msg = str(info.value)
+        assert field in _differing(msg), (rank, field, msg)
+        assert all(v in msg for v in values), (rank, field, msg)
+        y = np.ones(3)
+        rl.all_reduce(y, timeout=20)                # and the group carries on
+        assert (y == p).all()
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_every_disagreement_raises_on_every_rank_naming_the_field(p):
+    run(_disagree, p)
+
+
+# -- barrier -----------------------------------------------------------------------------
+def _barrier_synchronises(rank, path, late):
+    for turn in range(3):
+        if rank == (late + turn) % rl.get_world_size():
+            time.sleep(0.3)                          # the last to enter, by far
+        entered = time.time()
+        if turn == 2:
+            rl.barrier(async_op=True).wait()
+        else:
+            rl.barrier()
+        left = time.time()
+        with open(f"{path}.{turn}.{rank}", "w") as f:
+            json.dump([entered, left], f)
+        rl.barrier()                                 # the files of this turn are written
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_no_rank_leaves_a_barrier_before_the_last_enters(tmp_path, backend, p):
+    path = str(tmp_path / "t")
+    run(_barrier_synchronises, p, path, 1, backend=backend)
+    for turn in range(3):
+        times = [json.load(open(f"{path}.{turn}.{r}")) for r in range(p)]
+        last_in = max(t[0] for t in times)
+        assert all(t[1] >= last_in for t in times), (turn, times)
+
+
+# -- every collective, every algorithm, over TCP and across hosts -------------------------
+def _every_collective(rank):
+    p, rng = rl.get_world_size(), np.random.default_rng(7)
+    data = rng.integers(-9, 10, size=(p, p, 6)).astype(np.float64)   # [rank, block, elem]
+    mine = data[rank]
+    for coll, table in algorithms.CATALOG.items():
+        if coll in ("all_to_all_single", "barrier"):
+            continue
+        for algo in table:
+            where = f"{coll}/{algo}"
+            if coll == "all_reduce":
+                x = mine[0].copy(); rl.all_reduce(x, algorithm=algo)
+                np.testing.assert_array_equal(x, data[:, 0].sum(0), where)
+            elif coll == "broadcast":
+                x = mine[0].copy(); rl.broadcast(x, 1, algorithm=algo)
+                np.testing.assert_array_equal(x, data[1, 0], where)
+            elif coll == "reduce":
+                x = mine[0].copy(); rl.reduce(x, p - 1, algorithm=algo)
+                np.testing.assert_array_equal(x, data[:, 0].sum(0) if rank == p - 1 else mine[0], where)
+            elif coll == "all_gather":
+                out = np.zeros((p, 6)); rl.all_gather(out, mine[0], algorithm=algo)
+                np.testing.assert_array_equal(out, data[:, 0], where)
+            elif coll == "reduce_scatter":
+                out = np.zeros(6); rl.reduce_scatter(out, mine, algorithm=algo)
+                np.testing.assert_array_equal(out, data[:, rank].sum(0), where)
+            elif coll == "all_to_all":
+                out = np.zeros((p, 6)); rl.all_to_all(out, mine, algorithm=algo)
+                np.testing.assert_array_equal(out, data[:, rank], where)
+            elif coll == "gather":
+                out = np.zeros((p, 6)) if rank == 0 else None
+                rl.gather(mine[0], out, dst=0, algorithm=algo)
+                if rank == 0:
+                    np.testing.assert_array_equal(out, data[:, 0], where)
+            elif coll == "scatter":
+                out = np.zeros(6); rl.scatter(out, data[1] if rank == 1 else None, src=1, algorithm=algo)
+                np.testing.assert_array_equal(out, data[1, rank], where)
+    out = np.zeros((p * rank, 2))                    # uneven all_to_all_single: i rows to rank i
+    rl.all_to_all_single(out, np.full((sum(range(p)), 2), float(rank)),
+                         out_splits=[rank] * p, in_splits=list(range(p)))
+    np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(p), rank))
+
+
+@pytest.mark.parametrize("where", ["tcp", "two hosts"])
+def test_every_collective_and_algorithm_over_tcp_and_across_hosts(where):
+    if where == "tcp":
+        run(_every_collective, 4, backend="tcp")
+    else:
+        run(_every_collective, 4, env=two_hosts(4))
+
+
+# -- a killed rank is named, whatever the collective -------------------------------------
+FAMILIES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+            "gather", "scatter", "barrier", "recv")
+
+
+def _call(family, rank, p):
+    x = np.ones(1000)
+    blocks = np.ones((p, 1000))
+    return {"broadcast": lambda: rl.broadcast(x, 2), "reduce": lambda: rl.reduce(x, 0),
+            "all_reduce": lambda: rl.all_reduce(x), "all_gather": lambda: rl.all_gather(blocks, x),
+            "reduce_scatter": lambda: rl.reduce_scatter(x, blocks),
+            "all_to_all": lambda: rl.all_to_all(blocks.copy(), blocks),
+            "gather": lambda: rl.gather(x, blocks if rank == 0 else None, dst=0),
+            "scatter": lambda: rl.scatter(x, blocks if rank == 2 else None, src=2),
+            "barrier": lambda: rl.barrier(), "recv": lambda: rl.recv(x, 2)}[family]
+
+
+def _killed_in(rank, family, path):
+    p = rl.get_world_size()
+    rl.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        _call(family, rank, p)()
+    except rl.PeerFailure as exc:
+        with open(f"{path}.{rank}", "w") as f:
+            f.write(f"{exc.rank}\n{exc}")
+        raise
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_killed_rank_is_named_in_every_collective_family(tmp_path, family):
+    path = str(tmp_path / "seen")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_killed_in, 3, family, path, env={"RINGLET_TIMEOUT": "60"})
+    assert info.value.rank == 2
+    for r in (0, 1):
+        dead, msg = open(f"{path}.{r}").read().split("\n", 1)
+        assert dead == "2" and "rank 2" in msg, (r, msg)
+
+
+# -- timeouts ------------------------------------------------------------------------------
+def _timeouts(rank, path):
+    if rank == 1:                                    # never joins the call; leaves when told
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        return
+    with pytest.raises(rl.TimeoutError, match=r"rank 0: all_reduce .* timed out after 0\.5 s "
+                                              r"waiting for rank\(s\) \[1\]"):
+        rl.all_reduce(np.ones(4))                    # RINGLET_TIMEOUT=0.5 from the environment
+    w = rl.irecv(np.ones(4), 1, tag=5)
+    with pytest.raises(rl.TimeoutError, match=r"timed out after 0\.2 s"):
+        w.wait(timeout=0.2)
+    open(path, "w").close()
+
+
+def test_ringlet_timeout_and_work_wait_timeout(tmp_path):
+    run(_timeouts, 2, str(tmp_path / "done"), env={"RINGLET_TIMEOUT": "0.5"})
+
+
+# -- beyond 1 GiB ---------------------------------------------------------------------------
+BIG = (1 << 30) + 24                                 # bytes; not a multiple of any chunk size
+
+
+def _pattern():
+    words = np.arange(BIG // 8, dtype=np.uint64)
+    words *= np.uint64(0x9E3779B97F4A7C15)           # every 8-byte word distinct
+    return words
+
+
+def _big_p2p(rank):
+    if rank == 0:
+        rl.send(_pattern(), 1)
+    else:
+        got = np.zeros(BIG // 8, np.uint64)
+        rl.recv(got, 0)
+        bad = np.flatnonzero(got != _pattern())
+        assert bad.size == 0, f"{bad.size} words differ, first at {bad[:5]}"
+
+
+def test_p2p_above_one_gib_arrives_intact(backend):
+    run(_big_p2p, 2, backend=backend, timeout=110)
+
+
+# -- every op on every dtype, every reducing collective and algorithm ------------------------
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64")
+
+
+def _ops_for(dtype):
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        return (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
+    return (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
+            ReduceOp.BOR, ReduceOp.BXOR)
+
+
+def _inputs(dtype, op, p, n):
+    """Values whose reduction is exact in any order: small integers (1 and 2 for PROD)."""
+    rng = np.random.default_rng([p, n])
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=(p, n)).astype(dt)
+    lo, hi = (1, 3) if op is ReduceOp.PROD else (0 if dt.kind == "u" else -8, 9)
+    return rng.integers(lo, hi, size=(p, n)).astype(dt)
+
+
+def _expected(op, xs):
+    out = functools.reduce(lambda a, b: UFUNC[op](a, b), xs)
+    return out / np.array(len(xs), out.dtype) if op is ReduceOp.AVG else out
+
+
+def _every_op_and_dtype(rank):
+    p = rl.get_world_size()
+    for dtype in DTYPES:
+        for op in _ops_for(dtype):
+            xs = _inputs(dtype, op, p, 2 * p + 1)   # 2 * p + 1 elements: uneven chunks
+            want = _expected(op, xs)
+            for algo in algorithms.CATALOG["all_reduce"]:
+                x = xs[rank].copy(); rl.all_reduce(x, op=op, algorithm=algo)
+                assert x.tobytes() == want.tobytes(), ("all_reduce", algo, dtype, op, x, want)
+            for algo in algorithms.CATALOG["reduce"]:
+                x = xs[rank].copy(); rl.reduce(x, 1, op=op, algorithm=algo)
+                assert x.tobytes() == (want if rank == 1 else xs[rank]).tobytes(), (
+                    "reduce", algo, dtype, op)
+            ys = _inputs(dtype, op, p, 3 * p).reshape(p, p, 3)   # [rank, block, elem]
+            for algo in algorithms.CATALOG["reduce_scatter"]:
+                out = np.zeros(3, dtype); rl.reduce_scatter(out, ys[rank], op=op, algorithm=algo)
+                assert out.tobytes() == _expected(op, ys[:, rank]).tobytes(), (
+                    "reduce_scatter", algo, dtype, op)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_every_op_on_every_dtype_is_exact_in_every_reducing_algorithm(p):
+    run(_every_op_and_dtype, p)

@@ -99,6 +99,7 @@ class CollectiveWork(Work):
         self.waited = 0.0                 # seconds spent waiting on peers, and on whom last
         self.last_peer = None
         self._posted_at = 0.0
+        self.handed_over = resume is not None   # the C fast path began it
         engine.works.append(self)
         engine.start_collective(self)
         if self.done:
@@ -171,7 +172,7 @@ class CollectiveWork(Work):
         except ValueError:
             pass
         eng.end_collective(self)
-        record_call(eng, self._what, self.waited, self.last_peer)
+        record_call(eng, self._what, self.waited, self.last_peer, handed_over=self.handed_over)
 
     def _post(self, rnd) -> None:
         bufs, ufunc = self.bufs, self.ufunc
@@ -212,22 +213,25 @@ class CollectiveWork(Work):
         return reqs
 
 
-def record_call(engine, what, waited: float, last_peer, fast: bool = False) -> None:
+def record_call(engine, what, waited: float, last_peer, fast: bool = False,
+                handed_over: bool = False) -> None:
     """Count one finished call of collective ``what[0]`` (run by algorithm ``what[3]``;
-    ``fast``: wholly by the C fast path)."""
+    ``fast``: wholly by the C fast path; ``handed_over``: begun in C, finished in Python)."""
     st = engine.coll_stats.get(what[0])
     if st is None:
         st = engine.coll_stats[what[0]] = CallStats()
     st.add(what[3], waited, last_peer)
     st.fast_calls += fast
+    st.handovers += handed_over
 
 
 class CallStats:
     """Counters of one collective on this rank, for ``rl.stats()``."""
-    __slots__ = ("calls", "fast_calls", "wait_s", "max_wait_s", "last_arrival", "algorithm")
+    __slots__ = ("calls", "fast_calls", "handovers", "wait_s", "max_wait_s", "last_arrival",
+                 "algorithm")
 
     def __init__(self):
-        self.calls, self.fast_calls, self.wait_s, self.max_wait_s = 0, 0, 0.0, 0.0
+        self.calls, self.fast_calls, self.handovers, self.wait_s, self.max_wait_s = 0, 0, 0, 0.0, 0.0
         self.last_arrival = self.algorithm = None
 
     def add(self, algorithm: str, waited: float, last_peer) -> None:

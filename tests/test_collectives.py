@@ -154,22 +154,29 @@ def test_collectives_over_tcp():
 
 # -- bit-identical results across ranks ------------------------------------------------------
 def _bit_identical(rank):
+    """Same bits on every rank, and the right value: within float rounding of the float64
+    sum of every rank's input (which each rank regenerates from the seeds)."""
     p = rl.get_world_size()
     for algo in algorithms.CATALOG["all_reduce"]:
         for count in (1, 17, 10_000):
-            x = np.random.default_rng([rank, count]).standard_normal(count).astype(np.float32)
+            inputs = [np.random.default_rng([r, count]).standard_normal(count).astype(np.float32)
+                      for r in range(p)]
+            x = inputs[rank].copy()
             rl.all_reduce(x, algorithm=algo)
             got = np.empty((p, count), np.float32)
             rl.all_gather(got, x, algorithm="direct")
             for r in range(p):
                 assert got[r].tobytes() == x.tobytes(), (algo, count, r)
+            exact = np.sum(inputs, axis=0, dtype=np.float64)
+            np.testing.assert_allclose(x, exact, rtol=0, atol=p * 4e-7 * np.abs(inputs).sum(0).max(),
+                                       err_msg=f"{algo} count={count}")
+    inputs = [np.random.default_rng(r).standard_normal((p, 999)) for r in range(p)]
+    exact = np.sum([np.float128(i) if hasattr(np, "float128") else i for i in inputs], axis=0)
     for algo in algorithms.CATALOG["reduce_scatter"]:
-        x = np.random.default_rng(rank).standard_normal((p, 999)).astype(np.float64)
         out = np.empty(999)
-        rl.reduce_scatter(out, x, algorithm=algo)
-        ref = np.empty(999)
-        rl.reduce_scatter(ref, x, algorithm="ring")
-        assert np.allclose(out, ref)
+        rl.reduce_scatter(out, inputs[rank], algorithm=algo)
+        np.testing.assert_allclose(out, exact[rank].astype(np.float64), rtol=0,
+                                   atol=p * 2.3e-16 * np.abs(inputs).sum(0).max(), err_msg=algo)
 
 
 @pytest.mark.parametrize("p", [3, 4, 6])

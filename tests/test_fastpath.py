@@ -159,8 +159,8 @@ def _late_partner(rank):
         np.testing.assert_array_equal(y, np.arange(6) * 2)
     st = rl.stats()["collectives"]["all_reduce"]
     assert st["calls"] == 6
-    if rank != 0:   # three calls waited past the budget and resumed in Python
-        assert st["fast_calls"] <= 3, st
+    if rank != 0:   # three calls waited past the budget in C and resumed in Python
+        assert st["handovers"] >= 3 and st["fast_calls"] + st["handovers"] <= 6, st
         assert st["max_wait_s"] > 0.02, st
 
 
@@ -242,17 +242,19 @@ def test_small_calls_take_the_fast_path_and_count_their_messages():
 
 
 def _full_ring(rank):
-    """A root far ahead of its receiver fills the ring: the call that finds no room for its
-    sends is handed to the Python engine before it starts, which queues them."""
-    if rank == 1:
-        time.sleep(0.3)
-    for i in range(10):
-        x = np.full(200, i if rank == 0 else -1, np.float32)    # 800 B: 4 fit in the ring
-        rl.broadcast(x, 0, algorithm="direct")
-        np.testing.assert_array_equal(x, i)
+    """A sender far ahead of its receiver fills the ring: the send that finds no room is
+    handed from C to the Python engine, which queues it; nothing is lost or reordered.
+    (A collective cannot run that far ahead: every call, rooted ones included since they
+    agree on the call first, receives before it completes.)"""
     if rank == 0:
-        st = rl.stats()["collectives"]["broadcast"]
-        assert 4 <= st["fast_calls"] < 10, st
+        for i in range(10):
+            rl.send(np.full(200, i, np.float32), 1)             # 800 B: 4 fit in the ring
+    else:
+        time.sleep(0.3)                   # ordering is checked, whatever the sleep was
+        for i in range(10):
+            x = np.full(200, -1, np.float32)
+            rl.recv(x, 0)
+            np.testing.assert_array_equal(x, i)
 
 
 def _eager_sized(rank):
@@ -307,7 +309,7 @@ def test_a_full_ring_waits_in_c_for_room():
     run(_room, 2)
 
 
-def test_a_full_ring_hands_the_call_to_the_python_engine():
+def test_a_full_ring_hands_the_send_to_the_python_engine():
     run(_full_ring, 2, env={"RINGLET_SHM_RING": "4096"})
 
 

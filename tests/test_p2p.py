@@ -260,7 +260,7 @@ def _timeout(rank):
         t = time.monotonic()
         with pytest.raises(rl.TimeoutError) as info:
             rl.recv(np.zeros(4), 1, timeout=1.0)
-        assert 0.9 < time.monotonic() - t < 3
+        assert time.monotonic() - t >= 1.0     # not before its time (how late is load's)
         msg = str(info.value)
         assert "recv" in msg and "rank 0" in msg and "[1]" in msg and "world" in msg, msg
     rl.barrier()

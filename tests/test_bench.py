@@ -46,6 +46,16 @@ def test_bench_prints_nccl_columns_checks_results_and_records_what_ran(tmp_path)
                                         zip([x for x in rows if x["algorithm"] == "auto"], auto_lines))
 
 
+def test_bus_factors_are_the_published_nccl_tests_ones():
+    """Written out here from nccl-tests' definitions, not read from ringlet.bench."""
+    published = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+                 "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+                 "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+    for op, factor in published.items():
+        for n in (1, 2, 3, 8, 64):
+            assert FACTOR[op](n) == pytest.approx(factor(n)), (op, n)
+
+
 def test_long_warmups_of_in_place_sums_do_not_overflow():
     # 300 unreset all_reduces of float32 (rank + 1) once summed past 3.4e38 (p = 2 doubles it).
     # NumPy says so; the C fast path's kernels would overflow silently.

@@ -1,0 +1,19 @@
+"""ringlet.train: the training patterns of seed 002's Table 4.1.2 on ringlet's collectives.
+
+One module per pattern, each able to price its step before it runs (``.price(topology)``)
+and measured with ``rl.profile()``:
+
+* :mod:`.buckets`  - data parallel: gradient buckets, async all_reduce as each fills;
+* :mod:`.zero`     - ZeRO stages 1, 2, 3: reduce-scatter and all-gather around a sharded
+  optimizer;
+* :mod:`.moe`      - mixture-of-experts routing: dispatch / combine by uneven all_to_all;
+* :mod:`.pricing`  - a step's calls priced on a topology, and seed 002's gamma.
+"""
+from .buckets import GradBuckets
+from .moe import Routing, combine, dispatch
+from .optim import SGD, Adam
+from .pricing import Call, StepPrice, compute_seconds, measure_flop_rate, price
+from .zero import ZeroOptimizer
+
+__all__ = ["GradBuckets", "ZeroOptimizer", "dispatch", "combine", "Routing", "SGD", "Adam",
+           "Call", "StepPrice", "price", "compute_seconds", "measure_flop_rate"]

@@ -378,3 +378,138 @@ def _moe_api_job(rank):
 
 def test_moe_api_and_errors():
     run(_moe_api_job, 2)
+
+
+# -- tensor parallel, in a 2-D job -------------------------------------------------------------
+def _mlp_reference(W1, b1, W2, b2, x, t):
+    h = np.tanh(x @ W1 + b1)
+    y = h @ W2 + b2
+    dy = y - t
+    dW2, db2 = h.T @ dy, dy.sum(0)
+    dh = (dy @ W2.T) * (1 - h * h)
+    return y, [x.T @ dh, dh.sum(0), dW2, db2], dh @ W1.T
+
+
+def _tp_job(rank):
+    from ringlet import train
+    d, h, T = 6, 8, 5
+    rng = np.random.default_rng(7)
+    W1, b1, W2, b2 = (rng.standard_normal(s) for s in [(d, h), (h,), (h, d), (d,)])
+    tp_groups = [rl.new_group([0, 1]), rl.new_group([2, 3])]    # inside a host
+    dp_groups = [rl.new_group([0, 2]), rl.new_group([1, 3])]    # across
+    tp, dp = tp_groups[rank // 2], dp_groups[rank % 2]
+    data = [(np.random.default_rng([1, k]).standard_normal((T, d)),
+             np.random.default_rng([2, k]).standard_normal((T, d))) for k in range(2)]
+    x, t = data[rank // 2]                                      # this replica's batch
+    col = train.ColumnParallelLinear(W1, b1, group=tp, gather_output=False)
+    row = train.RowParallelLinear(W2, b2, group=tp, input_is_parallel=True)
+    hid = np.tanh(col.forward(x))
+    y = row.forward(hid)
+    dx = col.backward(row.backward(y - t) * (1 - hid * hid))
+    ref_y, _, ref_dx = _mlp_reference(W1, b1, W2, b2, x, t)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, ref_dx, rtol=1e-12, atol=1e-12)
+    # data parallel across the replicas: average the shards' gradients over dp
+    shards = col.grads + row.grads
+    gb = train.GradBuckets(shards, group=dp)
+    for i in reversed(range(len(shards))):
+        gb.ready(i, shards[i])
+    got = gb.wait()
+    refs = [_mlp_reference(W1, b1, W2, b2, *data[k])[1] for k in range(2)]
+    ref = [(a + b) / 2 for a, b in zip(*refs)]
+    c, r = col.cols, row.rows
+    for g_, want in zip(got, [ref[0][:, c], ref[1][c], ref[2][r], ref[3]]):
+        np.testing.assert_allclose(g_, want, rtol=1e-12, atol=1e-12)
+    # the other pairing: gathered output, whole input
+    col2 = train.ColumnParallelLinear(W1, b1, group=tp, gather_output=True)
+    row2 = train.RowParallelLinear(W1.T.copy(), None, group=tp, input_is_parallel=False)
+    y2 = col2.forward(x)
+    np.testing.assert_allclose(y2, x @ W1 + b1, rtol=1e-12, atol=1e-12)
+    z = row2.forward(y2)
+    np.testing.assert_allclose(z, y2 @ W1.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(row2.backward(np.ones_like(z)), np.ones_like(z) @ W1,
+                               rtol=1e-12, atol=1e-12)
+    assert len(col.price(T, "nvlink").calls) == 1 and len(col2.price(T, "nvlink").calls) == 2
+    with pytest.raises(ValueError, match="must divide evenly"):
+        train.ColumnParallelLinear(np.ones((3, 5)), group=tp)
+
+
+def test_tensor_parallel_in_a_2d_job():
+    run(_tp_job, 4)
+
+
+# -- pipeline ------------------------------------------------------------------------------------
+class _Dense:
+    """y = tanh(x W) (the last stage without tanh); accumulates dW."""
+
+    def __init__(self, W, act):
+        self.W, self.act, self.dW = W, act, np.zeros_like(W)
+
+    def forward(self, x):
+        y = x @ self.W
+        if self.act:
+            y = np.tanh(y)
+        return y, (x, y)
+
+    def backward(self, ctx, dy):
+        x, y = ctx
+        if self.act:
+            dy = dy * (1 - y * y)
+        self.dW += x.T @ dy
+        return dy @ self.W.T
+
+
+def _mse(y, t):
+    return 0.5 * float(((y - t) ** 2).sum()), y - t
+
+
+def _pipe_job(rank, schedule, m):
+    from ringlet import train
+    p = rl.get_world_size()
+    dims = [5, 7, 6, 4, 3][:p + 1]
+    Ws = [np.random.default_rng([3, s]).standard_normal((dims[s], dims[s + 1])) for s in range(p)]
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((2 + i % 2, dims[0])) for i in range(m)]   # uneven micro-batches
+    ts = [rng.standard_normal((len(x), dims[-1])) for x in xs]
+    stage = _Dense(Ws[rank].copy(), rank < p - 1)
+    pipe = train.Pipeline(stage, m, schedule=schedule, loss=_mse)
+    for _ in range(2):        # two steps: tags and buffers are reused
+        losses = pipe.step(xs if rank == 0 else None, ts if rank == p - 1 else None)
+    # the reference: the whole model in one process, micro-batches one after another
+    stages = [_Dense(W.copy(), s < p - 1) for s, W in enumerate(Ws)]
+    want = []
+    for x, t in zip(xs, ts):
+        ctxs = []
+        for s_ in stages:
+            x, c = s_.forward(x)
+            ctxs.append(c)
+        val, dy = _mse(x, t)
+        want.append(val)
+        for s_, c in zip(reversed(stages), reversed(ctxs)):
+            dy = s_.backward(c, dy)
+    np.testing.assert_allclose(stage.dW, 2 * stages[rank].dW, rtol=1e-12, atol=1e-12)
+    if rank == p - 1:
+        np.testing.assert_allclose(losses, want, rtol=1e-12)
+    else:
+        assert losses is None
+    limit = m if schedule == "gpipe" else min(p - rank, m)
+    assert pipe.peak_in_flight == limit, (schedule, rank, pipe.peak_in_flight)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("n,m", [(4, 6), (3, 2)])
+def test_pipeline_equals_whole_model(schedule, n, m):
+    run(_pipe_job, n, schedule, m)
+
+
+def test_pipeline_orders():
+    from ringlet.train import Pipeline
+
+    class G:
+        size, rank = 4, 1
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.group, pipe.m, pipe.schedule = G(), 4, "1f1b"
+    assert pipe.order() == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                            ("B", 2), ("B", 3)]
+    pipe.schedule = "gpipe"
+    assert pipe.order() == [("F", i) for i in range(4)] + [("B", i) for i in (3, 2, 1, 0)]

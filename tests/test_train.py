@@ -513,3 +513,60 @@ def test_pipeline_orders():
                             ("B", 2), ("B", 3)]
     pipe.schedule = "gpipe"
     assert pipe.order() == [("F", i) for i in range(4)] + [("B", i) for i in (3, 2, 1, 0)]
+
+
+# -- parameter server / actor-learner ---------------------------------------------------------
+def _experience(weights, c, rank):
+    return np.full((rank + c % 3, 2), weights.sum() + c)     # varying sizes, 0 rows too
+
+
+def _update(weights, exps):
+    for e in exps:
+        weights += 0.01 * e.sum() * np.arange(1, len(weights) + 1)
+
+
+def _replay(used, rounds, actors):
+    """The learner's weights, rebuilt from which version each experience was made with."""
+    hist = [np.ones(4)]
+    for c in range(rounds):
+        w = hist[-1].copy()
+        exps = [_experience(hist[v], c, a) for (cc, a, v) in used if cc == c]
+        assert [a for (cc, a, v) in used if cc == c] == actors
+        _update(w, exps)
+        hist.append(w)
+    return hist[-1]
+
+
+def _ps_job(rank, staleness, flag_dir):
+    import os
+    from ringlet import train
+    rounds = 6
+    ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
+    if rank == 0:
+        ps.learn(rounds, _update)
+        for c, a, v in ps.used_versions:
+            assert c - staleness <= v <= c, (c, a, v)
+        np.testing.assert_array_equal(ps.weights, _replay(ps.used_versions, rounds, [1, 2]))
+        if flag_dir:   # the straggler's first round was made while actor 2 ran s rounds ahead
+            assert (2, 2, 0) in ps.used_versions
+    else:
+        def generate(w, c):
+            if flag_dir and rank == 1 and c == 0:     # a straggler: waits for actor 2 ...
+                while not os.path.exists(os.path.join(flag_dir, "ahead")):
+                    time.sleep(0.001)
+            if flag_dir and rank == 2 and c == staleness:   # ... to be s rounds ahead
+                open(os.path.join(flag_dir, "ahead"), "w").close()
+            return _experience(w, c, rank)
+        import time
+        ps.act(rounds, generate)
+        assert ps.version == rounds - 1
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+def test_parameter_server_rounds(staleness):
+    run(_ps_job, 3, staleness, None)
+
+
+def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):
+    # with staleness 0 this job could not finish: actor 1 waits for actor 2 to run ahead
+    run(_ps_job, 3, 2, str(tmp_path))

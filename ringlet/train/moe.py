@@ -43,6 +43,13 @@ class Routing:
     tokens: np.ndarray | None  # the input, for drop="pass"
 
 
+def _indices(a) -> np.ndarray:
+    """An index array (NumPy, or torch: any layout, it is only read)."""
+    if not isinstance(a, np.ndarray) and type(a).__module__.startswith("torch"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
 def capacity(tokens: int, k: int, num_experts: int, capacity_factor: float) -> int:
     return math.ceil(capacity_factor * tokens * k / num_experts)
 
@@ -55,7 +62,7 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     zeros) or "pass" (as itself)."""
     g = resolve(group)
     x = as_array(tokens, "tokens")
-    idx = np.asarray(as_array(expert_index, "expert_index"))
+    idx = _indices(expert_index)
     if drop not in ("zero", "pass"):
         raise ValueError(f"drop must be 'zero' or 'pass', got {drop!r}")
     if x.ndim < 1:

@@ -59,7 +59,7 @@ class GradBuckets:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
         cap = bucket_cap_mb * (1 << 20)
         self.buckets: list[_Bucket] = []
-        self.slot: list = [None] * len(arrays)      # (bucket, its view shaped like the param)
+        self.slot: list = [None] * len(arrays)      # (bucket, view shaped like the param, flat view)
         group_: list[int] = []
         for i in reversed(range(len(arrays))):
             a = arrays[i]
@@ -69,8 +69,8 @@ class GradBuckets:
                 group_ = []
             group_.append(i)
         self._add_bucket(group_, arrays)
-        self._seen = np.zeros(len(arrays), bool)     # gradient handed over this step
-        self._held = np.zeros(len(arrays), bool)     # slot holds this window's gradient
+        self._seen = [False] * len(arrays)           # gradient handed over this step
+        self._held = [False] * len(arrays)           # slot holds this window's gradient
         self._next = 0                               # first bucket not yet started
         self._sync = True
 
@@ -79,7 +79,8 @@ class GradBuckets:
         b = _Bucket(tuple(indices), count, arrays[indices[0]].dtype, self.wire_dtype)
         off = 0
         for i in indices:
-            self.slot[i] = (b, b.buf[off:off + arrays[i].size].reshape(arrays[i].shape))
+            flat = b.buf[off:off + arrays[i].size]
+            self.slot[i] = (b, flat.reshape(arrays[i].shape), flat)
             off += arrays[i].size
         self.buckets.append(b)
 
@@ -88,28 +89,30 @@ class GradBuckets:
         :meth:`no_sync`, or after one there, added to what is there)."""
         if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.slot):
             raise IndexError(f"GradBuckets.ready: parameter index {i!r} outside 0..{len(self.slot) - 1}")
-        g = as_array(grad, f"gradient of parameter {i}")
-        bucket, view = self.slot[i]
-        if g.size != view.size:
+        g = grad if type(grad) is np.ndarray else as_array(grad, f"gradient of parameter {i}")
+        bucket, view, flat = self.slot[i]
+        if g.size != flat.size:
             raise ValueError(f"GradBuckets.ready: gradient of parameter {i} has {g.size} elements, "
                              f"the parameter {view.size} (shape {view.shape})")
-        if self._sync and self._seen[i]:
+        seen = self._seen
+        if self._sync and seen[i]:
             raise RuntimeError(f"rank {get_rank()}: GradBuckets.ready: parameter {i} handed over "
                                f"twice in one step (its bucket may already be on the wire); "
                                f"add shared gradients up before calling ready")
-        g = g.reshape(view.shape)
         if self._held[i]:
-            view += g
+            view += g.reshape(view.shape)
         else:
-            np.copyto(view, g, casting="same_kind")
+            flat[...] = g.reshape(-1)
             self._held[i] = True
         if not self._sync:
             return
-        self._seen[i] = True
+        seen[i] = True
         bucket.pending -= 1
-        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
-            self._start(self.buckets[self._next])
-            self._next += 1
+        if bucket.pending == 0:
+            buckets = self.buckets
+            while self._next < len(buckets) and buckets[self._next].pending == 0:
+                self._start(buckets[self._next])
+                self._next += 1
 
     def _start(self, b: _Bucket) -> None:
         if b.wire is b.buf:
@@ -123,25 +126,26 @@ class GradBuckets:
         (views into the buckets, valid until the next step's first ``ready``)."""
         if not self._sync:
             raise RuntimeError("GradBuckets.wait inside no_sync(): nothing is being communicated")
-        missing = np.flatnonzero(~self._seen)
-        if len(missing):
+        missing = [i for i, seen in enumerate(self._seen) if not seen]
+        if missing:
             raise RuntimeError(f"rank {get_rank()}: GradBuckets.wait: parameter(s) "
-                               f"{missing.tolist()[:10]} got no gradient this step; call "
+                               f"{missing[:10]} got no gradient this step; call "
                                f"ready(i, grad) for every parameter (zeros for unused ones)")
         for b in self.buckets:
             b.work.wait()
             if b.wire is not b.buf:
                 np.copyto(b.buf, b.wire, casting="same_kind")
             b.work, b.pending = None, len(b.indices)
-        self._seen[:] = self._held[:] = False
+        self._seen = [False] * len(self.slot)
+        self._held = [False] * len(self.slot)
         self._next = 0
-        return [view for _, view in self.slot]
+        return [view for _, view, _ in self.slot]
 
     @contextlib.contextmanager
     def no_sync(self):
         """Gradient accumulation: inside, ``ready`` adds gradients to the buckets without
         communicating; the next step's gradients are added to them and averaged."""
-        if self._seen.any():
+        if any(self._seen):
             raise RuntimeError("GradBuckets.no_sync entered in the middle of a step")
         self._sync = False
         try:

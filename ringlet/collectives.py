@@ -10,6 +10,7 @@ import numpy as np
 from . import algorithms, fingerprint
 from .buffers import locate
 from .group import Group
+from .profiling import profiled
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, job_profile, resolve
 from .transport import fast
@@ -132,6 +133,7 @@ def _check_algorithm(algorithm):
 
 
 # -- broadcast, reduce, all_reduce -----------------------------------------------------------
+@profiled("broadcast")
 def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str = "auto",
               timeout: float | None = None):
     """Copy ``buf`` of group rank ``src`` into ``buf`` of every rank."""
@@ -143,6 +145,7 @@ def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str 
                 async_op, timeout, root=src)
 
 
+@profiled("all_reduce")
 def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group in place; every rank ends with the same bits."""
@@ -156,6 +159,7 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 timeout, finish=_averager(op, flat, g.size))
 
 
+@profiled("reduce")
 def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group into ``buf`` of group rank ``dst``; the other
@@ -229,6 +233,7 @@ def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:
             and inp.__array_interface__["data"][0] == block.__array_interface__["data"][0])
 
 
+@profiled("all_gather")
 def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
                timeout: float | None = None):
     """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
@@ -242,6 +247,7 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
                 finish=copy_back)
 
 
+@profiled("reduce_scatter")
 def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False,
                    algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
@@ -258,6 +264,7 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
                 finish=_averager(op, flat_out, g.size))
 
 
+@profiled("gather")
 def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Collect every rank's ``inp`` into ``out`` on group rank ``dst`` (``out`` is only
@@ -278,6 +285,7 @@ def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
                 root=dst, finish=copy_back)
 
 
+@profiled("scatter")
 def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
             algorithm: str = "auto", timeout: float | None = None):
     """Group rank ``src`` splits ``inp`` (shape (p, *out.shape) or a list of p arrays);
@@ -297,6 +305,7 @@ def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
 
 
 # -- all-to-all --------------------------------------------------------------------------
+@profiled("all_to_all")
 def all_to_all(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
                timeout: float | None = None):
     """Block j of ``inp`` goes to rank j; block i of ``out`` comes from rank i. ``out`` and
@@ -328,6 +337,7 @@ def all_to_all(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     return all_to_all_single(out, inp, None, None, group, async_op, algorithm, timeout)
 
 
+@profiled("all_to_all_single")
 def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
                       async_op: bool = False, algorithm: str = "auto",
                       timeout: float | None = None):
@@ -390,6 +400,7 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
                 splits=splits, finish=finish)
 
 
+@profiled("barrier")
 def barrier(group=None, async_op: bool = False, timeout: float | None = None):
     """Return only when every rank of the group has entered the barrier."""
     g = resolve(group)

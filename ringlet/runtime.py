@@ -11,6 +11,7 @@ import numpy as np
 from .errors import RingletError
 from .group import MAX_USER_TAG, Group
 from .ops import as_array
+from .profiling import profiled
 from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_address_towards, new_token
 from .transport import fast
 from .transport.engine import Engine
@@ -293,18 +294,22 @@ def _tag(g: Group, tag: int) -> int:
     return g.p2p_tag(int(tag))
 
 
+@profiled("isend", blocking=False)
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
     return _post(*_p2p("send", buf, dst, group, tag))
 
 
+@profiled("irecv", blocking=False)
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
     return _post(*_p2p("recv", buf, src, group, tag))
 
 
+@profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
     _blocking(_p2p("send", buf, dst, group, tag), timeout)
 
 
+@profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
     _blocking(_p2p("recv", buf, src, group, tag), timeout)
     return src

@@ -1,0 +1,138 @@
+"""``rl.profile()``: how much of a stretch of code went to communication (Code 4.1.2 of
+seed 002, with ringlet's calls as the communication rows).
+
+    with rl.profile() as prof:
+        for _ in range(10):
+            train_step()
+    print(prof.table())          # per call: count, bytes, seconds inside, seconds blocked
+    prof.gamma                   # comm_seconds / compute_seconds
+
+Every public call of ringlet (collectives, point-to-point, ``Work.wait``) is wrapped by
+:func:`profiled`, the one hook into the runtime; with no profile open it costs one extra
+Python call. Only the outermost ringlet call is timed (a blocking collective waits inside
+itself, and that wait is part of the same call).
+
+* ``comm_seconds``: time inside ringlet calls - launching, driving progress and waiting;
+  what this rank spent communicating instead of computing;
+* ``blocked_seconds``: the part of it spent blocked (in ``wait`` or a blocking call):
+  exposed communication, the part overlap did not hide;
+* ``compute_seconds``: the rest of the wall time inside the ``with`` block.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+_open: list = []      # profiles recording now (nested ones all record)
+_depth = 0            # ringlet calls on the stack: only the outermost is timed
+
+
+class _Row:
+    __slots__ = ("calls", "bytes", "seconds", "blocked")
+
+    def __init__(self):
+        self.calls, self.bytes, self.seconds, self.blocked = 0, 0, 0.0, 0.0
+
+
+class Profile:
+    """What :func:`profile` measured; read it after (or inside) the ``with`` block."""
+
+    def __init__(self):
+        self.rows: dict[str, _Row] = {}
+        self._start = self._stop = None
+
+    def _add(self, name: str, nbytes: int, seconds: float, blocked: bool, call: bool) -> None:
+        row = self.rows.get(name)
+        if row is None:
+            row = self.rows[name] = _Row()
+        row.calls += call     # a wait adds time to its operation's row, not a call
+        row.bytes += nbytes
+        row.seconds += seconds
+        if blocked:
+            row.blocked += seconds
+
+    @property
+    def wall_seconds(self) -> float:
+        end = self._stop if self._stop is not None else time.perf_counter()
+        return end - self._start
+
+    @property
+    def comm_seconds(self) -> float:
+        return sum(r.seconds for r in self.rows.values())
+
+    @property
+    def blocked_seconds(self) -> float:
+        return sum(r.blocked for r in self.rows.values())
+
+    @property
+    def compute_seconds(self) -> float:
+        return max(self.wall_seconds - self.comm_seconds, 0.0)
+
+    @property
+    def gamma(self) -> float:
+        """comm_seconds / compute_seconds (inf if nothing but communication ran)."""
+        comp = self.compute_seconds
+        return self.comm_seconds / comp if comp > 0 else float("inf")
+
+    def table(self) -> str:
+        """One row per ringlet call, the busiest first, then compute and the totals."""
+        wall = self.wall_seconds or 1e-12
+        lines = [f"{'name':<20}{'calls':>7}{'bytes':>14}{'inside ms':>12}{'blocked ms':>12}"
+                 f"{'% wall':>8}"]
+        for name, r in sorted(self.rows.items(), key=lambda kv: -kv[1].seconds):
+            lines.append(f"{'ringlet:' + name:<20}{r.calls:>7}{r.bytes:>14,}"
+                         f"{r.seconds * 1e3:>12.3f}{r.blocked * 1e3:>12.3f}"
+                         f"{100 * r.seconds / wall:>7.1f}%")
+        lines.append(f"{'compute':<20}{'':>7}{'':>14}{self.compute_seconds * 1e3:>12.3f}"
+                     f"{'':>12}{100 * self.compute_seconds / wall:>7.1f}%")
+        lines.append(f"wall {wall * 1e3:.3f} ms; communication {self.comm_seconds * 1e3:.3f} ms "
+                     f"({self.blocked_seconds * 1e3:.3f} ms blocked); gamma {self.gamma:.3g}")
+        return "\n".join(lines)
+
+    def __enter__(self) -> "Profile":
+        self._start, self._stop = time.perf_counter(), None
+        _open.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop = time.perf_counter()
+        _open.remove(self)
+
+
+def profile() -> Profile:
+    """A context manager recording this rank's time in ringlet calls (see the module)."""
+    return Profile()
+
+
+def _work_name(work) -> str:
+    what = work._what
+    return what[0] if isinstance(what, tuple) else what.split(" ", 1)[0]
+
+
+def profiled(name: str | None, blocking: bool | None = None):
+    """Decorate a public ringlet call so an open profile times it under ``name`` (None:
+    a ``Work.wait``, named after its operation). ``blocking``: whether the call blocks
+    (None: unless ``async_op=True`` is passed)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kw):
+            global _depth
+            if not _open or _depth:
+                return fn(*args, **kw)
+            _depth = 1
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                dt = time.perf_counter() - t
+                _depth = 0
+                if name is None:
+                    row, nbytes, blocked = _work_name(args[0]), 0, True
+                else:
+                    row = name
+                    nbytes = getattr(args[0], "nbytes", 0) if args else 0
+                    blocked = not kw.get("async_op", False) if blocking is None else blocking
+                for prof in _open:
+                    prof._add(row, nbytes, dt, blocked, name is not None)
+        return call
+    return wrap

@@ -1,0 +1,163 @@
+"""Data parallelism with gradient buckets (seed 004: DDP's bucketing with overlap).
+
+    buckets = rl.train.GradBuckets(params, bucket_cap_mb=25)
+    for i in reversed(range(len(params))):      # as backward produces them
+        buckets.ready(i, grad_i)                # a full bucket starts its all_reduce now
+    grads = buckets.wait()                      # one wait; the mean over ranks
+
+Parameters are packed into buckets in reverse order (the order backward produces their
+gradients), each bucket at most ``bucket_cap_mb`` (a parameter larger than the cap gets a
+bucket of its own). A bucket whose gradients have all arrived starts an asynchronous
+all_reduce at once, while the caller goes on computing earlier layers' gradients;
+buckets start in bucket order on every rank (a full bucket waits for the ones before it),
+so ranks that hand over gradients in different orders still issue the same collectives.
+Buckets are ``rl.empty`` arrays: their large messages are read in place by local peers.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .. import buffers
+from ..collectives import all_reduce
+from ..ops import ReduceOp, as_array
+from ..runtime import get_rank, resolve
+from .pricing import Call, hosts_of, price
+
+
+class _Bucket:
+    __slots__ = ("indices", "buf", "wire", "pending", "work")
+
+    def __init__(self, indices, count, dtype, wire_dtype):
+        self.indices = indices
+        self.buf = buffers.empty(count, dtype)
+        self.wire = self.buf if wire_dtype is None else buffers.empty(count, wire_dtype)
+        self.pending = len(indices)
+        self.work = None
+
+
+class GradBuckets:
+    """Average gradients across ``group`` in buckets that start communicating as soon as
+    they fill. ``comm_hook``: None, or a narrower float dtype (``"float16"``) in which
+    buckets travel: each rank divides by the group size, casts, sums in that dtype and
+    casts back (seed 002's "compression lowers g": half the bytes, fp16's precision)."""
+
+    def __init__(self, params, bucket_cap_mb: float = 25, group=None, comm_hook=None):
+        self.group = resolve(group)
+        arrays = [as_array(p, f"params[{i}]") for i, p in enumerate(params)]
+        if not arrays:
+            raise ValueError("GradBuckets needs at least one parameter")
+        for i, a in enumerate(arrays):
+            if a.dtype.kind != "f":
+                raise TypeError(f"params[{i}] has dtype {a.dtype}: gradients must be floats")
+        self.shapes = [a.shape for a in arrays]
+        self.wire_dtype = None if comm_hook is None else np.dtype(comm_hook)
+        if self.wire_dtype is not None and self.wire_dtype.kind != "f":
+            raise TypeError(f"comm_hook must be a float dtype such as 'float16', got {comm_hook!r}")
+        if bucket_cap_mb < 0:
+            raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
+        cap = bucket_cap_mb * (1 << 20)
+        self.buckets: list[_Bucket] = []
+        self.slot: list = [None] * len(arrays)      # (bucket, view shaped like the param, flat view)
+        group_: list[int] = []
+        for i in reversed(range(len(arrays))):
+            a = arrays[i]
+            if group_ and (sum(arrays[j].nbytes for j in group_) + a.nbytes > cap
+                           or arrays[group_[0]].dtype != a.dtype):
+                self._add_bucket(group_, arrays)
+                group_ = []
+            group_.append(i)
+        self._add_bucket(group_, arrays)
+        self._seen = [False] * len(arrays)           # gradient handed over this step
+        self._held = [False] * len(arrays)           # slot holds this window's gradient
+        self._next = 0                               # first bucket not yet started
+        self._sync = True
+
+    def _add_bucket(self, indices, arrays):
+        count = sum(arrays[i].size for i in indices)
+        b = _Bucket(tuple(indices), count, arrays[indices[0]].dtype, self.wire_dtype)
+        off = 0
+        for i in indices:
+            flat = b.buf[off:off + arrays[i].size]
+            self.slot[i] = (b, flat.reshape(arrays[i].shape), flat)
+            off += arrays[i].size
+        self.buckets.append(b)
+
+    def ready(self, i: int, grad) -> None:
+        """Hand over parameter ``i``'s gradient (copied into its bucket; inside
+        :meth:`no_sync`, or after one there, added to what is there)."""
+        if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.slot):
+            raise IndexError(f"GradBuckets.ready: parameter index {i!r} outside 0..{len(self.slot) - 1}")
+        g = grad if type(grad) is np.ndarray else as_array(grad, f"gradient of parameter {i}")
+        bucket, view, flat = self.slot[i]
+        if g.size != flat.size:
+            raise ValueError(f"GradBuckets.ready: gradient of parameter {i} has {g.size} elements, "
+                             f"the parameter {view.size} (shape {view.shape})")
+        seen = self._seen
+        if self._sync and seen[i]:
+            raise RuntimeError(f"rank {get_rank()}: GradBuckets.ready: parameter {i} handed over "
+                               f"twice in one step (its bucket may already be on the wire); "
+                               f"add shared gradients up before calling ready")
+        if self._held[i]:
+            view += g.reshape(view.shape)
+        else:
+            flat[...] = g.reshape(-1)
+            self._held[i] = True
+        if not self._sync:
+            return
+        seen[i] = True
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            buckets = self.buckets
+            while self._next < len(buckets) and buckets[self._next].pending == 0:
+                self._start(buckets[self._next])
+                self._next += 1
+
+    def _start(self, b: _Bucket) -> None:
+        if b.wire is b.buf:
+            b.work = all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=True)
+        else:
+            np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
+            b.work = all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=True)
+
+    def wait(self) -> list[np.ndarray]:
+        """Wait for every bucket; return each parameter's mean gradient over the group
+        (views into the buckets, valid until the next step's first ``ready``)."""
+        if not self._sync:
+            raise RuntimeError("GradBuckets.wait inside no_sync(): nothing is being communicated")
+        missing = [i for i, seen in enumerate(self._seen) if not seen]
+        if missing:
+            raise RuntimeError(f"rank {get_rank()}: GradBuckets.wait: parameter(s) "
+                               f"{missing[:10]} got no gradient this step; call "
+                               f"ready(i, grad) for every parameter (zeros for unused ones)")
+        for b in self.buckets:
+            b.work.wait()
+            if b.wire is not b.buf:
+                np.copyto(b.buf, b.wire, casting="same_kind")
+            b.work, b.pending = None, len(b.indices)
+        self._seen = [False] * len(self.slot)
+        self._held = [False] * len(self.slot)
+        self._next = 0
+        return [view for _, view, _ in self.slot]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: inside, ``ready`` adds gradients to the buckets without
+        communicating; the next step's gradients are added to them and averaged."""
+        if any(self._seen):
+            raise RuntimeError("GradBuckets.no_sync entered in the middle of a step")
+        self._sync = False
+        try:
+            yield self
+        finally:
+            self._sync = True
+
+    def calls(self) -> list[Call]:
+        """The collectives of one step, for :func:`ringlet.train.pricing.price`."""
+        return [Call("all_reduce", b.wire.nbytes, self.group.size, b.wire.dtype.itemsize,
+                     label=f"bucket {k}") for k, b in enumerate(self.buckets)]
+
+    def price(self, topology=None):
+        """Communication per step on ``topology`` (see :func:`ringlet.train.pricing.price`)."""
+        return price(self.calls(), topology, hosts_of(self.group))

@@ -1,0 +1,112 @@
+"""Pipeline parallelism: rank r of the group runs stage r; activations go forward to r+1
+and their gradients come back, one message per micro-batch, by isend/irecv.
+
+A stage is any object with ``forward(x) -> (y, ctx)`` and ``backward(ctx, dy) -> dx``
+(it accumulates its own parameters' gradients). The last stage's ``y`` goes to
+``loss(y, target) -> (value, dy)``.
+
+Schedules (per rank, m micro-batches, p stages):
+
+* ``"gpipe"``: every forward, then every backward (last micro-batch first); holds m
+  micro-batches' activations.
+* ``"1f1b"``: p - r - 1 forwards to fill the pipe, then one forward and one backward in
+  turn, then the remaining backwards; holds at most p - r micro-batches' activations.
+
+Sends never block (their handles are waited at the end of the step); a rank blocks only
+on a receive it needs now. An activation travels behind a small header with its shape.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import as_array
+from ..runtime import get_rank, irecv, isend, recv, resolve
+from .pricing import Call, price
+
+_HEADER = 8   # int64s: ndim, then up to 7 dimensions
+
+
+class Pipeline:
+    """``stage``: this rank's stage. ``micro_batches``: m. ``dtype``: of activations."""
+
+    def __init__(self, stage, micro_batches: int, schedule: str = "1f1b", group=None,
+                 loss=None, dtype=np.float64):
+        if schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        self.group = resolve(group)
+        self.stage, self.m, self.schedule = stage, int(micro_batches), schedule
+        self.loss, self.dtype = loss, np.dtype(dtype)
+        self.first, self.last = self.group.rank == 0, self.group.rank == self.group.size - 1
+        if self.last and loss is None:
+            raise ValueError("the last stage's rank needs loss=(y, target) -> (value, dy)")
+        self.peak_in_flight = 0   # most micro-batches whose activations this rank held
+
+    def order(self) -> list[tuple[str, int]]:
+        """This rank's sequence of ("F" | "B", micro-batch)."""
+        m, p, r = self.m, self.group.size, self.group.rank
+        if self.schedule == "gpipe":
+            return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+        warm = min(p - r - 1, m)
+        out = [("F", i) for i in range(warm)]
+        for i in range(m - warm):
+            out += [("F", warm + i), ("B", i)]
+        return out + [("B", i) for i in range(m - warm, m)]
+
+    def step(self, inputs=None, targets=None) -> list | None:
+        """Run one training step's forwards and backwards over the micro-batches: the first
+        rank passes ``inputs`` (m arrays), the last ``targets`` (m). Returns the last
+        rank's m loss values (None elsewhere)."""
+        g, m = self.group, self.m
+        for name, need, given in (("inputs", self.first, inputs), ("targets", self.last, targets)):
+            if need and (given is None or len(given) != m):
+                raise ValueError(f"rank {get_rank()}: Pipeline.step needs {m} {name} on this stage")
+        ctx, shapes, losses, sends = {}, {}, [None] * m, []
+        prev, nxt = g.rank - 1, g.rank + 1
+        for kind, i in self.order():
+            if kind == "F":
+                if self.first:
+                    x = as_array(inputs[i], f"inputs[{i}]")
+                else:
+                    x = self._recv_activation(prev, i)
+                y, c = self.stage.forward(x)
+                if self.last:
+                    losses[i], dy = self.loss(y, targets[i])
+                    ctx[i] = (c, dy)
+                else:
+                    y = np.ascontiguousarray(y, self.dtype)
+                    shapes[i] = y.shape
+                    header = np.zeros(_HEADER, np.int64)
+                    header[0], header[1:1 + y.ndim] = y.ndim, y.shape
+                    sends += [isend(header, nxt, g, tag=3 * i), isend(y, nxt, g, tag=3 * i + 1)]
+                    ctx[i] = (c, None)
+                self.peak_in_flight = max(self.peak_in_flight, len(ctx))
+            else:
+                c, dy = ctx.pop(i)
+                if dy is None:
+                    dy = np.empty(shapes.pop(i), self.dtype)
+                    irecv(dy, nxt, g, tag=3 * i + 2).wait()
+                dx = self.stage.backward(c, dy)
+                if not self.first:
+                    sends.append(isend(np.ascontiguousarray(dx, self.dtype), prev, g, tag=3 * i + 2))
+        for w in sends:
+            w.wait()
+        return losses if self.last else None
+
+    def _recv_activation(self, src: int, i: int) -> np.ndarray:
+        header = np.empty(_HEADER, np.int64)
+        recv(header, src, self.group, tag=3 * i)
+        x = np.empty(tuple(header[1:1 + header[0]]), self.dtype)
+        irecv(x, src, self.group, tag=3 * i + 1).wait()
+        return x
+
+    def calls(self, activation_elements: int) -> list[Call]:
+        """One step's messages between two neighbouring stages: per micro-batch an
+        activation forward and its gradient back, ``activation_elements`` each (a
+        2-rank broadcast is one message, so it prices one)."""
+        nb = activation_elements * self.dtype.itemsize
+        return [Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient")]
+
+    def price(self, activation_elements: int, topology=None):
+        return price(self.calls(activation_elements), topology)

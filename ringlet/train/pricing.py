@@ -1,0 +1,133 @@
+"""Price a training step's communication before it runs: the calls a pattern will make,
+each priced by the cost model as ``algorithm="auto"`` would choose it, and the bytes each
+rank sends counted on the very schedule that algorithm builds.
+
+Seed 002's ratio, generalised to any pattern: gamma = T_comm / T_comp, with T_comm the sum
+of the step's calls (none overlapped: the upper bound a profile's blocked time can only
+undercut) and T_comp a compute estimate (:func:`compute_seconds`, or measured).
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import cost
+from ..cost.tune import build_schedule
+
+
+class Call(NamedTuple):
+    """One collective of a step: ``nbytes`` in :mod:`ringlet.cost.model`'s size convention
+    (the per-rank buffer for all_reduce/broadcast/all_to_all, the gathered total for
+    all_gather/reduce_scatter/gather), on a group of ``p`` ranks; ``times`` per step."""
+    collective: str
+    nbytes: int
+    p: int
+    itemsize: int = 4
+    times: int = 1
+    label: str = ""
+
+
+class Priced(NamedTuple):
+    call: Call
+    algorithm: str
+    seconds: float          # one call
+    sent_bytes: int         # by the busiest rank, one call
+
+
+class StepPrice(NamedTuple):
+    """The communication of one step: per call and in total (every call counted ``times``)."""
+    calls: tuple
+
+    @property
+    def comm_seconds(self) -> float:
+        return sum(c.seconds * c.call.times for c in self.calls)
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Bytes the busiest rank sends per step (messages to itself excluded)."""
+        return sum(c.sent_bytes * c.call.times for c in self.calls)
+
+    def gamma(self, compute_seconds: float) -> float:
+        """Seed 002's ratio for this step: comm_seconds / compute_seconds."""
+        if compute_seconds <= 0:
+            raise ValueError(f"compute_seconds must be > 0, got {compute_seconds!r}")
+        return self.comm_seconds / compute_seconds
+
+    def table(self) -> str:
+        lines = [f"{'call':<28}{'x':>4}{'algorithm':>18}{'us each':>11}{'sent B each':>14}"]
+        for c in self.calls:
+            name = f"{c.call.collective} {cost.format_size(c.call.nbytes)}" + (
+                f" {c.call.label}" if c.call.label else "")
+            lines.append(f"{name:<28}{c.call.times:>4}{c.algorithm:>18}{c.seconds * 1e6:>11.1f}"
+                         f"{c.sent_bytes:>14,}")
+        lines.append(f"per step: {self.comm_seconds * 1e3:.3f} ms, "
+                     f"{self.bytes_per_rank:,} B sent by the busiest rank")
+        return "\n".join(lines)
+
+
+def hosts_of(group):
+    """The group's host of each rank, or None when it lives on one host."""
+    ids = group.host_indices()
+    return ids if len(set(ids)) > 1 else None
+
+
+def _default_topology():
+    from ..runtime import is_initialized, job_profile
+    return job_profile() if is_initialized() else None
+
+
+def price(calls, topology=None, hosts=None) -> StepPrice:
+    """Price ``calls`` (:class:`Call`) on ``topology``: None (the job's profile, else this
+    host's calibrated one), a :class:`ringlet.cost.Profile`, a :class:`ringlet.cost.Link`
+    or tier name ("nvlink", "infiniband", ...: uniform link), or a
+    :class:`ringlet.cost.Topology` (its ``p`` must match the calls'). ``hosts``: as
+    :func:`ringlet.cost.choose` (None: one host)."""
+    topo = _default_topology() if topology is None else topology
+    out = []
+    for call in calls:
+        if call.p == 1 or call.nbytes == 0 and call.collective != "barrier":
+            out.append(Priced(call, "-", 0.0, 0))
+            continue
+        algorithm, rows = cost.choose(call.collective, call.nbytes, call.p, topology=topo,
+                                      hosts=hosts, itemsize=call.itemsize)
+        sched = build_schedule(call.collective, algorithm, call.p, call.nbytes, call.itemsize,
+                               hosts=_host_ids(hosts, call.p, algorithm))
+        sent = int(sched.traffic()["sent_bytes"].max())
+        out.append(Priced(call, algorithm, rows[0].total, sent))
+    return StepPrice(tuple(out))
+
+
+def _host_ids(hosts, p, algorithm):
+    if algorithm != "hierarchical" or hosts is None:
+        return None
+    from ..cost.tune import _host_ids as ids
+    return ids(hosts, p)
+
+
+def compute_seconds(flops: float, flop_rate: float | None = None) -> float:
+    """Seconds to run ``flops`` at ``flop_rate`` FLOP/s (None: :func:`measure_flop_rate`).
+    Seed 002's estimate of a step is 6 * parameters * local batch FLOPs."""
+    return flops / (flop_rate or measure_flop_rate())
+
+
+_RATE: dict = {}
+
+
+def measure_flop_rate(n: int = 192, dtype=np.float32, seconds: float = 0.05) -> float:
+    """This process's sustained FLOP/s on an n x n matrix product (measured once, cached):
+    the R of seed 002 for a model of small dense layers on this CPU."""
+    key = (n, np.dtype(dtype).str)
+    if key not in _RATE:
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+        a @ b
+        reps, best, end = 0, float("inf"), time.perf_counter() + seconds
+        while reps < 3 or time.perf_counter() < end:
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+            reps += 1
+        _RATE[key] = 2.0 * n ** 3 / best
+    return _RATE[key]

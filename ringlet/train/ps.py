@@ -1,0 +1,169 @@
+"""Parameter server / actor-learner (seed 002, Table 4.1.2: broadcast and gather; seed 004:
+stale-synchronous SGD against stragglers).
+
+The learner (group rank ``learner``) owns the weights; every other rank is an actor that
+generates experience (rows of ``width`` numbers, any number of rows) with a copy of them.
+Round c: actors act with weights of some version, the learner collects round c's
+experience from every actor, updates, and the weights become version c + 1.
+
+* ``staleness=0`` (synchronous): each round is a broadcast of the weights, then a gather
+  of the experience (its sizes first, then an uneven all_to_all into the learner).
+* ``staleness=s > 0`` (bounded staleness): the learner sends each new version to every
+  actor by isend; an actor acts with the newest version it has received, and blocks only
+  if that is older than c - s. A slow actor then holds the others back only once they
+  are s rounds ahead of it, not every round. Experience goes by isend with the round and
+  the version it was made with.
+
+    ps = ParameterServer(weights, width=3, staleness=2)
+    if rank == 0: ps.learn(rounds, update)            # update(weights, [exp per actor])
+    else:         ps.act(rounds, generate)             # generate(weights, round) -> rows
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..collectives import all_to_all_single, broadcast, gather
+from ..ops import as_array
+from ..runtime import get_rank, irecv, isend, recv, resolve
+from .pricing import Call, hosts_of, price
+
+
+class ParameterServer:
+    """``weights``: the initial weights (the same on every rank; updated in place on the
+    learner, replaced by received versions on actors)."""
+
+    def __init__(self, weights, width: int, staleness: int = 0, learner: int = 0, group=None):
+        self.group = g = resolve(group)
+        if g.size < 2:
+            raise ValueError("a parameter server needs a learner and at least one actor")
+        if not 0 <= learner < g.size:
+            raise ValueError(f"learner must be a rank of the group (0..{g.size - 1}), got {learner}")
+        if staleness < 0 or width < 1:
+            raise ValueError(f"staleness must be >= 0 and width >= 1, got {staleness}, {width}")
+        self.weights = as_array(weights, "weights", writable=True)
+        self.width, self.s, self.learner = int(width), int(staleness), learner
+        self.actors = [r for r in range(g.size) if r != learner]
+        self.version = 0
+        self.blocked_seconds = 0.0     # actor: waiting for weights (or the round's collectives)
+        self.used_versions: list = []  # learner: (round, actor, version its experience used)
+        self._pending: list = []       # learner: sends of weights not yet known to be done
+
+    # -- learner ---------------------------------------------------------------------------
+    def learn(self, rounds: int, update) -> None:
+        """Run ``rounds`` rounds: collect every actor's experience, ``update(weights, exps)``
+        (exps: one (n, width) array per actor, in actor order), publish the new version."""
+        self._check_role(True)
+        for c in range(rounds):
+            if self.s == 0:
+                broadcast(self.weights, self.learner, self.group)
+                exps = self._gather(np.empty((0, self.width), self.weights.dtype))
+                self.used_versions += [(c, a, c) for a in self.actors]
+            else:
+                exps = [self._recv_experience(a, c) for a in self.actors]
+            update(self.weights, exps)
+            self.version = c + 1
+            if self.s and c + 1 < rounds:
+                self._publish()
+        if self.s:
+            for w in self._pending:
+                w.wait()
+
+    def _publish(self) -> None:
+        self._pending = [w for w in self._pending if not w.is_completed()]
+        snapshot = self.weights.copy()     # the actors read this version while we go on
+        for a in self.actors:
+            self._pending.append(isend(snapshot, a, self.group, tag=2 * self.version))
+
+    def _recv_experience(self, actor: int, c: int) -> np.ndarray:
+        head = np.empty(3, np.int64)
+        recv(head, actor, self.group, tag=2 * c + 1)
+        rnd, version, n = head
+        if rnd != c:
+            raise RuntimeError(f"learner: actor {actor} sent round {rnd} where round {c} was due")
+        exp = np.empty((n, self.width), self.weights.dtype)
+        irecv(exp, actor, self.group, tag=(1 << 39) + c).wait()
+        self.used_versions.append((c, actor, int(version)))
+        return exp
+
+    def _gather(self, rows: np.ndarray) -> list:
+        g, p = self.group, self.group.size
+        n = np.array([len(rows)], np.int64)
+        sizes = np.empty((p, 1), np.int64) if g.rank == self.learner else None
+        gather(n, sizes, dst=self.learner, group=g)
+        splits = [len(rows) if r == self.learner else 0 for r in range(p)]
+        if g.rank == self.learner:
+            counts = sizes[:, 0].tolist()
+            out = np.empty((sum(counts), self.width), rows.dtype)
+        else:
+            counts, out = [0] * p, np.empty((0, self.width), rows.dtype)
+        all_to_all_single(out, rows, counts, splits, group=g)
+        if g.rank != self.learner:
+            return []
+        bounds = np.cumsum([0] + counts)
+        return [out[bounds[a]:bounds[a + 1]] for a in self.actors]
+
+    # -- actors ------------------------------------------------------------------------------
+    def act(self, rounds: int, generate) -> None:
+        """Run ``rounds`` rounds of ``generate(weights, round) -> (n, width) rows``."""
+        self._check_role(False)
+        sends, nxt = [], None
+        for c in range(rounds):
+            if self.s == 0:
+                t = time.perf_counter()
+                broadcast(self.weights, self.learner, self.group)
+                self.blocked_seconds += time.perf_counter() - t
+                self.version = c
+            else:
+                nxt = self._newest(nxt, need=c - self.s, last=rounds - 1)
+            rows = np.ascontiguousarray(as_array(generate(self.weights, c), "experience"),
+                                        self.weights.dtype)
+            if rows.ndim != 2 or rows.shape[1] != self.width:
+                raise ValueError(f"rank {get_rank()}: experience must have shape (n, {self.width}), "
+                                 f"got {rows.shape}")
+            if self.s == 0:
+                t = time.perf_counter()
+                self._gather(rows)
+                self.blocked_seconds += time.perf_counter() - t
+            else:
+                head = np.array([c, self.version, len(rows)], np.int64)
+                sends += [isend(head, self.learner, self.group, tag=2 * c + 1),
+                          isend(rows, self.learner, self.group, tag=(1 << 39) + c)]
+        if self.s:
+            self._newest(nxt, need=rounds - 1, last=rounds - 1)   # every version sent to us
+        for w in sends:
+            w.wait()
+
+    def _newest(self, nxt, need: int, last: int):
+        """Adopt every version that has arrived; block while ours is older than ``need``.
+        ``nxt``: (buffer, work) of the receive of the next version, posted ahead."""
+        while True:
+            if nxt is None and self.version < last:
+                buf = np.empty_like(self.weights)
+                nxt = (buf, irecv(buf, self.learner, self.group, tag=2 * (self.version + 1)))
+            if nxt is None:
+                return None
+            if self.version >= need and not nxt[1].is_completed():
+                return nxt
+            t = time.perf_counter()
+            nxt[1].wait()
+            self.blocked_seconds += time.perf_counter() - t
+            self.weights[...] = nxt[0]
+            self.version += 1
+            nxt = None
+
+    def _check_role(self, learner: bool) -> None:
+        if (self.group.rank == self.learner) != learner:
+            raise RuntimeError(f"rank {get_rank()}: {'learn' if learner else 'act'} is for the "
+                               f"{'learner' if learner else 'actors'} (learner is rank {self.learner})")
+
+    # -- price ------------------------------------------------------------------------------
+    def calls(self, rows_per_actor: int) -> list[Call]:
+        """One round: the weights broadcast and the experience gathered."""
+        p, item = self.group.size, self.weights.dtype.itemsize
+        return [Call("broadcast", self.weights.nbytes, p, item, label="weights"),
+                Call("gather", p * rows_per_actor * self.width * item, p, item, label="experience")]
+
+    def price(self, rows_per_actor: int, topology=None):
+        return price(self.calls(rows_per_actor), topology, hosts_of(self.group))

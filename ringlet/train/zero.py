@@ -1,0 +1,217 @@
+"""ZeRO stages 1, 2 and 3 (seed 004: "reduce-scatter the gradients, update the shard you
+own, then gather the updated parameters").
+
+Parameters come in units (a layer: one array or a list of arrays). Each unit is one flat
+buffer padded to a multiple of the group size p; rank r owns block r of it.
+
+* stage 1: optimizer state sharded. Gradients all_reduce'd (mean); each rank updates its
+  block of the parameters; an in-place all_gather gives every rank all of them.
+* stage 2: gradients sharded too: reduce_scatter (mean) leaves each rank only its block.
+* stage 3: parameters sharded too: a unit's parameters exist in full only between
+  ``gather(u)`` (an all_gather, optionally prefetching the next unit) and ``free(u)``;
+  gradients are reduce_scatter'ed as backward produces them (``reduce_grad``).
+
+Per step, in bytes on the wire: stages 1 and 2 move what data parallelism's all_reduce
+moves (reduce_scatter + all_gather), stage 3 adds a second all_gather (forward and
+backward each gather every unit): 1.5x.
+
+    opt = ZeroOptimizer(layers, stage=3, optimizer="adam", lr=1e-3)
+    for u in range(L):  W = opt.gather(u, prefetch=u + 1); ...; opt.free(u)     # forward
+    for u in reversed(range(L)):
+        W = opt.gather(u, prefetch=u - 1); ...; opt.free(u); opt.reduce_grad(u, grads_u)
+    opt.step()
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import buffers
+from ..collectives import all_gather, all_reduce, reduce_scatter
+from ..ops import ReduceOp, as_array
+from ..runtime import get_rank, resolve
+from . import optim
+from .pricing import Call, hosts_of, price
+
+
+class _Unit:
+    """One layer's parameters as a flat buffer of ``p * shard`` elements."""
+
+    def __init__(self, arrays, p: int, rank: int):
+        self.shapes = [a.shape for a in arrays]
+        self.sizes = [a.size for a in arrays]
+        self.dtype = arrays[0].dtype
+        self.n = sum(self.sizes)
+        self.shard = -(-self.n // p)
+        self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
+        self.full = None          # all p blocks (stages 1, 2: always; 3: while gathered)
+        self.work = None          # the all_gather filling ``full`` (stage 3)
+        self.grad = None          # stage 1: full gradient; 2, 3: this rank's block
+        self.grad_work = None
+
+    def views(self, full):
+        out, off = [], 0
+        for shape, size in zip(self.shapes, self.sizes):
+            out.append(full[off:off + size].reshape(shape))
+            off += size
+        return out
+
+
+class ZeroOptimizer:
+    """Sharded data-parallel optimizer over ``group``. ``params``: a list of units, each an
+    array or a list of arrays (NumPy or CPU torch; their values are the initial
+    parameters, the same on every rank). ``optimizer``: "sgd" (``lr``, ``momentum``) or
+    "adam" (``lr``, ``betas``, ``eps``)."""
+
+    def __init__(self, params, stage: int = 1, optimizer="sgd", group=None, **optimizer_kw):
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
+        self.stage, self.group = stage, resolve(group)
+        self.opt = optim.make(optimizer, **optimizer_kw)
+        p, r = self.group.size, self.group.rank
+        self.units: list[_Unit] = []
+        self.state: list[dict] = []
+        self.shards: list[np.ndarray] = []    # this rank's block of each unit's parameters
+        for k, unit in enumerate(params):
+            arrays = [as_array(a, f"params[{k}]") for a in (unit if isinstance(unit, (list, tuple)) else [unit])]
+            if not arrays or any(a.dtype != arrays[0].dtype or a.dtype.kind != "f" for a in arrays):
+                raise TypeError(f"params[{k}]: a unit is one or more float arrays of one dtype")
+            u = _Unit(arrays, p, r)
+            flat = np.zeros(p * u.shard, u.dtype)
+            flat[:u.n] = np.concatenate([a.reshape(-1) for a in arrays])
+            if stage < 3:
+                u.full = buffers.empty(flat.size, u.dtype)
+                u.full[:] = flat
+                self.shards.append(u.full[u.lo:u.hi])
+                u.grad = buffers.zeros(flat.size if stage == 1 else u.shard, u.dtype)
+            else:
+                self.shards.append(flat[u.lo:u.hi].copy())
+            self.units.append(u)
+            self.state.append(self.opt.state(u.shard, u.dtype))
+        self.t = 0
+        self.peak_gathered = 0    # most bytes of gathered (stage 3) units held at once
+
+    # -- parameters --------------------------------------------------------------------
+    def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:
+        """Unit ``u``'s parameters in full (views; stage 3: valid until ``free(u)``).
+        Stage 3 gathers them (waiting for a prefetch started earlier) and, with
+        ``prefetch``, starts gathering that unit too."""
+        unit = self._unit(u)
+        if self.stage == 3:
+            if unit.full is None:
+                self._start_gather(unit, u)
+            if prefetch is not None and 0 <= prefetch < len(self.units) \
+                    and self.units[prefetch].full is None:
+                self._start_gather(self.units[prefetch], prefetch)
+            if unit.work is not None:
+                unit.work.wait()
+                unit.work = None
+        return unit.views(unit.full)
+
+    def _start_gather(self, unit: _Unit, u: int) -> None:
+        unit.full = buffers.empty(len(self.shards[u]) * self.group.size, unit.dtype)
+        unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
+                               group=self.group, async_op=True)
+        held = sum(x.full.nbytes for x in self.units if x.full is not None)
+        self.peak_gathered = max(self.peak_gathered, held)
+
+    def free(self, u: int) -> None:
+        """Stage 3: drop unit ``u``'s gathered parameters (the other stages keep them)."""
+        unit = self._unit(u)
+        if self.stage == 3:
+            if unit.work is not None:
+                unit.work.wait()
+            unit.full, unit.work = None, None
+
+    # -- gradients and the step --------------------------------------------------------
+    def reduce_grad(self, u: int, grads) -> None:
+        """Start averaging unit ``u``'s gradients over the group (all_reduce in stage 1,
+        reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits."""
+        unit = self._unit(u)
+        arrays = [as_array(g, f"gradient of unit {u}") for g in (grads if isinstance(grads, (list, tuple)) else [grads])]
+        if [a.size for a in arrays] != unit.sizes:
+            raise ValueError(f"rank {get_rank()}: ZeroOptimizer.reduce_grad: unit {u} has "
+                             f"parameters of {unit.sizes} elements, got gradients of "
+                             f"{[a.size for a in arrays]}")
+        if unit.grad_work is not None:
+            raise RuntimeError(f"ZeroOptimizer.reduce_grad: unit {u}'s gradient is already on "
+                               f"the wire this step")
+        p = self.group.size
+        flat = unit.grad if self.stage == 1 else buffers.empty(p * unit.shard, unit.dtype)
+        off = 0
+        for a in arrays:
+            flat[off:off + a.size] = a.reshape(-1)
+            off += a.size
+        flat[off:] = 0
+        if self.stage == 1:
+            unit.grad_work = all_reduce(flat, ReduceOp.AVG, group=self.group, async_op=True)
+        else:
+            if unit.grad is None:
+                unit.grad = np.empty(unit.shard, unit.dtype)
+            unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1), ReduceOp.AVG,
+                                            group=self.group, async_op=True)
+
+    def step(self, grads=None) -> None:
+        """Update the parameters with the averaged gradients: ``grads`` (one entry per
+        unit, handed to ``reduce_grad`` last unit first) or those already handed over."""
+        if grads is not None:
+            if len(grads) != len(self.units):
+                raise ValueError(f"ZeroOptimizer.step: {len(grads)} gradients for "
+                                 f"{len(self.units)} units")
+            for u in reversed(range(len(self.units))):
+                self.reduce_grad(u, grads[u])
+        missing = [k for k, unit in enumerate(self.units) if unit.grad_work is None]
+        if missing:
+            raise RuntimeError(f"rank {get_rank()}: ZeroOptimizer.step: unit(s) {missing} got no "
+                               f"gradient this step (reduce_grad every unit, zeros if unused)")
+        self.t += 1
+        for k, unit in enumerate(self.units):
+            unit.grad_work.wait()
+            unit.grad_work = None
+            g = unit.grad[unit.lo:unit.hi] if self.stage == 1 else unit.grad
+            self.opt.update(self.shards[k], g, self.state[k], self.t)
+        if self.stage == 3:
+            return
+        works = [all_gather(unit.full.reshape(self.group.size, -1), self.shards[k],
+                            group=self.group, async_op=True) for k, unit in enumerate(self.units)]
+        for w in works:
+            w.wait()
+
+    def _unit(self, u: int) -> _Unit:
+        if not isinstance(u, (int, np.integer)) or not 0 <= u < len(self.units):
+            raise IndexError(f"ZeroOptimizer: unit {u!r} outside 0..{len(self.units) - 1}")
+        return self.units[u]
+
+    # -- what a rank holds, and what a step costs --------------------------------------
+    def memory(self) -> dict:
+        """Bytes this rank holds now, counted on the arrays themselves: parameters (full
+        buffers in stages 1, 2; this rank's blocks in stage 3), gradients, optimizer state;
+        and ``gathered_peak``, stage 3's most gathered units at once."""
+        params = sum(u.full.nbytes if self.stage < 3 else s.nbytes
+                     for u, s in zip(self.units, self.shards))
+        grads = sum(u.grad.nbytes for u in self.units if u.grad is not None)
+        state = sum(a.nbytes for st in self.state for a in st.values())
+        return {"params": params, "grads": grads, "optimizer": state,
+                "total": params + grads + state, "gathered_peak": self.peak_gathered}
+
+    def ddp_memory(self) -> int:
+        """What plain data parallelism holds for the same model: full parameters,
+        gradients and optimizer state on every rank."""
+        n = sum(u.n * u.dtype.itemsize for u in self.units)
+        return n * (2 + len(self.opt.state(1, np.float32)))
+
+    def calls(self) -> list[Call]:
+        """The collectives of one step (size convention of :mod:`ringlet.cost.model`)."""
+        p, out = self.group.size, []
+        for k, u in enumerate(self.units):
+            nb, item = p * u.shard * u.dtype.itemsize, u.dtype.itemsize
+            if self.stage == 1:
+                out.append(Call("all_reduce", nb, p, item, label=f"unit {k} grad"))
+            else:
+                out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad"))
+            out.append(Call("all_gather", nb, p, item, 2 if self.stage == 3 else 1,
+                            label=f"unit {k} params"))
+        return out
+
+    def price(self, topology=None):
+        """Communication per step on ``topology`` (see :func:`ringlet.train.pricing.price`)."""
+        return price(self.calls(), topology, hosts_of(self.group))

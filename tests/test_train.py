@@ -1,0 +1,572 @@
+"""ringlet.train on real ranks: every pattern against a single-process NumPy reference that
+each rank computes itself (it rebuilds every rank's gradients or tokens from their seeds).
+
+Exactness. Float addition is not associative, so a sum over ranks in another order can
+differ in the last bit. Where the test says "bit-identical" it either runs on 2 ranks (a
+sum of two is the same either way round) or uses gradients that are multiples of 2**-10
+of small size (every partial sum is exact, so any order gives the same bits); elsewhere
+it allows float tolerance."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ringlet as rl
+from conftest import run
+from test_collectives import in_rank_settings
+
+SHAPES = [(17, 9), (9,), (9, 33), (33,), (33, 5), (5,)]   # a 3-layer MLP's weights and biases
+
+
+def grads_of(rank, step, shapes=SHAPES, dyadic=False):
+    rng = np.random.default_rng([rank, step])
+    if dyadic:
+        return [rng.integers(-512, 512, s) / 1024.0 for s in shapes]
+    return [rng.standard_normal(s) for s in shapes]
+
+
+def mean_grads(p, step, dyadic=False):
+    per = [grads_of(r, step, dyadic=dyadic) for r in range(p)]
+    out = []
+    for i in range(len(SHAPES)):
+        acc = per[0][i].copy()
+        for r in range(1, p):
+            acc += per[r][i]
+        out.append(acc / p)
+    return out
+
+
+def reference_training(p, steps, opt, dyadic=False):
+    params = [np.ones(s) for s in SHAPES]
+    states = [opt.state(q.size, q.dtype) for q in params]
+    for t in range(1, steps + 1):
+        for q, g, st_ in zip(params, mean_grads(p, t, dyadic), states):
+            opt.update(q.reshape(-1), g.reshape(-1), st_, t)
+    return params
+
+
+# -- data parallel: gradient buckets --------------------------------------------------------
+def _dp_job(rank, cap, dyadic, exact, order):
+    from ringlet import train
+    p = rl.get_world_size()
+    params = [np.ones(s) for s in SHAPES]
+    gb = train.GradBuckets(params, bucket_cap_mb=cap)
+    opt = train.SGD(lr=0.1, momentum=0.9)
+    states = [opt.state(q.size, q.dtype) for q in params]
+    for t in range(1, 4):
+        gs = grads_of(rank, t, dyadic=dyadic)
+        idx = list(reversed(range(len(params))))
+        if order == "shuffled" and rank % 2:
+            np.random.default_rng(t).shuffle(idx)   # buckets must still start in one order
+        for i in idx:
+            gb.ready(i, gs[i])
+        for q, g, st_ in zip(params, gb.wait(), states):
+            opt.update(q.reshape(-1), g.reshape(-1), st_, t)
+    ref = reference_training(p, 3, train.SGD(lr=0.1, momentum=0.9), dyadic)
+    for i, (q, r) in enumerate(zip(params, ref)):
+        if exact:
+            assert np.array_equal(q, r), f"param {i} differs from the reference"
+        else:
+            np.testing.assert_allclose(q, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,cap,dyadic,exact,order", [
+    (2, 25, False, True, "reverse"),          # 2 ranks: bit-identical
+    (4, 0.001, True, True, "shuffled"),       # exact sums: bit-identical at 4 ranks
+    (3, 0.0005, False, False, "reverse"),     # random floats, 3 ranks: tolerance
+])
+def test_buckets_train_like_one_process(n, cap, dyadic, exact, order):
+    run(_dp_job, n, cap, dyadic, exact, order)
+
+
+def _buckets_api_job(rank):
+    from ringlet import train
+    p = rl.get_world_size()
+    params = [np.zeros(s, np.float32) for s in SHAPES]
+    # The cap: 0 gives one bucket per parameter, 25 MB one bucket, in reverse order.
+    assert [b.indices for b in train.GradBuckets(params, 0).buckets] == [(i,) for i in range(5, -1, -1)]
+    assert [b.indices for b in train.GradBuckets(params).buckets] == [tuple(range(5, -1, -1))]
+    gb = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20)
+    assert [b.indices for b in gb.buckets] == [(5, 4), (3,), (2,), (1, 0)]
+    # Accumulation without communication: two micro-batches inside no_sync, one outside.
+    before = rl.stats()["sent"]
+    with gb.no_sync():
+        for k in range(2):
+            for i in reversed(range(6)):
+                gb.ready(i, np.full(SHAPES[i], rank + k, np.float32))
+    assert rl.stats()["sent"] == before, "no_sync communicated"
+    for i in reversed(range(6)):
+        gb.ready(i, np.full(SHAPES[i], 10.0 * rank, np.float32))
+    want = sum(r + (r + 1) + 10.0 * r for r in range(p)) / p
+    assert all(np.all(g == want) for g in gb.wait())
+    # A bucket starts its all_reduce as soon as it is full, not at wait().
+    for i in (5, 4):
+        gb.ready(i, np.ones(SHAPES[i], np.float32))
+    assert gb.buckets[0].work is not None and gb.buckets[1].work is None
+    for i in (3, 2, 1, 0):
+        gb.ready(i, np.ones(SHAPES[i], np.float32))
+    gb.wait()
+    # Bad input is refused before anything moves, naming what is wrong.
+    with pytest.raises(ValueError, match="parameter 2 has 3 elements"):
+        gb.ready(2, np.zeros(3, np.float32))
+    with pytest.raises(IndexError):
+        gb.ready(6, np.zeros(1))
+    gb.ready(0, np.zeros(SHAPES[0], np.float32))
+    with pytest.raises(RuntimeError, match="twice in one step"):
+        gb.ready(0, np.zeros(SHAPES[0], np.float32))
+    with pytest.raises(RuntimeError, match=r"parameter\(s\) \[1, 2, 3, 4, 5\] got no gradient"):
+        gb.wait()
+
+
+def test_buckets_cap_accumulation_errors():
+    run(_buckets_api_job, 3)
+
+
+def _fp16_job(rank):
+    from ringlet import train
+    p = rl.get_world_size()
+    params = [np.zeros(s, np.float32) for s in SHAPES]
+    plain, half = train.GradBuckets(params), train.GradBuckets(params, comm_hook="float16")
+    gs = [g.astype(np.float32) for g in grads_of(rank, 1)]
+    sent = []
+    for gb in (plain, half):
+        rl.barrier()
+        before = sum(v["bytes"] for v in rl.stats()["sent"].values())
+        for i in reversed(range(6)):
+            gb.ready(i, gs[i])
+        out = [o.copy() for o in gb.wait()]
+        sent.append(sum(v["bytes"] for v in rl.stats()["sent"].values()) - before)
+        ref = mean_grads(p, 1)
+        tol = 1e-6 if gb is plain else 2e-3
+        for o, r in zip(out, ref):
+            np.testing.assert_allclose(o, r, rtol=tol, atol=tol)
+    # Seed 002's "compression lowers g": half the bytes on the wire (the barrier's few
+    # bytes ride along in both counts).
+    assert sent[1] < 0.55 * sent[0], sent
+    assert half.price("infiniband").bytes_per_rank * 2 == plain.price("infiniband").bytes_per_rank
+
+
+def test_buckets_fp16_hook_halves_bytes():
+    run(_fp16_job, 2)
+
+
+def _torch_job(rank):
+    import torch
+    from ringlet import train
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    torch.manual_seed(0)
+    for q in model.parameters():
+        torch.nn.init.normal_(q)
+    params = list(model.parameters())
+    gb = train.GradBuckets([q.detach() for q in params])
+    x = torch.full((3, 4), float(rank))
+    model(x).sum().backward()
+    for i in reversed(range(len(params))):
+        gb.ready(i, params[i].grad)
+    got = gb.wait()
+    assert isinstance(got[0], np.ndarray) and got[0].shape == tuple(params[0].shape)
+
+
+def test_buckets_take_torch_tensors():
+    pytest.importorskip("torch")
+    run(_torch_job, 2)
+
+
+# -- rl.profile and pricing --------------------------------------------------------------
+def _profile_job(rank):
+    import time
+    from ringlet import train
+    params = [np.zeros(s, np.float32) for s in SHAPES]
+    gb = train.GradBuckets(params, bucket_cap_mb=0)
+    with rl.profile() as prof:
+        for i in reversed(range(6)):
+            gb.ready(i, np.ones(SHAPES[i], np.float32))
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.01:    # compute, while the buckets are in flight
+            pass
+        gb.wait()
+        x = np.zeros(4)
+        rl.send(x, 1 - rank) if rank == 0 else rl.recv(x, 0)
+    rows = prof.rows
+    assert rows["all_reduce"].calls == 6 and rows["all_reduce"].bytes == sum(
+        np.prod(s) * 4 for s in SHAPES)
+    assert ("send" if rank == 0 else "recv") in rows
+    assert 0 < prof.blocked_seconds <= prof.comm_seconds
+    assert prof.compute_seconds >= 0.01
+    assert abs(prof.compute_seconds + prof.comm_seconds - prof.wall_seconds) < 1e-9
+    assert prof.gamma == pytest.approx(prof.comm_seconds / prof.compute_seconds)
+    assert "ringlet:all_reduce" in prof.table() and "compute" in prof.table()
+    # nothing is recorded once the block has ended
+    rl.all_reduce(np.zeros(3))
+    assert rows["all_reduce"].calls == 6
+
+
+def test_profile_records_calls_and_waits():
+    run(_profile_job, 2)
+
+
+def test_price_matches_the_cost_model_and_the_schedule():
+    from ringlet import train
+    N, p = 64 << 20, 8
+    step = train.price([train.Call("all_reduce", N, p)], "infiniband")
+    (c,) = step.calls
+    assert c.seconds == pytest.approx(rl.cost.predict("all_reduce", N, p, algorithm=c.algorithm,
+                                                      link="infiniband"))
+    if c.algorithm == "ring":    # the seeds' 2N(P-1)/P, counted on the schedule
+        assert c.sent_bytes == 2 * N * (p - 1) // p
+    assert step.gamma(step.comm_seconds) == pytest.approx(1.0)
+    # ZeRO-3 moves 1.5x data parallelism's bytes: reduce_scatter + 2 all_gathers vs all_reduce.
+    topo = rl.cost.Topology(hosts=2, ranks_per_host=4, intra="nvlink", inter="infiniband")
+    dp = train.price([train.Call("reduce_scatter", N, p), train.Call("all_gather", N, p)], topo)
+    z3 = train.price([train.Call("reduce_scatter", N, p), train.Call("all_gather", N, p, times=2)], topo)
+    assert z3.bytes_per_rank == pytest.approx(1.5 * dp.bytes_per_rank, rel=0.01)
+    assert "per step" in z3.table()
+    with pytest.raises(ValueError):
+        step.gamma(0)
+
+
+# -- ZeRO ------------------------------------------------------------------------------------
+LAYERS = [[0, 1], [2, 3], [4, 5]]   # units: (weight, bias) of each layer
+
+
+def _zero_job(rank, stage, name, dyadic, exact):
+    from ringlet import train
+    p = rl.get_world_size()
+    kw = {"lr": 0.05, "momentum": 0.9} if name == "sgd" else {"lr": 0.01}
+    units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]
+    z = train.ZeroOptimizer(units, stage=stage, optimizer=name, **kw)
+    for t in range(1, 4):
+        gs = grads_of(rank, t, dyadic=dyadic)
+        if stage == 3:   # forward gathers each unit (prefetching the next), backward again
+            for u in range(3):
+                z.gather(u, prefetch=u + 1)
+                z.free(u)
+            for u in reversed(range(3)):
+                z.gather(u, prefetch=u - 1)
+                z.free(u)
+                z.reduce_grad(u, [gs[i] for i in LAYERS[u]])
+            z.step()
+        else:
+            z.step([[gs[i] for i in layer] for layer in LAYERS])
+    ref = reference_training(p, 3, train.optim.make(name, **kw), dyadic)
+    for u, layer in enumerate(LAYERS):
+        got = z.gather(u)
+        for q, i in zip(got, layer):
+            if exact:
+                assert np.array_equal(q, ref[i]), f"stage {stage} {name}: param {i} differs"
+            else:
+                np.testing.assert_allclose(q, ref[i], rtol=1e-10, atol=1e-12)
+        z.free(u)
+    mem, ddp = z.memory(), z.ddp_memory()
+    n = sum(np.prod(s) for s in SHAPES) * 8
+    slots = 1 if name == "sgd" else 2
+    pad = 3 * (p - 1) * 8 * (2 + slots)      # each unit padded to a multiple of p
+    assert mem["optimizer"] <= slots * n / p + pad
+    if stage >= 2:
+        assert mem["grads"] <= n / p + pad
+    if stage == 3:
+        assert mem["total"] <= ddp / p + pad                     # ~1/p of DDP's ...
+        biggest = max(sum(np.prod(SHAPES[i]) for i in layer) for layer in LAYERS) * 8
+        assert mem["gathered_peak"] <= 2 * (biggest + pad)       # ... plus a unit in flight
+        assert mem["gathered_peak"] > 0
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_zero_equals_unsharded_reference(stage, name):
+    run(_zero_job, 4, stage, name, True, True)     # exact sums: bit-identical
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_three_ranks_random_floats(stage):
+    run(_zero_job, 3, stage, "adam", False, False)
+
+
+def _zero_price_job(rank):
+    from ringlet import train
+    units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]
+    by = {s: train.ZeroOptimizer(units, stage=s).price("infiniband").bytes_per_rank
+          for s in (1, 2, 3)}
+    # stage 1 all_reduces (the auto pick for small calls may send more than a ring)
+    assert by[1] >= by[2] and by[3] == pytest.approx(1.5 * by[2], rel=0.02), by
+    z = train.ZeroOptimizer(units, stage=2)
+    with pytest.raises(ValueError, match="unit 0 has parameters of"):
+        z.reduce_grad(0, [np.ones(3)])
+    with pytest.raises(RuntimeError, match=r"unit\(s\) \[0, 1, 2\] got no gradient"):
+        z.step()
+    with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
+        train.ZeroOptimizer(units, stage=4)
+
+
+def test_zero_prices_and_errors():
+    run(_zero_price_job, 2)
+
+
+# -- mixture of experts --------------------------------------------------------------------
+def _kept_reference(idx, num_experts, cap):
+    """(token, choice) pairs kept: per expert, first choices before second ones, then
+    token order; the first ``cap`` of each expert's queue."""
+    T, k = idx.shape
+    taken = np.zeros(num_experts, int)
+    kept = np.zeros((T, k), bool)
+    for j in range(k):
+        for t in range(T):
+            e = idx[t, j]
+            if taken[e] < cap:
+                taken[e] += 1
+                kept[t, j] = True
+    return kept
+
+
+def _moe_job(rank):
+    from ringlet import train
+    from ringlet.train.moe import capacity
+    p = rl.get_world_size()
+    case = st.tuples(st.integers(0, 2 ** 31), st.integers(0, 40), st.sampled_from([1, 2]),
+                     st.sampled_from([1, 2, 3]), st.sampled_from([0.25, 0.5, 1.0, 1.25, 100.0]),
+                     st.sampled_from(["zero", "pass"]), st.sampled_from([np.float32, np.float64]))
+
+    @in_rank_settings(25)
+    @given(case)
+    def check(c):
+        seed, T_max, k, per, cf, drop, dtype = c
+        E = per * p
+        k = min(k, E)
+        rng = np.random.default_rng([seed, rank])
+        T = int(rng.integers(0, T_max + 1))                       # uneven across ranks
+        x = rng.standard_normal((T, 3, 2)).astype(dtype)
+        idx = np.stack([rng.permutation(E)[:k] for _ in range(T)]) if T else np.zeros((0, k), int)
+        toks, routing = train.dispatch(x, idx if k > 1 else idx[:, 0], E, cf, drop=drop)
+        first = rank * per
+        outs = [t * (first + e + 1) for e, t in enumerate(toks)]     # expert e scales by e+1
+        y = train.combine(outs, routing)
+        y = y.reshape(T, k, 3, 2)
+        kept = _kept_reference(idx, E, capacity(T, k, E, cf))
+        assert routing.dropped == int((~kept).sum())
+        for t in range(T):
+            for j in range(k):
+                want = x[t] * (idx[t, j] + 1) if kept[t, j] else (x[t] if drop == "pass" else 0)
+                np.testing.assert_array_equal(y[t, j], np.asarray(want, dtype))
+        if cf == 100.0:   # nothing dropped: identity experts give back x exactly
+            back = train.combine(toks, routing).reshape(T, k, 3, 2)
+            assert np.array_equal(back, np.repeat(x[:, None], k, axis=1))
+    check()
+
+
+def test_moe_dispatch_combine_property():
+    run(_moe_job, 3)
+
+
+def _moe_api_job(rank):
+    from ringlet import train
+    x = np.ones((6, 4), np.float32)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        train.dispatch(x, np.zeros(6, int), 3)
+    with pytest.raises(ValueError, match="outside 0..3"):
+        train.dispatch(x, np.full(6, 4), 4)
+    with pytest.raises(ValueError, match="integers of shape"):
+        train.dispatch(x, np.zeros(5, int), 4)
+    toks, routing = train.dispatch(x, np.full((6, 2), [0, 3]), 4, capacity_factor=10)
+    w = np.full((6, 2), 0.5, np.float32)
+    assert np.array_equal(train.combine(toks, routing, weights=w), x)
+    assert routing.sent_bytes == 6 * 4 * 4          # the choices of expert 3 live on rank 1
+    with pytest.raises(ValueError, match="expected"):
+        train.combine([t[:0] for t in toks], routing)
+    pr = train.moe.price_moe(6, 4, 2, 4, 2, topology="infiniband")
+    assert pr.comm_seconds > 0 and pr.bytes_per_rank > 0
+
+
+def test_moe_api_and_errors():
+    run(_moe_api_job, 2)
+
+
+# -- tensor parallel, in a 2-D job -------------------------------------------------------------
+def _mlp_reference(W1, b1, W2, b2, x, t):
+    h = np.tanh(x @ W1 + b1)
+    y = h @ W2 + b2
+    dy = y - t
+    dW2, db2 = h.T @ dy, dy.sum(0)
+    dh = (dy @ W2.T) * (1 - h * h)
+    return y, [x.T @ dh, dh.sum(0), dW2, db2], dh @ W1.T
+
+
+def _tp_job(rank):
+    from ringlet import train
+    d, h, T = 6, 8, 5
+    rng = np.random.default_rng(7)
+    W1, b1, W2, b2 = (rng.standard_normal(s) for s in [(d, h), (h,), (h, d), (d,)])
+    tp_groups = [rl.new_group([0, 1]), rl.new_group([2, 3])]    # inside a host
+    dp_groups = [rl.new_group([0, 2]), rl.new_group([1, 3])]    # across
+    tp, dp = tp_groups[rank // 2], dp_groups[rank % 2]
+    data = [(np.random.default_rng([1, k]).standard_normal((T, d)),
+             np.random.default_rng([2, k]).standard_normal((T, d))) for k in range(2)]
+    x, t = data[rank // 2]                                      # this replica's batch
+    col = train.ColumnParallelLinear(W1, b1, group=tp, gather_output=False)
+    row = train.RowParallelLinear(W2, b2, group=tp, input_is_parallel=True)
+    hid = np.tanh(col.forward(x))
+    y = row.forward(hid)
+    dx = col.backward(row.backward(y - t) * (1 - hid * hid))
+    ref_y, _, ref_dx = _mlp_reference(W1, b1, W2, b2, x, t)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, ref_dx, rtol=1e-12, atol=1e-12)
+    # data parallel across the replicas: average the shards' gradients over dp
+    shards = col.grads + row.grads
+    gb = train.GradBuckets(shards, group=dp)
+    for i in reversed(range(len(shards))):
+        gb.ready(i, shards[i])
+    got = gb.wait()
+    refs = [_mlp_reference(W1, b1, W2, b2, *data[k])[1] for k in range(2)]
+    ref = [(a + b) / 2 for a, b in zip(*refs)]
+    c, r = col.cols, row.rows
+    for g_, want in zip(got, [ref[0][:, c], ref[1][c], ref[2][r], ref[3]]):
+        np.testing.assert_allclose(g_, want, rtol=1e-12, atol=1e-12)
+    # the other pairing: gathered output, whole input
+    col2 = train.ColumnParallelLinear(W1, b1, group=tp, gather_output=True)
+    row2 = train.RowParallelLinear(W1.T.copy(), None, group=tp, input_is_parallel=False)
+    y2 = col2.forward(x)
+    np.testing.assert_allclose(y2, x @ W1 + b1, rtol=1e-12, atol=1e-12)
+    z = row2.forward(y2)
+    np.testing.assert_allclose(z, y2 @ W1.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(row2.backward(np.ones_like(z)), np.ones_like(z) @ W1,
+                               rtol=1e-12, atol=1e-12)
+    assert len(col.price(T, "nvlink").calls) == 1 and len(col2.price(T, "nvlink").calls) == 2
+    with pytest.raises(ValueError, match="must divide evenly"):
+        train.ColumnParallelLinear(np.ones((3, 5)), group=tp)
+
+
+def test_tensor_parallel_in_a_2d_job():
+    run(_tp_job, 4)
+
+
+# -- pipeline ------------------------------------------------------------------------------------
+class _Dense:
+    """y = tanh(x W) (the last stage without tanh); accumulates dW."""
+
+    def __init__(self, W, act):
+        self.W, self.act, self.dW = W, act, np.zeros_like(W)
+
+    def forward(self, x):
+        y = x @ self.W
+        if self.act:
+            y = np.tanh(y)
+        return y, (x, y)
+
+    def backward(self, ctx, dy):
+        x, y = ctx
+        if self.act:
+            dy = dy * (1 - y * y)
+        self.dW += x.T @ dy
+        return dy @ self.W.T
+
+
+def _mse(y, t):
+    return 0.5 * float(((y - t) ** 2).sum()), y - t
+
+
+def _pipe_job(rank, schedule, m):
+    from ringlet import train
+    p = rl.get_world_size()
+    dims = [5, 7, 6, 4, 3][:p + 1]
+    Ws = [np.random.default_rng([3, s]).standard_normal((dims[s], dims[s + 1])) for s in range(p)]
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((2 + i % 2, dims[0])) for i in range(m)]   # uneven micro-batches
+    ts = [rng.standard_normal((len(x), dims[-1])) for x in xs]
+    stage = _Dense(Ws[rank].copy(), rank < p - 1)
+    pipe = train.Pipeline(stage, m, schedule=schedule, loss=_mse)
+    for _ in range(2):        # two steps: tags and buffers are reused
+        losses = pipe.step(xs if rank == 0 else None, ts if rank == p - 1 else None)
+    # the reference: the whole model in one process, micro-batches one after another
+    stages = [_Dense(W.copy(), s < p - 1) for s, W in enumerate(Ws)]
+    want = []
+    for x, t in zip(xs, ts):
+        ctxs = []
+        for s_ in stages:
+            x, c = s_.forward(x)
+            ctxs.append(c)
+        val, dy = _mse(x, t)
+        want.append(val)
+        for s_, c in zip(reversed(stages), reversed(ctxs)):
+            dy = s_.backward(c, dy)
+    np.testing.assert_allclose(stage.dW, 2 * stages[rank].dW, rtol=1e-12, atol=1e-12)
+    if rank == p - 1:
+        np.testing.assert_allclose(losses, want, rtol=1e-12)
+    else:
+        assert losses is None
+    limit = m if schedule == "gpipe" else min(p - rank, m)
+    assert pipe.peak_in_flight == limit, (schedule, rank, pipe.peak_in_flight)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("n,m", [(4, 6), (3, 2)])
+def test_pipeline_equals_whole_model(schedule, n, m):
+    run(_pipe_job, n, schedule, m)
+
+
+def test_pipeline_orders():
+    from ringlet.train import Pipeline
+
+    class G:
+        size, rank = 4, 1
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.group, pipe.m, pipe.schedule = G(), 4, "1f1b"
+    assert pipe.order() == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                            ("B", 2), ("B", 3)]
+    pipe.schedule = "gpipe"
+    assert pipe.order() == [("F", i) for i in range(4)] + [("B", i) for i in (3, 2, 1, 0)]
+
+
+# -- parameter server / actor-learner ---------------------------------------------------------
+def _experience(weights, c, rank):
+    return np.full((rank + c % 3, 2), weights.sum() + c)     # varying sizes, 0 rows too
+
+
+def _update(weights, exps):
+    for e in exps:
+        weights += 0.01 * e.sum() * np.arange(1, len(weights) + 1)
+
+
+def _replay(used, rounds, actors):
+    """The learner's weights, rebuilt from which version each experience was made with."""
+    hist = [np.ones(4)]
+    for c in range(rounds):
+        w = hist[-1].copy()
+        exps = [_experience(hist[v], c, a) for (cc, a, v) in used if cc == c]
+        assert [a for (cc, a, v) in used if cc == c] == actors
+        _update(w, exps)
+        hist.append(w)
+    return hist[-1]
+
+
+def _ps_job(rank, staleness, flag_dir):
+    import os
+    from ringlet import train
+    rounds = 6
+    ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
+    if rank == 0:
+        ps.learn(rounds, _update)
+        for c, a, v in ps.used_versions:
+            assert c - staleness <= v <= c, (c, a, v)
+        np.testing.assert_array_equal(ps.weights, _replay(ps.used_versions, rounds, [1, 2]))
+        if flag_dir:   # the straggler's first round was made while actor 2 ran s rounds ahead
+            assert (2, 2, 0) in ps.used_versions
+    else:
+        def generate(w, c):
+            if flag_dir and rank == 1 and c == 0:     # a straggler: waits for actor 2 ...
+                while not os.path.exists(os.path.join(flag_dir, "ahead")):
+                    time.sleep(0.001)
+            if flag_dir and rank == 2 and c == staleness:   # ... to be s rounds ahead
+                open(os.path.join(flag_dir, "ahead"), "w").close()
+            return _experience(w, c, rank)
+        import time
+        ps.act(rounds, generate)
+        assert ps.version == rounds - 1
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+def test_parameter_server_rounds(staleness):
+    run(_ps_job, 3, staleness, None)
+
+
+def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):
+    # with staleness 0 this job could not finish: actor 1 waits for actor 2 to run ahead
+    run(_ps_job, 3, 2, str(tmp_path))

@@ -28,6 +28,7 @@ class _State:
     profile = None
     generation = 0
     timeout = DEFAULT_TIMEOUT
+    outstanding: list = []   # async works handed to the user, until destroy accounts for them
 
 
 _S = _State()
@@ -200,13 +201,46 @@ def _describe_fp(fp) -> dict:
     return fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c]))
 
 
+def track(work):
+    """Remember an async work for destroy(), which completes it or says it was lost."""
+    out = _S.outstanding
+    if len(out) >= 64:   # forget finished ones (a failed one stays until its error is seen)
+        out[:] = [w for w in out if not (w._done() and w.error is None and w._error() is None)]
+    out.append(work)
+    return work
+
+
+def _finish_outstanding(eng) -> list:
+    """Drive every async work the user did not wait for to its end; return the lost ones
+    as lines "what: error"."""
+    works, _S.outstanding = _S.outstanding, []
+    try:
+        eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
+    except RingletError:
+        pass
+    lost = []
+    for w in works:
+        if not w._done():
+            lost.append(f"{w.what}: did not complete within {_S.timeout:g} s")
+            continue
+        err = w.error or w._error()
+        if err is not None and not w._reported:
+            lost.append(f"{w.what}: {type(err).__name__}: {err}")
+    return lost
+
+
 def destroy() -> None:
-    """Leave the job: flush and close every connection. Safe to call twice."""
+    """Leave the job: complete every async operation still in flight, flush and close
+    every connection. Raises RingletError naming the async operations that could not
+    complete (a peer is gone) and whose error nobody has seen. Safe to call twice."""
     eng = _S.engine
     if eng is None:
         return
+    lost = []
     try:
-        if _S.world.size > 1:  # nobody may leave while a peer still needs them
+        lost = _finish_outstanding(eng)
+        if _S.world.size > 1 and not any(p.dead for p in eng.peers.values()):
+            # nobody may leave while a peer still needs them (a dead peer never says bye)
             try:
                 _S.store.add(f"g{_S.generation - 1}/bye", 1)
                 _S.store.wait_count(f"g{_S.generation - 1}/bye", _S.world.size, timeout=_S.timeout)
@@ -219,6 +253,9 @@ def destroy() -> None:
             _S.server.close()
         _S.engine = _S.world = _S.store = _S.server = None
         _S.groups = []
+    if lost:
+        raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
+                           f"not complete, their results are missing: " + "; ".join(lost))
 
 
 def is_initialized() -> bool:
@@ -294,11 +331,11 @@ def _tag(g: Group, tag: int) -> int:
 
 
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return _post(*_p2p("send", buf, dst, group, tag))
+    return track(_post(*_p2p("send", buf, dst, group, tag)))
 
 
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return _post(*_p2p("recv", buf, src, group, tag))
+    return track(_post(*_p2p("recv", buf, src, group, tag)))
 
 
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:

@@ -239,6 +239,8 @@ def destroy() -> None:
     lost = []
     try:
         lost = _finish_outstanding(eng)
+        eng.check_liveness()
+        eng.progress()
         if _S.world.size > 1 and not any(p.dead for p in eng.peers.values()):
             # nobody may leave while a peer still needs them (a dead peer never says bye)
             try:

@@ -1,7 +1,11 @@
 """Never silently wrong, never left running (issue 20): destroy, the launcher, failed
 inits, spawn inside spawn."""
+import glob
 import os
 import signal
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -47,3 +51,43 @@ def test_destroy_names_async_work_a_dead_peer_lost(tmp_path):
     assert info.value.rank == 2
     for r in (0, 1):
         assert "could not complete" in open(f"{path}.{r}").read()
+
+
+# -- a failed init leaves nothing behind and says who did not join -----------------------
+_BY_HAND = ("import ringlet as rl\n"
+            "try:\n"
+            "    rl.init()\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__, exc)\n"
+            "    raise SystemExit(3)\n")
+
+
+def _leftovers():
+    return set(glob.glob("/dev/shm/ringlet-*")) | set(glob.glob("/tmp/ringlet-*"))
+
+
+@pytest.mark.parametrize("fault", ["wrong_token", "missing"])
+def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = _leftovers()
+    base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                RINGLET_TOKEN="a" * 64, RINGLET_TIMEOUT="4")
+    ranks = [0, 1] if fault == "missing" else [0, 1, 2]
+    procs = {r: subprocess.Popen([sys.executable, "-c", _BY_HAND], text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 env=dict(base, RANK=str(r),
+                                          RINGLET_TOKEN="b" * 64 if r == 2 else "a" * 64))
+             for r in ranks}
+    out = {r: p.communicate(timeout=60)[0] for r, p in procs.items()}
+    assert all(p.returncode == 3 for p in procs.values()), out
+    for r in (0, 1):
+        assert "rank(s) [2] of 3 did not join" in out[r], out[r]
+        if fault == "wrong_token":
+            assert "failed to authenticate" in out[r] and "RINGLET_TOKEN" in out[r], out[r]
+        else:
+            assert "never started" in out[r], out[r]
+    if fault == "wrong_token":
+        assert "AuthenticationError" in out[2] and "RINGLET_TOKEN" in out[2], out[2]
+    assert _leftovers() <= before

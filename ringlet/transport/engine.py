@@ -20,7 +20,7 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
-from ..rendezvous import handshake_client, handshake_server, local_address_towards
+from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
@@ -68,12 +68,16 @@ class Engine:
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None
-        self.seg_path = None
+        self.seg_fd = None          # the rings' memfd, open until every local peer mapped it
         self.doorbell = None
         self.closed = False
         self._last_liveness = 0.0
         _read_check_switch()
-        self._connect(master_addr, master_port, generation)
+        try:
+            self._connect(master_addr, master_port, generation)
+        except BaseException:
+            self.close(0)
+            raise
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
         self.crowded = local > (ncpu or 1)
@@ -92,12 +96,11 @@ class Engine:
         self.hosts = (self.host_id,)
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
-            self.seg_path = f"/dev/shm/ringlet-{self.job}-{gen}-{self.rank}"
-            self.seg = create_segment(self.seg_path, segment_size(self.world_size, self.capacity))
+            self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             name = f"ringlet-{self.job}-{gen}-{self.rank}".encode()
             self.doorbell = make_doorbell(name)
             self.sel.register(self.doorbell, selectors.EVENT_READ, None)
-            me.update(seg=self.seg_path, doorbell=name.decode())
+            me.update(seg=self.seg_fd, doorbell=name.decode())
         listener = None
         if self.world_size > 1:
             bind = local_address_towards(master_addr, master_port)
@@ -105,8 +108,8 @@ class Engine:
             listener.settimeout(1.0)
             me.update(addr=bind, port=listener.getsockname()[1])
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
-        infos = [json.loads(self.store.get(f"{prefix}addr/{r}", timeout=self.timeout))
-                 for r in range(self.world_size)]
+        infos = [json.loads(v) for v in
+                 wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
         self.hosts = tuple(info["host"] for info in infos)   # host identity of every rank
         remote = []
         for info in infos:
@@ -114,7 +117,8 @@ class Engine:
             if r == self.rank:
                 continue
             if use_shm and info["host"] == self.host_id:
-                theirs = open_segment(info["seg"], segment_size(self.world_size, self.capacity))
+                theirs = open_segment(info["pid"], info["seg"],
+                                      segment_size(self.world_size, self.capacity))
                 self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
                                         Ring(theirs, self.rank, self.capacity),
                                         info["doorbell"].encode(), info["pid"])
@@ -130,12 +134,15 @@ class Engine:
         finally:
             if listener is not None:
                 listener.close()
-        # Everyone has mapped everything: remove the names so nothing can outlive the job.
+        # Everyone has mapped everything: the fd is no longer needed.
         self.store.add(f"{prefix}mapped", 1)
         self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
-        if self.seg_path:
-            os.unlink(self.seg_path)
-            self.seg_path = None
+        self._close_seg_fd()
+
+    def _close_seg_fd(self) -> None:
+        if self.seg_fd is not None:
+            os.close(self.seg_fd)
+            self.seg_fd = None
 
     def _connect_tcp(self, remote: list, listener) -> None:
         """Higher ranks dial lower ones; every connection proves the token both ways."""
@@ -426,8 +433,4 @@ class Engine:
         self.sel.close()
         if self.doorbell is not None:
             self.doorbell.close()
-        if self.seg_path:
-            try:
-                os.unlink(self.seg_path)
-            except FileNotFoundError:
-                pass
+        self._close_seg_fd()

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -91,3 +92,104 @@ def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
     if fault == "wrong_token":
         assert "AuthenticationError" in out[2] and "RINGLET_TOKEN" in out[2], out[2]
     assert _leftovers() <= before
+
+
+# -- ringlet run: signals reach every rank, ranks die with the launcher ---------------------
+_WAITS = ("import os, signal, sys, time, ringlet as rl\n"
+          "rl.init()\n"
+          "if rl.get_rank() == 1 and 'stubborn' in sys.argv:\n"
+          "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "open(os.path.join(sys.argv[1], str(rl.get_rank())), 'w').write(str(os.getpid()))\n"
+          "while True:\n"
+          "    time.sleep(0.05)\n")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+
+
+def _launch(tmp_path, source, n, *args, opts=()):
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return subprocess.Popen([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), *opts,
+                             str(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _pids(tmp_path, n, launcher):
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path / "pids")) < n:
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.05)
+    time.sleep(0.1)   # (each file is written in one call, but may be empty for a moment)
+    return [int((tmp_path / "pids" / str(r)).read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_ringlet_run_reaches_every_rank(tmp_path, sig):
+    (tmp_path / "pids").mkdir()
+    before = _leftovers()
+    launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"), "stubborn",
+                       opts=("--grace", "1"))
+    pids = _pids(tmp_path, 3, launcher)
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + sig, err
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    assert f"got {signal.Signals(sig).name}" in err, err
+    if sig == signal.SIGTERM:   # rank 1 ignores it: killed after the grace period
+        assert "killed rank(s) [1]" in err, err
+    assert _leftovers() <= before
+
+
+def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
+    (tmp_path / "pids").mkdir()
+    before = _leftovers()
+    launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"))
+    pids = _pids(tmp_path, 3, launcher)
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not _gone(p)]
+        time.sleep(0.05)
+    assert _leftovers() <= before
+
+
+def test_ringlet_run_tags_output_and_sums_up_the_failure(tmp_path):
+    source = ("import os, signal, sys, numpy as np, ringlet as rl\n"
+              "rl.init()\n"
+              "print('hello', sys.argv[1:])\n"
+              "x = np.ones(10)\n"
+              "rl.all_reduce(x)\n"
+              "if rl.get_rank() == 2:\n"
+              "    raise ValueError('bad batch')\n"
+              "rl.all_reduce(x, timeout=30)\n")
+    proc = _launch(tmp_path, source, 3, "--lr", "1")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert sorted(out.splitlines()) == [f"[{r}] hello ['--lr', '1']" for r in range(3)], out
+    assert "[2] ValueError: bad batch" in err, err
+    summary = err[err.index("ringlet run: rank 2 failed first"):].splitlines()
+    assert summary[0] == "ringlet run: rank 2 failed first: ValueError: bad batch", err
+    assert len(summary) == 3 and all(s.startswith(f"ringlet run:   then rank {r}: PeerFailure: "
+                                                  "rank 2 failed") for r, s in zip((0, 1), summary[1:])), summary
+    untagged = _launch(tmp_path, source, 3, "x", opts=("--no-tag-output",))
+    out, err = untagged.communicate(timeout=60)
+    assert out.count("hello") == out.count("['x']") == 3 and "[0]" not in out + err, out   # (may interleave)
+    assert "ringlet run: rank 2 failed first: ValueError: bad batch" in err
+
+
+def test_ringlet_run_rejects_a_bad_backend_before_any_rank_starts(tmp_path):
+    proc = _launch(tmp_path, "open('started', 'w')\n", 2, opts=("--backend", "nccl"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'nccl'" in err, err
+    assert not os.path.exists("started")
+    assert "SCRIPT [ARGS ...]" in subprocess.run(
+        [sys.executable, "-m", "ringlet.cli", "run", "--help"], capture_output=True,
+        text=True).stdout

@@ -75,6 +75,7 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq, parent):
     from . import runtime
     try:
         runtime.init(backend=backend)
+        runtime._S.spawned = True   # fn may call init() again, as under torch's mp.spawn
         fn(rank, *args)
         runtime.destroy()
     except BaseException as exc:
@@ -88,7 +89,8 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq, parent):
 def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float | None = None,
           start_method: str = "fork", env: dict | None = None) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` local ranks, each already inside
-    ``ringlet.init``. Returns when all succeed; otherwise stops the rest and raises
+    ``ringlet.init`` (``fn`` may call ``init()`` again for the same world, as with torch's
+    ``mp.spawn``; it returns that world). Returns when all succeed; otherwise stops the rest and raises
     ProcessFailed naming the first rank that failed and its error. ``timeout`` bounds the
     whole job (seconds)."""
     if nprocs < 1:

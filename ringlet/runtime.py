@@ -28,6 +28,7 @@ class _State:
     profile = None
     generation = 0
     timeout = DEFAULT_TIMEOUT
+    spawned = False          # init was done by rl.spawn before calling the user's function
     outstanding: list = []   # async works handed to the user, until destroy accounts for them
 
 
@@ -47,7 +48,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     ``timeout``: default seconds for every blocking call (else RINGLET_TIMEOUT, else 60).
     """
     if _S.engine is not None:
-        raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
+        return _init_again(backend, rank, world_size)
     backend = backend or os.environ.get("RINGLET_BACKEND", "auto")
     if backend not in ("auto", "tcp", "shm"):
         raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
@@ -117,6 +118,21 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
     return _S.world
+
+
+def _init_again(backend, rank, world_size) -> Group:
+    """init inside a rank rl.spawn already initialised (as under torch's mp.spawn): the
+    same world is accepted and returned; anything else is an error saying so."""
+    w = _S.world
+    same = ((rank is None or rank == w.rank) and (world_size is None or world_size == w.size)
+            and backend in (None, _S.engine.backend))
+    if _S.spawned and same:
+        return w
+    if _S.spawned:
+        raise RingletError(f"rl.spawn already initialised this rank as rank {w.rank} of {w.size} "
+                           f"(backend {_S.engine.backend!r}); init() inside it may only ask for that "
+                           f"same world (got rank={rank}, world_size={world_size}, backend={backend!r})")
+    raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
 
 
 def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
@@ -255,6 +271,7 @@ def destroy() -> None:
             _S.server.close()
         _S.engine = _S.world = _S.store = _S.server = None
         _S.groups = []
+        _S.spawned = False
     if lost:
         raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
                            f"not complete, their results are missing: " + "; ".join(lost))

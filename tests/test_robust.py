@@ -193,3 +193,20 @@ def test_ringlet_run_rejects_a_bad_backend_before_any_rank_starts(tmp_path):
     assert "SCRIPT [ARGS ...]" in subprocess.run(
         [sys.executable, "-m", "ringlet.cli", "run", "--help"], capture_output=True,
         text=True).stdout
+
+
+# -- init inside rl.spawn ---------------------------------------------------------------
+def _inits_itself(rank):
+    world = rl.init()                    # as a function written for torch's mp.spawn would
+    assert world.rank == rank and world.size == 3
+    assert rl.init(backend=None, rank=rank, world_size=3) is world
+    x = np.full(4, float(rank))
+    rl.all_reduce(x)
+    assert list(x) == [3.0] * 4
+    with pytest.raises(rl.RingletError, match="rl.spawn already initialised this rank as rank"):
+        rl.init(world_size=5)
+    rl.destroy()
+
+
+def test_init_inside_spawn_returns_the_spawned_world():
+    run(_inits_itself, 3)

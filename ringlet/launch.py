@@ -87,12 +87,13 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq, parent):
 
 
 def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float | None = None,
-          start_method: str = "fork", env: dict | None = None) -> None:
+          start_method: str = "fork", env: dict | None = None, keep_going: bool = False) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` local ranks, each already inside
     ``ringlet.init`` (``fn`` may call ``init()`` again for the same world, as with torch's
     ``mp.spawn``; it returns that world). Returns when all succeed; otherwise stops the rest and raises
     ProcessFailed naming the first rank that failed and its error. ``timeout`` bounds the
-    whole job (seconds)."""
+    whole job (seconds). ``keep_going``: a failed rank does not stop the others (a job
+    that survives it with ``rl.shrink``); ProcessFailed is raised once all have ended."""
     if nprocs < 1:
         raise ValueError("spawn: nprocs must be >= 1")
     token = new_token()
@@ -108,7 +109,8 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         for p in procs:
             p.start()
         failures = _watch([p.sentinel for p in procs], lambda i: procs[i].exitcode, timeout,
-                          lambda i: procs[i].kill(), lambda i: procs[i].terminate())
+                          lambda i: procs[i].kill(), lambda i: procs[i].terminate(),
+                          keep_going=keep_going)
     finally:
         for p in procs:
             if p.is_alive():
@@ -127,10 +129,12 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         raise ProcessFailed(rank, detail)
 
 
-def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=None):
+def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=None,
+           keep_going=False):
     """Wait for all processes; on the first failure give the others ``grace`` seconds to
-    notice and report it, then stop them (listed in ``stopped``). Returns the failures as
-    (rank, exit code) in the order seen, leaving out ranks this launcher stopped itself."""
+    notice and report it, then stop them (listed in ``stopped``) unless ``keep_going``.
+    Returns the failures as (rank, exit code) in the order seen, leaving out ranks this
+    launcher stopped itself."""
     from multiprocessing.connection import wait
     live = dict(enumerate(sentinels))
     failures = []
@@ -148,10 +152,12 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
                     failures.append((i, code))
                     fail_time = fail_time or time.monotonic()
         now = time.monotonic()
-        if deadline is not None and now > deadline and not failures:
-            failures.append((min(live), -signal.SIGALRM))
-            fail_time = now
-        if fail_time is not None and live and now - fail_time > grace:
+        if deadline is not None and now > deadline and live and fail_time != float("inf"):
+            if not failures:
+                failures.append((min(live), -signal.SIGALRM))
+            fail_time = fail_time or now
+            keep_going = False         # the job's time is up
+        if fail_time is not None and live and not keep_going and now - fail_time > grace:
             for i in live:
                 terminate(i)
                 if stopped is not None:
@@ -215,6 +221,9 @@ def run_main(argv) -> int:
     ap.add_argument("--grace", type=float, default=GRACE,
                     help=f"seconds ranks get to exit after a failure or a signal before they are "
                          f"killed (default {GRACE:g})")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="a failed rank does not stop the others (for jobs that survive it "
+                         "with rl.shrink())")
     ap.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module")
     ap.add_argument("script", metavar="SCRIPT")
     ap.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -253,7 +262,7 @@ def run_main(argv) -> int:
         stopped: list = []
         failures = _watch([_PopenSentinel(p) for p in job.procs], lambda i: job.procs[i].poll(),
                           None, lambda i: job.procs[i].kill(), lambda i: job.procs[i].terminate(),
-                          a.grace, stopped)
+                          a.grace, stopped, a.keep_going)
         if not failures:
             return 0
         local, code = _first_failure(failures, job.reports())

@@ -169,7 +169,7 @@ def _publish_state(waiting: str | None = None) -> None:
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
     state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting}
     try:
-        _S.store.set(_state_key(_S.world.rank), json.dumps(state).encode())
+        _S.store.set(_state_key(_S.engine.rank), json.dumps(state).encode())
     except RingletError:
         pass
 
@@ -188,7 +188,7 @@ def _hang_report(tag: int, what) -> str:
     time.sleep(min(1.5, _S.timeout / 10))  # let waiting peers publish too
     lines = []
     for r in g.ranks:
-        if r == _S.world.rank:
+        if r == _S.engine.rank:
             continue
         try:
             raw = _S.store.try_get(_state_key(r)) if hasattr(_S.store, "try_get") else None
@@ -257,11 +257,14 @@ def destroy() -> None:
         lost = _finish_outstanding(eng)
         eng.check_liveness()
         eng.progress()
-        if _S.world.size > 1 and not any(p.dead for p in eng.peers.values()):
-            # nobody may leave while a peer still needs them (a dead peer never says bye)
+        world = _S.world
+        if world.size > 1 and not any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
+            # nobody may leave while a peer still needs them (a dead peer never says bye);
+            # one count per world, as it may have shrunk
+            bye = f"g{_S.generation - 1}/bye/{world.id}"
             try:
-                _S.store.add(f"g{_S.generation - 1}/bye", 1)
-                _S.store.wait_count(f"g{_S.generation - 1}/bye", _S.world.size, timeout=_S.timeout)
+                _S.store.add(bye, 1)
+                _S.store.wait_count(bye, world.size, timeout=_S.timeout)
             except RingletError:
                 pass
         eng.close()
@@ -322,7 +325,8 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
         if not 0 <= r < world.size:
             raise ValueError(f"new_group: rank {r} is outside the world of size {world.size}")
     gid = max(g.id for g in _S.groups) + 1
-    g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
+    g = Group(gid, tuple(world.ranks[r] for r in ranks),   # (the world may have shrunk)
+              ranks.index(world.rank) if world.rank in ranks else -1,
               tuple(world.hosts[r] for r in ranks))
     _S.groups.append(g)
     return g

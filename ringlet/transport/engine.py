@@ -63,6 +63,7 @@ class Engine:
         self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
         self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
+        self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
         self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
         self.on_long_wait = None    # set by the runtime: publish this rank's state
         self.sel = selectors.DefaultSelector()
@@ -277,7 +278,7 @@ class Engine:
         self._fail_collective(tag, exc)
 
     def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed:
+        if tag in self.failed or tag >> 48 < self.retired_below:
             return
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
@@ -313,6 +314,19 @@ class Engine:
             work.fail(exc)
         else:
             self._remember_abort(tag, exc)
+
+    def retire(self, below: int, exc) -> None:
+        """The world shrank: fail every call still in flight and forget all traffic of the
+        groups whose id is below ``below``, so the new world starts clean."""
+        self.retired_below = below
+        for work in self.works[:]:
+            work.fail(exc)
+        for tags in (self.active, self.aborts, self.failed):
+            for tag in [t for t in tags if t >> 48 < below]:
+                del tags[tag]
+        for peer in self.peers.values():
+            if not peer.dead:
+                peer.retire(below, exc)
 
     def progress(self) -> bool:
         moved = False

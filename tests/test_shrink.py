@@ -95,3 +95,19 @@ def test_ranks_that_disagree_about_who_died_converge(tmp_path):
     _spawn(_disagree, 4, path)
     seen = [json.load(open(f"{path}.{r}")) for r in range(3)]
     assert seen == [[0, 1, 2]] * 3, seen
+
+
+def test_example_survivors_finish_with_the_loss_of_a_run_from_the_checkpoint(tmp_path):
+    """examples/shrink.py: 4 ranks train, one is SIGKILLed at a random step, 3 shrink and
+    finish; a 3-rank run from that step's checkpoint ends at the same loss."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "shrink_example", os.path.join(os.path.dirname(__file__), "..", "examples", "shrink.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for seed in (3, 4):
+        res = example.main(["--steps", "12", "--seed", str(seed)])
+        assert res["lost"] == [res["victim"]] and res["final_world"] == 3, res
+        assert res["resumed_at"] == res["kill_step"], res
+        assert res["match"], res
+        assert f"rank {res['victim']} failed" in res["failure"], res

@@ -12,6 +12,7 @@ from .runtime import (destroy, get_rank, get_world_size, init, irecv, is_initial
 from .group import Group
 from .work import Work
 from .launch import ProcessFailed, spawn
+from .shrink import shrink
 from .collectives import (all_gather, all_reduce, all_to_all, all_to_all_single, barrier,
                           broadcast, gather, reduce, reduce_scatter, scatter, schedule)
 from .schedule import Schedule
@@ -21,7 +22,7 @@ from . import cost
 
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
-    "spawn", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",
+    "spawn", "shrink", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "all_to_all_single",
     "barrier", "ReduceOp", "empty", "zeros", "profile", "stats", "reset_stats", "schedule", "Schedule", "cost",
     "RingletError", "TimeoutError", "PeerFailure", "CollectiveMismatch", "ProcessFailed",

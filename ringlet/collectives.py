@@ -12,7 +12,7 @@ from .buffers import locate
 from .group import Group
 from .profiling import profiled
 from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
-from .runtime import engine, job_profile, resolve
+from .runtime import engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
 from .work import CollectiveWork, compile_plan, record_call
@@ -114,7 +114,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
                           (pool, scratch), resume and resume[:4])
     if async_op:
-        return work
+        return track(work)
     work.wait(timeout)
     return None
 

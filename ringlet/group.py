@@ -17,6 +17,8 @@ class Group:
     hosts: tuple[str, ...]          # host identity of each group rank
     name: str = ""
     seq: int = 0                    # collectives issued on this group so far
+    lost: tuple[int, ...] = ()      # a world made by rl.shrink: the old world's ranks lost
+    previous: tuple[int, ...] = ()  # ... and each of its ranks' rank in the old world
     _index: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -1,16 +1,19 @@
 """Start, watch and tear down ranks: ``spawn`` (a function in local processes) and
 ``ringlet run`` (a script, like torchrun). The launcher hosts the rendezvous store, makes
-the job token, and when one rank fails stops the others and names the first failure."""
+the job token, and when one rank fails stops the others and names the first failure.
+Ranks never outlive their launcher: a signal to it reaches every rank, and a rank whose
+launcher died (even of SIGKILL) dies too."""
 from __future__ import annotations
 
-import glob
-import hashlib
+import collections
+import ctypes
 import multiprocessing as mp
 import os
 import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -33,14 +36,23 @@ def _job_env(token: str, addr: str, port: int, world: int) -> dict:
             "WORLD_SIZE": str(world), "RINGLET_STORE_HOSTED": "1"}
 
 
-def _sweep_shm(token: str) -> None:
-    """Remove any segment a rank created but did not live to unlink."""
-    job = hashlib.sha256(token.encode()).hexdigest()[:12]
-    for path in glob.glob(f"/dev/shm/ringlet-{job}-*"):
+def die_with_parent(parent: int) -> None:
+    """Make this process die when ``parent`` (the launcher) does, however it ends: the
+    kernel's parent-death signal on Linux, else a thread watching for a new parent."""
+    if sys.platform.startswith("linux"):
         try:
-            os.unlink(path)
-        except OSError:
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != parent:   # it died before we asked
+                    os._exit(1)
+                return                       # (1: PR_SET_PDEATHSIG)
+        except (OSError, AttributeError):
             pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="ringlet-parent-watch", daemon=True).start()
 
 
 def _describe_exit(code: int) -> str:
@@ -53,7 +65,8 @@ def _describe_exit(code: int) -> str:
 
 
 # -- spawn --------------------------------------------------------------------------------
-def _spawn_child(fn, rank, nprocs, args, env, backend, errq):
+def _spawn_child(fn, rank, nprocs, args, env, backend, errq, parent):
+    die_with_parent(parent)
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs))
     split = os.environ.get("RINGLET_HOST_ID_SPLIT")
@@ -62,6 +75,7 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq):
     from . import runtime
     try:
         runtime.init(backend=backend)
+        runtime._S.spawned = True   # fn may call init() again, as under torch's mp.spawn
         fn(rank, *args)
         runtime.destroy()
     except BaseException as exc:
@@ -73,11 +87,13 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq):
 
 
 def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float | None = None,
-          start_method: str = "fork", env: dict | None = None) -> None:
+          start_method: str = "fork", env: dict | None = None, keep_going: bool = False) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` local ranks, each already inside
-    ``ringlet.init``. Returns when all succeed; otherwise stops the rest and raises
+    ``ringlet.init`` (``fn`` may call ``init()`` again for the same world, as with torch's
+    ``mp.spawn``; it returns that world). Returns when all succeed; otherwise stops the rest and raises
     ProcessFailed naming the first rank that failed and its error. ``timeout`` bounds the
-    whole job (seconds)."""
+    whole job (seconds). ``keep_going``: a failed rank does not stop the others (a job
+    that survives it with ``rl.shrink``); ProcessFailed is raised once all have ended."""
     if nprocs < 1:
         raise ValueError("spawn: nprocs must be >= 1")
     token = new_token()
@@ -86,20 +102,21 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
     job_env.update(env or {})
     ctx = mp.get_context(start_method)
     errq = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_spawn_child, args=(fn, r, nprocs, args, job_env, backend, errq),
+    procs = [ctx.Process(target=_spawn_child, args=(fn, r, nprocs, args, job_env, backend, errq,
+                                                 os.getpid()),
                          daemon=False) for r in range(nprocs)]
     try:
         for p in procs:
             p.start()
         failures = _watch([p.sentinel for p in procs], lambda i: procs[i].exitcode, timeout,
-                          lambda i: procs[i].kill(), lambda i: procs[i].terminate())
+                          lambda i: procs[i].kill(), lambda i: procs[i].terminate(),
+                          keep_going=keep_going)
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
             p.join()
         server.close()
-        _sweep_shm(token)
     if failures:
         reports = {}
         while not errq.empty():
@@ -112,10 +129,12 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         raise ProcessFailed(rank, detail)
 
 
-def _watch(sentinels, exitcode, timeout, kill, terminate):
-    """Wait for all processes; on the first failure give the others GRACE seconds to
-    notice and report it, then stop them. Returns the failures as (rank, exit code) in the
-    order seen, leaving out ranks this launcher stopped itself."""
+def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=None,
+           keep_going=False):
+    """Wait for all processes; on the first failure give the others ``grace`` seconds to
+    notice and report it, then stop them (listed in ``stopped``) unless ``keep_going``.
+    Returns the failures as (rank, exit code) in the order seen, leaving out ranks this
+    launcher stopped itself."""
     from multiprocessing.connection import wait
     live = dict(enumerate(sentinels))
     failures = []
@@ -133,12 +152,16 @@ def _watch(sentinels, exitcode, timeout, kill, terminate):
                     failures.append((i, code))
                     fail_time = fail_time or time.monotonic()
         now = time.monotonic()
-        if deadline is not None and now > deadline and not failures:
-            failures.append((min(live), -signal.SIGALRM))
-            fail_time = now
-        if fail_time is not None and live and now - fail_time > GRACE:
+        if deadline is not None and now > deadline and live and fail_time != float("inf"):
+            if not failures:
+                failures.append((min(live), -signal.SIGALRM))
+            fail_time = fail_time or now
+            keep_going = False         # the job's time is up
+        if fail_time is not None and live and not keep_going and now - fail_time > grace:
             for i in live:
                 terminate(i)
+                if stopped is not None:
+                    stopped.append(i)
             time.sleep(0.5)
             for i in live:
                 kill(i)
@@ -162,24 +185,54 @@ def _first_failure(failures, reports=None):
 
 
 # -- ringlet run --------------------------------------------------------------------------
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Signalled(BaseException):
+    """The launcher got a stop signal: pass it on to every rank."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    raise _Signalled(signum)
+
+
 def run_main(argv) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="ringlet run", description="Start ranks of a ringlet job "
-                                 "(like torchrun): each runs SCRIPT with RANK, WORLD_SIZE, "
-                                 "LOCAL_RANK, MASTER_ADDR, MASTER_PORT and a job token set.")
+    ap = argparse.ArgumentParser(
+        prog="ringlet run", usage="ringlet run [options] SCRIPT [ARGS ...]",
+        description="Start ranks of a ringlet job (like torchrun): each runs SCRIPT with its "
+                    "optional ARGS, and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT "
+                    "and a job token set. SIGTERM, SIGINT and SIGHUP reach every rank; ranks "
+                    "die with the launcher.")
     ap.add_argument("-n", "--nproc-per-node", type=int, required=True, help="ranks on this node")
     ap.add_argument("--nnodes", type=int, default=1)
     ap.add_argument("--node-rank", type=int, default=0)
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, default=0,
                     help="store port (default: a free one; required with --nnodes > 1)")
-    ap.add_argument("--backend", default=None, help="sets RINGLET_BACKEND for the ranks")
+    ap.add_argument("--backend", choices=("auto", "tcp", "shm"), default=None,
+                    help="sets RINGLET_BACKEND for the ranks")
+    ap.add_argument("--no-tag-output", dest="tag", action="store_false",
+                    help="do not prefix each line a rank prints with its rank (as mpirun "
+                         "--tag-output does; on by default)")
+    ap.add_argument("--grace", type=float, default=GRACE,
+                    help=f"seconds ranks get to exit after a failure or a signal before they are "
+                         f"killed (default {GRACE:g})")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="a failed rank does not stop the others (for jobs that survive it "
+                         "with rl.shrink())")
     ap.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module")
-    ap.add_argument("script")
-    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("script", metavar="SCRIPT")
+    ap.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                    help="optional arguments passed on to SCRIPT")
     a = ap.parse_args(argv)
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
+    if a.grace < 0:
+        ap.error("--grace must be >= 0 seconds")
     world = a.nproc_per_node * a.nnodes
     token = os.environ.get("RINGLET_TOKEN")
     if a.nnodes > 1:
@@ -189,55 +242,171 @@ def run_main(argv) -> int:
         if not a.master_port:
             ap.error("multi-node jobs need --master-port")
     token = token or new_token()
-    server = None
-    port = a.master_port
-    if a.node_rank == 0:
-        bind = "127.0.0.1" if is_loopback(a.master_addr) else local_address_towards(a.master_addr, port or 1)
-        server = StoreServer(bind, port, token)
-        port = server.port
     env = dict(os.environ)
-    env.update(_job_env(token, a.master_addr, port, world))
     env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
     if a.backend:
         env["RINGLET_BACKEND"] = a.backend
-    errdir = f"/tmp/ringlet-run-{os.getpid()}-{hashlib.sha256(token.encode()).hexdigest()[:8]}"
-    os.makedirs(errdir, mode=0o700, exist_ok=True)
-    procs = []
+    first = a.node_rank * a.nproc_per_node
+    job = _Job(first, a.tag)
+    server = None
+    previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
     try:
+        port = a.master_port
+        if a.node_rank == 0:
+            bind = "127.0.0.1" if is_loopback(a.master_addr) else local_address_towards(a.master_addr, port or 1)
+            server = StoreServer(bind, port, token)
+            port = server.port
+        env.update(_job_env(token, a.master_addr, port, world))
         for local in range(a.nproc_per_node):
-            rank = a.node_rank * a.nproc_per_node + local
-            e = dict(env, RANK=str(rank), LOCAL_RANK=str(local),
-                     RINGLET_ERROR_FILE=os.path.join(errdir, str(rank)))
-            # Not "-m ringlet.launch": the package imports that module first, and runpy
-            # warns about running a module that is already imported.
-            cmd = [sys.executable, "-c", _CHILD, "-m" if a.module else "-s", a.script, *a.args]
-            procs.append(subprocess.Popen(cmd, env=e))
-        failures = _watch([_PopenSentinel(p) for p in procs], lambda i: procs[i].poll(), None,
-                          lambda i: procs[i].kill(), lambda i: procs[i].terminate())
+            job.start(local, a.module, a.script, a.args, env)
+        stopped: list = []
+        failures = _watch([_PopenSentinel(p) for p in job.procs], lambda i: job.procs[i].poll(),
+                          None, lambda i: job.procs[i].kill(), lambda i: job.procs[i].terminate(),
+                          a.grace, stopped, a.keep_going)
         if not failures:
             return 0
-        local, code = _first_failure(failures)
-        rank = a.node_rank * a.nproc_per_node + local
-        detail = _describe_exit(code)
-        try:
-            with open(os.path.join(errdir, str(rank))) as f:
-                detail = f.read().strip() or detail
-        except OSError:
-            pass
-        print(f"ringlet run: rank {rank} failed first: {detail}", file=sys.stderr)
+        local, code = _first_failure(failures, job.reports())
+        job.summary(local, _describe_exit(code), stopped, a.grace)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except _Signalled as sig:
+        name = signal.Signals(sig.signum).name
+        for s in STOP_SIGNALS:      # a second signal: kill at once
+            signal.signal(s, lambda *_: job.kill())
+        stopped = job.stop(sig.signum, a.grace)
+        print(f"ringlet run: got {name}: passed it to every rank"
+              + (f"; killed rank(s) {stopped} still running {a.grace:g} s later" if stopped else ""),
+              file=sys.stderr)
+        return 128 + sig.signum
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        job.kill()
+        job.close()
         if server is not None:
             server.close()
-        _sweep_shm(token)
-        import shutil
-        shutil.rmtree(errdir, ignore_errors=True)
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class _Job:
+    """The ranks of this node: their processes, their tagged output, and the one-line
+    error report each leaves on a pipe for the summary."""
+
+    def __init__(self, first: int, tag: bool):
+        self.first, self.tag = first, tag
+        self.procs: list = []
+        self.pipes: list = []          # read end of each rank's report pipe
+        self.tails: list = []          # last lines each rank wrote to stderr
+        self.pumps: list = []
+        self.lines: dict = {}          # local rank -> its error report
+        self.lock = threading.Lock()
+
+    def start(self, local: int, module: bool, script: str, args, env) -> None:
+        rank = self.first + local
+        r, w = os.pipe()
+        e = dict(env, RANK=str(rank), LOCAL_RANK=str(local), RINGLET_REPORT_FD=str(w),
+                 RINGLET_LAUNCHER_PID=str(os.getpid()))
+        # Not "-m ringlet.launch": the package imports that module first, and runpy
+        # warns about running a module that is already imported.
+        cmd = [sys.executable, "-c", _CHILD, "-m" if module else "-s", script, *args]
+        out = subprocess.PIPE if self.tag else None
+        try:   # its own process group: a Ctrl-C reaches it once, through this launcher
+            p = subprocess.Popen(cmd, env=e, pass_fds=(w,), stdout=out, stderr=out,
+                                 start_new_session=True)
+        finally:
+            os.close(w)
+        self.procs.append(p)
+        self.pipes.append(r)
+        tail = collections.deque(maxlen=5)
+        self.tails.append(tail)
+        if self.tag:
+            for src, dst, keep in ((p.stdout, sys.stdout, None), (p.stderr, sys.stderr, tail)):
+                t = threading.Thread(target=self._pump, args=(rank, src, dst, keep), daemon=True)
+                t.start()
+                self.pumps.append(t)
+
+    def _pump(self, rank: int, src, dst, keep) -> None:
+        """Copy a rank's output line by line, each prefixed with its rank."""
+        prefix = f"[{rank}] ".encode()
+        out = getattr(dst, "buffer", None)
+        for line in iter(src.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            if keep is not None and line.strip():
+                keep.append(line.decode(errors="replace").rstrip())
+            with self.lock:
+                if out is not None:
+                    out.write(prefix + line)
+                    out.flush()
+                else:
+                    dst.write((prefix + line).decode(errors="replace"))
+                    dst.flush()
+        src.close()
+
+    def reports(self) -> dict:
+        """Each rank's one-line error report (local rank -> line), for those that left one;
+        read once its process has ended."""
+        for i, fd in enumerate(self.pipes):
+            if fd is None or self.procs[i].poll() is None:
+                continue
+            os.set_blocking(fd, False)
+            try:
+                text = os.read(fd, 65536).decode(errors="replace").strip()
+            except OSError:
+                text = ""
+            if text:
+                self.lines[i] = text.splitlines()[-1]
+            os.close(fd)
+            self.pipes[i] = None
+        return self.lines
+
+    def summary(self, first_local: int, exit_text: str, stopped, grace: float) -> None:
+        """One report: which rank failed first and with what, then what each other saw."""
+        for t in self.pumps:
+            t.join(timeout=2.0)
+        reports = self.reports()
+        detail = reports.get(first_local) or exit_text
+        lines = [f"ringlet run: rank {self.first + first_local} failed first: {detail}"]
+        for i, p in enumerate(self.procs):
+            if i == first_local:
+                continue
+            if i in stopped:
+                seen = f"still running {grace:g} s later; stopped by the launcher"
+            elif p.returncode == 0:
+                seen = "exited normally"
+            else:
+                seen = reports.get(i) or (self.tails[i][-1] if self.tails[i] else
+                                          _describe_exit(p.returncode))
+            lines.append(f"ringlet run:   then rank {self.first + i}: {seen}")
+        print("\n".join(lines), file=sys.stderr)
+
+    def stop(self, signum: int, grace: float) -> list:
+        """Pass a signal to every rank; kill those still running ``grace`` s later."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.02)
+        late = [self.first + i for i, p in enumerate(self.procs) if p.poll() is None]
+        self.kill()
+        return late
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+    def close(self) -> None:
+        for t in self.pumps:
+            t.join(timeout=2.0)
+        for fd in self.pipes:
+            if fd is not None:
+                os.close(fd)
+        self.pipes = [None] * len(self.pipes)
 
 
 class _PopenSentinel:
@@ -256,8 +425,9 @@ _CHILD = ("import os, sys; sys.path[0] = os.getcwd(); "
 
 
 def _child_main(argv) -> None:
-    """Run a rank's script; on an uncaught exception leave a one-line summary for the
-    launcher before the traceback is printed."""
+    """Run a rank's script (dying with the launcher); on an uncaught exception leave a
+    one-line summary for the launcher before the traceback is printed."""
+    die_with_parent(int(os.environ["RINGLET_LAUNCHER_PID"]))
     mode, target, rest = argv[0], argv[1], argv[2:]
     sys.argv = [target, *rest]
     try:
@@ -276,8 +446,9 @@ def _child_main(argv) -> None:
 
 
 def _record(line: str) -> None:
-    path = os.environ.get("RINGLET_ERROR_FILE")
-    if path:
-        with open(path, "w") as f:
-            f.write(line.splitlines()[0] if line else line)
-
+    fd = os.environ.get("RINGLET_REPORT_FD")
+    if fd:
+        try:
+            os.write(int(fd), ((line.splitlines() or [""])[0] + "\n").encode())
+        except OSError:
+            pass

@@ -108,6 +108,7 @@ def new_token() -> str:
 
 # -- the TCP store -------------------------------------------------------------------------
 _SET, _GET, _ADD, _WAITGE = 1, 2, 3, 4
+REFUSED_KEY = b"refused"   # "<count> <address>" of connections that failed the token
 _OK, _MISSING = 0, 1
 
 
@@ -136,7 +137,9 @@ class _Handler(socketserver.BaseRequestHandler):
             handshake_server(sock, server.token)
         except (AuthenticationError, OSError, ConnectionError) as exc:
             log.warning("ringlet store: refused connection from %s: %s", self.client_address, exc)
-            server.refused += 1
+            with server.data.cond:   # for ranks waiting on the one refused (why_absent)
+                server.refused += 1
+                server.data.kv[REFUSED_KEY] = f"{server.refused} {self.client_address[0]}".encode()
             return
         sock.settimeout(None)
         data = server.data
@@ -292,6 +295,32 @@ class TCPStore:
             self.sock.close()
         except OSError:
             pass
+
+
+def wait_for_ranks(store, prefix: str, world_size: int, timeout: float, me: int) -> list:
+    """Every rank's value under ``prefix<rank>``; on timeout a TimeoutError naming the
+    ranks that did not join and the likely cause."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for r in range(world_size):
+        try:
+            out.append(store.get(f"{prefix}{r}", timeout=max(0.0, deadline - time.monotonic())))
+        except TimeoutError:
+            missing = [q for q in range(r, world_size) if store.try_get(f"{prefix}{q}") is None]
+            raise TimeoutError(f"rank {me}: init: rank(s) {missing} of {world_size} did not join "
+                               f"within {timeout:g} s: {why_absent(store)}") from None
+    return out
+
+
+def why_absent(store) -> str:
+    """The likely reason ranks did not join: the store refused someone's token, or not."""
+    raw = store.try_get(REFUSED_KEY.decode())
+    if raw:
+        count, addr = raw.decode().split(" ", 1)
+        return (f"the store refused {count} connection(s) that failed to authenticate (from "
+                f"{addr}): a rank was likely started with another RINGLET_TOKEN")
+    return ("none failed to authenticate with the store: they likely never started or died "
+            "before init (or use another MASTER_ADDR/MASTER_PORT)")
 
 
 class FileStore:

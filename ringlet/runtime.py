@@ -29,6 +29,8 @@ class _State:
     profile = None
     generation = 0
     timeout = DEFAULT_TIMEOUT
+    spawned = False          # init was done by rl.spawn before calling the user's function
+    outstanding: list = []   # async works handed to the user, until destroy accounts for them
 
 
 _S = _State()
@@ -47,7 +49,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     ``timeout``: default seconds for every blocking call (else RINGLET_TIMEOUT, else 60).
     """
     if _S.engine is not None:
-        raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
+        return _init_again(backend, rank, world_size)
     backend = backend or os.environ.get("RINGLET_BACKEND", "auto")
     if backend not in ("auto", "tcp", "shm"):
         raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
@@ -119,6 +121,21 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     return _S.world
 
 
+def _init_again(backend, rank, world_size) -> Group:
+    """init inside a rank rl.spawn already initialised (as under torch's mp.spawn): the
+    same world is accepted and returned; anything else is an error saying so."""
+    w = _S.world
+    same = ((rank is None or rank == w.rank) and (world_size is None or world_size == w.size)
+            and backend in (None, _S.engine.backend))
+    if _S.spawned and same:
+        return w
+    if _S.spawned:
+        raise RingletError(f"rl.spawn already initialised this rank as rank {w.rank} of {w.size} "
+                           f"(backend {_S.engine.backend!r}); init() inside it may only ask for that "
+                           f"same world (got rank={rank}, world_size={world_size}, backend={backend!r})")
+    raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
+
+
 def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
     """Rank 0's calibrated profile, for every rank: algorithm="auto" must decide alike
     everywhere, even when hosts were calibrated differently."""
@@ -153,7 +170,7 @@ def _publish_state(waiting: str | None = None) -> None:
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
     state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting}
     try:
-        _S.store.set(_state_key(_S.world.rank), json.dumps(state).encode())
+        _S.store.set(_state_key(_S.engine.rank), json.dumps(state).encode())
     except RingletError:
         pass
 
@@ -172,7 +189,7 @@ def _hang_report(tag: int, what) -> str:
     time.sleep(min(1.5, _S.timeout / 10))  # let waiting peers publish too
     lines = []
     for r in g.ranks:
-        if r == _S.world.rank:
+        if r == _S.engine.rank:
             continue
         try:
             raw = _S.store.try_get(_state_key(r)) if hasattr(_S.store, "try_get") else None
@@ -201,16 +218,54 @@ def _describe_fp(fp) -> dict:
     return fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c]))
 
 
+def track(work):
+    """Remember an async work for destroy(), which completes it or says it was lost."""
+    out = _S.outstanding
+    if len(out) >= 64:   # forget finished ones (a failed one stays until its error is seen)
+        out[:] = [w for w in out if not (w._done() and w.error is None and w._error() is None)]
+    out.append(work)
+    return work
+
+
+def _finish_outstanding(eng) -> list:
+    """Drive every async work the user did not wait for to its end; return the lost ones
+    as lines "what: error"."""
+    works, _S.outstanding = _S.outstanding, []
+    try:
+        eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
+    except RingletError:
+        pass
+    lost = []
+    for w in works:
+        if not w._done():
+            lost.append(f"{w.what}: did not complete within {_S.timeout:g} s")
+            continue
+        err = w.error or w._error()
+        if err is not None and not w._reported:
+            lost.append(f"{w.what}: {type(err).__name__}: {err}")
+    return lost
+
+
 def destroy() -> None:
-    """Leave the job: flush and close every connection. Safe to call twice."""
+    """Leave the job: complete every async operation still in flight, flush and close
+    every connection. Raises RingletError naming the async operations that could not
+    complete (a peer is gone) and whose error nobody has seen. Safe to call twice."""
     eng = _S.engine
     if eng is None:
         return
+    lost = []
     try:
-        if _S.world.size > 1:  # nobody may leave while a peer still needs them
+        lost = _finish_outstanding(eng)
+        eng.check_liveness()
+        eng.progress()
+        world = _S.world
+        if world.size > 1 and not any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
+            # nobody may leave while a peer still needs them (a dead peer never says bye);
+            # one count per world, as it may have shrunk
+            bye = f"g{_S.generation - 1}/bye/{world.id}"
             try:
-                _S.store.add(f"g{_S.generation - 1}/bye", 1)
-                _S.store.wait_count(f"g{_S.generation - 1}/bye", _S.world.size, timeout=_S.timeout)
+                _S.store.add(bye, 1)
+                _S.store.wait_count(bye, world.size, timeout=_S.timeout)
             except RingletError:
                 pass
         eng.close()
@@ -220,6 +275,10 @@ def destroy() -> None:
             _S.server.close()
         _S.engine = _S.world = _S.store = _S.server = None
         _S.groups = []
+        _S.spawned = False
+    if lost:
+        raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
+                           f"not complete, their results are missing: " + "; ".join(lost))
 
 
 def is_initialized() -> bool:
@@ -267,7 +326,8 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
         if not 0 <= r < world.size:
             raise ValueError(f"new_group: rank {r} is outside the world of size {world.size}")
     gid = max(g.id for g in _S.groups) + 1
-    g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
+    g = Group(gid, tuple(world.ranks[r] for r in ranks),   # (the world may have shrunk)
+              ranks.index(world.rank) if world.rank in ranks else -1,
               tuple(world.hosts[r] for r in ranks))
     _S.groups.append(g)
     return g
@@ -296,12 +356,12 @@ def _tag(g: Group, tag: int) -> int:
 
 @profiled("isend", blocking=False)
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return _post(*_p2p("send", buf, dst, group, tag))
+    return track(_post(*_p2p("send", buf, dst, group, tag)))
 
 
 @profiled("irecv", blocking=False)
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return _post(*_p2p("recv", buf, src, group, tag))
+    return track(_post(*_p2p("recv", buf, src, group, tag)))
 
 
 @profiled("send", blocking=True)

@@ -39,8 +39,11 @@ class Work:
         if self.error is None:
             self.error = self._error()
         if self.error is not None:
+            self._reported = True
             raise self.error
         return True
+
+    _reported = False   # its error was raised to the user (destroy need not say it again)
 
     def _done(self) -> bool:
         raise NotImplementedError

@@ -392,15 +392,22 @@ def test_job_runs_while_a_stranger_knocks():
     assert refused and refused[0].refused > 0
 
 
-def test_shm_segments_are_private_while_they_exist(tmp_path):
-    from ringlet.transport.shm import create_segment
-    path = f"/dev/shm/ringlet-test-{os.getpid()}"
-    seg = create_segment(path, 4096)
+def test_shm_segments_have_no_name():
+    """A rank's rings are an anonymous memfd: no file under /dev/shm to leak, whatever
+    happens to the job (issue 20); only a process of the same user opens it, by /proc."""
+    from ringlet.transport.shm import create_segment, open_segment
+    before = set(os.listdir("/dev/shm"))
+    seg, fd = create_segment(4096)
     try:
-        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ringlet-rings")
+        assert set(os.listdir("/dev/shm")) == before
+        other = open_segment(os.getpid(), fd, 4096)
+        other[:4] = b"ring"
+        assert seg[:4] == b"ring"
+        other.close()
     finally:
         seg.close()
-        os.unlink(path)
+        os.close(fd)
 
 
 def test_env_understands_torchrun_openmpi_pmi_slurm():

@@ -20,7 +20,7 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
-from ..rendezvous import handshake_client, handshake_server, local_address_towards
+from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
@@ -63,17 +63,22 @@ class Engine:
         self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
         self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
+        self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
         self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
         self.on_long_wait = None    # set by the runtime: publish this rank's state
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None
-        self.seg_path = None
+        self.seg_fd = None          # the rings' memfd, open until every local peer mapped it
         self.doorbell = None
         self.closed = False
         self._last_liveness = 0.0
         _read_check_switch()
-        self._connect(master_addr, master_port, generation)
+        try:
+            self._connect(master_addr, master_port, generation)
+        except BaseException:
+            self.close(0)
+            raise
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
         self.crowded = local > (ncpu or 1)
@@ -92,12 +97,11 @@ class Engine:
         self.hosts = (self.host_id,)
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
-            self.seg_path = f"/dev/shm/ringlet-{self.job}-{gen}-{self.rank}"
-            self.seg = create_segment(self.seg_path, segment_size(self.world_size, self.capacity))
+            self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             name = f"ringlet-{self.job}-{gen}-{self.rank}".encode()
             self.doorbell = make_doorbell(name)
             self.sel.register(self.doorbell, selectors.EVENT_READ, None)
-            me.update(seg=self.seg_path, doorbell=name.decode())
+            me.update(seg=self.seg_fd, doorbell=name.decode())
         listener = None
         if self.world_size > 1:
             bind = local_address_towards(master_addr, master_port)
@@ -105,8 +109,8 @@ class Engine:
             listener.settimeout(1.0)
             me.update(addr=bind, port=listener.getsockname()[1])
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
-        infos = [json.loads(self.store.get(f"{prefix}addr/{r}", timeout=self.timeout))
-                 for r in range(self.world_size)]
+        infos = [json.loads(v) for v in
+                 wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
         self.hosts = tuple(info["host"] for info in infos)   # host identity of every rank
         remote = []
         for info in infos:
@@ -114,7 +118,8 @@ class Engine:
             if r == self.rank:
                 continue
             if use_shm and info["host"] == self.host_id:
-                theirs = open_segment(info["seg"], segment_size(self.world_size, self.capacity))
+                theirs = open_segment(info["pid"], info["seg"],
+                                      segment_size(self.world_size, self.capacity))
                 self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
                                         Ring(theirs, self.rank, self.capacity),
                                         info["doorbell"].encode(), info["pid"])
@@ -130,12 +135,15 @@ class Engine:
         finally:
             if listener is not None:
                 listener.close()
-        # Everyone has mapped everything: remove the names so nothing can outlive the job.
+        # Everyone has mapped everything: the fd is no longer needed.
         self.store.add(f"{prefix}mapped", 1)
         self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
-        if self.seg_path:
-            os.unlink(self.seg_path)
-            self.seg_path = None
+        self._close_seg_fd()
+
+    def _close_seg_fd(self) -> None:
+        if self.seg_fd is not None:
+            os.close(self.seg_fd)
+            self.seg_fd = None
 
     def _connect_tcp(self, remote: list, listener) -> None:
         """Higher ranks dial lower ones; every connection proves the token both ways."""
@@ -272,7 +280,7 @@ class Engine:
         self._fail_collective(tag, exc)
 
     def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed:
+        if tag in self.failed or tag >> 48 < self.retired_below:
             return
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
@@ -311,6 +319,19 @@ class Engine:
             work.fail(exc)
         else:
             self._remember_abort(tag, exc)
+
+    def retire(self, below: int, exc) -> None:
+        """The world shrank: fail every call still in flight and forget all traffic of the
+        groups whose id is below ``below``, so the new world starts clean."""
+        self.retired_below = below
+        for work in self.works[:]:
+            work.fail(exc)
+        for tags in (self.active, self.aborts, self.failed):
+            for tag in [t for t in tags if t >> 48 < below]:
+                del tags[tag]
+        for peer in self.peers.values():
+            if not peer.dead:
+                peer.retire(below, exc)
 
     def progress(self) -> bool:
         moved = False
@@ -431,8 +452,4 @@ class Engine:
         self.sel.close()
         if self.doorbell is not None:
             self.doorbell.close()
-        if self.seg_path:
-            try:
-                os.unlink(self.seg_path)
-            except FileNotFoundError:
-                pass
+        self._close_seg_fd()

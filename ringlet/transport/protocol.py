@@ -310,6 +310,10 @@ class Peer:
                 else:
                     self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
+            if tag >> 48 < self.engine.retired_below:   # a world that shrank away: drop it
+                if stream:
+                    self.incoming[msgid] = _Discard(msgid, length, 0, tag)
+                return
             if kind == EAGER or stream:
                 self.unexpected_bytes += length
                 if self.unexpected_bytes > MAX_UNEXPECTED:
@@ -458,6 +462,20 @@ class Peer:
                 req.fail(exc)
                 # Fragments may still be on their way: drain them instead of failing the link.
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, tag)
+
+    def retire(self, below: int, exc) -> None:
+        """Forget the receives and unasked-for messages of every group whose id is below
+        ``below`` (a world that shrank away); the rest of their data is drained."""
+        for tag in [t for t in self.posted if t >> 48 < below]:
+            for req in self.posted.pop(tag):
+                req.fail(exc)
+        for tag in [t for t in self.unexpected if t >> 48 < below]:
+            for item in self.unexpected.pop(tag):
+                self.unexpected_bytes -= _held(item)
+        for msgid, req in list(self.incoming.items()):
+            if req.tag >> 48 < below and not isinstance(req, _Discard):
+                req.fail(exc)
+                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag)
 
     def pending(self) -> bool:
         return bool(self.outq or self.incoming or self.awaiting_cts

@@ -56,23 +56,33 @@ def segment_size(slots: int, capacity: int) -> int:
     return SEG_HEADER + slots * (SLOT_CTRL + capacity)
 
 
-def create_segment(path: str, size: int) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def create_segment(size: int) -> tuple[mmap.mmap, int]:
+    """A rank's rings: an anonymous memfd (no name under /dev/shm, so nothing can outlive
+    the job however it ends). Returns the mapping and the fd local peers open through
+    /proc/<pid>/fd until they have mapped it."""
+    fd = os.memfd_create("ringlet-rings", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
-        return mmap.mmap(fd, size)
-    finally:
+        return mmap.mmap(fd, size), fd
+    except BaseException:
         os.close(fd)
+        raise
 
 
-def open_segment(path: str, size: int) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR)
+def open_segment(pid: int, fd: int, size: int) -> mmap.mmap:
+    """Map a local peer's rings (its memfd, while it keeps it open)."""
+    path = f"/proc/{pid}/fd/{fd}"
     try:
-        if os.fstat(fd).st_size != size:
-            raise OSError(f"shared-memory segment {path} has the wrong size")
-        return mmap.mmap(fd, size)
+        mine = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise OSError(f"cannot open the shared-memory rings of process {pid} ({path}: "
+                      f"{exc.strerror}); ranks on one host must run as the same user") from exc
+    try:
+        if os.fstat(mine).st_size != size:
+            raise OSError(f"shared-memory rings of process {pid} have the wrong size")
+        return mmap.mmap(mine, size)
     finally:
-        os.close(fd)
+        os.close(mine)
 
 
 def _round64(n: int) -> int:

@@ -1,0 +1,212 @@
+"""Never silently wrong, never left running (issue 20): destroy, the launcher, failed
+inits, spawn inside spawn."""
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from conftest import run
+
+
+def _destroy_completes(rank):
+    x = np.full(1 << 18, rank + 1.0, np.float32)
+    w = rl.all_reduce(x, async_op=True)
+    got = np.zeros(4, np.int64)
+    r = rl.irecv(got, (rank - 1) % 3)
+    rl.isend(np.arange(4) + rank, (rank + 1) % 3)
+    rl.destroy()
+    assert w.is_completed()
+    assert np.all(x == 6.0), x[:4]
+    assert r.req.done and list(got) == list(np.arange(4) + (rank - 1) % 3)
+
+
+def test_destroy_completes_outstanding_async_work():
+    run(_destroy_completes, 3)
+
+
+def _destroy_names_lost_work(rank, path):
+    x = np.ones(1 << 16, np.float32)
+    rl.all_reduce(x)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    w = rl.all_reduce(x, async_op=True)
+    with pytest.raises(rl.RingletError) as info:
+        rl.destroy()
+    msg = str(info.value)
+    assert "all_reduce #2 of group world" in msg and "rank 2" in msg, msg
+    assert w.done and isinstance(w.error, rl.PeerFailure)
+    open(f"{path}.{rank}", "w").write(msg)
+
+
+def test_destroy_names_async_work_a_dead_peer_lost(tmp_path):
+    path = str(tmp_path / "lost")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_destroy_names_lost_work, 3, path)
+    assert info.value.rank == 2
+    for r in (0, 1):
+        assert "could not complete" in open(f"{path}.{r}").read()
+
+
+# -- a failed init leaves nothing behind and says who did not join -----------------------
+_BY_HAND = ("import ringlet as rl\n"
+            "try:\n"
+            "    rl.init()\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__, exc)\n"
+            "    raise SystemExit(3)\n")
+
+
+def _leftovers():
+    return set(glob.glob("/dev/shm/ringlet-*")) | set(glob.glob("/tmp/ringlet-*"))
+
+
+@pytest.mark.parametrize("fault", ["wrong_token", "missing"])
+def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = _leftovers()
+    base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                RINGLET_TOKEN="a" * 64, RINGLET_TIMEOUT="4")
+    ranks = [0, 1] if fault == "missing" else [0, 1, 2]
+    procs = {r: subprocess.Popen([sys.executable, "-c", _BY_HAND], text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 env=dict(base, RANK=str(r),
+                                          RINGLET_TOKEN="b" * 64 if r == 2 else "a" * 64))
+             for r in ranks}
+    out = {r: p.communicate(timeout=60)[0] for r, p in procs.items()}
+    assert all(p.returncode == 3 for p in procs.values()), out
+    for r in (0, 1):
+        assert "rank(s) [2] of 3 did not join" in out[r], out[r]
+        if fault == "wrong_token":
+            assert "failed to authenticate" in out[r] and "RINGLET_TOKEN" in out[r], out[r]
+        else:
+            assert "never started" in out[r], out[r]
+    if fault == "wrong_token":
+        assert "AuthenticationError" in out[2] and "RINGLET_TOKEN" in out[2], out[2]
+    assert _leftovers() <= before
+
+
+# -- ringlet run: signals reach every rank, ranks die with the launcher ---------------------
+_WAITS = ("import os, signal, sys, time, ringlet as rl\n"
+          "rl.init()\n"
+          "if rl.get_rank() == 1 and 'stubborn' in sys.argv:\n"
+          "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "open(os.path.join(sys.argv[1], str(rl.get_rank())), 'w').write(str(os.getpid()))\n"
+          "while True:\n"
+          "    time.sleep(0.05)\n")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+
+
+def _launch(tmp_path, source, n, *args, opts=()):
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return subprocess.Popen([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), *opts,
+                             str(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _pids(tmp_path, n, launcher):
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path / "pids")) < n:
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.05)
+    time.sleep(0.1)   # (each file is written in one call, but may be empty for a moment)
+    return [int((tmp_path / "pids" / str(r)).read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_ringlet_run_reaches_every_rank(tmp_path, sig):
+    (tmp_path / "pids").mkdir()
+    before = _leftovers()
+    launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"), "stubborn",
+                       opts=("--grace", "1"))
+    pids = _pids(tmp_path, 3, launcher)
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + sig, err
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    assert f"got {signal.Signals(sig).name}" in err, err
+    if sig == signal.SIGTERM:   # rank 1 ignores it: killed after the grace period
+        assert "killed rank(s) [1]" in err, err
+    assert _leftovers() <= before
+
+
+def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
+    (tmp_path / "pids").mkdir()
+    before = _leftovers()
+    launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"))
+    pids = _pids(tmp_path, 3, launcher)
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not _gone(p)]
+        time.sleep(0.05)
+    assert _leftovers() <= before
+
+
+def test_ringlet_run_tags_output_and_sums_up_the_failure(tmp_path):
+    source = ("import os, signal, sys, numpy as np, ringlet as rl\n"
+              "rl.init()\n"
+              "print('hello', sys.argv[1:])\n"
+              "x = np.ones(10)\n"
+              "rl.all_reduce(x)\n"
+              "if rl.get_rank() == 2:\n"
+              "    raise ValueError('bad batch')\n"
+              "rl.all_reduce(x, timeout=30)\n")
+    proc = _launch(tmp_path, source, 3, "--lr", "1")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert sorted(out.splitlines()) == [f"[{r}] hello ['--lr', '1']" for r in range(3)], out
+    assert "[2] ValueError: bad batch" in err, err
+    summary = err[err.index("ringlet run: rank 2 failed first"):].splitlines()
+    assert summary[0] == "ringlet run: rank 2 failed first: ValueError: bad batch", err
+    assert len(summary) == 3 and all(s.startswith(f"ringlet run:   then rank {r}: PeerFailure: "
+                                                  "rank 2 failed") for r, s in zip((0, 1), summary[1:])), summary
+    untagged = _launch(tmp_path, source, 3, "x", opts=("--no-tag-output",))
+    out, err = untagged.communicate(timeout=60)
+    assert out.count("hello") == out.count("['x']") == 3 and "[0]" not in out + err, out   # (may interleave)
+    assert "ringlet run: rank 2 failed first: ValueError: bad batch" in err
+
+
+def test_ringlet_run_rejects_a_bad_backend_before_any_rank_starts(tmp_path):
+    proc = _launch(tmp_path, "open('started', 'w')\n", 2, opts=("--backend", "nccl"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'nccl'" in err, err
+    assert not os.path.exists("started")
+    assert "SCRIPT [ARGS ...]" in subprocess.run(
+        [sys.executable, "-m", "ringlet.cli", "run", "--help"], capture_output=True,
+        text=True).stdout
+
+
+# -- init inside rl.spawn ---------------------------------------------------------------
+def _inits_itself(rank):
+    world = rl.init()                    # as a function written for torch's mp.spawn would
+    assert world.rank == rank and world.size == 3
+    assert rl.init(backend=None, rank=rank, world_size=3) is world
+    x = np.full(4, float(rank))
+    rl.all_reduce(x)
+    assert list(x) == [3.0] * 4
+    with pytest.raises(rl.RingletError, match="rl.spawn already initialised this rank as rank"):
+        rl.init(world_size=5)
+    rl.destroy()
+
+
+def test_init_inside_spawn_returns_the_spawned_world():
+    run(_inits_itself, 3)

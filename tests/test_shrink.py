@@ -1,0 +1,113 @@
+"""Survive a lost rank (issue 20): after a PeerFailure the survivors agree on a new world
+with rl.shrink() and go on, without restarting a process."""
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from conftest import run, two_hosts
+
+
+def _spawn(fn, n, *args, env=None):
+    """Run a job whose rank 3 dies: it must be the only failure."""
+    with pytest.raises(rl.ProcessFailed) as info:
+        rl.spawn(fn, n, args=args, env=env, timeout=60, keep_going=True)
+    assert info.value.rank == 3 and "SIGKILL" in info.value.detail, info.value
+
+
+def _survive(rank, path):
+    x = np.ones(1 << 16, np.float32)
+    rl.all_reduce(x)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    pending = rl.all_reduce(np.ones(1 << 16, np.float32), async_op=True)  # lost with the world
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.all_reduce(x)
+    assert info.value.rank == 3
+    world = rl.shrink(timeout=20)
+    assert (world.size, world.lost, world.previous) == (3, (3,), (0, 1, 2))
+    assert rl.get_world_size() == 3 and rl.get_rank() == rank and world.rank == rank
+    assert pending.is_completed()
+    y = np.full(1 << 16, rank + 1.0, np.float32)       # large and small, every algorithm kind
+    rl.all_reduce(y)
+    assert np.all(y == 6.0)
+    z = np.full(5, float(rank))
+    rl.all_reduce(z, algorithm="ring")
+    assert np.all(z == 3.0)
+    out = np.empty((3, 4))
+    rl.all_gather(out, np.full(4, float(rank)))
+    assert [row[0] for row in out] == [0.0, 1.0, 2.0]
+    pair = rl.new_group([0, 2])                       # subgroups of the new world
+    if rank in (0, 2):
+        v = np.ones(3)
+        rl.all_reduce(v, group=pair)
+        assert list(v) == [2.0] * 3
+    got = np.zeros(2)
+    if rank == 0:
+        rl.send(np.array([7.0, 8.0]), 2)
+    elif rank == 2:
+        rl.recv(got, 0)
+        assert list(got) == [7.0, 8.0]
+    rl.barrier()
+    open(f"{path}.{rank}", "w").write("ok")
+
+
+@pytest.mark.parametrize("env", [None, two_hosts(4)], ids=["shm", "tcp"])
+def test_survivors_shrink_and_continue(tmp_path, env):
+    path = str(tmp_path / "done")
+    _spawn(_survive, 4, path, env=env)
+    assert all(os.path.exists(f"{path}.{r}") for r in range(3))
+
+
+def _disagree(rank, path):
+    """Rank 2 asks to shrink while everyone is alive (it saw no death); then rank 3 dies
+    under ranks 0 and 1, who saw it. All three must end in the same world."""
+    trio = rl.new_group([0, 1, 3])
+    x = np.ones(100)
+    if rank == 2:
+        with open(path + ".joining", "w"):
+            pass
+        world = rl.shrink(timeout=30)
+    else:
+        if rank == 3:
+            while not os.path.exists(path + ".joining"):
+                time.sleep(0.01)
+            time.sleep(0.2)                 # (rank 2 is inside shrink by now)
+            os.kill(os.getpid(), signal.SIGKILL)
+        with pytest.raises(rl.PeerFailure):
+            while True:
+                rl.all_reduce(x, group=trio)
+        world = rl.shrink(timeout=30)
+    assert world.size == 3 and world.lost == (3,), (world, world.lost)
+    y = np.array([float(rank)])
+    rl.all_reduce(y)
+    assert y[0] == 3.0
+    with open(f"{path}.{rank}", "w") as f:
+        json.dump(list(world.previous), f)
+
+
+def test_ranks_that_disagree_about_who_died_converge(tmp_path):
+    path = str(tmp_path / "seen")
+    _spawn(_disagree, 4, path)
+    seen = [json.load(open(f"{path}.{r}")) for r in range(3)]
+    assert seen == [[0, 1, 2]] * 3, seen
+
+
+def test_example_survivors_finish_with_the_loss_of_a_run_from_the_checkpoint(tmp_path):
+    """examples/shrink.py: 4 ranks train, one is SIGKILLed at a random step, 3 shrink and
+    finish; a 3-rank run from that step's checkpoint ends at the same loss."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "shrink_example", os.path.join(os.path.dirname(__file__), "..", "examples", "shrink.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for seed in (3, 4):
+        res = example.main(["--steps", "12", "--seed", str(seed)])
+        assert res["lost"] == [res["victim"]] and res["final_world"] == 3, res
+        assert res["resumed_at"] == res["kill_step"], res
+        assert res["match"], res
+        assert f"rank {res['victim']} failed" in res["failure"], res

@@ -159,8 +159,9 @@ def _late_partner(rank):
         np.testing.assert_array_equal(y, np.arange(6) * 2)
     st = rl.stats()["collectives"]["all_reduce"]
     assert st["calls"] == 6
-    if rank != 0:   # three calls waited past the budget in C and resumed in Python
-        assert st["handovers"] >= 3 and st["fast_calls"] + st["handovers"] <= 6, st
+    if rank != 0:   # the late calls waited past the budget in C and resumed in Python (a
+        # call may also not start in C at all, e.g. with a peer's packet of it already in)
+        assert st["handovers"] >= 1 and st["fast_calls"] + st["handovers"] <= 6, st
         assert st["max_wait_s"] > 0.02, st
 
 

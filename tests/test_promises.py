@@ -179,6 +179,7 @@ def _timeouts(rank, path):
     if rank == 1:                                    # never joins the call; leaves when told
         while not os.path.exists(path):
             time.sleep(0.01)
+        rl.send(np.ones(4), 0, tag=5)                # what rank 0's timed-out irecv still waits for
         return
     with pytest.raises(rl.TimeoutError, match=r"rank 0: all_reduce .* timed out after 0\.5 s "
                                               r"waiting for rank\(s\) \[1\]"):
@@ -187,6 +188,7 @@ def _timeouts(rank, path):
     with pytest.raises(rl.TimeoutError, match=r"timed out after 0\.2 s"):
         w.wait(timeout=0.2)
     open(path, "w").close()
+    w.wait(timeout=30)                               # a timed-out wait leaves the work pending
 
 
 def test_ringlet_timeout_and_work_wait_timeout(tmp_path):

@@ -327,6 +327,65 @@ def test_hierarchical_uneven_hosts():
     assert_results(s, bufs, want)
 
 
+def _inter(sched, hosts):
+    """Elements sent across hosts, per sending rank."""
+    out = np.zeros(sched.p, np.int64)
+    for rnd in sched.rounds:
+        for tr in rnd:
+            if hosts[tr.src] != hosts[tr.dst]:
+                out[tr.src] += tr.n
+    return out
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("h,m", [(1, 4), (2, 1), (2, 2), (2, 3), (3, 4), (4, 2)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_traffic_hierarchical_gather_scatter(collective, h, m, contiguous):
+    """Each rank sends its own block's worth across hosts h−1 times, (h−1)·count elements
+    (a flat ring's boundary rank: (p−1)·count), in h−1 messages, and (m−1) messages of
+    h·count inside its host; and the result is NumPy's for hosts in any order."""
+    p, count = h * m, 5
+    hosts = tuple(r // m if contiguous else r % h for r in range(p))
+    s, t = traffic(collective, "hierarchical", p, count, hosts=hosts)
+    assert (_inter(s, hosts) == (h - 1) * count).all()
+    assert (t["sent_messages"] == (h - 1) + (m - 1)).all()
+    assert (t["sent_bytes"] == ((h - 1) * count + (m - 1) * h * count) * 4).all()
+    flat = _inter(build(collective, "ring", p, count), hosts)
+    if h > 1 and m > 1 and contiguous:
+        assert flat.max() == (p - 1) * count > _inter(s, hosts).max()
+    bufs, want = execute(s, np.int64, np.add, h * m)
+    assert_results(s, bufs, want)
+
+
+@pytest.mark.parametrize("h,m,root", [(2, 2, 0), (2, 3, 4), (3, 4, 5), (4, 1, 2), (1, 5, 3)])
+def test_traffic_hierarchical_broadcast(h, m, root):
+    """Every host but the root's receives the buffer exactly once across hosts; every rank
+    but the root receives it exactly once."""
+    p, count = h * m, 1000
+    hosts = tuple(r % h for r in range(p))          # hosts interleaved: still one copy each
+    s = build("broadcast", "hierarchical", p, count, root=root, hosts=hosts).without_agreement()
+    into = np.zeros(h, np.int64)
+    for rnd in s.rounds:
+        for tr in rnd:
+            if hosts[tr.src] != hosts[tr.dst]:
+                into[hosts[tr.dst]] += tr.n
+    assert into[hosts[root]] == 0 and (np.delete(into, hosts[root]) == count).all()
+    got = s.traffic()["recv_bytes"] // 4
+    assert got[root] == 0 and (np.delete(got, root) == count).all()
+    bufs, want = execute(s, np.int64, np.add, p)
+    assert_results(s, bufs, want)
+
+
+def test_hierarchical_gather_scatter_uneven_hosts():
+    """A host with fewer ranks lends proxies to the columns it lacks."""
+    hosts = (0, 0, 0, 1, 2, 2)
+    for coll in ("all_gather", "reduce_scatter"):
+        s = build(coll, "hierarchical", 6, 7, hosts=hosts)
+        s.validate()
+        bufs, want = execute(s, np.int32, np.add, 0)
+        assert_results(s, bufs, want)
+
+
 def test_double_tree_is_complementary():
     """A rank interior in one tree is a leaf in the other (odd p: rank 0 excepted)."""
     for p in range(2, 40):
@@ -475,10 +534,12 @@ def test_single_rank_sends_nothing(collective, algorithm):
 def test_catalog_names():
     assert set(CATALOG["all_reduce"]) == {"naive_ring", "direct", "ring", "recursive_doubling",
                                           "rabenseifner", "tree", "double_tree", "hierarchical"}
-    assert set(CATALOG["broadcast"]) == {"direct", "binomial", "pipeline", "scatter_allgather"}
+    assert set(CATALOG["broadcast"]) == {"direct", "binomial", "pipeline", "scatter_allgather",
+                                         "hierarchical"}
     assert set(CATALOG["reduce"]) == {"direct", "binomial", "rabenseifner"}
-    assert set(CATALOG["all_gather"]) == {"ring", "recursive_doubling", "bruck", "direct"}
-    assert set(CATALOG["reduce_scatter"]) == {"ring", "recursive_halving", "direct"}
+    assert set(CATALOG["all_gather"]) == {"ring", "recursive_doubling", "bruck", "direct",
+                                          "hierarchical"}
+    assert set(CATALOG["reduce_scatter"]) == {"ring", "recursive_halving", "direct", "hierarchical"}
     assert set(CATALOG["all_to_all"]) == set(CATALOG["all_to_all_single"]) == {"pairwise", "bruck", "direct"}
     assert set(CATALOG["gather"]) == set(CATALOG["scatter"]) == {"direct", "binomial"}
     assert set(CATALOG["barrier"]) == {"dissemination"}

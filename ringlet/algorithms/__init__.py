@@ -33,10 +33,13 @@ def _table(module, *names):
 CATALOG: dict[str, dict] = {
     "all_reduce": _table(all_reduce, "naive_ring", "direct", "ring", "recursive_doubling",
                          "rabenseifner", "tree", "double_tree", "hierarchical"),
-    "broadcast": _table(broadcast, "direct", "binomial", "pipeline", "scatter_allgather"),
+    "broadcast": _table(broadcast, "direct", "binomial", "pipeline", "scatter_allgather",
+                        "hierarchical"),
     "reduce": _table(reduce, "direct", "binomial", "rabenseifner"),
-    "all_gather": _table(all_gather, "ring", "recursive_doubling", "bruck", "direct"),
-    "reduce_scatter": _table(reduce_scatter, "ring", "recursive_halving", "direct"),
+    "all_gather": _table(all_gather, "ring", "recursive_doubling", "bruck", "direct",
+                         "hierarchical"),
+    "reduce_scatter": _table(reduce_scatter, "ring", "recursive_halving", "direct",
+                             "hierarchical"),
     "all_to_all": _table(all_to_all, "pairwise", "bruck", "direct"),
     "gather": _table(gather, "direct", "binomial"),
     "scatter": _table(scatter, "direct", "binomial"),
@@ -61,7 +64,7 @@ def build(collective: str, algorithm: str, p: int, count: int, *, itemsize: int 
     elements per rank (the collective's own count: see ``ringlet.schedule``), cached.
 
     ``root`` is used by rooted collectives (and range-checked for all); ``hosts`` (host id
-    of each rank) by ``hierarchical`` and ignored by the rest; ``splits`` (p×p) only by
+    of each rank) by the ``hierarchical`` algorithms and ignored by the rest; ``splits`` (p×p) only by
     all_to_all / all_to_all_single, where it makes the exchange uneven.
     """
     table = CATALOG.get(collective)

@@ -22,7 +22,8 @@ from ..schedule import Round, Schedule, chunks
 
 __all__ = ["Schedule", "chunks", "new", "at", "lg", "fold", "binomial_rounds", "subtree",
            "ring_reduce_scatter", "ring_all_gather", "chain_reduce", "pairs",
-           "optimal_segments", "SEGMENT_ALPHA", "SEGMENT_BANDWIDTH", "MAX_SEGMENTS"]
+           "optimal_segments", "SEGMENT_ALPHA", "SEGMENT_BANDWIDTH", "MAX_SEGMENTS",
+           "host_groups", "Columns"]
 
 
 def new(collective: str, algorithm: str, p: int, count: int, itemsize: int, *, root=None,
@@ -119,6 +120,56 @@ def pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
     """All ordered pairs (i, j), i != j: the messages of a "direct" algorithm."""
     i, j = np.nonzero(~np.eye(p, dtype=bool))
     return i, j
+
+
+# -- hosts ---------------------------------------------------------------------------------
+def host_groups(p, hosts) -> list[np.ndarray]:
+    """Group ranks by host id (None = one host), hosts in order of their first rank, ranks
+    ascending within a host: ``groups[j][l]`` is local rank l of host j."""
+    if hosts is None:
+        return [np.arange(p)]
+    groups: dict = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(h, []).append(r)
+    return [np.array(g, np.int64) for g in groups.values()]
+
+
+class Columns:
+    """The layout the two-level all-gather and reduce-scatter stage blocks in: local rank l
+    of every host forms column l, and tmp holds the p blocks column by column (slot
+    ``slot[r]`` is rank r's block), so a column — and a run of columns — is contiguous.
+
+    A host with fewer ranks than the largest (m_j < M) has a *proxy* in each column it
+    lacks, its local rank l mod m_j, whose own piece of that column is empty."""
+
+    def __init__(self, p, hosts):
+        self.groups = host_groups(p, hosts)
+        self.M = max(len(g) for g in self.groups)
+        self.slot = np.empty(p, np.int64)
+        self.start = np.zeros(self.M + 1, np.int64)   # column l is slots start[l]:start[l+1]
+        i = 0
+        for l in range(self.M):
+            self.start[l] = i
+            for g in self.groups:
+                if len(g) > l:
+                    self.slot[g[l]], i = i, i + 1
+        self.start[self.M] = i
+
+    def across(self, l, count):
+        """Column l's ring across hosts: (ranks, offsets, sizes) in elements, one per host."""
+        ranks = np.array([g[l % len(g)] for g in self.groups], np.int64)
+        mine = np.array([len(g) > l for g in self.groups])
+        off = np.where(mine, self.slot[np.where(mine, ranks, 0)], self.start[l])
+        return ranks, off * count, mine * count
+
+    def within(self, g, count):
+        """Host ``g``'s rings of columns: local rank i holds columns i, i + m, i + 2m, …; one
+        ring per such layer, all in the same rounds. Yields (offsets, sizes) in elements."""
+        m = len(g)
+        for first in range(0, self.M, m):
+            cols = np.minimum(first + np.arange(m), self.M)
+            yield self.start[cols] * count, (self.start[np.minimum(cols + 1, self.M)]
+                                             - self.start[cols]) * count
 
 
 # -- pipelining ---------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import fold, new, pairs
+from ._common import Columns, fold, new, pairs, ring_all_gather
 
-__all__ = ["ring", "recursive_doubling", "bruck", "direct"]
+__all__ = ["ring", "recursive_doubling", "bruck", "direct", "hierarchical"]
 
 
 def _new(algorithm, p, count, itemsize, tmp=0):
@@ -101,4 +101,38 @@ def direct(p, count, *, itemsize=4):
     rnd.copy(src=r, dst=r, n=count, sbuf="in", soff=0, dbuf="out", doff=r * count)
     i, j = pairs(p)
     rnd.copy(src=i, dst=j, n=count, sbuf="in", soff=0, dbuf="out", doff=i * count)
+    return s
+
+
+def hierarchical(p, count, *, itemsize=4, hosts=None):
+    """Two levels over ``hosts`` (the host id of each rank; None = one host). Local rank l
+    of every host forms column l; blocks are staged in tmp column by column
+    (``_common.Columns``), so every phase moves contiguous pieces:
+
+    1. across hosts: each column ring-all-gathers its blocks (all columns side by side,
+       one message of n per rank per step): a rank sends only its own block across,
+       (h−1)·n bytes, where a flat ring's boundary rank sends (p−1)·n;
+    2. inside each host: ring all-gather of the columns (h blocks each);
+    3. local copies from tmp to the blocks of "out".
+
+    Hosts may differ in size (a host lacking column l lends it a proxy with an empty
+    block). With h hosts of m ranks, intra/inter links (α₁, β₁), (α₂, β₂), N = p·n
+    gathered, k = m ranks sharing a host's NIC (k = 1 with a NIC per rank):
+    T = (h−1)α₂ + (h−1)·k·(N/p)β₂ + (m−1)α₁ + (m−1)·h·(N/p)β₁.  tmp = p·count.
+    """
+    cols = Columns(p, hosts)
+    h = len(cols.groups)
+    s = _new("hierarchical", p, count, itemsize, tmp=p * count)
+    s.hosts = tuple(hosts) if hosts is not None else None
+    r = np.arange(p)
+    s.round().copy(src=r, dst=r, n=count, sbuf="in", soff=0, dbuf="tmp", doff=cols.slot * count)
+    for l in range(cols.M):                  # phase 1: one ring across hosts per column
+        ring_all_gather(s, 0, *cols.across(l, count), buf="tmp")
+    for g in cols.groups:                    # phase 2: rings of columns inside each host
+        for off, size in cols.within(g, count):
+            ring_all_gather(s, h - 1, g, off, size, buf="tmp")
+    # phase 3: every rank copies block q from slot[q] of tmp to block q of out
+    me, q = np.repeat(r, p), np.tile(r, p)
+    s.round().copy(src=me, dst=me, n=count, sbuf="tmp", soff=cols.slot[q] * count, dbuf="out",
+                   doff=q * count)
     return s

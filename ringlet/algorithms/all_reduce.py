@@ -14,8 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ._common import (at, binomial_rounds, chain_reduce, chunks, fold, new, optimal_segments,
-                      pairs, ring_all_gather, ring_reduce_scatter)
+from ._common import (at, binomial_rounds, chain_reduce, chunks, fold, host_groups, new,
+                      optimal_segments, pairs, ring_all_gather, ring_reduce_scatter)
 
 __all__ = ["naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner", "tree",
            "double_tree", "hierarchical", "tree_segments", "btree_parents", "dtree_parents"]
@@ -297,16 +297,6 @@ def _edge(frac: Fraction, count: int) -> int:
     return frac.numerator * count // frac.denominator
 
 
-def _host_groups(p, hosts) -> list[np.ndarray]:
-    """Group ranks by host id, hosts in order of their first rank, ranks ascending."""
-    if hosts is None:
-        return [np.arange(p)]
-    groups: dict = {}
-    for r, h in enumerate(hosts):
-        groups.setdefault(h, []).append(r)
-    return [np.array(g, np.int64) for g in groups.values()]
-
-
 def _shards(count, m):
     """Host-level shards: local rank l of a host with m ranks owns buf[⌊l·count/m⌋ : ⌊(l+1)·count/m⌋]."""
     edge = np.array([_edge(Fraction(l, m), count) for l in range(m + 1)], np.int64)
@@ -329,7 +319,7 @@ def hierarchical(p, count, *, itemsize=4, hosts=None):
     T = 2(m−1)α₁ + 2(m−1)/m·nβ₁ + 2(h−1)α₂ + 2(h−1)/h·(n/m)β₂ + γ terms;
     each rank sends 2(m−1) + 2(h−1) messages.
     """
-    groups = _host_groups(p, hosts)
+    groups = host_groups(p, hosts)
     s = new("all_reduce", "hierarchical", p, count, itemsize, buf=count)
     s.hosts = tuple(hosts) if hosts is not None else None
     h = len(groups)

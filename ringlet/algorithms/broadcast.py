@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import binomial_rounds, chunks, new, optimal_segments, ring_all_gather, subtree
+from ._common import (at, binomial_rounds, chunks, host_groups, new, optimal_segments,
+                      ring_all_gather, subtree)
 
-__all__ = ["direct", "binomial", "pipeline", "scatter_allgather", "pipeline_segments"]
+__all__ = ["direct", "binomial", "pipeline", "scatter_allgather", "hierarchical",
+           "pipeline_segments"]
 
 
 def _new(algorithm, p, count, itemsize, root):
@@ -58,16 +60,25 @@ def pipeline(p, count, *, itemsize=4, root=0):
     T = (p−2+S)(α + nβ/S), → nβ for large n.
     """
     s, real = _new("pipeline", p, count, itemsize, root)
-    segments = pipeline_segments(p, count, itemsize)
-    s.notes["segments"] = segments
+    s.notes["segments"] = _chain(s, 0, real(np.arange(p)), count, itemsize)[1]
+    return s
+
+
+def _chain(s, start, chain, count, itemsize):
+    """The pipelined chain chain[0] → chain[1] → … from round ``start``: in round start + t
+    link v → v+1 carries segment t − v. Returns (the next round, segments)."""
+    chain = np.asarray(chain, np.int64)
+    k = len(chain)
+    segments = pipeline_segments(k, count, itemsize)
     off, size = chunks(count, segments)
-    v = np.arange(p - 1)
-    for t in range(p - 2 + segments if p > 1 else 0):
+    v = np.arange(k - 1)
+    steps = k - 2 + segments if k > 1 else 0
+    for t in range(steps):
         j = t - v
         ok = (j >= 0) & (j < segments)
-        s.round().copy(src=real(v[ok]), dst=real(v[ok] + 1), n=size[j[ok]],
-                       sbuf="buf", soff=off[j[ok]], dbuf="buf", doff=off[j[ok]])
-    return s
+        at(s, start + t).copy(src=chain[v[ok]], dst=chain[v[ok] + 1], n=size[j[ok]],
+                              sbuf="buf", soff=off[j[ok]], dbuf="buf", doff=off[j[ok]])
+    return start + steps, segments
 
 
 def scatter_allgather(p, count, *, itemsize=4, root=0):
@@ -86,4 +97,33 @@ def scatter_allgather(p, count, *, itemsize=4, root=0):
                        sbuf="buf", soff=edge[child], dbuf="buf", doff=edge[child])
     # Phase 2: ring all-gather among virtual ranks 0..p−1.
     ring_all_gather(s, len(s.rounds), real(np.arange(p)), off, size)
+    return s
+
+
+def hierarchical(p, count, *, itemsize=4, root=0, hosts=None):
+    """Two levels over ``hosts`` (the host id of each rank; None = one host; hosts of any
+    sizes): one copy crosses into each host, then each host spreads it inside.
+
+    1. across hosts: a pipelined chain of one leader per host (the root on its host, the
+       lowest rank on the others), from the root's host on in host order: every other host
+       receives the buffer exactly once across hosts;
+    2. inside each host: a pipelined chain from the leader through the host's other ranks,
+       all hosts side by side.
+
+    With h hosts of m ranks, intra/inter links (α₁, β₁), (α₂, β₂), S₂ and S₁ segments
+    (``pipeline_segments`` of h and of m):
+    T = (h−2+S₂)(α₂ + nβ₂/S₂) + (m−2+S₁)(α₁ + nβ₁/S₁), each term only with more than one
+    host / rank per host.
+    """
+    s = new("broadcast", "hierarchical", p, count, itemsize, root=root, buf=count)
+    s.hosts = tuple(hosts) if hosts is not None else None
+    groups = host_groups(p, hosts)
+    home = next(j for j, g in enumerate(groups) if root in g)
+    order = [groups[(home + i) % len(groups)] for i in range(len(groups))]
+    # each host's chain starts at its leader: the root on its host, else its lowest rank
+    chains = [np.roll(g, -int(np.flatnonzero(g == root)[0])) if j == 0 else g
+              for j, g in enumerate(order)]
+    end, s.notes["segments_inter"] = _chain(s, 0, [c[0] for c in chains], count, itemsize)
+    for c in chains:
+        _chain(s, end, c, count, itemsize)
     return s

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import chain_reduce, fold, new, pairs
+from ._common import Columns, chain_reduce, fold, new, pairs, ring_reduce_scatter
 
-__all__ = ["ring", "recursive_halving", "direct"]
+__all__ = ["ring", "recursive_halving", "direct", "hierarchical"]
 
 
 def _new(algorithm, p, count, itemsize, tmp=0):
@@ -97,4 +97,38 @@ def direct(p, count, *, itemsize=4):
     i, j = pairs(p)
     rnd.copy(src=i, dst=j, n=count, sbuf="in", soff=j * count, dbuf="tmp", doff=i * count)
     chain_reduce(s.round(), r, p, count, "out", 0)
+    return s
+
+
+def hierarchical(p, count, *, itemsize=4, hosts=None):
+    """Two levels over ``hosts`` (the host id of each rank; None = one host): the mirror of
+    the hierarchical all_gather. The blocks of "in" are first copied into tmp column by
+    column (``_common.Columns``: column l = the blocks meant for local rank l of every
+    host), then
+
+    1. inside each host: ring reduce-scatter of the columns, so the host's local rank l
+       holds column l summed over its host;
+    2. across hosts: each column ring-reduce-scatters (all columns side by side): a rank
+       sends (h−1)·n bytes across hosts, where a flat ring's boundary rank sends (p−1)·n;
+    3. a local copy of the rank's own block from tmp to "out".
+
+    Hosts may differ in size (proxies, as in all_gather). With h hosts of m ranks,
+    intra/inter links (α₁, β₁), (α₂, β₂), N = p·n reduced, k = m ranks sharing a NIC:
+    T = (m−1)α₁ + (m−1)·h·(N/p)(β₁ + γ) + (h−1)α₂ + (h−1)(N/p)(k·β₂ + γ).  tmp = p·count.
+    """
+    cols = Columns(p, hosts)
+    s = _new("hierarchical", p, count, itemsize, tmp=p * count)
+    s.hosts = tuple(hosts) if hosts is not None else None
+    r = np.arange(p)
+    me, q = np.repeat(r, p), np.tile(r, p)
+    # a round of its own: a round's messages may not write what its local steps write
+    s.round().copy(src=me, dst=me, n=count, sbuf="in", soff=q * count, dbuf="tmp",
+                   doff=cols.slot[q] * count)
+    for g in cols.groups:                    # phase 1: rings of columns inside each host
+        for off, size in cols.within(g, count):
+            ring_reduce_scatter(s, 1, g, off, size, buf="tmp")
+    start = max(len(g) for g in cols.groups)
+    for l in range(cols.M):                  # phase 2: one ring across hosts per column
+        ring_reduce_scatter(s, start, *cols.across(l, count), buf="tmp")
+    s.round().copy(src=r, dst=r, n=count, sbuf="tmp", soff=cols.slot * count, dbuf="out", doff=0)
     return s

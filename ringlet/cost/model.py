@@ -99,10 +99,10 @@ def tier(name) -> Link:
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner",
                    "tree", "double_tree", "hierarchical"),
-    "broadcast": ("direct", "binomial", "pipeline", "scatter_allgather"),
+    "broadcast": ("direct", "binomial", "pipeline", "scatter_allgather", "hierarchical"),
     "reduce": ("direct", "binomial", "rabenseifner"),
-    "all_gather": ("ring", "recursive_doubling", "bruck", "direct"),
-    "reduce_scatter": ("ring", "recursive_halving", "direct"),
+    "all_gather": ("ring", "recursive_doubling", "bruck", "direct", "hierarchical"),
+    "reduce_scatter": ("ring", "recursive_halving", "direct", "hierarchical"),
     "all_to_all": ("pairwise", "bruck", "direct"),
     "all_to_all_single": ("pairwise", "bruck", "direct"),
     "gather": ("direct", "binomial"),
@@ -121,7 +121,8 @@ DEFAULT_ALGORITHM = {
 #: collectives whose ``nbytes`` is the total (p blocks) array; the rest: per-rank buffer
 TOTAL_SIZE = frozenset({"all_gather", "reduce_scatter", "gather", "scatter"})
 #: algorithms that need host identity (a two-level topology)
-HOST_AWARE = frozenset({("all_reduce", "hierarchical")})
+HOST_AWARE = frozenset((c, "hierarchical") for c in
+                       ("all_reduce", "broadcast", "all_gather", "reduce_scatter"))
 
 
 def check_collective(collective: str) -> str:
@@ -321,6 +322,18 @@ def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=No
     return local + cross
 
 
+def _two_levels(p, hosts, intra, inter, share, a, b):
+    """(H hosts, L ranks per host, intra (alpha, beta), inter (alpha, beta), k ranks
+    sharing a host's NIC) for the hierarchical forms; hosts of unequal size are priced as
+    if all had the largest's ranks."""
+    H = int(hosts)
+    if not 1 <= H <= p:
+        raise ValueError(f"hierarchical needs 1 <= hosts <= p, got hosts={hosts} for p={p}")
+    L = -(-p // H)
+    return (H, L, intra if intra is not None else (a, b), inter if inter is not None else (a, b),
+            L if share is None else share)
+
+
 # broadcast --------------------------------------------------------------------------
 
 @_form("broadcast", "direct")
@@ -354,6 +367,16 @@ def _bc_scatter_allgather(p, n, a, b, g, **kw):
     return _t(L + p - 1, 2 * (p - 1) / p * n, 0, a, b, g)
 
 
+@_form("broadcast", "hierarchical")
+def _bc_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=None, itemsize=4,
+                     **kw):
+    """A pipelined chain of one leader per host across the H hosts (one rank per host
+    sends across: no NIC sharing), then a pipelined chain inside each host of L ranks."""
+    H, L, (ai, bi), (ae, be), _ = _two_levels(p, hosts, intra, inter, share, a, b)
+    return (_bc_pipeline(H, n, ae, be, g, itemsize=itemsize)
+            + _bc_pipeline(L, n, ai, bi, g, itemsize=itemsize))
+
+
 # reduce -------------------------------------------------------------------------------
 
 @_form("reduce", "direct")
@@ -378,6 +401,15 @@ def _rd_rabenseifner(p, n, a, b, g, **kw):
 
 
 # all_gather (n = total gathered bytes) ------------------------------------------------
+
+@_form("all_gather", "hierarchical")
+def _ag_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=None, **kw):
+    """Column rings across the H hosts ((H-1) steps of one block n/p per rank, the k ranks
+    of a host that send across at once sharing its NIC), then rings of columns (H blocks)
+    inside each host of L ranks."""
+    H, L, (ai, bi), (ae, be), k = _two_levels(p, hosts, intra, inter, share, a, b)
+    blk = n / p
+    return _t(H - 1, (H - 1) * blk * k, 0, ae, be, g) + _t(L - 1, (L - 1) * H * blk, 0, ai, bi, g)
 
 @_form("all_gather", "ring")
 def _ag_ring(p, n, a, b, g, **kw):
@@ -430,6 +462,16 @@ def _ag_direct(p, n, a, b, g, **kw):
 @_form("reduce_scatter", "ring")
 def _rs_ring(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+
+
+@_form("reduce_scatter", "hierarchical")
+def _rs_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=None, **kw):
+    """The mirror of the hierarchical all_gather: rings of columns (H blocks) inside each
+    host of L ranks, then column rings across the H hosts, every step reduced."""
+    H, L, (ai, bi), (ae, be), k = _two_levels(p, hosts, intra, inter, share, a, b)
+    blk = n / p
+    return (_t(L - 1, (L - 1) * H * blk, (L - 1) * H * blk, ai, bi, g)
+            + _t(H - 1, (H - 1) * blk * k, (H - 1) * blk, ae, be, g))
 
 
 @_form("reduce_scatter", "recursive_halving")

@@ -1,0 +1,132 @@
+"""Several hosts: the hierarchical collectives on real ranks of emulated hosts, what the
+cost model predicts for them, topology-aware auto, and the placement planner."""
+import numpy as np
+import pytest
+
+import ringlet as rl
+from ringlet.algorithms import CATALOG
+from ringlet.cost import TIERS, Topology, breakdown, choose, simulate
+from ringlet.cost.tune import build_schedule
+from conftest import run, two_hosts
+
+HIERARCHICAL = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+# -- real ranks on two emulated hosts ----------------------------------------------------
+def _check_all(rank, algorithm, group_ranks):
+    g = rl.new_group(group_ranks) if group_ranks else None
+    me = group_ranks.index(rank) if group_ranks else rank
+    if group_ranks and rank not in group_ranks:
+        return
+    p = len(group_ranks) if group_ranks else rl.get_world_size()
+    for count in (0, 1, 7, 4099, 70_001):
+        rng = [np.random.default_rng(1000 * r + count) for r in range(p)]
+        x = [gen.integers(-50, 50, (p, count)).astype(np.int64) for gen in rng]
+        # all_gather
+        out = np.empty((p, count), np.int64)
+        rl.all_gather(out, x[me][0], group=g, algorithm=algorithm)
+        assert np.array_equal(out, np.stack([x[r][0] for r in range(p)])), ("all_gather", count)
+        # reduce_scatter
+        mine = np.empty(count, np.int64)
+        rl.reduce_scatter(mine, x[me].copy(), group=g, algorithm=algorithm)
+        assert np.array_equal(mine, sum(x[r][me] for r in range(p))), ("reduce_scatter", count)
+        # broadcast from every root
+        for root in range(p):
+            buf = x[me][1 % p].copy() if count else np.empty(0, np.int64)
+            rl.broadcast(buf, src=root, group=g,    # src: a group rank
+                         algorithm=algorithm)
+            assert np.array_equal(buf, x[root][1 % p]), ("broadcast", root, count)
+        # all_reduce
+        buf = x[me][0].copy()
+        rl.all_reduce(buf, group=g, algorithm=algorithm)
+        assert np.array_equal(buf, sum(x[r][0] for r in range(p))), ("all_reduce", count)
+
+
+@pytest.mark.parametrize("p,split", [(4, 2), (5, 2), (6, 3)])
+@pytest.mark.parametrize("algorithm", ["hierarchical", "auto"])
+def test_hierarchical_collectives_on_two_hosts(p, split, algorithm):
+    """Equal and unequal hosts (5 ranks: 2 + 3): NumPy's answer, forced or picked by auto."""
+    run(_check_all, p, algorithm, None, env={"RINGLET_HOST_ID_SPLIT": str(split)})
+
+
+def test_hierarchical_group_with_hosts_interleaved():
+    """A group whose ranks alternate between the two hosts (group rank order 0, 2, 1, 3)."""
+    run(_check_all, 4, "hierarchical", [0, 2, 1, 3], env=two_hosts(4))
+
+
+# -- the cost model --------------------------------------------------------------------
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+@pytest.mark.parametrize("h,m", [(2, 2), (2, 4), (4, 8), (3, 5)])
+def test_closed_form_is_the_simulated_schedule(collective, h, m):
+    """The closed form in cost/model.py prices exactly the schedule the runtime runs."""
+    topo = Topology(h, m, "nvlink", "ethernet")
+    for nbytes in (4096 * h * m, 64 << 20):
+        sched = build_schedule(collective, "hierarchical", h * m, nbytes,
+                               hosts=tuple(int(x) for x in topo.host_array))
+        sim = simulate(sched, topo).time
+        form = breakdown(collective, nbytes, h * m, "hierarchical", "ethernet", hosts=h,
+                         intra="nvlink", inter="ethernet").total
+        assert form == pytest.approx(sim, rel=1e-6)   # segments differ by an element at most
+
+
+def _ring_time(p, blk, link):
+    """Hand count: a flat ring over contiguous hosts waits on its slowest (inter-host)
+    link at every step: (p - 1) steps of one block."""
+    return (p - 1) * link.time(blk)
+
+
+def _hier_time(h, m, blk, intra, inter):
+    """Hand count of the hierarchical all_gather / reduce_scatter (γ = 0): (h - 1) steps
+    of one block across, the m ranks of a host sharing its NIC, then (m - 1) steps of h
+    blocks inside the host."""
+    return (h - 1) * (inter.alpha + m * blk * inter.beta) + (m - 1) * intra.time(h * blk)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("h,m", [(2, 4), (4, 8), (8, 8), (64, 8)])
+def test_simulator_predicts_the_hierarchical_factor(collective, h, m):
+    """On NVLink hosts joined by Ethernet the simulator's flat-ring / hierarchical ratio is
+    the hand-counted one: about (p−1)/(p−m) for large messages (one NIC per host), and
+    far more for small ones, where (p−1)α₂ becomes (h−1)α₂."""
+    p = h * m
+    topo = Topology(h, m, "nvlink", "ethernet")
+    intra, inter = TIERS["nvlink"], TIERS["ethernet"]
+    for nbytes in (1 << 16, 256 << 20):
+        nbytes = nbytes // p * p
+        blk = nbytes / p
+        hosts = tuple(int(x) for x in topo.host_array)
+        times = {alg: simulate(build_schedule(collective, alg, p, nbytes, hosts=hosts), topo).time
+                 for alg in ("ring", "hierarchical")}
+        want = _ring_time(p, blk, inter) / _hier_time(h, m, blk, intra, inter)
+        assert times["ring"] / times["hierarchical"] == pytest.approx(want, rel=0.02)
+        assert times["ring"] > times["hierarchical"]
+
+
+def test_simulator_all_reduce_factor_two_hosts():
+    """all_reduce, 2 hosts x 4 ranks, 256 MiB: flat ring moves 2(p−1)/p·n over the host
+    boundary, hierarchical 2(h−1)/h·n through a host's NIC: about 7/4."""
+    topo = Topology(2, 4, "nvlink", "ethernet")
+    hosts = (0, 0, 0, 0, 1, 1, 1, 1)
+    t = {alg: simulate(build_schedule("all_reduce", alg, 8, 256 << 20, hosts=hosts), topo).time
+         for alg in ("ring", "hierarchical")}
+    assert t["ring"] / t["hierarchical"] == pytest.approx(7 / 4, rel=0.03)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_auto_picks_hierarchical_across_hosts(collective):
+    """With several hosts auto considers the hierarchical variants and picks them where
+    the model says they win; on one host they are not candidates."""
+    topo = Topology(4, 8, "nvlink", "ethernet")
+    winner, rows = choose(collective, 64 << 20, 32, topology=topo)
+    assert winner == "hierarchical" and rows[0].method == "simulated"
+    assert {r.algorithm for r in rows} == set(CATALOG[collective])
+    winner, rows = choose(collective, 64 << 20, 32, topology="ethernet")
+    assert "hierarchical" not in {r.algorithm for r in rows}
+
+
+def test_auto_keeps_flat_when_hosts_are_one_rank_each():
+    """One rank per host: hierarchical is the flat ring plus staging, never better."""
+    topo = Topology(8, 1, "nvlink", "ethernet")
+    for coll in ("all_gather", "reduce_scatter"):
+        rows = dict((r.algorithm, r.total) for r in choose(coll, 64 << 20, 8, topology=topo)[1])
+        assert rows["hierarchical"] >= rows["ring"] * 0.999

@@ -130,3 +130,31 @@ def test_auto_keeps_flat_when_hosts_are_one_rank_each():
     for coll in ("all_gather", "reduce_scatter"):
         rows = dict((r.algorithm, r.total) for r in choose(coll, 64 << 20, 8, topology=topo)[1])
         assert rows["hierarchical"] >= rows["ring"] * 0.999
+
+
+def test_simulator_splits_the_critical_path_by_link():
+    """SimResult.inter: the part of the critical path on inter-host messages. A flat ring
+    over 2 hosts waits on the host boundary at every step; the hierarchical all_gather
+    spends some of its path inside the hosts; one host has no inter-host part."""
+    topo = Topology(2, 4, "nvlink", "ethernet")
+    hosts = tuple(int(x) for x in topo.host_array)
+    ring = simulate(build_schedule("all_gather", "ring", 8, 8 << 20, hosts=hosts), topo)
+    assert ring.inter == pytest.approx(ring.time)
+    hier = simulate(build_schedule("all_gather", "hierarchical", 8, 8 << 20, hosts=hosts), topo)
+    lat, bw, _ = hier.terms
+    assert 0 < hier.inter < lat + bw
+    one = simulate(build_schedule("all_gather", "ring", 8, 8 << 20), Topology(1, 8, "nvlink"))
+    assert one.inter == 0
+
+
+def test_explain_shows_intra_and_inter_host_terms(capsys):
+    from ringlet.cost.commands import explain_main
+    assert explain_main(["all_gather", "-n", "16", "--hosts", "2", "--tier", "ethernet",
+                         "--size", "64M", "--range", "1M:64M"]) == 0
+    out = capsys.readouterr().out
+    assert "intra NVLink" in out and "inter Ethernet" in out
+    assert "intra-host" in out and "inter-host" in out
+    row = next(line for line in out.splitlines() if line.startswith("hierarchical"))
+    total, lat, bw, red, intra, inter = map(float, row.split()[1:7])
+    assert intra + inter == pytest.approx(lat + bw, abs=0.02) and inter > intra > 0
+    assert "winner: hierarchical" in out

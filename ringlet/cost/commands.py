@@ -459,12 +459,19 @@ def _explain_main(argv) -> int:
               "how much of the total comes from ranks sharing cores (part of the others)")
     print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")
     scale, unit = (1e6, "us") if rows[0].total < 1e-3 else (1e3, "ms")
-    extra = f"{'memory':>12}{'cores':>12}" if host is not None else ""
+    hosts = env.topology is not None and rows[0].method == "simulated"
+    if hosts:
+        print("intra-host / inter-host: the critical path's latency + bandwidth split by the "
+              "link it crossed")
+    extra = (f"{'memory':>12}{'cores':>12}" if host is not None else
+             f"{'intra-host':>12}{'inter-host':>12}" if hosts else "")
     print(f"{'algorithm':<20}{'total':>12}{'latency':>12}{'bandwidth':>12}{'reduction':>12}"
           f"{extra}   ({unit})")
     for r in rows:
         mark = "  <- winner" if r.algorithm == winner else ""
-        more = (f"{r.memory * scale:>12.2f}{r.sharing * scale:>12.2f}" if host is not None else "")
+        more = (f"{r.memory * scale:>12.2f}{r.sharing * scale:>12.2f}" if host is not None else
+                f"{(r.latency + r.bandwidth - r.inter) * scale:>12.2f}{r.inter * scale:>12.2f}"
+                if hosts else "")
         print(f"{r.algorithm:<20}{r.total * scale:>12.2f}{r.latency * scale:>12.2f}"
               f"{r.bandwidth * scale:>12.2f}{r.reduction * scale:>12.2f}{more}{mark}")
     if host is not None and rows[0].parts:

@@ -314,6 +314,7 @@ class SimResult:
     parts: dict | None = None        # HostModel: seconds per named term on the critical path
     features: dict | None = None     # HostModel: counts per term on the critical path
     sharing: float = 0.0             # HostModel: seconds added by ranks sharing cores
+    inter: float = 0.0               # seconds of the critical path on inter-host messages
 
     @property
     def memory(self) -> float:
@@ -374,6 +375,7 @@ class _Sim:
         lat = np.zeros(p)
         bw = np.zeros(p)
         red = np.zeros(p)
+        xt = np.zeros(p)     # of lat + bw: seconds spent on inter-host messages
         neg = np.full(p, -np.inf)
         ai, bi = topo.intra.alpha, topo.intra.beta
         ae, be = topo.inter.alpha, topo.inter.beta
@@ -412,6 +414,7 @@ class _Sim:
                 src, dst, n, rflag = src[msg], dst[msg], n[msg], rflag[msg]
             m = len(src)
             nb = n * isz
+            x = None
             # ---- cost of each message on its link
             if self.uniform:
                 a = ai
@@ -461,6 +464,8 @@ class _Sim:
             m_lat = lat[e] + a
             m_bw = bw[e] + bcost
             m_red = red[e]
+            xcost = np.where(x, cost, 0.0) if x is not None else np.zeros(m)
+            m_x = xt[e] + xcost
             # ---- reductions at the receiver
             if g and rflag.any():
                 G = np.bincount(dst, nb * rflag, p) * g
@@ -490,13 +495,14 @@ class _Sim:
                 new_lat = np.where(active, m_lat[mi], lat)
                 new_bw = np.where(active, m_bw[mi], bw)
                 new_red = np.where(active, m_red[mi], red)
+                new_x = np.where(active, m_x[mi], xt)
                 if G is not None:
                     new_red = new_red + np.where(active & use_in, G, 0.0)
             else:
-                finish, new_lat, new_bw, new_red = self._general(
+                finish, new_lat, new_bw, new_red, new_x = self._general(
                     p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
-                    start, lat, bw, red, nsend, nrecv, neg)
-            start, lat, bw, red = finish, new_lat, new_bw, new_red
+                    start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x)
+            start, lat, bw, red, xt = finish, new_lat, new_bw, new_red, new_x
 
         rank_terms = np.stack([lat, bw, red], axis=1)
         last = int(np.argmax(start)) if p else 0
@@ -506,11 +512,11 @@ class _Sim:
                          {"intra": int(round(bytes_intra)), "inter": int(round(bytes_inter))},
                          {"intra": int(msgs_intra), "inter": int(msgs_inter)},
                          nic_out if self.H > 1 else None, nic_in if self.H > 1 else None,
-                         nrounds)
+                         nrounds, inter=float(xt[last]) if p else 0.0)
 
     @staticmethod
     def _general(p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
-                 start, lat, bw, red, nsend, nrecv, neg):
+                 start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x):
         """Ranks with several messages in one round: queue them on the port."""
         m = len(src)
         a_vec = np.broadcast_to(a, (m,)).astype(float)
@@ -544,8 +550,11 @@ class _Sim:
         lat_c = np.stack([lat, lat + S_lat, m_lat[out_msg], lat + R_lat, m_lat[in_msg]])
         bw_c = np.stack([bw, bw + S_bw, m_bw[out_msg], bw + R_bw, m_bw[in_msg]])
         red_c = np.stack([red, red, m_red[out_msg], red + Gr, m_red[in_msg] + Gr])
+        x_c = np.stack([xt, xt + np.bincount(src, xcost, p), m_x[out_msg],
+                        xt + np.bincount(dst, xcost, p), m_x[in_msg]])
         cols = np.arange(p)
-        return finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols]
+        return (finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols],
+                x_c[which, cols])
 
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),

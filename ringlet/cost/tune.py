@@ -31,7 +31,9 @@ class Row(NamedTuple):
     + memory; ``memory`` (memory-hierarchy stalls) and ``sharing`` (how much of the total
     comes from ranks sharing cores, spread over the other terms) are non-zero only for a
     calibrated host model (:class:`ringlet.cost.simulate.HostModel`); ``parts`` then
-    holds the seconds of every named term on the critical path."""
+    holds the seconds of every named term on the critical path. ``inter`` (several
+    hosts, simulated) is how much of latency + bandwidth the critical path spends on
+    inter-host messages; the rest is on the intra-host link (and local copies)."""
     algorithm: str
     total: float
     latency: float
@@ -41,6 +43,7 @@ class Row(NamedTuple):
     memory: float = 0.0
     sharing: float = 0.0
     parts: tuple = ()
+    inter: float = 0.0
 
 
 def _host_ids(hosts, p):
@@ -180,7 +183,7 @@ def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4, share
         sched = build_schedule(collective, algorithm, p, nbytes, itemsize,
                                hosts=tuple(int(h) for h in topo.host_array))
         res = simulate(sched, topo, gamma=env.gamma)
-        return Row(algorithm, res.time, *res.terms, "simulated")
+        return Row(algorithm, res.time, *res.terms, "simulated", inter=res.inter)
     t = two_tier_breakdown(collective, nbytes, p, algorithm, topo, env.gamma, itemsize)
     return Row(algorithm, t.total, *t, "closed form (two-tier)")
 

@@ -1,4 +1,4 @@
-"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate."""
+"""The ``ringlet`` command: run, bench, plan, tiers, explain, place, calibrate."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,7 @@ commands:
   plan       communication/computation ratio planner (no arguments: the seed's worked example)
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
+  place      which host each rank should run on (TP x DP, expert parallel), beside the naive order
   calibrate  measure this host's alpha, beta, gamma and save the profile
 """
 
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     if cmd == "bench":
         from .bench import main as bench_main
         return bench_main(rest) or 0
-    if cmd in ("plan", "tiers", "explain"):
+    if cmd in ("plan", "tiers", "explain", "place"):
         from .cost import commands
         return getattr(commands, f"{cmd}_main")(rest) or 0
     if cmd == "calibrate":

@@ -158,3 +158,73 @@ def test_explain_shows_intra_and_inter_host_terms(capsys):
     total, lat, bw, red, intra, inter = map(float, row.split()[1:7])
     assert intra + inter == pytest.approx(lat + bw, abs=0.02) and inter > intra > 0
     assert "winner: hierarchical" in out
+
+
+# -- placement ---------------------------------------------------------------------------
+from itertools import combinations  # noqa: E402
+
+from ringlet.cost.place import Comm, expert_parallel, place, price, tensor_data_parallel  # noqa: E402
+
+M = 1 << 20
+
+
+def _inside_hosts(groups, hosts):
+    return all(len({hosts[r] for r in g}) == 1 for g in groups)
+
+
+def test_place_keeps_tensor_parallel_inside_hosts_when_it_dominates():
+    """TP traffic dominates: TP groups inside hosts — the naive (Megatron) order — wins."""
+    comms = tensor_data_parallel(4, 4, tp_bytes=256 * M, dp_bytes=4 * M)
+    pl = place(comms, 4, 4)
+    assert _inside_hosts(comms[0].groups, pl.hosts)
+    assert pl.time == pytest.approx(pl.naive_time) and pl.hosts == pl.naive_hosts
+    # the other way round is predicted worse
+    dp_inside = [r % 4 for r in range(16)]
+    assert price(comms, 4, 4, dp_inside)[0] > 2 * pl.time
+
+
+def test_place_moves_data_parallel_inside_hosts_when_it_dominates():
+    """DP traffic dominates: the planner puts each DP group on one host and predicts it
+    faster than the naive order by far."""
+    comms = tensor_data_parallel(4, 4, tp_bytes=4 * M, dp_bytes=256 * M)
+    pl = place(comms, 4, 4)
+    assert _inside_hosts(comms[1].groups, pl.hosts)
+    assert not _inside_hosts(comms[0].groups, pl.hosts)
+    assert pl.naive_time > 10 * pl.time
+    total, per = price(comms, 4, 4, pl.hosts)
+    assert total == pytest.approx(pl.time) and per == pytest.approx(pl.per_comm)
+    assert "dp" in str(pl) and "naive" in str(pl)
+
+
+def test_place_finds_the_best_mapping_of_a_small_job():
+    """2 hosts x 3 ranks, an expert-parallel job whose groups interleave: brute force over
+    every mapping agrees with the planner (the swap search reaches the optimum)."""
+    comms = [Comm("ep", ((0, 2, 4), (1, 3, 5)), "all_to_all", 64 * M, 2),
+             Comm("pp", ((0, 1),), "all_reduce", 1 * M)]
+    pl = place(comms, 2, 3)
+    best = min(price(comms, 2, 3, [0 if r in h0 else 1 for r in range(6)])[0]
+               for h0 in combinations(range(6), 3))
+    assert pl.time == pytest.approx(best)
+    assert _inside_hosts(comms[0].groups, pl.hosts) and pl.time < pl.naive_time
+
+
+def test_place_rejects_bad_jobs():
+    with pytest.raises(ValueError, match="outside the job's 4 ranks"):
+        place([Comm("tp", ((0, 5),), "all_reduce", M)], 2, 2)
+    with pytest.raises(ValueError, match="disjoint"):
+        Comm("tp", ((0, 1), (1, 2)), "all_reduce", M)
+    with pytest.raises(ValueError, match="must divide"):
+        expert_parallel(6, 4, M)
+    with pytest.raises(ValueError, match="ranks per host"):
+        price(tensor_data_parallel(2, 2, M, M), 2, 2, [0, 0, 0, 1])
+
+
+def test_place_command_with_what_if(capsys):
+    from ringlet.cost.commands import place_main
+    assert place_main(["--hosts", "2", "--ranks-per-host", "4", "--tp", "4", "--tp-bytes", "4M",
+                       "--dp-bytes", "256M", "--inter", "infiniband", "--what-if", "16x8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("naive (ms)") == 2 and "16 hosts x 8 ranks" in out
+    assert "found by dp groups contiguous" in out
+    assert place_main(["--hosts", "2", "--ranks-per-host", "2", "--tp", "3",
+                       "--tp-bytes", "1M"]) == 2

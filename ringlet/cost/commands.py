@@ -1,4 +1,4 @@
-"""``ringlet plan``, ``ringlet tiers`` and ``ringlet explain``: ``*_main(argv) -> exit code``.
+"""``ringlet plan``, ``tiers``, ``explain`` and ``place``: ``*_main(argv) -> exit code``.
 
 ``ringlet.cli`` dispatches ``ringlet plan|tiers|explain ...`` here with the arguments after
 the sub-command. ``--plot FILE.png`` needs matplotlib (``pip install ringlet[plot]``),
@@ -525,6 +525,95 @@ def _explain_main(argv) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ place
+
+def place_main(argv=None) -> int:
+    """``ringlet place --hosts 2 --ranks-per-host 4 --tp 4 --tp-bytes 64M --dp-bytes 16M``:
+    the rank -> host mapping with the least predicted communication per step, beside the
+    naive order's; ``--what-if 64x8`` prices the same job at that scale too."""
+    return _run(_place_main, argv)
+
+
+def _scale(text: str) -> tuple[int, int]:
+    try:
+        h, r = (int(x) for x in text.lower().split("x"))
+        if h >= 1 and r >= 1:
+            return h, r
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected HOSTSxRANKS, e.g. 64x8, got {text!r}")
+
+
+def _place_main(argv) -> int:
+    from .place import Comm, describe, expert_parallel, place, tensor_data_parallel
+
+    ap = argparse.ArgumentParser(
+        prog="ringlet place",
+        description="Propose which host each rank of a job runs on so that a step "
+                    "communicates least (predicted by simulating the schedules auto would "
+                    "run, all groups of a kind at once, sharing the hosts' NICs), and show "
+                    "the naive order's prediction beside it. Logical rank i*tp + j is "
+                    "tensor-parallel shard j of data-parallel replica i.")
+    ap.add_argument("--hosts", type=int, required=True, help="number of hosts")
+    ap.add_argument("--ranks-per-host", type=int, required=True, help="ranks on each host")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (default 1)")
+    ap.add_argument("--tp-bytes", type=_size, default=0, help="bytes per TP call, e.g. 64M")
+    ap.add_argument("--tp-collective", default="all_reduce", help="default all_reduce")
+    ap.add_argument("--tp-calls", type=int, default=1, help="TP calls per step (default 1)")
+    ap.add_argument("--dp-bytes", type=_size, default=0,
+                    help="bytes per data-parallel call (gradients), e.g. 1G")
+    ap.add_argument("--dp-collective", default="all_reduce", help="default all_reduce")
+    ap.add_argument("--dp-calls", type=int, default=1, help="DP calls per step (default 1)")
+    ap.add_argument("--ep", type=int, default=0,
+                    help="expert-parallel group size (consecutive logical ranks; all_to_all)")
+    ap.add_argument("--ep-bytes", type=_size, default=0, help="bytes per rank per EP all_to_all")
+    ap.add_argument("--ep-calls", type=int, default=2,
+                    help="EP all_to_all calls per step (default 2: dispatch and combine)")
+    ap.add_argument("--intra", type=_link_arg, default=TIERS["nvlink"],
+                    help="intra-host link: a tier, shm (calibrated) or ALPHA_US,GBPS "
+                         "(default nvlink)")
+    ap.add_argument("--inter", type=_link_arg, default=TIERS["ethernet"],
+                    help="inter-host link: a tier, tcp (calibrated) or ALPHA_US,GBPS "
+                         "(default ethernet)")
+    ap.add_argument("--no-nic-sharing", action="store_true",
+                    help="every rank has its own NIC (default: a host's ranks share one)")
+    ap.add_argument("--evaluations", type=int, default=400,
+                    help="most mappings the local search prices (default 400)")
+    ap.add_argument("--what-if", type=_scale, default=None, metavar="HxR",
+                    help="also price the same job (same TP/EP sizes and bytes, DP filling "
+                         "the ranks) on H hosts x R ranks, e.g. 64x8")
+    a = ap.parse_args(argv)
+
+    def job(H, R):
+        P = H * R
+        if a.tp < 1 or P % a.tp:
+            raise ValueError(f"--tp {a.tp} must divide the {P} ranks ({H} hosts x {R})")
+        comms = tensor_data_parallel(a.tp, P // a.tp, a.tp_bytes, a.dp_bytes,
+                                     tp_collective=a.tp_collective,
+                                     dp_collective=a.dp_collective,
+                                     tp_calls=a.tp_calls, dp_calls=a.dp_calls)
+        comms = [c for c in comms if c.nbytes and len(c.groups[0]) > 1]
+        if a.ep:
+            comms.append(expert_parallel(P, a.ep, a.ep_bytes, a.ep_calls))
+        if not comms:
+            raise ValueError("nothing to place: give --tp-bytes, --dp-bytes or --ep-bytes")
+        return comms
+
+    def show(H, R, evaluations):
+        comms = job(H, R)
+        print(f"job on {H} hosts x {R} ranks:\n{describe(comms)}")
+        print(place(comms, H, R, intra=a.intra, inter=a.inter,
+                    nic_sharing=not a.no_nic_sharing, max_evaluations=evaluations))
+
+    show(a.hosts, a.ranks_per_host, a.evaluations)
+    if a.what_if:
+        H, R = a.what_if
+        print(f"\nwhat if: the same job on {H} hosts x {R} ranks (the structured mappings "
+              f"only, no swap search)")
+        show(H, R, len(job(H, R)) + 1)
+    return 0
+
+
 def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     plt = _pyplot()
     if not sweep:
@@ -548,4 +637,5 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     plt.close(fig)
 
 
-__all__ = ["plan_main", "tiers_main", "explain_main", "tiers_table", "crossover_table"]
+__all__ = ["plan_main", "tiers_main", "explain_main", "place_main", "tiers_table",
+           "crossover_table"]

@@ -6,7 +6,8 @@
 * :mod:`.plan` - seed 002's communication-to-computation ratio and break-even K;
 * :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
 * :mod:`.tune` - ``choose``: the least predicted time, explained;
-* :mod:`.commands` - ``ringlet plan``, ``ringlet tiers``, ``ringlet explain``.
+* :mod:`.place` - ``place``: which host each rank of a job should run on;
+* :mod:`.commands` - ``ringlet plan``, ``tiers``, ``explain``, ``place``.
 """
 from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, breakdown, count_of,
                     format_size, nbytes_of, parse_size, predict, tier)
@@ -14,10 +15,12 @@ from .plan import StepRatio, break_even, step_ratio, strong_scaling, weak_scalin
 from .profile import Profile, fit, host_link, load_profile, profile_path
 from .simulate import SimResult, Topology, simulate
 from .tune import Row, choose, crossovers, predict_host
+from .place import Comm, Placement, expert_parallel, place, tensor_data_parallel  # noqa: E402
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predict", "breakdown",
            "nbytes_of", "count_of", "parse_size", "format_size",
            "Topology", "SimResult", "simulate",
            "StepRatio", "step_ratio", "strong_scaling", "weak_scaling", "break_even",
            "Profile", "load_profile", "host_link", "profile_path", "fit",
-           "choose", "Row", "crossovers", "predict_host"]
+           "choose", "Row", "crossovers", "predict_host",
+           "place", "Comm", "Placement", "tensor_data_parallel", "expert_parallel"]

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 HERE = os.path.abspath(__file__)
@@ -40,6 +41,18 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
     def compute(k: int) -> None:
         for _ in range(k):
             np.matmul(a, a, out=out)      # BLAS: the GIL is released meanwhile
+
+    def sched() -> tuple:
+        """(seconds: wall, main thread on a CPU, main thread runnable but not running -
+        another process or thread had the core, background thread on a CPU). Wall minus
+        the two main-thread terms is time the main thread slept: waiting for the GIL."""
+        def task(tid):
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, queued, _ = map(int, f.read().split())
+            return run * 1e-9, queued * 1e-9
+        run, queued = task(threading.main_thread().native_id)
+        bg = [t for t in threading.enumerate() if t.name.startswith("ringlet-progress")]
+        return time.perf_counter(), run, queued, task(bg[0].native_id)[0] if bg else 0.0
 
     def timed(f) -> float:
         rl.barrier()
@@ -70,15 +83,19 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
             rl.all_reduce(x, algorithm="ring")
             compute(k)
 
-        inside = []    # (compute, the wait after it) of each overlapped step
+        inside = []    # per overlapped step: compute, wait after it, and where the
+                       # compute's time went (see sched)
 
         def step():
             t0 = time.perf_counter()
             w = rl.all_reduce(x, algorithm="ring", async_op=True)
+            s0 = sched()
             compute(k)
+            s1 = sched()
             t1 = time.perf_counter()
             w.wait()
-            inside.append((t1 - t0, time.perf_counter() - t1))
+            inside.append((t1 - t0, time.perf_counter() - t1,
+                           *(b - a for a, b in zip(s0, s1))))
 
         # In turns, so that a change of the host's load falls on all four alike.
         runs = {f.__name__: [] for f in (comm, comp, serial, step)}
@@ -88,9 +105,11 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
         med = {name: sorted(v)[len(v) // 2] for name, v in runs.items()}
         pred = rl.cost.predict("all_reduce", mib << 20, p, algorithm="ring", link=link)
         inside.sort()
+        mid = inside[len(inside) // 2]      # the step of median compute time
+        wall, run, queued, bg = mid[2:]
         rows.append({"MiB": mib, **med, "pred_comm": pred,
-                     "step_comp": inside[len(inside) // 2][0],
-                     "step_wait": sorted(w for _, w in inside)[len(inside) // 2],
+                     "step_comp": mid[0], "step_wait": sorted(x[1] for x in inside)[len(inside) // 2],
+                     "cpu": run, "queued": queued, "gil": wall - run - queued, "bg_cpu": bg,
                      "eff": (med["comm"] + med["comp"] - med["step"])
                      / min(med["comm"], med["comp"])})
     if r == 0:
@@ -120,6 +139,7 @@ def main() -> int:
     print(f"{'rate':>7} {'MiB':>4} {'T_comm':>8} {'T_comp':>8} {'serial':>8} {'T_step':>8} "
           f"{'eff':>5} {'(comp':>7} {'wait)':>6} | model: {'comm':>7} {'serial':>8} "
           f"{'overlap':>8}")
+    steps = []
     for rate in a.rates.split(","):
         rate_bytes = _rate_bytes(rate)
         try:
@@ -138,11 +158,17 @@ def main() -> int:
             return 1
         for row in json.loads(lines[0][7:]):
             ms = {k: v * 1e3 for k, v in row.items() if k not in ("MiB", "eff")}
+            steps.append(f"{rate:>7} {row['MiB']:>4}   compute {ms['step_comp']:7.1f} = "
+                         f"on CPU {ms['cpu']:7.1f} + preempted {ms['queued']:6.1f} + "
+                         f"waiting for the GIL {ms['gil']:6.1f}; progress thread on CPU "
+                         f"{ms['bg_cpu']:6.1f}")
             print(f"{rate:>7} {row['MiB']:>4} {ms['comm']:8.1f} {ms['comp']:8.1f} "
                   f"{ms['serial']:8.1f} {ms['step']:8.1f} {row['eff']:5.2f} "
                   f"{ms['step_comp']:7.1f} {ms['step_wait']:6.1f} | "
                   f"{ms['pred_comm']:>13.1f} {ms['pred_comm'] + ms['comp']:8.1f} "
                   f"{max(ms['pred_comm'], ms['comp']):8.1f}")
+    print("\nInside the overlapped step of median compute time (ms), rank 0's main thread:")
+    print("\n".join(steps))
     return 0
 
 

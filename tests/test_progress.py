@@ -209,6 +209,28 @@ def test_many_works_in_flight_on_several_groups(backend):
     run(_many_in_flight, 4, backend=backend)
 
 
+def _timeout_unchanged(rank, path):
+    x = np.ones(300_000)
+    if rank == 1:   # joins only once rank 0's waits have timed out
+        while not os.path.exists(path):
+            time.sleep(0.01)
+    w = rl.all_reduce(x, async_op=True)
+    if rank == 0:
+        with pytest.raises(rl.TimeoutError, match="waiting for rank"):
+            w.wait(timeout=0.3)
+        with pytest.raises(TimeoutError):
+            w.get_future().result(timeout=0.3)
+        assert not w.is_completed()
+        open(path, "w").close()
+    _until_done(w, f"rank {rank}: all_reduce after a timed-out wait")
+    w.wait()
+    assert (x == 2).all()
+
+
+def test_a_wait_times_out_as_before_and_the_work_goes_on(tmp_path, backend):
+    run(_timeout_unchanged, 2, str(tmp_path / "joined"), backend=backend)
+
+
 def _progress_off(rank):
     x = np.ones(300_000)
     w = rl.all_reduce(x, async_op=True)

@@ -650,4 +650,5 @@ def _await_file(path, limit=30.0):
 
 
 def test_streamed_messages_parked_claimed_reduced_and_refused(tmp_path):
-    run(_streamed, 2, str(tmp_path))
+    # The sender must be held up mid-message: no background progress moves its isend.
+    run(_streamed, 2, str(tmp_path), env={"RINGLET_PROGRESS": "0"})

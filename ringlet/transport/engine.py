@@ -1,10 +1,18 @@
 """The progress engine: owns this rank's connections to every peer and drives them.
 
-There are no background threads. Whoever waits (a blocking call, ``Work.wait``) turns
-the crank: every peer's packets move and every in-flight collective advances, so any mix
-of isend/irecv and async collectives makes progress together. A waiter spins briefly
-(just yielding the core when ranks outnumber cores), then sleeps in ``select`` on its TCP
-sockets and its doorbell, which local senders poke when they see it asleep.
+What runs where. The caller's thread runs every ringlet call: it posts the work and, in a
+blocking call or ``Work.wait``, turns the crank itself - every peer's packets move and
+every in-flight collective advances, so any mix of isend/irecv and async collectives makes
+progress together. A waiter spins briefly (just yielding the core when ranks outnumber
+cores), then sleeps in ``select`` on its TCP sockets and its doorbell, which local senders
+poke when they see it asleep. A small blocking call of local EAGER messages runs in C
+(``fast.py``) on the caller's thread too.
+
+Asynchronous work (``async_op=True``, isend, irecv) is also driven between calls, while
+the caller computes, by one background thread (``progress.py``) that exists only once such
+work was posted and works only while some is unfinished. ``self.lock`` says who drives:
+the caller holds it for the whole of a call (so a blocking call never shares the engine),
+the thread for one turn at a time. ``RINGLET_PROGRESS=0``: no thread, the old model.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, Ring
                       TimeoutError)
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
+from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
 from .tcp import TcpPeer
@@ -89,6 +98,9 @@ class Engine:
         self.fast = fast.enabled() and not self.tcp_peers
         self.fast_budget = YIELD_CROWDED if self.crowded else self.spin
         self.fast_p2p: dict = {}    # (send or recv, peer, bytes) -> its FastCall, or None
+        self.lock = threading.Lock()   # held by whoever drives: a call, or the thread below
+        self.wanted = 0                # callers waiting for the lock
+        self.background = Progress(self)
 
     # -- setup ---------------------------------------------------------------------------
     def _connect(self, master_addr: str, master_port: int, gen: int) -> None:
@@ -344,6 +356,49 @@ class Engine:
                     moved = True
         return moved
 
+    def enter(self) -> None:
+        """Take the engine for a call (from the background thread, if it has it now)."""
+        if not self.lock.acquire(False):
+            self.wanted += 1
+            try:
+                self.lock.acquire()
+            finally:
+                self.wanted -= 1
+
+    def leave(self) -> None:
+        self.lock.release()
+        if self.background.watched:   # what it sleeps on may have changed
+            self.background.poke()
+
+    def tick(self) -> bool:
+        """One turn for a driver not waiting on anything in particular (the background
+        thread): move what can move, and now and then check that local peers live."""
+        moved = self.progress()
+        now = time.monotonic()
+        if now - self._last_liveness > LIVENESS_EVERY:
+            self._last_liveness = now
+            self.check_liveness()
+        return moved
+
+    def nap_begin(self) -> bool:
+        """Announce the background thread's sleep to local senders; False (and no sleep)
+        if something arrived meanwhile."""
+        self._nap(1)
+        if self.progress():
+            self._nap(-1)
+            return False
+        self.background.interest()
+        return True
+
+    def nap_end(self) -> None:
+        self._nap(-1)
+
+    def _nap(self, delta: int) -> None:
+        """Count a sleeper in word 0 of this rank's segment (under the lock): senders that
+        see it non-zero ring the doorbell."""
+        if self.seg is not None:
+            memoryview(self.seg)[0:8].cast("Q")[0] += delta
+
     def wait(self, done, timeout: float | None, describe, peers=tuple, spun: float = 0.0) -> None:
         """Drive progress until ``done()``; on expiry raise TimeoutError(describe()).
         ``spun``: seconds already spent spinning and yielding for it (by the C fast path),
@@ -384,10 +439,7 @@ class Engine:
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
 
     def _sleep(self, seconds: float) -> None:
-        flag = None
-        if self.seg is not None:
-            flag = memoryview(self.seg)[0:8].cast("Q")
-            flag[0] = 1
+        self._nap(1)
         try:
             if self.progress():  # something arrived before we announced the nap
                 return
@@ -398,14 +450,16 @@ class Engine:
                     peer.events = want
             for key, _ in self.sel.select(max(seconds, 0)):
                 if key.fileobj is self.doorbell:
-                    try:
-                        while self.doorbell.recv(64):
-                            pass
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                    self.drain_doorbell()
         finally:
-            if flag is not None:
-                flag[0] = 0
+            self._nap(-1)
+
+    def drain_doorbell(self) -> None:
+        try:
+            while self.doorbell.recv(64):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
 
     def ring_doorbell(self, name: bytes) -> None:
         try:
@@ -437,6 +491,7 @@ class Engine:
     def close(self, timeout: float = 5.0) -> None:
         if self.closed:
             return
+        self.background.stop()
         self.closed = True
         # Flush what is queued and say goodbye, so peers see a clean exit, not a failure.
         for peer in self.peers.values():
@@ -447,8 +502,17 @@ class Engine:
                 getattr(p, "wpending", None) and not p.dead for p in self.peers.values()):
             self.progress()
             time.sleep(0.0005)
+        segs = [self.seg] + [p.outbox.seg for p in self.peers.values() if isinstance(p, ShmPeer)]
         for peer in self.peers.values():
             peer.close()
+        self.seg = None
+        self.remote_maps.maps.clear()
+        for seg in segs:   # (the names are gone already: this returns the descriptors)
+            try:
+                if seg is not None:
+                    seg.close()
+            except BufferError:   # a view of it is still alive somewhere: the GC will do it
+                pass
         self.sel.close()
         if self.doorbell is not None:
             self.doorbell.close()

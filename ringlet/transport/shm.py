@@ -187,6 +187,9 @@ class ShmPeer(Peer):
             self.engine.ring_doorbell(self.doorbell)
         return True
 
+    def close(self) -> None:
+        self.inbox = self.outbox = None    # (their views pin the segments' mappings)
+
     # -- liveness ------------------------------------------------------------------------
     def check_alive(self) -> bool:
         try:

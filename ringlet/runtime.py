@@ -232,7 +232,8 @@ def _finish_outstanding(eng) -> list:
     as lines "what: error"."""
     works, _S.outstanding = _S.outstanding, []
     try:
-        eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
+        with eng.held():
+            eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
     except RingletError:
         pass
     lost = []
@@ -256,8 +257,9 @@ def destroy() -> None:
     lost = []
     try:
         lost = _finish_outstanding(eng)
-        eng.check_liveness()
-        eng.progress()
+        with eng.held():
+            eng.check_liveness()
+            eng.progress()
         world = _S.world
         if world.size > 1 and not any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
             # nobody may leave while a peer still needs them (a dead peer never says bye);

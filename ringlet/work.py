@@ -86,6 +86,7 @@ class Work:
                 fut.set_result(None)
             else:
                 fut.set_exception(err)
+                self._reported = True   # the user's future carries it (destroy need not)
         except InvalidStateError:   # the other thread settled it first
             pass
 

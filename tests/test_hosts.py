@@ -48,7 +48,7 @@ def test_two_host_job_uses_shm_inside_and_tcp_between(two_hosts, tmp_path):
     lines = "".join(out for _, out, _ in results)
     # ranks 0, 1 on h0 and 2, 3 on h1: shared memory inside a host, TCP across
     for r, host, local in ((0, "h0", 1), (1, "h0", 0), (2, "h1", 3), (3, "h1", 2)):
-        line = next(x for x in lines.splitlines() if x.startswith(f"rank {r} "))
+        line = next(x for x in lines.splitlines() if x.startswith(f"[{r}] rank {r} "))
         assert f"on {host}:" in line, line
         for q in range(4):
             if q != r:

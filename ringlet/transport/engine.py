@@ -16,6 +16,7 @@ the thread for one turn at a time. ``RINGLET_PROGRESS=0``: no thread, the old mo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -83,6 +84,9 @@ class Engine:
         self.closed = False
         self._last_liveness = 0.0
         _read_check_switch()
+        self.lock = threading.Lock()   # held by whoever drives: a call, or the thread below
+        self.wanted = 0                # callers waiting for the lock
+        self.background = Progress(self)   # (no thread until async work is watched)
         try:
             self._connect(master_addr, master_port, generation)
         except BaseException:
@@ -98,9 +102,6 @@ class Engine:
         self.fast = fast.enabled() and not self.tcp_peers
         self.fast_budget = YIELD_CROWDED if self.crowded else self.spin
         self.fast_p2p: dict = {}    # (send or recv, peer, bytes) -> its FastCall, or None
-        self.lock = threading.Lock()   # held by whoever drives: a call, or the thread below
-        self.wanted = 0                # callers waiting for the lock
-        self.background = Progress(self)
 
     # -- setup ---------------------------------------------------------------------------
     def _connect(self, master_addr: str, master_port: int, gen: int) -> None:
@@ -369,6 +370,15 @@ class Engine:
         self.lock.release()
         if self.background.watched:   # what it sleeps on may have changed
             self.background.poke()
+
+    @contextlib.contextmanager
+    def held(self):
+        """``with engine.held():`` enter() ... leave(), for code outside the hot path."""
+        self.enter()
+        try:
+            yield self
+        finally:
+            self.leave()
 
     def tick(self) -> bool:
         """One turn for a driver not waiting on anything in particular (the background

@@ -11,7 +11,7 @@ bucket of its own). A bucket whose gradients have all arrived starts an asynchro
 all_reduce at once, while the caller goes on computing earlier layers' gradients;
 buckets start in bucket order on every rank (a full bucket waits for the ones before it),
 so ranks that hand over gradients in different orders still issue the same collectives.
-Buckets are ``rl.empty`` arrays: their large messages are read in place by local peers.
+Large buckets are ``rl.empty`` arrays: their messages are read in place by local peers.
 """
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ import contextlib
 
 import numpy as np
 
-from .. import buffers
 from ..collectives import all_reduce
 from ..ops import ReduceOp, as_array
 from ..runtime import get_rank, resolve
-from .pricing import Call, hosts_of, price
+from .pricing import Call, buffer, hosts_of, price
 
 
 class _Bucket:
@@ -31,8 +30,8 @@ class _Bucket:
 
     def __init__(self, indices, count, dtype, wire_dtype):
         self.indices = indices
-        self.buf = buffers.empty(count, dtype)
-        self.wire = self.buf if wire_dtype is None else buffers.empty(count, wire_dtype)
+        self.buf = buffer(count, dtype)
+        self.wire = self.buf if wire_dtype is None else buffer(count, wire_dtype)
         self.pending = len(indices)
         self.work = None
 

@@ -73,6 +73,21 @@ class GradBuckets:
         self._next = 0                               # first bucket not yet started
         self._sync = True
 
+    @classmethod
+    def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None):
+        """Buckets for a torch module's trainable parameters, fed by their backward as DDP
+        is: each parameter's gradient is handed over the moment it is accumulated, and
+        ``wait()`` writes the mean gradients back into ``.grad``, ready for the torch
+        optimizer's step."""
+        params = [q for q in module.parameters() if q.requires_grad]
+        gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook)
+        for i, q in enumerate(params):
+            q.register_post_accumulate_grad_hook(lambda q, i=i: gb.ready(i, q.grad))
+        gb._torch_params = params
+        return gb
+
+    _torch_params = None
+
     def _add_bucket(self, indices, arrays):
         count = sum(arrays[i].size for i in indices)
         b = _Bucket(tuple(indices), count, arrays[indices[0]].dtype, self.wire_dtype)
@@ -138,7 +153,12 @@ class GradBuckets:
         self._seen = [False] * len(self.slot)
         self._held = [False] * len(self.slot)
         self._next = 0
-        return [view for _, view, _ in self.slot]
+        out = [view for _, view, _ in self.slot]
+        if self._torch_params is not None:
+            import torch
+            for q, g in zip(self._torch_params, out):
+                q.grad.copy_(torch.from_numpy(g))
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -17,6 +17,7 @@ torch.distributed's Gloo, on the same model, data and ranks, in turns within one
 Medians of each turn's steps; the ratio is Gloo's time over ringlet's.
 """
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -181,15 +182,14 @@ def run_side(side, case, n, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--cases", default="buckets,dp,moe,ps")
     args = ap.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:     # Gloo and the dp model
         sys.exit("bench/train_patterns.py needs torch (for Gloo and the dp model): "
                  "pip install torch==2.13.0")
     print(f"ringlet.train vs torch.distributed Gloo, {args.n} ranks, {args.turns} turns "
@@ -202,8 +202,8 @@ def main():
                     rows.setdefault((k, side), []).append(v)
         for k in sorted({k for k, _ in rows}):
             r, g = rows[(k, "ringlet")], rows[(k, "gloo")]
-            print(f"{case:8s} {k:14s} ringlet {_us(r)}  gloo {_us(g)}  "
-                  f"gloo/ringlet {min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median")
+            print(f"{case:8s} {k:14s} ringlet {_us(r)}  gloo {_us(g)}  gloo/ringlet "
+                  f"{min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median")
         if case == "buckets":
             b, pp = rows[("bucketed", "ringlet")], rows[("per-parameter", "ringlet")]
             print(f"{case:8s} ringlet per-parameter / bucketed: {min(pp) / min(b):.2f}x best, "

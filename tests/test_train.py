@@ -157,11 +157,12 @@ def _torch_job(rank):
 
     def make():
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+        nn = torch.nn
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     model = make()
     gb = train.GradBuckets.for_module(model, bucket_cap_mb=0)    # hooks fire during backward
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    xs = [torch.full((3, 4), float(r)) .double() + torch.arange(4.0).double() for r in range(p)]
+    xs = [torch.full((3, 4), float(r)).double() + torch.arange(4.0).double() for r in range(p)]
     for _ in range(2):
         opt.zero_grad()
         model(xs[rank]).pow(2).sum().backward()

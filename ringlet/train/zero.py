@@ -56,6 +56,10 @@ class _Unit:
         return out
 
 
+def _listed(unit) -> list:
+    return list(unit) if isinstance(unit, (list, tuple)) else [unit]
+
+
 class ZeroOptimizer:
     """Sharded data-parallel optimizer over ``group``. ``params``: a list of units, each an
     array or a list of arrays (NumPy or CPU torch; their values are the initial
@@ -72,7 +76,7 @@ class ZeroOptimizer:
         self.state: list[dict] = []
         self.shards: list[np.ndarray] = []    # this rank's block of each unit's parameters
         for k, unit in enumerate(params):
-            arrays = [as_array(a, f"params[{k}]") for a in (unit if isinstance(unit, (list, tuple)) else [unit])]
+            arrays = [as_array(a, f"params[{k}]") for a in _listed(unit)]
             if not arrays or any(a.dtype != arrays[0].dtype or a.dtype.kind != "f" for a in arrays):
                 raise TypeError(f"params[{k}]: a unit is one or more float arrays of one dtype")
             u = _Unit(arrays, p, r)
@@ -128,7 +132,7 @@ class ZeroOptimizer:
         """Start averaging unit ``u``'s gradients over the group (all_reduce in stage 1,
         reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits."""
         unit = self._unit(u)
-        arrays = [as_array(g, f"gradient of unit {u}") for g in (grads if isinstance(grads, (list, tuple)) else [grads])]
+        arrays = [as_array(g, f"gradient of unit {u}") for g in _listed(grads)]
         if [a.size for a in arrays] != unit.sizes:
             raise ValueError(f"rank {get_rank()}: ZeroOptimizer.reduce_grad: unit {u} has "
                              f"parameters of {unit.sizes} elements, got gradients of "

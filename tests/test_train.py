@@ -588,3 +588,12 @@ def test_parameter_server_rounds(staleness):
 def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):
     # with staleness 0 this job could not finish: actor 1 waits for actor 2 to run ahead
     run(_ps_job, 3, 2, str(tmp_path))
+
+
+def test_import_ringlet_leaves_train_unloaded():
+    import subprocess
+    import sys
+    code = ("import sys, ringlet as rl; assert 'ringlet.train' not in sys.modules; "
+            "assert 'torch' not in sys.modules; rl.train.GradBuckets; "
+            "assert 'ringlet.train' in sys.modules and 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import cost
+from .. import buffers, cost
+from ..transport.shm import ZERO_COPY_MIN
 from ..cost.tune import build_schedule
 
 
@@ -65,6 +66,14 @@ class StepPrice(NamedTuple):
         lines.append(f"per step: {self.comm_seconds * 1e3:.3f} ms, "
                      f"{self.bytes_per_rank:,} B sent by the busiest rank")
         return "\n".join(lines)
+
+
+def buffer(n: int, dtype) -> np.ndarray:
+    """A communication buffer: an ``rl.empty`` array when its messages may be large enough
+    for local peers to read in place (saving a copy), else a plain one. Every rank asks
+    for the same sizes, so every rank passes the same kind to a collective."""
+    dtype = np.dtype(dtype)
+    return buffers.empty(n, dtype) if n * dtype.itemsize > ZERO_COPY_MIN else np.empty(n, dtype)
 
 
 def hosts_of(group):

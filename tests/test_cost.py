@@ -933,8 +933,8 @@ def test_profile_of_another_protocol_warns():
 def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):
     """RINGLET_NO_FASTPATH (or no compiler) on this rank: no warning to recalibrate, and
     the profile's fast_bytes still prices calls - every rank must pick alike."""
-    from ringlet.cost import calibrate
-    monkeypatch.setitem(calibrate.TRANSPORT, "shm", dict(calibrate.TRANSPORT["shm"], fast_bytes=0))
+    from ringlet.transport import fast
+    monkeypatch.setattr(fast, "enabled", lambda: False)
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE, fast_bytes=16384)}).save()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from ..algorithms import ROOTED
+from ..algorithms.broadcast import pipeline_segments as _pipeline_segments
 
 # --------------------------------------------------------------------------- links
 
@@ -199,21 +200,8 @@ def is_pow2(p: int) -> bool:
 def pipeline_segments(p: int, nbytes: float, a: float = 0.0, b: float = 0.0,
                       itemsize: int = 4) -> int:
     """How many segments the pipelined (chained) broadcast cuts ``nbytes`` into: the
-    algorithm's own rule when ``ringlet.algorithms`` defines one, so that the closed form
-    prices the schedule the runtime runs."""
-    fn = _algorithm_segment_rule()
-    count = int(nbytes) // itemsize
-    if fn is not None:
-        return max(int(fn(p, count, itemsize)), 1)
-    return _optimal_segments(p - 2, count, itemsize)
-
-
-def _algorithm_segment_rule():
-    try:
-        from ringlet.algorithms import broadcast as _bc  # noqa: WPS433
-    except Exception:  # pragma: no cover - algorithms not importable
-        return None
-    return getattr(_bc, "pipeline_segments", None)
+    algorithm's own rule, so the closed form prices the schedule the runtime runs."""
+    return max(int(_pipeline_segments(p, int(nbytes) // itemsize, itemsize)), 1)
 
 
 # ------------------------------------------------------------------- closed forms
@@ -286,21 +274,6 @@ def _ar_tree(p, n, a, b, g, **kw):
     """Binomial-tree reduce then binomial-tree broadcast of the full vector."""
     L = log2_ceil(p)
     return _t(2 * L, 2 * L * n, L * n, a, b, g)
-
-
-@_form("all_reduce", "double_tree")
-def _ar_double_tree(p, n, a, b, g, *, segments=None, itemsize=4, **kw):
-    """NCCL's double binary tree: two complementary binary trees, each reducing half the
-    vector up and broadcasting it down, pipelined in S segments of n/(2S) bytes, both trees
-    at once. A rank is interior in one tree and a leaf in the other, so in the steady state
-    its port carries 4 messages a round (2 children + parent in one tree, parent in the
-    other): T ~ (4S + F)(alpha + n/(2S) beta) + ..., where the fill F depends on the trees'
-    shape. There is no simpler exact expression, so this evaluates the pipeline's critical
-    path over the two trees' structure (:func:`double_tree_rounds`) with equal segments."""
-    if p == 1:
-        return Terms()
-    S = segments or double_tree_segments(p, n, itemsize)
-    return _critical_path(double_tree_rounds(p, S), p, n / (2 * S), a, b, g)
 
 
 @_form("all_reduce", "hierarchical")
@@ -499,145 +472,6 @@ def _gs_binomial(p, n, a, b, g, **kw):
 @_form("barrier", "dissemination")
 def _barrier(p, n, a, b, g, **kw):
     return _t(log2_ceil(p), 0, 0, a, b, g)
-
-
-# ------------------------------------------------------------ double-tree structure
-
-def btree_parents(p: int) -> list[int]:
-    """NCCL's binary tree on ranks 0..p-1 (root 0, parent -1): rank r with lowest set bit
-    b hangs under (r XOR b) | 2b, or under r XOR b when that is >= p."""
-    parent = [-1] * p
-    for r in range(1, p):
-        bit = r & -r
-        up = (r ^ bit) | (bit << 1)
-        parent[r] = up if up < p else r ^ bit
-    return parent
-
-
-def dtree_parents(p: int) -> tuple[list[int], list[int]]:
-    """The complementary second tree: the first mirrored (r -> p-1-r) for even p, shifted
-    by one (r -> r+1) for odd p."""
-    t1 = btree_parents(p)
-    if p % 2 == 0:
-        t2 = [-1 if t1[p - 1 - r] < 0 else p - 1 - t1[p - 1 - r] for r in range(p)]
-    else:
-        t2 = [-1 if t1[(r - 1) % p] < 0 else (t1[(r - 1) % p] + 1) % p for r in range(p)]
-    return t1, t2
-
-
-def _tree_pipeline_timing(parent: list[int]):
-    """Round in which each node sends segment 0 up (after its children's partials, which
-    arrive in distinct rounds) and receives segment 0 down; segment j is j rounds later."""
-    p = len(parent)
-    children = [[] for _ in range(p)]
-    for x, q in enumerate(parent):
-        if q >= 0:
-            children[q].append(x)
-    root = parent.index(-1)
-    order, stack = [], [root]
-    while stack:
-        x = stack.pop()
-        order.append(x)
-        stack.extend(children[x])
-    ready, up = [0] * p, [-1] * p
-    for x in reversed(order):
-        t = -1
-        for c in sorted(children[x], key=lambda c: ready[c]):
-            t = up[c] = max(ready[c], t + 1)
-        ready[x] = t + 1
-    down = [-1] * p
-    for x in order:
-        for c in children[x]:
-            down[c] = ready[root] if x == root else down[x] + 1
-    fill = max(max(down), ready[root] - 1, 0)
-    return up, down, fill
-
-
-def double_tree_fill(p: int) -> int:
-    return max(_tree_pipeline_timing(t)[2] for t in dtree_parents(p)) if p > 1 else 0
-
-
-def double_tree_segments(p: int, nbytes: float, itemsize: int = 4) -> int:
-    """Segments per tree of double_tree: the algorithm's rule when available."""
-    count = int(nbytes) // itemsize
-    try:
-        from ringlet.algorithms.all_reduce import tree_segments
-    except Exception:
-        tree_segments = None
-    if tree_segments is not None:
-        return max(int(tree_segments(p, count, itemsize)), 1)
-    return _optimal_segments(double_tree_fill(p), (count + 1) // 2, itemsize)
-
-
-_DT_CACHE: dict = {}
-
-
-def double_tree_rounds(p: int, S: int):
-    """The pipelined double tree as rounds of (src, dst, reduce) arrays, one message per
-    segment move, derived from the trees' timing (segment j of a node moves j rounds after
-    segment 0)."""
-    import numpy as np
-    key = (p, S)
-    hit = _DT_CACHE.get(key)
-    if hit is not None:
-        return hit
-    ts, ss, ds, rs = [], [], [], []
-    j = np.arange(S)
-    for parent in dtree_parents(p):
-        up, down, _ = _tree_pipeline_timing(parent)
-        par = np.array(parent)
-        x = np.flatnonzero(par >= 0)
-        for when, red in ((np.array(up), 1), (np.array(down), 0)):
-            ts.append((when[x][:, None] + j).ravel())
-            src, dst = (x, par[x]) if red else (par[x], x)
-            ss.append(np.repeat(src, S))
-            ds.append(np.repeat(dst, S))
-            rs.append(np.full(len(x) * S, red))
-    t, src, dst, red = (np.concatenate(v) for v in (ts, ss, ds, rs))
-    order = np.argsort(t, kind="stable")
-    t, src, dst, red = t[order], src[order], dst[order], red[order]
-    bounds = np.flatnonzero(np.diff(t)) + 1
-    rounds = [(s_, d_, r_) for s_, d_, r_ in zip(np.split(src, bounds), np.split(dst, bounds),
-                                                 np.split(red, bounds))]
-    if len(_DT_CACHE) > 256:
-        _DT_CACHE.clear()
-    _DT_CACHE[key] = rounds
-    return rounds
-
-
-class _Rnd:
-    __slots__ = ("cols",)
-
-    def __init__(self, src, dst, red):
-        import numpy as np
-        self.cols = {"src": src, "dst": dst, "n": np.ones(len(src), np.int64), "reduce": red}
-
-
-class _Shape:
-    """A schedule-shaped view of equal-size messages, for the critical-path evaluation."""
-
-    def __init__(self, p, rounds, msg_bytes):
-        self.p, self.itemsize = p, msg_bytes
-        self.rounds = [_Rnd(*r) for r in rounds]
-
-
-def _critical_path(rounds, p, msg_bytes, a, b, g) -> Terms:
-    from .simulate import Topology, simulate
-    res = simulate(_Shape(p, rounds, msg_bytes),
-                   Topology.uniform(p, Link.from_beta(a, b) if b > 0 else Link(a, 1e300), g))
-    return res.terms
-
-
-SEGMENT_ALPHA, SEGMENT_BANDWIDTH, MAX_SEGMENTS = 5e-6, 10e9, 64
-
-
-def _optimal_segments(fill: int, count: int, itemsize: int) -> int:
-    """Fallback copy of the algorithms' pipeline rule: S = sqrt(fill*n*beta/alpha) on a
-    reference link, clamped to 1..min(count, 64)."""
-    if fill <= 0 or count <= 1:
-        return 1
-    s = round(math.sqrt(fill * count * itemsize / (SEGMENT_ALPHA * SEGMENT_BANDWIDTH)))
-    return int(max(1, min(s, count, MAX_SEGMENTS)))
 
 
 # ----------------------------------------------------------------------------- predict

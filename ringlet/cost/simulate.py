@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..algorithms import build
 from ..schedule import BUFFER_NAMES
 from ..transport import shm
-from .model import Link, Terms, tier
+from .model import Link, Terms, _form, tier
 
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
@@ -845,3 +846,16 @@ class _HostSim:
 
 
 __all__ = ["Topology", "SimResult", "simulate", "HostModel", "HOST_TERMS", "working_set"]
+
+
+@_form("all_reduce", "double_tree")
+def _double_tree(p, n, a, b, g, *, itemsize=4, segments=None, **kw):
+    """NCCL's double binary tree has no simple exact closed form (its pipeline's fill
+    depends on the two trees' shapes): its price is its own schedule, simulated on a
+    uniform link with these alpha, beta and gamma."""
+    if segments is not None:
+        raise ValueError("double_tree cuts its segments by its own rule "
+                         "(ringlet.algorithms.tree_segments); segments= does not apply")
+    s = build("all_reduce", "double_tree", p, int(n) // itemsize, itemsize=itemsize)
+    link = Link.from_beta(a, b) if b > 0 else Link(a, 1e300)
+    return simulate(s, Topology.uniform(p, link, g)).terms

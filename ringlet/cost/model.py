@@ -30,7 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from ..algorithms import ROOTED
+from ..algorithms import CATALOG, ROOTED
+from ..algorithms._common import lg
 from ..algorithms.broadcast import pipeline_segments as _pipeline_segments
 
 # --------------------------------------------------------------------------- links
@@ -97,19 +98,8 @@ def tier(name) -> Link:
 
 # --------------------------------------------------------------------------- catalog
 
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner",
-                   "tree", "double_tree", "hierarchical"),
-    "broadcast": ("direct", "binomial", "pipeline", "scatter_allgather"),
-    "reduce": ("direct", "binomial", "rabenseifner"),
-    "all_gather": ("ring", "recursive_doubling", "bruck", "direct"),
-    "reduce_scatter": ("ring", "recursive_halving", "direct"),
-    "all_to_all": ("pairwise", "bruck", "direct"),
-    "all_to_all_single": ("pairwise", "bruck", "direct"),
-    "gather": ("direct", "binomial"),
-    "scatter": ("direct", "binomial"),
-    "barrier": ("dissemination",),
-}
+#: every collective's algorithms, in the catalogue's order (ringlet.algorithms.CATALOG)
+ALGORITHMS: dict[str, tuple[str, ...]] = {c: tuple(t) for c, t in CATALOG.items()}
 COLLECTIVES = tuple(ALGORITHMS)
 
 #: what ``algorithm=None`` means in predict()
@@ -181,10 +171,6 @@ class Terms(NamedTuple):
 def _t(messages: float, bytes_: float, reduced: float, a: float, b: float, g: float) -> Terms:
     """Terms from critical-path counts: messages, bytes moved, bytes reduced."""
     return Terms(messages * a, bytes_ * b, reduced * g)
-
-
-def log2_ceil(p: int) -> int:
-    return (p - 1).bit_length()
 
 
 def log2_floor(p: int) -> int:
@@ -272,7 +258,7 @@ def _ar_rabenseifner(p, n, a, b, g, **kw):
 @_form("all_reduce", "tree")
 def _ar_tree(p, n, a, b, g, **kw):
     """Binomial-tree reduce then binomial-tree broadcast of the full vector."""
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(2 * L, 2 * L * n, L * n, a, b, g)
 
 
@@ -303,7 +289,7 @@ def _bc_direct(p, n, a, b, g, **kw):
 
 @_form("broadcast", "binomial")
 def _bc_binomial(p, n, a, b, g, **kw):
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L, L * n, 0, a, b, g)
 
 
@@ -323,7 +309,7 @@ def _bc_scatter_allgather(p, n, a, b, g, **kw):
     ((p-1) alpha + (p-1)/p n beta)."""
     if p == 1:
         return Terms()
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L + p - 1, 2 * (p - 1) / p * n, 0, a, b, g)
 
 
@@ -336,7 +322,7 @@ def _rd_direct(p, n, a, b, g, **kw):
 
 @_form("reduce", "binomial")
 def _rd_binomial(p, n, a, b, g, **kw):
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L, L * n, L * n, a, b, g)
 
 
@@ -390,7 +376,7 @@ def _ag_recursive_doubling(p, n, a, b, g, **kw):
 @_form("all_gather", "bruck")
 def _ag_bruck(p, n, a, b, g, **kw):
     """Bruck: ceil(lg p) steps, step k sends min(2^k, p - 2^k) blocks."""
-    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+    return _t(lg(p), (p - 1) / p * n, 0, a, b, g)
 
 
 @_form("all_gather", "direct")
@@ -440,7 +426,7 @@ def bruck_blocks(p: int) -> int:
     """Blocks an all-to-all Bruck moves per rank: step k sends the blocks whose index has
     bit k set (sum over k of #{0 <= i < p: i & 2^k})."""
     total = 0
-    for k in range(log2_ceil(p)):
+    for k in range(lg(p)):
         bit = 1 << k
         total += sum(1 for i in range(p) if i & bit)
     return total
@@ -450,7 +436,7 @@ def bruck_blocks(p: int) -> int:
 @_form("all_to_all_single", "bruck")
 def _a2a_bruck(p, n, a, b, g, **kw):
     """Bruck: ceil(lg p) alpha + (n/p) beta * sum_k #{i: bit k of i set} (~ n/2 lg p)."""
-    return _t(log2_ceil(p), bruck_blocks(p) * n / p, 0, a, b, g)
+    return _t(lg(p), bruck_blocks(p) * n / p, 0, a, b, g)
 
 
 # gather / scatter (n = total bytes at the root) ---------------------------------------------
@@ -464,14 +450,14 @@ def _gs_direct(p, n, a, b, g, **kw):
 @_form("gather", "binomial")
 @_form("scatter", "binomial")
 def _gs_binomial(p, n, a, b, g, **kw):
-    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+    return _t(lg(p), (p - 1) / p * n, 0, a, b, g)
 
 
 # barrier ------------------------------------------------------------------------------------
 
 @_form("barrier", "dissemination")
 def _barrier(p, n, a, b, g, **kw):
-    return _t(log2_ceil(p), 0, 0, a, b, g)
+    return _t(lg(p), 0, 0, a, b, g)
 
 
 # ----------------------------------------------------------------------------- predict

@@ -488,50 +488,19 @@ def _check_gamma(gamma):
     return g
 
 
-def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = None,
-              link: Link | str | None = None, gamma: float | None = None, *,
-              hosts: int | None = None, intra: Link | str | None = None,
-              inter: Link | str | None = None, share: int | None = None,
-              segments: int | None = None, itemsize: int = 4, topology=None) -> Terms:
-    """The closed-form time of one collective call, split into latency, bandwidth and
-    reduction terms (a :class:`Terms`; ``.total`` is seconds).
-
-    ``nbytes`` follows the size convention in this module's docstring. ``link`` is a
-    :class:`Link`, a tier name, or None for this host's calibrated shared-memory link
-    (``ringlet.cost.profile``); ``gamma`` (seconds per byte reduced) defaults to the
-    profile's when ``link`` is None, else 0. ``algorithm=None`` is the collective's usual
-    default (ring, binomial, pairwise, ...). For ``hierarchical`` give ``hosts`` (ranks
-    split evenly, rank r on host r // (p // hosts)) and the ``intra``/``inter`` links
-    (default ``link``); ``share`` is how many concurrent messages share a host's NIC in
-    the cross-host phase (default: the ranks per host).
-
-    ``topology`` (a :class:`ringlet.cost.Topology` of several hosts) prices the
-    algorithm's schedule with the simulator instead (``nbytes`` rounded down to whole
-    elements); on one host it is the same as ``link=topology.intra``. With ``link=None``
-    and a calibrated profile that has a host model (``ringlet calibrate``), the schedule
-    is priced by that model (:class:`ringlet.cost.simulate.HostModel`); its memory
-    stalls count as bandwidth here (``choose``'s rows show them apart).
-    """
+def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, link: Link | str,
+                gamma: float | None = 0.0, *, hosts: int | None = None,
+                intra: Link | str | None = None, inter: Link | str | None = None,
+                share: int | None = None, segments: int | None = None,
+                itemsize: int = 4) -> Terms:
+    """The closed-form time of one collective call on ``link`` (a :class:`Link` or a tier
+    name), split into latency, bandwidth and reduction terms. ``ringlet.cost.breakdown``
+    is the public entry (it also prices on a topology or this host's calibrated profile);
+    see it for the arguments."""
     check_collective(collective)
     alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
     check_algorithm(collective, alg)
     n, p = _check_size(nbytes, p)
-    if topology is None and link is None and hosts is None and segments is None:
-        from .profile import load_profile
-        model = load_profile().host_model("shm")
-        if model is not None and p > 1:
-            from .simulate import Topology
-            topology = Topology.on_host(p, model)   # this host: its calibrated host model
-    if topology is not None:
-        from .tune import environment, predict_terms
-        env = environment(p, topology, None, gamma)
-        row = predict_terms(collective, int(n), p, alg, env, itemsize)
-        return Terms(row.latency, row.bandwidth + row.memory, row.reduction)
-    if link is None:
-        from .profile import host_link, load_profile
-        link = host_link("shm")
-        if gamma is None:
-            gamma = load_profile().gamma("shm")
     link = tier(link)
     g = _check_gamma(0.0 if gamma is None else gamma)
     kw = {"itemsize": itemsize}
@@ -548,24 +517,6 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
     if collective in ROOTED:   # its ranks agree on the call first (algorithms.agree_first)
         terms += _barrier(p, n, link.alpha, link.beta, g)
     return terms
-
-
-def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "ring",
-            link: Link | str | None = None, gamma: float | None = None, **kw) -> float:
-    """Predicted seconds for one call: ``breakdown(...).total``.
-
-    ``algorithm="ring"`` is the default where the collective has a ring; for a collective
-    without one (broadcast, ...) the default silently becomes its usual algorithm, and
-    ``algorithm="auto"`` returns the least time over the candidates. See
-    :func:`breakdown` for the arguments and the size convention."""
-    check_collective(collective)
-    if algorithm == "ring" and "ring" not in ALGORITHMS[collective]:
-        algorithm = None
-    if algorithm == "auto":
-        return min(breakdown(collective, nbytes, p, alg, link, gamma, **kw).total
-                   for alg in ALGORITHMS[collective]
-                   if alg != "hierarchical" or kw.get("hosts"))
-    return breakdown(collective, nbytes, p, algorithm, link, gamma, **kw).total
 
 
 # ------------------------------------------------------------------------------ sizes
@@ -606,5 +557,5 @@ def format_size(n: float) -> str:
 
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "DEFAULT_ALGORITHM",
-           "TOTAL_SIZE", "predict", "breakdown", "nbytes_of", "count_of", "parse_size",
+           "TOTAL_SIZE", "closed_form", "nbytes_of", "count_of", "parse_size",
            "format_size", "pipeline_segments", "bruck_blocks"]

@@ -261,12 +261,10 @@ class Topology:
                    host=model)
 
     @classmethod
-    def from_profile(cls, hosts: int, ranks_per_host: int, profile=None,
+    def from_profile(cls, hosts: int, ranks_per_host: int, prof,
                      transport: str | None = None) -> "Topology":
-        """This machine's calibrated links: shm inside a host, tcp between hosts (or
-        ``transport`` for every message)."""
-        from .profile import load_profile
-        prof = profile if profile is not None else load_profile()
+        """A calibrated profile's links (``ringlet.cost.load_profile()``: this machine's):
+        shm inside a host, tcp between hosts (or ``transport`` for every message)."""
         intra = transport or "shm"
         model = prof.host_model(intra) if hosts == 1 else None
         if model is not None:

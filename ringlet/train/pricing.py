@@ -57,11 +57,11 @@ class StepPrice(NamedTuple):
         return self.comm_seconds / compute_seconds
 
     def table(self) -> str:
-        lines = [f"{'call':<28}{'x':>4}{'algorithm':>18}{'us each':>11}{'sent B each':>14}"]
+        lines = [f"{'call':<44}{'x':>4}{'algorithm':>20}{'us each':>11}{'sent B each':>14}"]
         for c in self.calls:
             name = f"{c.call.collective} {cost.format_size(c.call.nbytes)}" + (
                 f" {c.call.label}" if c.call.label else "")
-            lines.append(f"{name:<28}{c.call.times:>4}{c.algorithm:>18}{c.seconds * 1e6:>11.1f}"
+            lines.append(f"{name:<44}{c.call.times:>4}{c.algorithm:>20}{c.seconds * 1e6:>11.1f}"
                          f"{c.sent_bytes:>14,}")
         lines.append(f"per step: {self.comm_seconds * 1e3:.3f} ms, "
                      f"{self.bytes_per_rank:,} B sent by the busiest rank")

@@ -96,7 +96,7 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
     that survives it with ``rl.shrink``); ProcessFailed is raised once all have ended."""
     if nprocs < 1:
         raise ValueError("spawn: nprocs must be >= 1")
-    token = new_token()
+    token = (env or {}).get("RINGLET_TOKEN") or new_token()
     server = StoreServer("127.0.0.1", 0, token)
     job_env = _job_env(token, "127.0.0.1", server.port, nprocs)
     job_env.update(env or {})

@@ -20,6 +20,7 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
+from ..group import TAG_COLLECTIVE
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .protocol import RecvRequest, SendRequest, peer_failure
@@ -295,6 +296,24 @@ class Engine:
             self._fail_collective(tag, exc)
         else:
             self._remember_abort(tag, exc)
+            self._fail_after(tag, exc, sender)
+
+    def _fail_after(self, tag: int, exc, sender: int) -> None:
+        """A call of this group that this rank finished (as a pure sender, a broadcast's
+        root) was aborted: the group's later calls in flight here cannot complete, nor can
+        receives from the rank that gave up on it."""
+        group = tag >> 48
+        for t in [t for t in self.active if t >> 48 == group and t > tag]:
+            work = self.active[t]
+            for r in work.world_of:    # peers in it would wait for us: abort it for them too
+                peer = self.peers.get(r)
+                if r != self.rank and peer is not None and not peer.dead:
+                    peer.send_abort(t, work.fp, (tag, 0), STALE)
+            self._fail_collective(t, exc)
+        peer = self.peers.get(sender)
+        if peer is not None:
+            for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
+                peer.fail_tag(t, exc)
 
     def _remember_abort(self, tag: int, exc) -> None:
         """Keep a peer's abort for a call this rank has not entered (bounded: a peer

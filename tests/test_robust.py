@@ -210,3 +210,15 @@ def _inits_itself(rank):
 
 def test_init_inside_spawn_returns_the_spawned_world():
     run(_inits_itself, 3)
+
+
+# -- a mismatch seen only by receivers reaches a rank that finished the call -----------------
+def _root_went_on(rank):
+    x = np.full(1, 5, np.float64 if rank == 2 else np.int64)   # same bytes, another dtype
+    with pytest.raises(rl.CollectiveMismatch):
+        rl.broadcast(x, 0, timeout=10)     # the root only sends: it may finish this call...
+        rl.all_reduce(np.ones(3), timeout=10)   # ... and must fail in its next, not time out
+
+
+def test_a_root_that_finished_a_mismatched_call_fails_in_its_next():
+    run(_root_went_on, 3)

@@ -111,3 +111,25 @@ def test_example_survivors_finish_with_the_loss_of_a_run_from_the_checkpoint(tmp
         assert res["resumed_at"] == res["kill_step"], res
         assert res["match"], res
         assert f"rank {res['victim']} failed" in res["failure"], res
+
+
+def _straggler_left_out(rank, path):
+    x = np.ones(10)
+    rl.all_reduce(x)
+    if rank == 3:
+        open(path + ".pid", "w").write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)         # alive, but never calls shrink
+    with pytest.raises(rl.TimeoutError):
+        rl.all_reduce(x, timeout=1)
+    world = rl.shrink(timeout=2)                      # it is left out after 2 s
+    assert world.size == 3 and world.lost == (3,)
+    y = np.ones(4)
+    rl.all_reduce(y)
+    assert list(y) == [3.0] * 4
+    rl.barrier()
+    if world.rank == 0:
+        os.kill(int(open(path + ".pid").read()), signal.SIGKILL)
+
+
+def test_a_stopped_straggler_is_left_out_after_the_timeout(tmp_path):
+    _spawn(_straggler_left_out, 4, str(tmp_path / "straggler"))

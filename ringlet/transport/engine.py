@@ -431,6 +431,13 @@ class Engine:
         for peer in self.peers.values():
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
+        # A call with a dead member cannot complete, even while it still waits on live ones.
+        for work in self.works[:]:
+            dead = next((self.peers[r].dead for r in work.world_of
+                         if r != self.rank and self.peers[r].dead), None)
+            if dead is not None:
+                self.propagate_failure(work, dead)
+                self._fail_collective(work.tag, dead)
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting

@@ -222,3 +222,16 @@ def _root_went_on(rank):
 
 def test_a_root_that_finished_a_mismatched_call_fails_in_its_next():
     run(_root_went_on, 3)
+
+
+def test_ringlet_run_keep_going_lets_the_others_finish(tmp_path):
+    source = ("import sys, time, ringlet as rl\n"
+              "rl.init()\n"
+              "if rl.get_rank() == 1:\n"
+              "    raise SystemExit(4)\n"
+              "time.sleep(2)\n"
+              "print('finished')\n")
+    proc = _launch(tmp_path, source, 3, opts=("--grace", "0.5", "--keep-going"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and sorted(out.splitlines()) == ["[0] finished", "[2] finished"], (out, err)
+    assert "rank 1 failed first: SystemExit: 4" in err and "then rank 0: exited normally" in err, err

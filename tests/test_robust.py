@@ -74,7 +74,8 @@ def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
         port = s.getsockname()[1]
     before = _leftovers()
     base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                RINGLET_TOKEN="a" * 64, RINGLET_TIMEOUT="4")
+                RINGLET_TOKEN="a" * 64,   # (long enough for the wrong token to knock first)
+                RINGLET_TIMEOUT="8" if fault == "wrong_token" else "3")
     ranks = [0, 1] if fault == "missing" else [0, 1, 2]
     procs = {r: subprocess.Popen([sys.executable, "-c", _BY_HAND], text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -236,3 +236,28 @@ def test_ringlet_run_keep_going_lets_the_others_finish(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and sorted(out.splitlines()) == ["[0] finished", "[2] finished"], (out, err)
     assert "rank 1 failed first: SystemExit: 4" in err and "then rank 0: exited normally" in err, err
+
+
+# -- a call with a dead member fails even while it waits on a live one ----------------------
+def _doomed(rank, path):
+    rl.barrier()
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:                      # busy outside ringlet until rank 2 has its answer
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path + ".2") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        open(path + ".1", "w").write("entered")
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.barrier(timeout=20)         # rank 2 waits on rank 1 first, on rank 0 later
+    assert info.value.rank == 0, info.value
+    if rank == 2:
+        assert not os.path.exists(path + ".1")
+        open(path + ".2", "w").write("failed")
+
+
+def test_a_call_with_a_dead_member_fails_while_waiting_on_a_live_one(tmp_path):
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_doomed, 4, str(tmp_path / "doomed"))
+    assert info.value.rank == 0
+    assert os.path.exists(tmp_path / "doomed.2")

@@ -336,12 +336,15 @@ class _Job:
             if keep is not None and line.strip():
                 keep.append(line.decode(errors="replace").rstrip())
             with self.lock:
-                if out is not None:
-                    out.write(prefix + line)
-                    out.flush()
-                else:
-                    dst.write((prefix + line).decode(errors="replace"))
-                    dst.flush()
+                try:
+                    if out is not None:
+                        out.write(prefix + line)
+                        out.flush()
+                    else:
+                        dst.write((prefix + line).decode(errors="replace"))
+                        dst.flush()
+                except (OSError, ValueError):
+                    pass    # our own output is gone (| head): keep draining, or the rank blocks
         src.close()
 
     def reports(self) -> dict:

@@ -261,3 +261,16 @@ def test_a_call_with_a_dead_member_fails_while_waiting_on_a_live_one(tmp_path):
         run(_doomed, 4, str(tmp_path / "doomed"))
     assert info.value.rank == 0
     assert os.path.exists(tmp_path / "doomed.2")
+
+
+def test_ringlet_run_piped_into_head_does_not_block_its_ranks(tmp_path):
+    source = ("import ringlet as rl\n"
+              "rl.init()\n"
+              "for i in range(20000):\n"
+              "    print('line', i)\n"
+              "rl.barrier()\n")
+    proc = _launch(tmp_path, source, 2)
+    first = proc.stdout.readline()
+    proc.stdout.close()                       # as `| head -1` does
+    assert first.endswith("line 0\n")
+    assert proc.wait(timeout=60) == 0

@@ -274,3 +274,28 @@ def test_ringlet_run_piped_into_head_does_not_block_its_ranks(tmp_path):
     proc.stdout.close()                       # as `| head -1` does
     assert first.endswith("line 0\n")
     assert proc.wait(timeout=60) == 0
+
+
+# -- a call refused because a member died says so, not "mismatched" -------------------------
+def _refused_after_a_death(rank, path):
+    rl.barrier()
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.ones(4)
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.reduce(x, 0, algorithm="direct", timeout=20)   # ranks 1 and 2 only send: they finish
+        w = rl.irecv(np.zeros(1), 0, tag=99)   # drive progress: the root's news of rank 3 arrive,
+        end = time.monotonic() + (0.8 if rank == 2 else 0.3)   # then rank 1's refusal of the next
+        while time.monotonic() < end:
+            w.is_completed()
+        rl.all_reduce(x, timeout=20)
+    assert info.value.rank == 3, info.value
+    open(f"{path}.{rank}", "w").write("ok")
+
+
+def test_a_call_refused_after_a_death_names_the_dead_rank(tmp_path):
+    path = str(tmp_path / "refused")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_refused_after_a_death, 4, path)
+    assert info.value.rank == 3
+    assert all(os.path.exists(f"{path}.{r}") for r in range(3))

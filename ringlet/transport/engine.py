@@ -49,6 +49,14 @@ def _read_check_switch() -> None:
     protocol.CHECK_FINGERPRINTS = os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1"
 
 
+def _refusal(exc, earlier: int) -> tuple:
+    """What an ABORT tells the peers of a call refused because an earlier call of its group
+    failed: that a member died (naming it), or that the earlier call was mismatched."""
+    if isinstance(exc, PeerFailure) and exc.rank is not None:
+        return (exc.rank, 0), DEAD
+    return (earlier, 0), STALE
+
+
 class Engine:
     def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
                  host_id: str, backend: str, master_addr: str, master_port: int,
@@ -232,10 +240,11 @@ class Engine:
                 for t in earlier:
                     self.aborts.pop(t, None)
                 # Peers entering this call would wait for us forever: abort it for them too.
+                theirs, why = _refusal(exc, min(earlier))
                 for r in work.world_of:
                     peer = self.peers.get(r)
                     if peer is not None and not peer.dead:
-                        peer.send_abort(tag, work.fp, (min(earlier), 0), STALE)
+                        peer.send_abort(tag, work.fp, theirs, why)
                 self.failed[tag] = True
         if exc is not None:
             work.fail(exc)
@@ -300,18 +309,19 @@ class Engine:
 
     def _fail_after(self, tag: int, exc, sender: int) -> None:
         """A call of this group that this rank finished (as a pure sender, a broadcast's
-        root) was aborted: the group's later calls in flight here cannot complete, nor can
-        receives from the rank that gave up on it."""
+        root) was aborted: the group's later calls in flight here cannot complete, nor
+        (after a mismatch) can receives from the rank that gave up on it."""
         group = tag >> 48
+        theirs, why = _refusal(exc, tag)
         for t in [t for t in self.active if t >> 48 == group and t > tag]:
             work = self.active[t]
             for r in work.world_of:    # peers in it would wait for us: abort it for them too
                 peer = self.peers.get(r)
                 if r != self.rank and peer is not None and not peer.dead:
-                    peer.send_abort(t, work.fp, (tag, 0), STALE)
+                    peer.send_abort(t, work.fp, theirs, why)
             self._fail_collective(t, exc)
         peer = self.peers.get(sender)
-        if peer is not None:
+        if peer is not None and why == STALE:
             for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
                 peer.fail_tag(t, exc)
 

@@ -442,8 +442,10 @@ class Engine:
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
         # A call with a dead member cannot complete, even while it still waits on live ones.
+        # Blame one it waits for first: another may have died only after reporting it.
         for work in self.works[:]:
-            dead = next((self.peers[r].dead for r in work.world_of
+            members = (*work._waiting_on(), *work.world_of)
+            dead = next((self.peers[r].dead for r in members
                          if r != self.rank and self.peers[r].dead), None)
             if dead is not None:
                 self.propagate_failure(work, dead)

@@ -133,3 +133,27 @@ def _straggler_left_out(rank, path):
 
 def test_a_stopped_straggler_is_left_out_after_the_timeout(tmp_path):
     _spawn(_straggler_left_out, 4, str(tmp_path / "straggler"))
+
+
+def _twice(rank, path):
+    x = np.ones(100)
+    for victim in (4, 1):              # old-world rank 4, then old-world rank 1
+        if rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with pytest.raises(rl.PeerFailure):
+            while True:
+                rl.all_reduce(x, timeout=20)
+        rl.shrink(timeout=20)
+    world = rl.new_group(None)         # (a subgroup of the twice-shrunk world)
+    assert rl.get_world_size() == 3 and world.ranks == tuple(r for r in range(5) if r not in (1, 4))
+    y = np.array([float(rank)])
+    rl.all_reduce(y)
+    assert y[0] == 0 + 2 + 3
+    open(f"{path}.{rank}", "w").write("ok")
+
+
+def test_shrink_twice(tmp_path):
+    path = str(tmp_path / "twice")
+    with pytest.raises(rl.ProcessFailed):
+        rl.spawn(_twice, 5, args=(path,), timeout=60, keep_going=True)
+    assert all(os.path.exists(f"{path}.{r}") for r in (0, 2, 3))

@@ -47,15 +47,20 @@ def shrink(timeout: float | None = None) -> Group:
         w._reported = True             # (their failures are why we shrink: not news)
     S.outstanding = []
     key = f"g{S.generation - 1}/shrink/{old.id}/"
-    S.store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
-    if S.store.add(f"{key}ticket", 1) == 1:
-        S.store.set(f"{key}decision", json.dumps(_decide(eng, S.store, key, old, limit)).encode())
     try:
+        S.store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
+        if S.store.add(f"{key}ticket", 1) == 1:
+            decision = _decide(eng, S.store, key, old, limit)
+            S.store.set(f"{key}decision", json.dumps(decision).encode())
         decision = json.loads(S.store.get(f"{key}decision", timeout=limit + 5.0))
     except TimeoutError as exc:
         raise TimeoutError(f"rank {eng.rank}: shrink: no decision on the new world within "
                            f"{limit + 5:g} s (the deciding rank may have died too); "
                            f"restart the job") from exc
+    except RingletError as exc:
+        raise RingletError(f"rank {eng.rank}: shrink needs the job's store and it is gone "
+                           f"({exc}): a store hosted by rank 0 dies with it; launch with "
+                           f"`ringlet run --keep-going` or rl.spawn, whose launcher hosts it") from exc
     members, gid = decision["members"], decision["gid"]
     if eng.rank not in members:
         raise RingletError(f"rank {eng.rank}: shrink: the survivors made their new world "

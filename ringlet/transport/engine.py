@@ -29,6 +29,7 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
+from ..group import TAG_COLLECTIVE
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .progress import Progress
@@ -56,6 +57,14 @@ def _read_check_switch() -> None:
     bench/mismatch_overhead.py can measure what the check costs; read at init (not import)
     so forked ranks see their own environment."""
     protocol.CHECK_FINGERPRINTS = os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1"
+
+
+def _refusal(exc, earlier: int) -> tuple:
+    """What an ABORT tells the peers of a call refused because an earlier call of its group
+    failed: that a member died (naming it), or that the earlier call was mismatched."""
+    if isinstance(exc, PeerFailure) and exc.rank is not None:
+        return (exc.rank, 0), DEAD
+    return (earlier, 0), STALE
 
 
 class Engine:
@@ -244,10 +253,11 @@ class Engine:
                 for t in earlier:
                     self.aborts.pop(t, None)
                 # Peers entering this call would wait for us forever: abort it for them too.
+                theirs, why = _refusal(exc, min(earlier))
                 for r in work.world_of:
                     peer = self.peers.get(r)
                     if peer is not None and not peer.dead:
-                        peer.send_abort(tag, work.fp, (min(earlier), 0), STALE)
+                        peer.send_abort(tag, work.fp, theirs, why)
         if exc is not None:
             # Failed here, so another peer's abort of this call arriving later is not kept
             # for (and wrongly charged to) this group's next call.
@@ -310,6 +320,25 @@ class Engine:
             self._fail_collective(tag, exc)
         else:
             self._remember_abort(tag, exc)
+            self._fail_after(tag, exc, sender)
+
+    def _fail_after(self, tag: int, exc, sender: int) -> None:
+        """A call of this group that this rank finished (as a pure sender, a broadcast's
+        root) was aborted: the group's later calls in flight here cannot complete, nor
+        (after a mismatch) can receives from the rank that gave up on it."""
+        group = tag >> 48
+        theirs, why = _refusal(exc, tag)
+        for t in [t for t in self.active if t >> 48 == group and t > tag]:
+            work = self.active[t]
+            for r in work.world_of:    # peers in it would wait for us: abort it for them too
+                peer = self.peers.get(r)
+                if r != self.rank and peer is not None and not peer.dead:
+                    peer.send_abort(t, work.fp, theirs, why)
+            self._fail_collective(t, exc)
+        peer = self.peers.get(sender)
+        if peer is not None and why == STALE:
+            for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
+                peer.fail_tag(t, exc)
 
     def _remember_abort(self, tag: int, exc) -> None:
         """Keep a peer's abort for a call this rank has not entered (bounded: a peer
@@ -481,6 +510,15 @@ class Engine:
         for peer in self.peers.values():
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
+        # A call with a dead member cannot complete, even while it still waits on live ones.
+        # Blame one it waits for first: another may have died only after reporting it.
+        for work in self.works[:]:
+            members = (*work._waiting_on(), *work.world_of)
+            dead = next((self.peers[r].dead for r in members
+                         if r != self.rank and self.peers[r].dead), None)
+            if dead is not None:
+                self.propagate_failure(work, dead)
+                self._fail_collective(work.tag, dead)
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting

@@ -1,10 +1,10 @@
 """Shared-memory transport between ranks of one host.
 
-Every rank owns one *inbox* segment (``/dev/shm/ringlet-<job>-<rank>``, mode 0600) holding
-one ring per local peer; a peer writes packets into its ring in the owner's inbox and the
-owner reads them in place — copying or reducing straight out of the ring into the
-destination. Once every local rank has mapped the segments they are unlinked, so nothing
-of the job stays under /dev/shm even if a rank is SIGKILLed.
+Every rank owns one *inbox* segment (an anonymous memfd that local peers of the same user
+open through ``/proc/<pid>/fd``) holding one ring per local peer; a peer writes packets
+into its ring in the owner's inbox and the owner reads them in place — copying or
+reducing straight out of the ring into the destination. The segment has no name, so
+nothing of the job stays under /dev/shm however it ends (a failed init, a SIGKILL).
 
 Layout: a 64-byte segment header (byte 0: "owner is asleep" flag) then, per peer slot,
 128 bytes of control (head at +0, written by the sender; tail at +64, written by the

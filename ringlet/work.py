@@ -43,7 +43,8 @@ class Work:
 
     def get_future(self) -> "WorkFuture":
         """A ``concurrent.futures.Future`` completed when the work finishes (its result
-        None, or the work's error), by the background thread, which runs its callbacks."""
+        None, or the work's error) by the thread that sees it finish - the background
+        thread, or a waiter - which runs its callbacks then."""
         if self._future is None:
             self._future = WorkFuture(self)
             if self._done():   # (else whoever sees it finish settles it)
@@ -57,11 +58,13 @@ class Work:
         """Block until the operation completes; raise its error if it failed.
         ``timeout`` (seconds) defaults to the one given to ``init``."""
         spun, self._spun = self._spun, 0.0
-        if not self._done():
+        if not self._done() or self.error is not None:
             eng = self.engine
             eng.enter()
             try:
                 eng.wait(self._done, timeout, self._describe_timeout, self._waiting_on, spun)
+                if isinstance(self.error, PeerFailure):
+                    eng.flush_aborts()
             finally:
                 eng.leave()
         if self._future is not None:

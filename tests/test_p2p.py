@@ -519,6 +519,9 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
         def protocol_violation(self, peer, why):
             raise AssertionError(why)
 
+        def peer_failed(self, rank, exc):
+            pass
+
     with socket.create_server(("127.0.0.1", 0)) as srv:
         a = socket.create_connection(srv.getsockname())
         b, _ = srv.accept()

@@ -308,6 +308,13 @@ class Engine:
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
                               rank=culprit_fp[0])
+            # Every call with it fails alike (peer_failed), not only this one: members need
+            # not be in the same call, and the reporter may exit before we see the death.
+            dead = self.peers.get(culprit_fp[0])
+            if dead is not None and culprit_fp[0] != sender:
+                dead.fail(exc)
+            if tag in self.failed:   # a call in flight here: it failed with the rest
+                return
         elif culprit == STALE:
             work = self.active.get(tag)
             call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
@@ -520,6 +527,16 @@ class Engine:
                 self.propagate_failure(work, dead)
                 self._fail_collective(work.tag, dead)
 
+    def peer_failed(self, rank: int, exc) -> None:
+        """A peer is gone: every collective in flight that has it as a member is doomed -
+        fail each now, and tell its other members, not only the one waiting on that peer
+        (members need not be in the same call: one waiting on a survivor would otherwise
+        blame the survivor's exit)."""
+        for tag, work in list(self.active.items()):
+            if rank in work.world_of:
+                self.propagate_failure(work, exc)
+                self._fail_collective(tag, exc)
+
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting
         on someone alive who will now never send."""
@@ -530,6 +547,16 @@ class Engine:
             peer = self.peers.get(r)
             if r != self.rank and r != dead and peer is not None and not peer.dead:
                 peer.send_abort(work.tag, work.fp, (dead, 0), DEAD)
+
+    def flush_aborts(self, limit: float = 1.0) -> None:
+        """Give the ABORTs that tell a collective's other members of a failure a moment to
+        get out from behind data queued before them: this rank may leave (its process
+        exit) right after, and a member told nothing would blame this rank's exit instead."""
+        deadline = time.monotonic() + limit
+        while any(kind == "abort" for p in self.peers.values() if not p.dead
+                  for kind, _ in p.outq) and time.monotonic() < deadline:
+            if not self.progress():
+                os.sched_yield()
 
     def protocol_violation(self, peer, why: str) -> None:
         log.warning("ringlet rank %d: dropping rank %d: protocol violation: %s", self.rank, peer.rank, why)

@@ -178,6 +178,7 @@ class ShmPeer(Peer):
                 raise FileNotFoundError
             return True
         except (FileNotFoundError, IndexError, ProcessLookupError):
+            self._poll_in()   # its last words first: an ABORT naming who failed before it
             self.fail(peer_failure(self.rank, f"process {self.pid} exited"))
             return False
 

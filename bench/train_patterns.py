@@ -6,8 +6,8 @@ torch.distributed's Gloo, on the same model, data and ranks, in turns within one
 * buckets: a model of many small tensors (300 of 100-3,000 floats); one step's gradient
   averaging alone. ringlet bucketed (25 MB) vs one all_reduce per parameter (seed 004:
   per-parameter launches waste the bandwidth); Gloo the same two ways.
-* dp: a torch MLP's training step (forward, backward, SGD): ringlet GradBuckets fed by
-  post-accumulate-grad hooks (each bucket starts during backward) vs torch DDP on Gloo.
+* dp: a torch MLP's training step (forward, backward, SGD): GradBuckets.for_module (fed
+  by the parameters' backward hooks, each bucket starts during backward) vs DDP on Gloo.
 * moe: the dispatch exchange of top-1 routing, 1,024 tokens of 64 floats per rank, uneven
   splits: rl.train.dispatch vs Gloo's all_to_all_single (its splits sent first, as
   dispatch does).
@@ -17,6 +17,7 @@ torch.distributed's Gloo, on the same model, data and ranks, in turns within one
 Medians of each turn's steps; the ratio is Gloo's time over ringlet's.
 """
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -63,17 +64,13 @@ def _rl_job(rank, case, iters, out):
             res[name] = _median_time(step, iters, rl.barrier)
     elif case == "dp":
         model, x, y = _mlp(rank)
-        ps = list(model.parameters())
-        gb = train.GradBuckets([q.detach() for q in ps])
-        for i, q in enumerate(ps):
-            q.register_post_accumulate_grad_hook(lambda q, i=i: gb.ready(i, q.grad))
-        opt = torch.optim.SGD(ps, lr=0.01)
+        gb = train.GradBuckets.for_module(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step():
             opt.zero_grad(set_to_none=False)
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            for q, g in zip(ps, gb.wait()):
-                q.grad.copy_(torch.from_numpy(g))
+            gb.wait()
             opt.step()
         res["step"] = _median_time(step, iters, rl.barrier)
     elif case == "moe":
@@ -185,15 +182,14 @@ def run_side(side, case, n, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--cases", default="buckets,dp,moe,ps")
     args = ap.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:     # Gloo and the dp model
         sys.exit("bench/train_patterns.py needs torch (for Gloo and the dp model): "
                  "pip install torch==2.13.0")
     print(f"ringlet.train vs torch.distributed Gloo, {args.n} ranks, {args.turns} turns "
@@ -206,8 +202,8 @@ def main():
                     rows.setdefault((k, side), []).append(v)
         for k in sorted({k for k, _ in rows}):
             r, g = rows[(k, "ringlet")], rows[(k, "gloo")]
-            print(f"{case:8s} {k:14s} ringlet {_us(r)}  gloo {_us(g)}  "
-                  f"gloo/ringlet {min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median")
+            print(f"{case:8s} {k:14s} ringlet {_us(r)}  gloo {_us(g)}  gloo/ringlet "
+                  f"{min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median")
         if case == "buckets":
             b, pp = rows[("bucketed", "ringlet")], rows[("per-parameter", "ringlet")]
             print(f"{case:8s} ringlet per-parameter / bucketed: {min(pp) / min(b):.2f}x best, "

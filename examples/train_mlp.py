@@ -181,7 +181,8 @@ def main():
             print(f"memory per rank (bytes held): params {mem['params']:,}, grads "
                   f"{mem['grads']:,}, optimizer {mem['optimizer']:,}, total {mem['total']:,} "
                   f"= {mem['total'] / z.ddp_memory():.3f} of DDP's {z.ddp_memory():,}; "
-                  f"gathered units at peak {mem['gathered_peak']:,}")
+                  f"in flight at peak: gathered units {mem['gathered_peak']:,}, full gradients "
+                  f"being reduce-scattered {mem['grad_in_peak']:,}")
     if rank == 0:
         ref = reference(x, y, p)
         diff = max(float(np.abs(a - b).max()) for a, b in zip(got, ref))

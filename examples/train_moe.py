@@ -43,10 +43,22 @@ def main():
                for _ in range(E)][rank * per:(rank + 1) * per]
     gb = train.GradBuckets([gate])
     priced = price_moe(T, D, k, E, p, cf)
+    # The whole step: dispatch, combine, the backward's dispatch, the gate's all_reduce.
+    counts, tokens = (c.call for c in priced.calls)
+    step_price = train.price([counts._replace(times=2), tokens._replace(times=3)] + gb.calls())
+    # FLOPs per token: gate (D x E) and k experts (D x D), forward and backward (x 3)
+    comp = train.compute_seconds(3 * 2 * T * (D * E + k * D * D))
     if rank == 0:
         print(f"== MoE: {E} experts on {p} ranks, top-{k}, capacity factor {cf}, {T} tokens "
               f"of {D} floats per rank\n-- priced before it runs (forward dispatch + combine, "
               f"this host's profile):\n{priced.table()}")
+        print(f"the whole step (+ backward dispatch, gate all_reduce): "
+              f"{step_price.comm_seconds * 1e3:.3f} ms; compute estimate {comp * 1e3:.3f} ms; "
+              f"predicted gamma {step_price.gamma(comp):.3g}")
+        for P in (4, 8, 16, 64):   # seed 004: the job's all-to-all volume grows with P
+            per_rank = price_moe(T, D, k, 2 * P, P, cf, topology="infiniband").bytes_per_rank
+            print(f"  P = {P:3d} (2 experts each): {per_rank:,} B per rank, "
+                  f"{P * per_rank:,} B for the job per step")
     prof_steps, dropped_total, sent_total = 0, 0, 0
     with rl.profile() as prof:
         for step in range(1, STEPS + 1):
@@ -86,7 +98,11 @@ def main():
                 print(f"step {step:3d}  loss {stats[0] / p:.4f}  tokens dropped {int(stats[1])} "
                       f"of {p * T * k}  token bytes sent (all ranks, dispatch) {int(stats[2]):,}")
     if rank == 0:
-        print(f"-- measured over {STEPS} steps (rl.profile):\n{prof.table()}")
+        print(f"-- measured over {STEPS} steps (rl.profile; includes the loss all_reduce):\n"
+              f"{prof.table()}")
+        print(f"per step: communication {prof.comm_seconds / STEPS * 1e3:.3f} ms measured vs "
+              f"{step_price.comm_seconds * 1e3:.3f} ms priced; gamma {prof.gamma:.3g} measured vs "
+              f"{step_price.gamma(comp):.3g} predicted")
         print(f"tokens dropped per step {dropped_total / STEPS:.1f} of {p * T * k}; per rank "
               f"the forward's all-to-all sends {sent_total / STEPS / p * 2:,.0f} B of tokens "
               f"(dispatch + combine; priced worst case {priced.bytes_per_rank:,} B incl. counts); "

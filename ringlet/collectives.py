@@ -102,18 +102,23 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     seq, tag = g.next_collective_tag()
     what = (collective, seq, g.name, name)
     resume = None
-    # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
-    if fc is not None and not async_op and not eng.works and not eng.aborts:
-        resume = fast.run(eng, fc, bufs, tag, fp)
-        if resume is not None and resume[0] == fc.rounds:
-            if finish is not None:
-                finish()
-            pool.append(scratch)
-            record_call(eng, what, resume[2], resume[4], fast=True)
-            return None
-    work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
-                          (pool, scratch), resume and resume[:4])
+    eng.enter()
+    try:
+        # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
+        if fc is not None and not async_op and not eng.works and not eng.aborts:
+            resume = fast.run(eng, fc, bufs, tag, fp)
+            if resume is not None and resume[0] == fc.rounds:
+                if finish is not None:
+                    finish()
+                pool.append(scratch)
+                record_call(eng, what, resume[2], resume[4], fast=True)
+                return None
+        work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
+                              (pool, scratch), resume and resume[:4])
+    finally:
+        eng.leave()
     if async_op:
+        eng.background.watch(work)
         return track(work)
     work.wait(timeout)
     return None

@@ -9,6 +9,7 @@ import collections
 import ctypes
 import multiprocessing as mp
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -96,7 +97,7 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
     that survives it with ``rl.shrink``); ProcessFailed is raised once all have ended."""
     if nprocs < 1:
         raise ValueError("spawn: nprocs must be >= 1")
-    token = new_token()
+    token = (env or {}).get("RINGLET_TOKEN") or new_token()
     server = StoreServer("127.0.0.1", 0, token)
     job_env = _job_env(token, "127.0.0.1", server.port, nprocs)
     job_env.update(env or {})
@@ -169,15 +170,17 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
     return failures
 
 
-def _first_failure(failures, reports=None):
+def _first_failure(failures, reports=None, first=0):
     """The rank to blame: one that died of a signal it was not sent beats one that exited
-    with an error, and a PeerFailure points at the peer it names."""
+    with an error, and a PeerFailure points at the peer it names (``first``: the global
+    rank of local rank 0, as ranks are named)."""
     if not failures:
         return None
     failed = {r for r, _ in failures}
     for rank, msg in (reports or {}).items():
-        if msg.startswith("PeerFailure: rank "):
-            named = int(msg.split()[2])
+        m = re.match(r"PeerFailure: rank (\d+)", msg)
+        if m:
+            named = int(m.group(1)) - first
             if named in failed and named != rank:
                 return next(f for f in failures if f[0] == named)
     killed = [f for f in failures if f[1] < 0]
@@ -265,7 +268,7 @@ def run_main(argv) -> int:
                           a.grace, stopped, a.keep_going)
         if not failures:
             return 0
-        local, code = _first_failure(failures, job.reports())
+        local, code = _first_failure(failures, job.reports(), first)
         job.summary(local, _describe_exit(code), stopped, a.grace)
         return 1
     except _Signalled as sig:
@@ -333,12 +336,15 @@ class _Job:
             if keep is not None and line.strip():
                 keep.append(line.decode(errors="replace").rstrip())
             with self.lock:
-                if out is not None:
-                    out.write(prefix + line)
-                    out.flush()
-                else:
-                    dst.write((prefix + line).decode(errors="replace"))
-                    dst.flush()
+                try:
+                    if out is not None:
+                        out.write(prefix + line)
+                        out.flush()
+                    else:
+                        dst.write((prefix + line).decode(errors="replace"))
+                        dst.flush()
+                except (OSError, ValueError):
+                    pass    # our own output is gone (| head): keep draining, or the rank blocks
         src.close()
 
     def reports(self) -> dict:

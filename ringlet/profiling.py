@@ -77,13 +77,13 @@ class Profile:
     def table(self) -> str:
         """One row per ringlet call, the busiest first, then compute and the totals."""
         wall = self.wall_seconds or 1e-12
-        lines = [f"{'name':<20}{'calls':>7}{'bytes':>14}{'inside ms':>12}{'blocked ms':>12}"
+        lines = [f"{'name':<27}{'calls':>7}{'bytes':>14}{'inside ms':>12}{'blocked ms':>12}"
                  f"{'% wall':>8}"]
         for name, r in sorted(self.rows.items(), key=lambda kv: -kv[1].seconds):
-            lines.append(f"{'ringlet:' + name:<20}{r.calls:>7}{r.bytes:>14,}"
+            lines.append(f"{'ringlet:' + name:<27}{r.calls:>7}{r.bytes:>14,}"
                          f"{r.seconds * 1e3:>12.3f}{r.blocked * 1e3:>12.3f}"
                          f"{100 * r.seconds / wall:>7.1f}%")
-        lines.append(f"{'compute':<20}{'':>7}{'':>14}{self.compute_seconds * 1e3:>12.3f}"
+        lines.append(f"{'compute':<27}{'':>7}{'':>14}{self.compute_seconds * 1e3:>12.3f}"
                      f"{'':>12}{100 * self.compute_seconds / wall:>7.1f}%")
         lines.append(f"wall {wall * 1e3:.3f} ms; communication {self.comm_seconds * 1e3:.3f} ms "
                      f"({self.blocked_seconds * 1e3:.3f} ms blocked); gamma {self.gamma:.3g}")

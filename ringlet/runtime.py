@@ -232,7 +232,8 @@ def _finish_outstanding(eng) -> list:
     as lines "what: error"."""
     works, _S.outstanding = _S.outstanding, []
     try:
-        eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
+        with eng.held():
+            eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
     except RingletError:
         pass
     lost = []
@@ -256,8 +257,9 @@ def destroy() -> None:
     lost = []
     try:
         lost = _finish_outstanding(eng)
-        eng.check_liveness()
-        eng.progress()
+        with eng.held():
+            eng.check_liveness()
+            eng.progress()
         world = _S.world
         if world.size > 1 and not any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
             # nobody may leave while a peer still needs them (a dead peer never says bye);
@@ -389,13 +391,20 @@ def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
     return kind, world, _tag(g, tag), flat, what
 
 
-def _post(kind: str, world: int, wire: int, flat, what: str) -> RequestWork:
+def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True) -> RequestWork:
     eng = engine()
-    if kind == "send":
-        req = eng.isend(world, wire, flat.view(np.uint8))
-    else:
-        req = eng.irecv(world, wire, flat)
-    return RequestWork(eng, req, what)
+    eng.enter()
+    try:
+        if kind == "send":
+            req = eng.isend(world, wire, flat.view(np.uint8))
+        else:
+            req = eng.irecv(world, wire, flat)
+    finally:
+        eng.leave()
+    work = RequestWork(eng, req, what)
+    if watch and not req.done:
+        eng.background.watch(work)
+    return work
 
 
 def _blocking(args: tuple, timeout) -> None:
@@ -406,10 +415,14 @@ def _blocking(args: tuple, timeout) -> None:
     spun = 0.0
     if eng.fast:
         kind, world, wire, flat, _ = args
-        done, spun = fast.p2p(eng, kind, world, wire, flat.view(np.uint8))
+        eng.enter()
+        try:
+            done, spun = fast.p2p(eng, kind, world, wire, flat.view(np.uint8))
+        finally:
+            eng.leave()
         if done:
             return
-    work = _post(*args)
+    work = _post(*args, watch=False)
     work._spun = spun
     work.wait(timeout)
 
@@ -421,16 +434,18 @@ def stats() -> dict:
     waited for peers (total and longest), the rank that arrived last, the last algorithm."""
     eng = engine()
     out = {"sent": {}, "received": {}}
-    for r, p in sorted(eng.peers.items()):
-        out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
-        out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
-    out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
+    with eng.lock:
+        for r, p in sorted(eng.peers.items()):
+            out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
+            out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
+        out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
     return out
 
 
 def reset_stats() -> None:
     eng = engine()
-    for p in eng.peers.values():
-        p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
-    if hasattr(eng, "coll_stats"):
-        eng.coll_stats.clear()
+    with eng.lock:
+        for p in eng.peers.values():
+            p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
+        if hasattr(eng, "coll_stats"):
+            eng.coll_stats.clear()

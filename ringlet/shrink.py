@@ -37,30 +37,37 @@ def shrink(timeout: float | None = None) -> Group:
     old = S.world
     limit = S.timeout if timeout is None else timeout
     gone = PeerFailure(f"rank {eng.rank}: the call was abandoned by rl.shrink()")
-    for work in eng.works[:]:          # nothing more moves on the old world
-        work.fail(gone)
+    with eng.held():                   # (the background thread drives the engine too)
+        for work in eng.works[:]:      # nothing more moves on the old world
+            work.fail(gone)
+        eng.check_liveness()
+        eng.progress()
+        mine = {"dead": _dead(eng, old), "gid": max(g.id for g in S.groups)}
     for w in S.outstanding:
         w._reported = True             # (their failures are why we shrink: not news)
     S.outstanding = []
     key = f"g{S.generation - 1}/shrink/{old.id}/"
-    eng.check_liveness()
-    eng.progress()
-    mine = {"dead": _dead(eng, old), "gid": max(g.id for g in S.groups)}
-    S.store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
-    if S.store.add(f"{key}ticket", 1) == 1:
-        S.store.set(f"{key}decision", json.dumps(_decide(eng, S.store, key, old, limit)).encode())
     try:
+        S.store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
+        if S.store.add(f"{key}ticket", 1) == 1:
+            decision = _decide(eng, S.store, key, old, limit)
+            S.store.set(f"{key}decision", json.dumps(decision).encode())
         decision = json.loads(S.store.get(f"{key}decision", timeout=limit + 5.0))
     except TimeoutError as exc:
         raise TimeoutError(f"rank {eng.rank}: shrink: no decision on the new world within "
                            f"{limit + 5:g} s (the deciding rank may have died too); "
                            f"restart the job") from exc
+    except RingletError as exc:
+        raise RingletError(f"rank {eng.rank}: shrink needs the job's store and it is gone "
+                           f"({exc}): a store hosted by rank 0 dies with it; launch with "
+                           f"`ringlet run --keep-going` or rl.spawn, whose launcher hosts it") from exc
     members, gid = decision["members"], decision["gid"]
     if eng.rank not in members:
         raise RingletError(f"rank {eng.rank}: shrink: the survivors made their new world "
                            f"without this rank (it joined after {limit:g} s, or was reported "
                            f"dead); it cannot take part any more")
-    eng.retire(gid, gone)
+    with eng.held():
+        eng.retire(gid, gone)
     world = Group(gid, tuple(members), members.index(eng.rank),
                   tuple(eng.hosts[r] for r in members), "world",
                   lost=tuple(old.group_rank(r) for r in old.ranks if r not in members),
@@ -85,8 +92,9 @@ def _decide(eng, store, key: str, old: Group, limit: float) -> dict:
                 raw = store.try_get(f"{key}join/{r}")
                 if raw is not None:
                     joined[r] = json.loads(raw)
-        eng.check_liveness()
-        eng.progress()
+        with eng.held():
+            eng.check_liveness()
+            eng.progress()
         dead = set(_dead(eng, old)).union(*(set(j["dead"]) for j in joined.values()))
         if all(r in joined or r in dead for r in old.ranks) or time.monotonic() > deadline:
             break

@@ -3,6 +3,7 @@ Schedule (a resumable state machine, so several collectives can be in flight at 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
 
@@ -24,9 +25,31 @@ class Work:
     def what(self) -> str:
         return self._what
 
+    _future = None
+
     def is_completed(self) -> bool:
-        self.engine.progress()
-        return self._done()
+        """True once it has finished (or failed: ``wait`` raises why). It only looks while
+        the background thread drives; with RINGLET_PROGRESS=0 it drives one turn."""
+        eng = self.engine
+        if not self._done() and not eng.background.on and eng.lock.acquire(False):
+            try:
+                eng.progress()
+            finally:
+                eng.lock.release()
+        if self._done():
+            self._settle()
+            return True
+        return False
+
+    def get_future(self) -> "WorkFuture":
+        """A ``concurrent.futures.Future`` completed when the work finishes (its result
+        None, or the work's error) by the thread that sees it finish - the background
+        thread, or a waiter - which runs its callbacks then."""
+        if self._future is None:
+            self._future = WorkFuture(self)
+            if self._done():   # (else whoever sees it finish settles it)
+                self._settle()
+        return self._future
 
     _spun = 0.0   # seconds the C fast path already spun for it: the engine spins less
 
@@ -35,7 +58,17 @@ class Work:
         """Block until the operation completes; raise its error if it failed.
         ``timeout`` (seconds) defaults to the one given to ``init``."""
         spun, self._spun = self._spun, 0.0
-        self.engine.wait(self._done, timeout, self._describe_timeout, self._waiting_on, spun)
+        if not self._done() or self.error is not None:
+            eng = self.engine
+            eng.enter()
+            try:
+                eng.wait(self._done, timeout, self._describe_timeout, self._waiting_on, spun)
+                if isinstance(self.error, PeerFailure):
+                    eng.flush_aborts()
+            finally:
+                eng.leave()
+        if self._future is not None:
+            self._settle()
         if self.error is None:
             self.error = self._error()
         if self.error is not None:
@@ -44,6 +77,21 @@ class Work:
         return True
 
     _reported = False   # its error was raised to the user (destroy need not say it again)
+
+    def _settle(self) -> None:
+        """Complete the future, if any (once, whichever thread sees the work finish)."""
+        fut = self._future
+        if fut is None or fut.done():
+            return
+        err = self.error if self.error is not None else self._error()
+        try:
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(err)
+                self._reported = True   # the user's future carries it (destroy need not)
+        except InvalidStateError:   # the other thread settled it first
+            pass
 
     def _done(self) -> bool:
         raise NotImplementedError
@@ -58,6 +106,28 @@ class Work:
         peers = sorted(self._waiting_on())
         who = f" waiting for rank(s) {peers}" if peers else ""
         return f"rank {self.engine.rank}: {self.what} timed out after {limit:g} s{who}"
+
+
+class WorkFuture(Future):
+    """The future of a Work: ``done()``, ``result(timeout)``, ``exception()``,
+    ``add_done_callback(fn)`` as in concurrent.futures, and ``wait(timeout)`` (as torch's
+    futures). ``result`` and ``wait`` drive the work themselves if it is not done."""
+
+    def __init__(self, work: Work):
+        super().__init__()
+        self.work = work
+
+    def result(self, timeout: float | None = None):
+        if not self.done():
+            try:
+                self.work.wait(timeout)
+            except BaseException:
+                if not self.done():   # a timeout: the work goes on
+                    raise
+        return super().result(0)
+
+    def wait(self, timeout: float | None = None):
+        return self.result(timeout)
 
 
 class RequestWork(Work):

@@ -734,6 +734,9 @@ class FakeEngine:
     def aborted(self, tag, sender_fp, culprit_fp, culprit, sender):
         self.aborted_tags += 1
 
+    def peer_failed(self, rank, exc):
+        pass
+
     def ring_doorbell(self, name):
         pass
 

@@ -519,6 +519,9 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
         def protocol_violation(self, peer, why):
             raise AssertionError(why)
 
+        def peer_failed(self, rank, exc):
+            pass
+
     with socket.create_server(("127.0.0.1", 0)) as srv:
         a = socket.create_connection(srv.getsockname())
         b, _ = srv.accept()
@@ -650,4 +653,5 @@ def _await_file(path, limit=30.0):
 
 
 def test_streamed_messages_parked_claimed_reduced_and_refused(tmp_path):
-    run(_streamed, 2, str(tmp_path))
+    # The sender must be held up mid-message: no background progress moves its isend.
+    run(_streamed, 2, str(tmp_path), env={"RINGLET_PROGRESS": "0"})

@@ -74,7 +74,8 @@ def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
         port = s.getsockname()[1]
     before = _leftovers()
     base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                RINGLET_TOKEN="a" * 64, RINGLET_TIMEOUT="4")
+                RINGLET_TOKEN="a" * 64,   # (long enough for the wrong token to knock first)
+                RINGLET_TIMEOUT="8" if fault == "wrong_token" else "3")
     ranks = [0, 1] if fault == "missing" else [0, 1, 2]
     procs = {r: subprocess.Popen([sys.executable, "-c", _BY_HAND], text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -210,3 +211,91 @@ def _inits_itself(rank):
 
 def test_init_inside_spawn_returns_the_spawned_world():
     run(_inits_itself, 3)
+
+
+# -- a mismatch seen only by receivers reaches a rank that finished the call -----------------
+def _root_went_on(rank):
+    x = np.full(1, 5, np.float64 if rank == 2 else np.int64)   # same bytes, another dtype
+    with pytest.raises(rl.CollectiveMismatch):
+        rl.broadcast(x, 0, timeout=10)     # the root only sends: it may finish this call...
+        rl.all_reduce(np.ones(3), timeout=10)   # ... and must fail in its next, not time out
+
+
+def test_a_root_that_finished_a_mismatched_call_fails_in_its_next():
+    run(_root_went_on, 3)
+
+
+def test_ringlet_run_keep_going_lets_the_others_finish(tmp_path):
+    source = ("import sys, time, ringlet as rl\n"
+              "rl.init()\n"
+              "if rl.get_rank() == 1:\n"
+              "    raise SystemExit(4)\n"
+              "time.sleep(2)\n"
+              "print('finished')\n")
+    proc = _launch(tmp_path, source, 3, opts=("--grace", "0.5", "--keep-going"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and sorted(out.splitlines()) == ["[0] finished", "[2] finished"], (out, err)
+    assert "rank 1 failed first: SystemExit: 4" in err and "then rank 0: exited normally" in err, err
+
+
+# -- a call with a dead member fails even while it waits on a live one ----------------------
+def _doomed(rank, path):
+    rl.barrier()
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:                      # busy outside ringlet until rank 2 has its answer
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path + ".2") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        open(path + ".1", "w").write("entered")
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.barrier(timeout=20)         # rank 2 waits on rank 1 first, on rank 0 later
+    assert info.value.rank == 0, info.value
+    if rank == 2:
+        assert not os.path.exists(path + ".1")
+        open(path + ".2", "w").write("failed")
+
+
+def test_a_call_with_a_dead_member_fails_while_waiting_on_a_live_one(tmp_path):
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_doomed, 4, str(tmp_path / "doomed"))
+    assert info.value.rank == 0
+    assert os.path.exists(tmp_path / "doomed.2")
+
+
+def test_ringlet_run_piped_into_head_does_not_block_its_ranks(tmp_path):
+    source = ("import ringlet as rl\n"
+              "rl.init()\n"
+              "for i in range(20000):\n"
+              "    print('line', i)\n"
+              "rl.barrier()\n")
+    proc = _launch(tmp_path, source, 2)
+    first = proc.stdout.readline()
+    proc.stdout.close()                       # as `| head -1` does
+    assert first.endswith("line 0\n")
+    assert proc.wait(timeout=60) == 0
+
+
+# -- a call refused because a member died says so, not "mismatched" -------------------------
+def _refused_after_a_death(rank, path):
+    rl.barrier()
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.ones(4)
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.reduce(x, 0, algorithm="direct", timeout=20)   # ranks 1 and 2 only send: they finish
+        w = rl.irecv(np.zeros(1), 0, tag=99)   # drive progress: the root's news of rank 3 arrive,
+        end = time.monotonic() + (0.8 if rank == 2 else 0.3)   # then rank 1's refusal of the next
+        while time.monotonic() < end:
+            w.is_completed()
+        rl.all_reduce(x, timeout=20)
+    assert info.value.rank == 3, info.value
+    open(f"{path}.{rank}", "w").write("ok")
+
+
+def test_a_call_refused_after_a_death_names_the_dead_rank(tmp_path):
+    path = str(tmp_path / "refused")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_refused_after_a_death, 4, path)
+    assert info.value.rank == 3
+    assert all(os.path.exists(f"{path}.{r}") for r in range(3))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringlet.algorithms import CATALOG, ROOTED, build, choose, pipeline_segments, tree_segments
+from ringlet.algorithms import CATALOG, ROOTED, build, pipeline_segments, tree_segments
 from ringlet.algorithms import all_reduce as ar
 from ringlet.algorithms._common import lg, subtree
 from ringlet.reference import run
@@ -576,20 +576,6 @@ def test_build_is_cached_and_checks_arguments():
     s = build("all_to_all", "bruck", 3, 0, splits=[[1, 2, 3], [0, 0, 4], [5, 0, 1]])
     assert s.splits == ((1, 2, 3), (0, 0, 4), (5, 0, 1))
     assert s.buffers["in"] == 6 and s.buffers["out"] == 8
-
-
-def test_choose():
-    for coll in CATALOG:
-        for p in (1, 2, 3, 8, 64):
-            for nbytes in (0, 8, 64 << 10, 8 << 20):
-                assert choose(coll, p, nbytes) in CATALOG[coll]
-    assert choose("all_reduce", 8, 8) == "recursive_doubling"
-    assert choose("all_reduce", 8, 8 << 20) == "ring"
-    assert choose("all_reduce", 8, 8 << 20, hosts=[0] * 4 + [1] * 4) == "hierarchical"
-    assert choose("broadcast", 8, 8 << 20) == "pipeline"
-    assert choose("all_to_all", 8, 8 << 20) == "pairwise"
-    with pytest.raises(ValueError):
-        choose("allreduce", 4, 8)
 
 
 def test_printing_shows_rounds_and_transfers():

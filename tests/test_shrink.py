@@ -111,3 +111,49 @@ def test_example_survivors_finish_with_the_loss_of_a_run_from_the_checkpoint(tmp
         assert res["resumed_at"] == res["kill_step"], res
         assert res["match"], res
         assert f"rank {res['victim']} failed" in res["failure"], res
+
+
+def _straggler_left_out(rank, path):
+    x = np.ones(10)
+    rl.all_reduce(x)
+    if rank == 3:
+        open(path + ".pid", "w").write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)         # alive, but never calls shrink
+    with pytest.raises(rl.TimeoutError):
+        rl.all_reduce(x, timeout=1)
+    world = rl.shrink(timeout=2)                      # it is left out after 2 s
+    assert world.size == 3 and world.lost == (3,)
+    y = np.ones(4)
+    rl.all_reduce(y)
+    assert list(y) == [3.0] * 4
+    rl.barrier()
+    if world.rank == 0:
+        os.kill(int(open(path + ".pid").read()), signal.SIGKILL)
+
+
+def test_a_stopped_straggler_is_left_out_after_the_timeout(tmp_path):
+    _spawn(_straggler_left_out, 4, str(tmp_path / "straggler"))
+
+
+def _twice(rank, path):
+    x = np.ones(100)
+    for victim in (4, 1):              # old-world rank 4, then old-world rank 1
+        if rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with pytest.raises(rl.PeerFailure):
+            while True:
+                rl.all_reduce(x, timeout=20)
+        rl.shrink(timeout=20)
+    world = rl.new_group(None)         # (a subgroup of the twice-shrunk world)
+    assert rl.get_world_size() == 3 and world.ranks == tuple(r for r in range(5) if r not in (1, 4))
+    y = np.array([float(rank)])
+    rl.all_reduce(y)
+    assert y[0] == 0 + 2 + 3
+    open(f"{path}.{rank}", "w").write("ok")
+
+
+def test_shrink_twice(tmp_path):
+    path = str(tmp_path / "twice")
+    with pytest.raises(rl.ProcessFailed):
+        rl.spawn(_twice, 5, args=(path,), timeout=60, keep_going=True)
+    assert all(os.path.exists(f"{path}.{r}") for r in (0, 2, 3))

@@ -153,18 +153,36 @@ def test_buckets_fp16_hook_halves_bytes():
 def _torch_job(rank):
     import torch
     from ringlet import train
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    torch.manual_seed(0)
-    for q in model.parameters():
-        torch.nn.init.normal_(q)
-    params = list(model.parameters())
-    gb = train.GradBuckets([q.detach() for q in params])
-    x = torch.full((3, 4), float(rank))
-    model(x).sum().backward()
-    for i in reversed(range(len(params))):
-        gb.ready(i, params[i].grad)
-    got = gb.wait()
-    assert isinstance(got[0], np.ndarray) and got[0].shape == tuple(params[0].shape)
+    p = rl.get_world_size()
+
+    def make():
+        torch.manual_seed(0)
+        nn = torch.nn
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    model = make()
+    gb = train.GradBuckets.for_module(model, bucket_cap_mb=0)    # hooks fire during backward
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = [torch.full((3, 4), float(r)).double() + torch.arange(4.0).double() for r in range(p)]
+    for _ in range(2):
+        opt.zero_grad()
+        model(xs[rank]).pow(2).sum().backward()
+        assert gb.buckets[0].work is not None      # the last layer's bucket left during backward
+        gb.wait()
+        opt.step()
+    ref = make()                                     # one process, the mean of the same gradients
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        ropt.zero_grad()
+        grads = []
+        for x in xs:
+            ref.zero_grad()
+            ref(x).pow(2).sum().backward()
+            grads.append([q.grad.clone() for q in ref.parameters()])
+        for q, *gs in zip(ref.parameters(), *grads):
+            q.grad = sum(gs[1:], gs[0].clone()) / p
+        ropt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_buckets_take_torch_tensors():
@@ -570,3 +588,12 @@ def test_parameter_server_rounds(staleness):
 def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):
     # with staleness 0 this job could not finish: actor 1 waits for actor 2 to run ahead
     run(_ps_job, 3, 2, str(tmp_path))
+
+
+def test_import_ringlet_leaves_train_unloaded():
+    import subprocess
+    import sys
+    code = ("import sys, ringlet as rl; assert 'ringlet.train' not in sys.modules; "
+            "assert 'torch' not in sys.modules; rl.train.GradBuckets; "
+            "assert 'ringlet.train' in sys.modules and 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

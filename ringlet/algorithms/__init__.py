@@ -7,7 +7,6 @@ in one process (the tests' oracle).
 
     CATALOG["all_reduce"]["ring"]                       # the builder function
     build("all_reduce", "ring", p=4, count=1000)        # a cached Schedule
-    choose("all_reduce", p=8, nbytes=1 << 20)           # a size rule until the cost model
 
 Uneven all-to-all: ``build("all_to_all", alg, p, count, splits=...)`` (count is then
 ignored); "all_to_all_single" is the same catalog under its torch name.
@@ -23,7 +22,7 @@ from . import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, r
 from .all_reduce import tree_segments
 from .broadcast import pipeline_segments
 
-__all__ = ["CATALOG", "ROOTED", "build", "choose", "pipeline_segments", "tree_segments"]
+__all__ = ["CATALOG", "ROOTED", "build", "agree_first", "pipeline_segments", "tree_segments"]
 
 
 def _table(module, *names):
@@ -131,34 +130,3 @@ def agree_first(s: Schedule) -> None:
     agree = barrier.dissemination(s.p).rounds
     s.rounds[:0] = agree
     s.agreement = len(agree)
-
-
-#: below this many bytes per rank a collective is latency-bound (a rule of thumb: about
-#: α·bandwidth for a 5 µs, 10 GB/s link)
-SMALL = 64 * 1024
-
-
-def choose(collective: str, p: int, nbytes: int, hosts=None) -> str:
-    """A simple size rule, until the cost model replaces it: latency-bound small messages
-    take the lg p-round algorithm, large ones the bandwidth-optimal one, and large
-    all-reduces over several multi-rank hosts the hierarchical one. ``nbytes`` is the
-    per-rank buffer the collective is called with (count·itemsize)."""
-    if collective not in CATALOG:
-        raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(CATALOG)}")
-    small = nbytes <= SMALL
-    pow2 = p & (p - 1) == 0
-    multihost = hosts is not None and 1 < len(set(hosts)) < len(tuple(hosts))
-    rule = {
-        "all_reduce": ("recursive_doubling" if small else
-                       "hierarchical" if multihost else "ring"),
-        "broadcast": "binomial" if small or p <= 2 else "pipeline",
-        "reduce": "binomial" if small else "rabenseifner",
-        "all_gather": ("recursive_doubling" if pow2 else "bruck") if small else "ring",
-        "reduce_scatter": "recursive_halving" if small else "ring",
-        "all_to_all": "bruck" if small else "pairwise",
-        "all_to_all_single": "bruck" if small else "pairwise",
-        "gather": "binomial" if small else "direct",
-        "scatter": "binomial" if small else "direct",
-        "barrier": "dissemination",
-    }
-    return rule[collective]

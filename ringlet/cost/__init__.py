@@ -5,16 +5,17 @@
 * :mod:`.simulate` - price the very Schedule the runtime runs on a hosts x ranks topology;
 * :mod:`.plan` - seed 002's communication-to-computation ratio and break-even K;
 * :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
-* :mod:`.tune` - ``choose``: the least predicted time, explained;
+* :mod:`.tune` - ``breakdown`` / ``predict`` (on a link, a topology or this host) and
+  ``choose``: the least predicted time, explained;
 * :mod:`.place` - ``place``: which host each rank of a job should run on;
 * :mod:`.commands` - ``ringlet plan``, ``tiers``, ``explain``, ``place``.
 """
-from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, breakdown, count_of,
-                    format_size, nbytes_of, parse_size, predict, tier)
+from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, count_of, format_size,
+                    nbytes_of, parse_size, tier)
 from .plan import StepRatio, break_even, step_ratio, strong_scaling, weak_scaling
 from .profile import Profile, fit, host_link, load_profile, profile_path
 from .simulate import SimResult, Topology, simulate
-from .tune import Row, choose, crossovers, predict_host
+from .tune import Row, breakdown, choose, crossovers, predict, predict_host
 from .place import Comm, Placement, expert_parallel, place, tensor_data_parallel  # noqa: E402
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predict", "breakdown",

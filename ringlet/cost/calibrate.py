@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from ..transport import fast, shm, tcp
+from ..transport import limits
 from .model import Link, format_size, parse_size
 from .profile import FIT_START, Profile, fit_host, machine, profile_path
 
@@ -58,14 +58,6 @@ L3_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
-#: what the transports do (ringlet.transport): eager limit, above how many bytes a
-#: message waits for CTS, bytes a pair cycles through, above how many bytes a send from
-#: an rl.empty buffer is read in place (-1: never)
-TRANSPORT = {"shm": {"eager": shm.EAGER_BYTES, "rendezvous": shm.STREAM_BYTES,
-                     "ring_bytes": shm.RING_BYTES, "zero_copy_min": shm.ZERO_COPY_MIN,
-                     "fast_bytes": fast.FAST_BYTES if fast.enabled() else 0},
-             "tcp": {"eager": tcp.EAGER_BYTES, "rendezvous": tcp.EAGER_BYTES,
-                     "ring_bytes": tcp.FRAG_BYTES, "zero_copy_min": -1, "fast_bytes": 0}}
 _UNIT_LAT = Link(1.0, 1e300)   # counts messages
 _UNIT_BW = Link(0.0, 1.0)      # counts bytes
 _UNIT_ZERO = Link(0.0, 1e300)  # free messages
@@ -293,7 +285,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
                 _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, 30.0, 0.5, 2)
         samples = [s for n in ranks for s in _samples(n, runs[n])]
         base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                         cores=mc["cores"], **TRANSPORT[tr])
+                         cores=mc["cores"], **limits.facts()[tr])
         f = fit_host(samples, base, l3_fractions=L3_FRACTIONS)
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred

@@ -30,7 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from ..algorithms import ROOTED
+from ..algorithms import CATALOG, ROOTED
+from ..algorithms._common import lg
+from ..algorithms.broadcast import pipeline_segments as _pipeline_segments
 
 # --------------------------------------------------------------------------- links
 
@@ -96,19 +98,8 @@ def tier(name) -> Link:
 
 # --------------------------------------------------------------------------- catalog
 
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner",
-                   "tree", "double_tree", "hierarchical"),
-    "broadcast": ("direct", "binomial", "pipeline", "scatter_allgather", "hierarchical"),
-    "reduce": ("direct", "binomial", "rabenseifner"),
-    "all_gather": ("ring", "recursive_doubling", "bruck", "direct", "hierarchical"),
-    "reduce_scatter": ("ring", "recursive_halving", "direct", "hierarchical"),
-    "all_to_all": ("pairwise", "bruck", "direct"),
-    "all_to_all_single": ("pairwise", "bruck", "direct"),
-    "gather": ("direct", "binomial"),
-    "scatter": ("direct", "binomial"),
-    "barrier": ("dissemination",),
-}
+#: every collective's algorithms, in the catalogue's order (ringlet.algorithms.CATALOG)
+ALGORITHMS: dict[str, tuple[str, ...]] = {c: tuple(t) for c, t in CATALOG.items()}
 COLLECTIVES = tuple(ALGORITHMS)
 
 #: what ``algorithm=None`` means in predict()
@@ -183,10 +174,6 @@ def _t(messages: float, bytes_: float, reduced: float, a: float, b: float, g: fl
     return Terms(messages * a, bytes_ * b, reduced * g)
 
 
-def log2_ceil(p: int) -> int:
-    return (p - 1).bit_length()
-
-
 def log2_floor(p: int) -> int:
     return p.bit_length() - 1
 
@@ -200,21 +187,8 @@ def is_pow2(p: int) -> bool:
 def pipeline_segments(p: int, nbytes: float, a: float = 0.0, b: float = 0.0,
                       itemsize: int = 4) -> int:
     """How many segments the pipelined (chained) broadcast cuts ``nbytes`` into: the
-    algorithm's own rule when ``ringlet.algorithms`` defines one, so that the closed form
-    prices the schedule the runtime runs."""
-    fn = _algorithm_segment_rule()
-    count = int(nbytes) // itemsize
-    if fn is not None:
-        return max(int(fn(p, count, itemsize)), 1)
-    return _optimal_segments(p - 2, count, itemsize)
-
-
-def _algorithm_segment_rule():
-    try:
-        from ringlet.algorithms import broadcast as _bc  # noqa: WPS433
-    except Exception:  # pragma: no cover - algorithms not importable
-        return None
-    return getattr(_bc, "pipeline_segments", None)
+    algorithm's own rule, so the closed form prices the schedule the runtime runs."""
+    return max(int(_pipeline_segments(p, int(nbytes) // itemsize, itemsize)), 1)
 
 
 # ------------------------------------------------------------------- closed forms
@@ -285,23 +259,8 @@ def _ar_rabenseifner(p, n, a, b, g, **kw):
 @_form("all_reduce", "tree")
 def _ar_tree(p, n, a, b, g, **kw):
     """Binomial-tree reduce then binomial-tree broadcast of the full vector."""
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(2 * L, 2 * L * n, L * n, a, b, g)
-
-
-@_form("all_reduce", "double_tree")
-def _ar_double_tree(p, n, a, b, g, *, segments=None, itemsize=4, **kw):
-    """NCCL's double binary tree: two complementary binary trees, each reducing half the
-    vector up and broadcasting it down, pipelined in S segments of n/(2S) bytes, both trees
-    at once. A rank is interior in one tree and a leaf in the other, so in the steady state
-    its port carries 4 messages a round (2 children + parent in one tree, parent in the
-    other): T ~ (4S + F)(alpha + n/(2S) beta) + ..., where the fill F depends on the trees'
-    shape. There is no simpler exact expression, so this evaluates the pipeline's critical
-    path over the two trees' structure (:func:`double_tree_rounds`) with equal segments."""
-    if p == 1:
-        return Terms()
-    S = segments or double_tree_segments(p, n, itemsize)
-    return _critical_path(double_tree_rounds(p, S), p, n / (2 * S), a, b, g)
 
 
 @_form("all_reduce", "hierarchical")
@@ -343,7 +302,7 @@ def _bc_direct(p, n, a, b, g, **kw):
 
 @_form("broadcast", "binomial")
 def _bc_binomial(p, n, a, b, g, **kw):
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L, L * n, 0, a, b, g)
 
 
@@ -363,7 +322,7 @@ def _bc_scatter_allgather(p, n, a, b, g, **kw):
     ((p-1) alpha + (p-1)/p n beta)."""
     if p == 1:
         return Terms()
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L + p - 1, 2 * (p - 1) / p * n, 0, a, b, g)
 
 
@@ -386,7 +345,7 @@ def _rd_direct(p, n, a, b, g, **kw):
 
 @_form("reduce", "binomial")
 def _rd_binomial(p, n, a, b, g, **kw):
-    L = log2_ceil(p)
+    L = lg(p)
     return _t(L, L * n, L * n, a, b, g)
 
 
@@ -449,7 +408,7 @@ def _ag_recursive_doubling(p, n, a, b, g, **kw):
 @_form("all_gather", "bruck")
 def _ag_bruck(p, n, a, b, g, **kw):
     """Bruck: ceil(lg p) steps, step k sends min(2^k, p - 2^k) blocks."""
-    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+    return _t(lg(p), (p - 1) / p * n, 0, a, b, g)
 
 
 @_form("all_gather", "direct")
@@ -509,7 +468,7 @@ def bruck_blocks(p: int) -> int:
     """Blocks an all-to-all Bruck moves per rank: step k sends the blocks whose index has
     bit k set (sum over k of #{0 <= i < p: i & 2^k})."""
     total = 0
-    for k in range(log2_ceil(p)):
+    for k in range(lg(p)):
         bit = 1 << k
         total += sum(1 for i in range(p) if i & bit)
     return total
@@ -519,7 +478,7 @@ def bruck_blocks(p: int) -> int:
 @_form("all_to_all_single", "bruck")
 def _a2a_bruck(p, n, a, b, g, **kw):
     """Bruck: ceil(lg p) alpha + (n/p) beta * sum_k #{i: bit k of i set} (~ n/2 lg p)."""
-    return _t(log2_ceil(p), bruck_blocks(p) * n / p, 0, a, b, g)
+    return _t(lg(p), bruck_blocks(p) * n / p, 0, a, b, g)
 
 
 # gather / scatter (n = total bytes at the root) ---------------------------------------------
@@ -533,153 +492,14 @@ def _gs_direct(p, n, a, b, g, **kw):
 @_form("gather", "binomial")
 @_form("scatter", "binomial")
 def _gs_binomial(p, n, a, b, g, **kw):
-    return _t(log2_ceil(p), (p - 1) / p * n, 0, a, b, g)
+    return _t(lg(p), (p - 1) / p * n, 0, a, b, g)
 
 
 # barrier ------------------------------------------------------------------------------------
 
 @_form("barrier", "dissemination")
 def _barrier(p, n, a, b, g, **kw):
-    return _t(log2_ceil(p), 0, 0, a, b, g)
-
-
-# ------------------------------------------------------------ double-tree structure
-
-def btree_parents(p: int) -> list[int]:
-    """NCCL's binary tree on ranks 0..p-1 (root 0, parent -1): rank r with lowest set bit
-    b hangs under (r XOR b) | 2b, or under r XOR b when that is >= p."""
-    parent = [-1] * p
-    for r in range(1, p):
-        bit = r & -r
-        up = (r ^ bit) | (bit << 1)
-        parent[r] = up if up < p else r ^ bit
-    return parent
-
-
-def dtree_parents(p: int) -> tuple[list[int], list[int]]:
-    """The complementary second tree: the first mirrored (r -> p-1-r) for even p, shifted
-    by one (r -> r+1) for odd p."""
-    t1 = btree_parents(p)
-    if p % 2 == 0:
-        t2 = [-1 if t1[p - 1 - r] < 0 else p - 1 - t1[p - 1 - r] for r in range(p)]
-    else:
-        t2 = [-1 if t1[(r - 1) % p] < 0 else (t1[(r - 1) % p] + 1) % p for r in range(p)]
-    return t1, t2
-
-
-def _tree_pipeline_timing(parent: list[int]):
-    """Round in which each node sends segment 0 up (after its children's partials, which
-    arrive in distinct rounds) and receives segment 0 down; segment j is j rounds later."""
-    p = len(parent)
-    children = [[] for _ in range(p)]
-    for x, q in enumerate(parent):
-        if q >= 0:
-            children[q].append(x)
-    root = parent.index(-1)
-    order, stack = [], [root]
-    while stack:
-        x = stack.pop()
-        order.append(x)
-        stack.extend(children[x])
-    ready, up = [0] * p, [-1] * p
-    for x in reversed(order):
-        t = -1
-        for c in sorted(children[x], key=lambda c: ready[c]):
-            t = up[c] = max(ready[c], t + 1)
-        ready[x] = t + 1
-    down = [-1] * p
-    for x in order:
-        for c in children[x]:
-            down[c] = ready[root] if x == root else down[x] + 1
-    fill = max(max(down), ready[root] - 1, 0)
-    return up, down, fill
-
-
-def double_tree_fill(p: int) -> int:
-    return max(_tree_pipeline_timing(t)[2] for t in dtree_parents(p)) if p > 1 else 0
-
-
-def double_tree_segments(p: int, nbytes: float, itemsize: int = 4) -> int:
-    """Segments per tree of double_tree: the algorithm's rule when available."""
-    count = int(nbytes) // itemsize
-    try:
-        from ringlet.algorithms.all_reduce import tree_segments
-    except Exception:
-        tree_segments = None
-    if tree_segments is not None:
-        return max(int(tree_segments(p, count, itemsize)), 1)
-    return _optimal_segments(double_tree_fill(p), (count + 1) // 2, itemsize)
-
-
-_DT_CACHE: dict = {}
-
-
-def double_tree_rounds(p: int, S: int):
-    """The pipelined double tree as rounds of (src, dst, reduce) arrays, one message per
-    segment move, derived from the trees' timing (segment j of a node moves j rounds after
-    segment 0)."""
-    import numpy as np
-    key = (p, S)
-    hit = _DT_CACHE.get(key)
-    if hit is not None:
-        return hit
-    ts, ss, ds, rs = [], [], [], []
-    j = np.arange(S)
-    for parent in dtree_parents(p):
-        up, down, _ = _tree_pipeline_timing(parent)
-        par = np.array(parent)
-        x = np.flatnonzero(par >= 0)
-        for when, red in ((np.array(up), 1), (np.array(down), 0)):
-            ts.append((when[x][:, None] + j).ravel())
-            src, dst = (x, par[x]) if red else (par[x], x)
-            ss.append(np.repeat(src, S))
-            ds.append(np.repeat(dst, S))
-            rs.append(np.full(len(x) * S, red))
-    t, src, dst, red = (np.concatenate(v) for v in (ts, ss, ds, rs))
-    order = np.argsort(t, kind="stable")
-    t, src, dst, red = t[order], src[order], dst[order], red[order]
-    bounds = np.flatnonzero(np.diff(t)) + 1
-    rounds = [(s_, d_, r_) for s_, d_, r_ in zip(np.split(src, bounds), np.split(dst, bounds),
-                                                 np.split(red, bounds))]
-    if len(_DT_CACHE) > 256:
-        _DT_CACHE.clear()
-    _DT_CACHE[key] = rounds
-    return rounds
-
-
-class _Rnd:
-    __slots__ = ("cols",)
-
-    def __init__(self, src, dst, red):
-        import numpy as np
-        self.cols = {"src": src, "dst": dst, "n": np.ones(len(src), np.int64), "reduce": red}
-
-
-class _Shape:
-    """A schedule-shaped view of equal-size messages, for the critical-path evaluation."""
-
-    def __init__(self, p, rounds, msg_bytes):
-        self.p, self.itemsize = p, msg_bytes
-        self.rounds = [_Rnd(*r) for r in rounds]
-
-
-def _critical_path(rounds, p, msg_bytes, a, b, g) -> Terms:
-    from .simulate import Topology, simulate
-    res = simulate(_Shape(p, rounds, msg_bytes),
-                   Topology.uniform(p, Link.from_beta(a, b) if b > 0 else Link(a, 1e300), g))
-    return res.terms
-
-
-SEGMENT_ALPHA, SEGMENT_BANDWIDTH, MAX_SEGMENTS = 5e-6, 10e9, 64
-
-
-def _optimal_segments(fill: int, count: int, itemsize: int) -> int:
-    """Fallback copy of the algorithms' pipeline rule: S = sqrt(fill*n*beta/alpha) on a
-    reference link, clamped to 1..min(count, 64)."""
-    if fill <= 0 or count <= 1:
-        return 1
-    s = round(math.sqrt(fill * count * itemsize / (SEGMENT_ALPHA * SEGMENT_BANDWIDTH)))
-    return int(max(1, min(s, count, MAX_SEGMENTS)))
+    return _t(lg(p), 0, 0, a, b, g)
 
 
 # ----------------------------------------------------------------------------- predict
@@ -710,50 +530,19 @@ def _check_gamma(gamma):
     return g
 
 
-def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = None,
-              link: Link | str | None = None, gamma: float | None = None, *,
-              hosts: int | None = None, intra: Link | str | None = None,
-              inter: Link | str | None = None, share: int | None = None,
-              segments: int | None = None, itemsize: int = 4, topology=None) -> Terms:
-    """The closed-form time of one collective call, split into latency, bandwidth and
-    reduction terms (a :class:`Terms`; ``.total`` is seconds).
-
-    ``nbytes`` follows the size convention in this module's docstring. ``link`` is a
-    :class:`Link`, a tier name, or None for this host's calibrated shared-memory link
-    (``ringlet.cost.profile``); ``gamma`` (seconds per byte reduced) defaults to the
-    profile's when ``link`` is None, else 0. ``algorithm=None`` is the collective's usual
-    default (ring, binomial, pairwise, ...). For ``hierarchical`` give ``hosts`` (ranks
-    split evenly, rank r on host r // (p // hosts)) and the ``intra``/``inter`` links
-    (default ``link``); ``share`` is how many concurrent messages share a host's NIC in
-    the cross-host phase (default: the ranks per host).
-
-    ``topology`` (a :class:`ringlet.cost.Topology` of several hosts) prices the
-    algorithm's schedule with the simulator instead (``nbytes`` rounded down to whole
-    elements); on one host it is the same as ``link=topology.intra``. With ``link=None``
-    and a calibrated profile that has a host model (``ringlet calibrate``), the schedule
-    is priced by that model (:class:`ringlet.cost.simulate.HostModel`); its memory
-    stalls count as bandwidth here (``choose``'s rows show them apart).
-    """
+def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, link: Link | str,
+                gamma: float | None = 0.0, *, hosts: int | None = None,
+                intra: Link | str | None = None, inter: Link | str | None = None,
+                share: int | None = None, segments: int | None = None,
+                itemsize: int = 4) -> Terms:
+    """The closed-form time of one collective call on ``link`` (a :class:`Link` or a tier
+    name), split into latency, bandwidth and reduction terms. ``ringlet.cost.breakdown``
+    is the public entry (it also prices on a topology or this host's calibrated profile);
+    see it for the arguments."""
     check_collective(collective)
     alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
     check_algorithm(collective, alg)
     n, p = _check_size(nbytes, p)
-    if topology is None and link is None and hosts is None and segments is None:
-        from .profile import load_profile
-        model = load_profile().host_model("shm")
-        if model is not None and p > 1:
-            from .simulate import Topology
-            topology = Topology.on_host(p, model)   # this host: its calibrated host model
-    if topology is not None:
-        from .tune import environment, predict_terms
-        env = environment(p, topology, None, gamma)
-        row = predict_terms(collective, int(n), p, alg, env, itemsize)
-        return Terms(row.latency, row.bandwidth + row.memory, row.reduction)
-    if link is None:
-        from .profile import host_link, load_profile
-        link = host_link("shm")
-        if gamma is None:
-            gamma = load_profile().gamma("shm")
     link = tier(link)
     g = _check_gamma(0.0 if gamma is None else gamma)
     kw = {"itemsize": itemsize}
@@ -770,24 +559,6 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
     if collective in ROOTED:   # its ranks agree on the call first (algorithms.agree_first)
         terms += _barrier(p, n, link.alpha, link.beta, g)
     return terms
-
-
-def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "ring",
-            link: Link | str | None = None, gamma: float | None = None, **kw) -> float:
-    """Predicted seconds for one call: ``breakdown(...).total``.
-
-    ``algorithm="ring"`` is the default where the collective has a ring; for a collective
-    without one (broadcast, ...) the default silently becomes its usual algorithm, and
-    ``algorithm="auto"`` returns the least time over the candidates. See
-    :func:`breakdown` for the arguments and the size convention."""
-    check_collective(collective)
-    if algorithm == "ring" and "ring" not in ALGORITHMS[collective]:
-        algorithm = None
-    if algorithm == "auto":
-        return min(breakdown(collective, nbytes, p, alg, link, gamma, **kw).total
-                   for alg in ALGORITHMS[collective]
-                   if alg != "hierarchical" or kw.get("hosts"))
-    return breakdown(collective, nbytes, p, algorithm, link, gamma, **kw).total
 
 
 # ------------------------------------------------------------------------------ sizes
@@ -828,5 +599,5 @@ def format_size(n: float) -> str:
 
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "DEFAULT_ALGORITHM",
-           "TOTAL_SIZE", "predict", "breakdown", "nbytes_of", "count_of", "parse_size",
+           "TOTAL_SIZE", "closed_form", "nbytes_of", "count_of", "parse_size",
            "format_size", "pipeline_segments", "bruck_blocks"]

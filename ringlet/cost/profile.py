@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..transport import limits
 from .model import Link, parse_size
 
 PROFILE_VERSION = 1
@@ -115,12 +116,11 @@ class Profile:
             return None
         hit = self._models.get(transport)
         if hit is None:
-            from .calibrate import TRANSPORT
             from .simulate import HostModel
             # what the transport does and an older profile did not record: as it does now,
             # except the rendezvous limit: its alpha_rdv was fitted when every message
             # above the eager limit waited for CTS (stale_reasons says so)
-            params = {**TRANSPORT.get(transport, {}), **t}
+            params = {**limits.facts().get(transport, {}), **t}
             if "rendezvous" not in t and "eager" in params:
                 params["rendezvous"] = params["eager"]
             # ... and the fast path: as the profile was fitted (an older one: every call in
@@ -221,9 +221,8 @@ def load_profile(path=None, *, strict: bool = False) -> Profile:
 def stale_reasons(prof: Profile) -> list:
     """What differs between the transports a profile was calibrated with and the ones this
     ringlet runs (a fitted rendezvous latency means little once the eager limit moved)."""
-    from .calibrate import TRANSPORT
     out = []
-    for name, facts in TRANSPORT.items():
+    for name, facts in limits.facts().items():
         t = prof.transports.get(name, {})
         if t.get("model") != "host":
             continue

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..algorithms import build
 from ..schedule import BUFFER_NAMES
 from ..transport import shm
-from .model import Link, Terms, tier
+from .model import Link, Terms, _form, tier
 
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
@@ -260,12 +261,10 @@ class Topology:
                    host=model)
 
     @classmethod
-    def from_profile(cls, hosts: int, ranks_per_host: int, profile=None,
+    def from_profile(cls, hosts: int, ranks_per_host: int, prof,
                      transport: str | None = None) -> "Topology":
-        """This machine's calibrated links: shm inside a host, tcp between hosts (or
-        ``transport`` for every message)."""
-        from .profile import load_profile
-        prof = profile if profile is not None else load_profile()
+        """A calibrated profile's links (``ringlet.cost.load_profile()``: this machine's):
+        shm inside a host, tcp between hosts (or ``transport`` for every message)."""
         intra = transport or "shm"
         model = prof.host_model(intra) if hosts == 1 else None
         if model is not None:
@@ -854,3 +853,16 @@ class _HostSim:
 
 
 __all__ = ["Topology", "SimResult", "simulate", "HostModel", "HOST_TERMS", "working_set"]
+
+
+@_form("all_reduce", "double_tree")
+def _double_tree(p, n, a, b, g, *, itemsize=4, segments=None, **kw):
+    """NCCL's double binary tree has no simple exact closed form (its pipeline's fill
+    depends on the two trees' shapes): its price is its own schedule, simulated on a
+    uniform link with these alpha, beta and gamma."""
+    if segments is not None:
+        raise ValueError("double_tree cuts its segments by its own rule "
+                         "(ringlet.algorithms.tree_segments); segments= does not apply")
+    s = build("all_reduce", "double_tree", p, int(n) // itemsize, itemsize=itemsize)
+    link = Link.from_beta(a, b) if b > 0 else Link(a, 1e300)
+    return simulate(s, Topology.uniform(p, link, g)).terms

@@ -17,9 +17,9 @@ import json
 import math
 from typing import NamedTuple
 
-from .model import (ALGORITHMS, HOST_AWARE, Link, Terms, breakdown, check_algorithm,
-                    check_collective, count_of, nbytes_of, tier)
-from .profile import Profile, load_profile
+from .model import (ALGORITHMS, DEFAULT_ALGORITHM, HOST_AWARE, Link, Terms, _check_size,
+                    check_algorithm, check_collective, closed_form, count_of, nbytes_of, tier)
+from .profile import Profile, host_link, load_profile
 from .simulate import Topology, simulate
 
 #: largest group the simulator prices inside choose(); larger ones use closed forms
@@ -176,7 +176,7 @@ def predict_terms(collective, nbytes, p, algorithm, env: _Env, itemsize=4, share
             sched = build_schedule(collective, algorithm, p, nbytes, itemsize)
             res = simulate(sched, Topology.uniform(p, env.link, env.gamma, env.delta))
             return Row(algorithm, res.time, *res.terms, "simulated")
-        t = breakdown(collective, nbytes, p, algorithm, env.link, env.gamma, itemsize=itemsize)
+        t = closed_form(collective, nbytes, p, algorithm, env.link, env.gamma, itemsize=itemsize)
         return Row(algorithm, t.total, *t, "closed form")
     topo = env.topology
     if p <= SIM_MAX_P and _algorithms_module() is not None:
@@ -201,10 +201,73 @@ def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, 
     """Closed-form estimate on two tiers: ``hierarchical`` by its two-level formula,
     every flat algorithm as if all its messages crossed the inter-host link."""
     if algorithm == "hierarchical":
-        return breakdown(collective, nbytes, p, algorithm, topo.intra, gamma, hosts=topo.hosts,
-                         intra=topo.intra, inter=topo.inter,
-                         share=topo.ranks_per_host if topo.nic_sharing else 1, itemsize=itemsize)
-    return breakdown(collective, nbytes, p, algorithm, topo.inter, gamma, itemsize=itemsize)
+        return closed_form(collective, nbytes, p, algorithm, topo.intra, gamma, hosts=topo.hosts,
+                           intra=topo.intra, inter=topo.inter,
+                           share=topo.ranks_per_host if topo.nic_sharing else 1, itemsize=itemsize)
+    return closed_form(collective, nbytes, p, algorithm, topo.inter, gamma, itemsize=itemsize)
+
+
+def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = None,
+              link: Link | str | None = None, gamma: float | None = None, *,
+              hosts: int | None = None, intra: Link | str | None = None,
+              inter: Link | str | None = None, share: int | None = None,
+              segments: int | None = None, itemsize: int = 4, topology=None) -> Terms:
+    """The time of one collective call, split into latency, bandwidth and reduction terms
+    (a :class:`Terms`; ``.total`` is seconds).
+
+    ``nbytes`` follows the size convention of ``ringlet.cost.model``. ``link`` is a
+    :class:`Link`, a tier name, or None for this host's calibrated shared-memory link
+    (``ringlet.cost.profile``); ``gamma`` (seconds per byte reduced) defaults to the
+    profile's when ``link`` is None, else 0. ``algorithm=None`` is the collective's usual
+    default (ring, binomial, pairwise, ...). For ``hierarchical`` give ``hosts`` (ranks
+    split evenly, rank r on host r // (p // hosts)) and the ``intra``/``inter`` links
+    (default ``link``); ``share`` is how many concurrent messages share a host's NIC in
+    the cross-host phase (default: the ranks per host).
+
+    With a link, the closed form (:func:`ringlet.cost.model.closed_form`). ``topology``
+    (a :class:`ringlet.cost.Topology` of several hosts) prices the algorithm's schedule
+    with the simulator instead (``nbytes`` rounded down to whole elements); on one host it
+    is the same as ``link=topology.intra``. With ``link=None`` and a calibrated profile
+    that has a host model (``ringlet calibrate``), the schedule is priced by that model
+    (:class:`ringlet.cost.simulate.HostModel`); its memory stalls count as bandwidth here
+    (``choose``'s rows show them apart).
+    """
+    check_collective(collective)
+    alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
+    check_algorithm(collective, alg)
+    n, p = _check_size(nbytes, p)
+    if topology is None and link is None and hosts is None and segments is None:
+        model = load_profile().host_model("shm")
+        if model is not None and p > 1:
+            topology = Topology.on_host(p, model)   # this host: its calibrated host model
+    if topology is not None:
+        env = environment(p, topology, None, gamma)
+        row = predict_terms(collective, int(n), p, alg, env, itemsize)
+        return Terms(row.latency, row.bandwidth + row.memory, row.reduction)
+    if link is None:
+        link = host_link("shm")
+        if gamma is None:
+            gamma = load_profile().gamma("shm")
+    return closed_form(collective, n, p, alg, link, gamma, hosts=hosts, intra=intra,
+                       inter=inter, share=share, segments=segments, itemsize=itemsize)
+
+
+def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "ring",
+            link: Link | str | None = None, gamma: float | None = None, **kw) -> float:
+    """Predicted seconds for one call: ``breakdown(...).total``.
+
+    ``algorithm="ring"`` is the default where the collective has a ring; for a collective
+    without one (broadcast, ...) the default silently becomes its usual algorithm, and
+    ``algorithm="auto"`` returns the least time over the candidates. See
+    :func:`breakdown` for the arguments and the size convention."""
+    check_collective(collective)
+    if algorithm == "ring" and "ring" not in ALGORITHMS[collective]:
+        algorithm = None
+    if algorithm == "auto":
+        return min(breakdown(collective, nbytes, p, alg, link, gamma, **kw).total
+                   for alg in ALGORITHMS[collective]
+                   if alg != "hierarchical" or kw.get("hosts"))
+    return breakdown(collective, nbytes, p, algorithm, link, gamma, **kw).total
 
 
 _CACHE: dict = {}
@@ -340,4 +403,4 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
 
 
 __all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
-           "two_tier_breakdown", "explain_line", "predict_host", "SIM_MAX_P"]
+           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "SIM_MAX_P"]

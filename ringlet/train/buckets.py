@@ -11,7 +11,7 @@ bucket of its own). A bucket whose gradients have all arrived starts an asynchro
 all_reduce at once, while the caller goes on computing earlier layers' gradients;
 buckets start in bucket order on every rank (a full bucket waits for the ones before it),
 so ranks that hand over gradients in different orders still issue the same collectives.
-Buckets are ``rl.empty`` arrays: their large messages are read in place by local peers.
+Large buckets are ``rl.empty`` arrays: their messages are read in place by local peers.
 """
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ import contextlib
 
 import numpy as np
 
-from .. import buffers
 from ..collectives import all_reduce
 from ..ops import ReduceOp, as_array
 from ..runtime import get_rank, resolve
-from .pricing import Call, hosts_of, price
+from .pricing import Call, buffer, hosts_of, price
 
 
 class _Bucket:
@@ -31,8 +30,8 @@ class _Bucket:
 
     def __init__(self, indices, count, dtype, wire_dtype):
         self.indices = indices
-        self.buf = buffers.empty(count, dtype)
-        self.wire = self.buf if wire_dtype is None else buffers.empty(count, wire_dtype)
+        self.buf = buffer(count, dtype)
+        self.wire = self.buf if wire_dtype is None else buffer(count, wire_dtype)
         self.pending = len(indices)
         self.work = None
 
@@ -73,6 +72,21 @@ class GradBuckets:
         self._held = [False] * len(arrays)           # slot holds this window's gradient
         self._next = 0                               # first bucket not yet started
         self._sync = True
+
+    @classmethod
+    def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None):
+        """Buckets for a torch module's trainable parameters, fed by their backward as DDP
+        is: each parameter's gradient is handed over the moment it is accumulated, and
+        ``wait()`` writes the mean gradients back into ``.grad``, ready for the torch
+        optimizer's step."""
+        params = [q for q in module.parameters() if q.requires_grad]
+        gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook)
+        for i, q in enumerate(params):
+            q.register_post_accumulate_grad_hook(lambda q, i=i: gb.ready(i, q.grad))
+        gb._torch_params = params
+        return gb
+
+    _torch_params = None
 
     def _add_bucket(self, indices, arrays):
         count = sum(arrays[i].size for i in indices)
@@ -139,7 +153,12 @@ class GradBuckets:
         self._seen = [False] * len(self.slot)
         self._held = [False] * len(self.slot)
         self._next = 0
-        return [view for _, view, _ in self.slot]
+        out = [view for _, view, _ in self.slot]
+        if self._torch_params is not None:
+            import torch
+            for q, g in zip(self._torch_params, out):
+                q.grad.copy_(torch.from_numpy(g))
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -68,7 +68,9 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     if x.ndim < 1:
         raise ValueError("tokens must have one row per token")
     T = x.shape[0]
-    idx2 = (idx[:, None] if idx.ndim == 1 else idx) if idx.ndim in (1, 2) and idx.shape[:1] == (T,) else None
+    idx2 = None
+    if idx.ndim in (1, 2) and idx.shape[:1] == (T,):
+        idx2 = idx[:, None] if idx.ndim == 1 else idx
     if idx2 is None or idx.dtype.kind not in "iu":
         raise ValueError(f"rank {get_rank()}: dispatch: expert_index must be integers of shape "
                          f"({T},) or ({T}, k), got {idx.dtype} {idx.shape}")

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import cost
+from .. import buffers, cost
+from ..transport.shm import ZERO_COPY_MIN
 from ..cost.tune import build_schedule
 
 
@@ -56,15 +57,23 @@ class StepPrice(NamedTuple):
         return self.comm_seconds / compute_seconds
 
     def table(self) -> str:
-        lines = [f"{'call':<28}{'x':>4}{'algorithm':>18}{'us each':>11}{'sent B each':>14}"]
+        lines = [f"{'call':<44}{'x':>4}{'algorithm':>20}{'us each':>11}{'sent B each':>14}"]
         for c in self.calls:
             name = f"{c.call.collective} {cost.format_size(c.call.nbytes)}" + (
                 f" {c.call.label}" if c.call.label else "")
-            lines.append(f"{name:<28}{c.call.times:>4}{c.algorithm:>18}{c.seconds * 1e6:>11.1f}"
+            lines.append(f"{name:<44}{c.call.times:>4}{c.algorithm:>20}{c.seconds * 1e6:>11.1f}"
                          f"{c.sent_bytes:>14,}")
         lines.append(f"per step: {self.comm_seconds * 1e3:.3f} ms, "
                      f"{self.bytes_per_rank:,} B sent by the busiest rank")
         return "\n".join(lines)
+
+
+def buffer(n: int, dtype) -> np.ndarray:
+    """A communication buffer: an ``rl.empty`` array when its messages may be large enough
+    for local peers to read in place (saving a copy), else a plain one. Every rank asks
+    for the same sizes, so every rank passes the same kind to a collective."""
+    dtype = np.dtype(dtype)
+    return buffers.empty(n, dtype) if n * dtype.itemsize > ZERO_COPY_MIN else np.empty(n, dtype)
 
 
 def hosts_of(group):

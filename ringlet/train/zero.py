@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import buffers
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..ops import ReduceOp, as_array
 from ..runtime import get_rank, resolve
 from . import optim
-from .pricing import Call, hosts_of, price
+from .pricing import Call, buffer, hosts_of, price
 
 
 class _Unit:
@@ -46,6 +45,7 @@ class _Unit:
         self.full = None          # all p blocks (stages 1, 2: always; 3: while gathered)
         self.work = None          # the all_gather filling ``full`` (stage 3)
         self.grad = None          # stage 1: full gradient; 2, 3: this rank's block
+        self.grad_in = None       # stages 2, 3: the full gradient a reduce_scatter is reading
         self.grad_work = None
 
     def views(self, full):
@@ -54,6 +54,10 @@ class _Unit:
             out.append(full[off:off + size].reshape(shape))
             off += size
         return out
+
+
+def _listed(unit) -> list:
+    return list(unit) if isinstance(unit, (list, tuple)) else [unit]
 
 
 class ZeroOptimizer:
@@ -72,23 +76,24 @@ class ZeroOptimizer:
         self.state: list[dict] = []
         self.shards: list[np.ndarray] = []    # this rank's block of each unit's parameters
         for k, unit in enumerate(params):
-            arrays = [as_array(a, f"params[{k}]") for a in (unit if isinstance(unit, (list, tuple)) else [unit])]
+            arrays = [as_array(a, f"params[{k}]") for a in _listed(unit)]
             if not arrays or any(a.dtype != arrays[0].dtype or a.dtype.kind != "f" for a in arrays):
                 raise TypeError(f"params[{k}]: a unit is one or more float arrays of one dtype")
             u = _Unit(arrays, p, r)
             flat = np.zeros(p * u.shard, u.dtype)
             flat[:u.n] = np.concatenate([a.reshape(-1) for a in arrays])
             if stage < 3:
-                u.full = buffers.empty(flat.size, u.dtype)
+                u.full = buffer(flat.size, u.dtype)
                 u.full[:] = flat
                 self.shards.append(u.full[u.lo:u.hi])
-                u.grad = buffers.zeros(flat.size if stage == 1 else u.shard, u.dtype)
+                u.grad = buffer(flat.size, u.dtype) if stage == 1 else np.empty(u.shard, u.dtype)
             else:
                 self.shards.append(flat[u.lo:u.hi].copy())
             self.units.append(u)
             self.state.append(self.opt.state(u.shard, u.dtype))
         self.t = 0
         self.peak_gathered = 0    # most bytes of gathered (stage 3) units held at once
+        self.peak_grad_in = 0     # most bytes of full gradients held for reduce_scatters
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:
@@ -108,7 +113,7 @@ class ZeroOptimizer:
         return unit.views(unit.full)
 
     def _start_gather(self, unit: _Unit, u: int) -> None:
-        unit.full = buffers.empty(len(self.shards[u]) * self.group.size, unit.dtype)
+        unit.full = buffer(len(self.shards[u]) * self.group.size, unit.dtype)
         unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
                                group=self.group, async_op=True)
         held = sum(x.full.nbytes for x in self.units if x.full is not None)
@@ -127,7 +132,7 @@ class ZeroOptimizer:
         """Start averaging unit ``u``'s gradients over the group (all_reduce in stage 1,
         reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits."""
         unit = self._unit(u)
-        arrays = [as_array(g, f"gradient of unit {u}") for g in (grads if isinstance(grads, (list, tuple)) else [grads])]
+        arrays = [as_array(g, f"gradient of unit {u}") for g in _listed(grads)]
         if [a.size for a in arrays] != unit.sizes:
             raise ValueError(f"rank {get_rank()}: ZeroOptimizer.reduce_grad: unit {u} has "
                              f"parameters of {unit.sizes} elements, got gradients of "
@@ -136,7 +141,10 @@ class ZeroOptimizer:
             raise RuntimeError(f"ZeroOptimizer.reduce_grad: unit {u}'s gradient is already on "
                                f"the wire this step")
         p = self.group.size
-        flat = unit.grad if self.stage == 1 else buffers.empty(p * unit.shard, unit.dtype)
+        for other in self.units:    # free the inputs of reduce_scatters that have finished
+            if other.grad_in is not None and other.grad_work.is_completed():
+                other.grad_in = None
+        flat = unit.grad if self.stage == 1 else buffer(p * unit.shard, unit.dtype)
         off = 0
         for a in arrays:
             flat[off:off + a.size] = a.reshape(-1)
@@ -147,6 +155,9 @@ class ZeroOptimizer:
         else:
             if unit.grad is None:
                 unit.grad = np.empty(unit.shard, unit.dtype)
+            unit.grad_in = flat
+            self.peak_grad_in = max(self.peak_grad_in, sum(
+                x.grad_in.nbytes for x in self.units if x.grad_in is not None))
             unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1), ReduceOp.AVG,
                                             group=self.group, async_op=True)
 
@@ -166,7 +177,7 @@ class ZeroOptimizer:
         self.t += 1
         for k, unit in enumerate(self.units):
             unit.grad_work.wait()
-            unit.grad_work = None
+            unit.grad_work = unit.grad_in = None
             g = unit.grad[unit.lo:unit.hi] if self.stage == 1 else unit.grad
             self.opt.update(self.shards[k], g, self.state[k], self.t)
         if self.stage == 3:
@@ -185,13 +196,16 @@ class ZeroOptimizer:
     def memory(self) -> dict:
         """Bytes this rank holds now, counted on the arrays themselves: parameters (full
         buffers in stages 1, 2; this rank's blocks in stage 3), gradients, optimizer state;
-        and ``gathered_peak``, stage 3's most gathered units at once."""
+        and the most bytes held at once, in flight: ``gathered_peak`` (stage 3's gathered
+        units) and ``grad_in_peak`` (stages 2, 3: full gradients being reduce-scattered;
+        freed as each reduce_scatter finishes)."""
         params = sum(u.full.nbytes if self.stage < 3 else s.nbytes
                      for u, s in zip(self.units, self.shards))
         grads = sum(u.grad.nbytes for u in self.units if u.grad is not None)
         state = sum(a.nbytes for st in self.state for a in st.values())
         return {"params": params, "grads": grads, "optimizer": state,
-                "total": params + grads + state, "gathered_peak": self.peak_gathered}
+                "total": params + grads + state, "gathered_peak": self.peak_gathered,
+                "grad_in_peak": self.peak_grad_in}
 
     def ddp_memory(self) -> int:
         """What plain data parallelism holds for the same model: full parameters,

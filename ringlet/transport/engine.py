@@ -1,13 +1,22 @@
 """The progress engine: owns this rank's connections to every peer and drives them.
 
-There are no background threads. Whoever waits (a blocking call, ``Work.wait``) turns
-the crank: every peer's packets move and every in-flight collective advances, so any mix
-of isend/irecv and async collectives makes progress together. A waiter spins briefly
-(just yielding the core when ranks outnumber cores), then sleeps in ``select`` on its TCP
-sockets and its doorbell, which local senders poke when they see it asleep.
+What runs where. The caller's thread runs every ringlet call: it posts the work and, in a
+blocking call or ``Work.wait``, turns the crank itself - every peer's packets move and
+every in-flight collective advances, so any mix of isend/irecv and async collectives makes
+progress together. A waiter spins briefly (just yielding the core when ranks outnumber
+cores), then sleeps in ``select`` on its TCP sockets and its doorbell, which local senders
+poke when they see it asleep. A small blocking call of local EAGER messages runs in C
+(``fast.py``) on the caller's thread too.
+
+Asynchronous work (``async_op=True``, isend, irecv) is also driven between calls, while
+the caller computes, by one background thread (``progress.py``) that exists only once such
+work was posted and works only while some is unfinished. ``self.lock`` says who drives:
+the caller holds it for the whole of a call (so a blocking call never shares the engine),
+the thread for one turn at a time. ``RINGLET_PROGRESS=0``: no thread, the old model.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,8 +29,10 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
+from ..group import TAG_COLLECTIVE
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
+from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
 from .tcp import TcpPeer
@@ -46,6 +57,14 @@ def _read_check_switch() -> None:
     bench/mismatch_overhead.py can measure what the check costs; read at init (not import)
     so forked ranks see their own environment."""
     protocol.CHECK_FINGERPRINTS = os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1"
+
+
+def _refusal(exc, earlier: int) -> tuple:
+    """What an ABORT tells the peers of a call refused because an earlier call of its group
+    failed: that a member died (naming it), or that the earlier call was mismatched."""
+    if isinstance(exc, PeerFailure) and exc.rank is not None:
+        return (exc.rank, 0), DEAD
+    return (earlier, 0), STALE
 
 
 class Engine:
@@ -74,6 +93,9 @@ class Engine:
         self.closed = False
         self._last_liveness = 0.0
         _read_check_switch()
+        self.lock = threading.Lock()   # held by whoever drives: a call, or the thread below
+        self.wanted = 0                # callers waiting for the lock
+        self.background = Progress(self)   # (no thread until async work is watched)
         try:
             self._connect(master_addr, master_port, generation)
         except BaseException:
@@ -231,10 +253,11 @@ class Engine:
                 for t in earlier:
                     self.aborts.pop(t, None)
                 # Peers entering this call would wait for us forever: abort it for them too.
+                theirs, why = _refusal(exc, min(earlier))
                 for r in work.world_of:
                     peer = self.peers.get(r)
                     if peer is not None and not peer.dead:
-                        peer.send_abort(tag, work.fp, (min(earlier), 0), STALE)
+                        peer.send_abort(tag, work.fp, theirs, why)
         if exc is not None:
             # Failed here, so another peer's abort of this call arriving later is not kept
             # for (and wrongly charged to) this group's next call.
@@ -285,6 +308,13 @@ class Engine:
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
                               rank=culprit_fp[0])
+            # Every call with it fails alike (peer_failed), not only this one: members need
+            # not be in the same call, and the reporter may exit before we see the death.
+            dead = self.peers.get(culprit_fp[0])
+            if dead is not None and culprit_fp[0] != sender:
+                dead.fail(exc)
+            if tag in self.failed:   # a call in flight here: it failed with the rest
+                return
         elif culprit == STALE:
             work = self.active.get(tag)
             call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
@@ -297,6 +327,25 @@ class Engine:
             self._fail_collective(tag, exc)
         else:
             self._remember_abort(tag, exc)
+            self._fail_after(tag, exc, sender)
+
+    def _fail_after(self, tag: int, exc, sender: int) -> None:
+        """A call of this group that this rank finished (as a pure sender, a broadcast's
+        root) was aborted: the group's later calls in flight here cannot complete, nor
+        (after a mismatch) can receives from the rank that gave up on it."""
+        group = tag >> 48
+        theirs, why = _refusal(exc, tag)
+        for t in [t for t in self.active if t >> 48 == group and t > tag]:
+            work = self.active[t]
+            for r in work.world_of:    # peers in it would wait for us: abort it for them too
+                peer = self.peers.get(r)
+                if r != self.rank and peer is not None and not peer.dead:
+                    peer.send_abort(t, work.fp, theirs, why)
+            self._fail_collective(t, exc)
+        peer = self.peers.get(sender)
+        if peer is not None and why == STALE:
+            for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
+                peer.fail_tag(t, exc)
 
     def _remember_abort(self, tag: int, exc) -> None:
         """Keep a peer's abort for a call this rank has not entered (bounded: a peer
@@ -344,6 +393,58 @@ class Engine:
                     moved = True
         return moved
 
+    def enter(self) -> None:
+        """Take the engine for a call (from the background thread, if it has it now)."""
+        if not self.lock.acquire(False):
+            self.wanted += 1
+            try:
+                self.lock.acquire()
+            finally:
+                self.wanted -= 1
+
+    def leave(self) -> None:
+        self.lock.release()
+        if self.background.watched:   # what it sleeps on may have changed
+            self.background.poke()
+
+    @contextlib.contextmanager
+    def held(self):
+        """``with engine.held():`` enter() ... leave(), for code outside the hot path."""
+        self.enter()
+        try:
+            yield self
+        finally:
+            self.leave()
+
+    def tick(self) -> bool:
+        """One turn for a driver not waiting on anything in particular (the background
+        thread): move what can move, and now and then check that local peers live."""
+        moved = self.progress()
+        now = time.monotonic()
+        if now - self._last_liveness > LIVENESS_EVERY:
+            self._last_liveness = now
+            self.check_liveness()
+        return moved
+
+    def nap_begin(self) -> bool:
+        """Announce the background thread's sleep to local senders; False (and no sleep)
+        if something arrived meanwhile."""
+        self._nap(1)
+        if self.progress():
+            self._nap(-1)
+            return False
+        self.background.interest()
+        return True
+
+    def nap_end(self) -> None:
+        self._nap(-1)
+
+    def _nap(self, delta: int) -> None:
+        """Count a sleeper in word 0 of this rank's segment (under the lock): senders that
+        see it non-zero ring the doorbell."""
+        if self.seg is not None:
+            memoryview(self.seg)[0:8].cast("Q")[0] += delta
+
     def wait(self, done, timeout: float | None, describe, peers=tuple, spun: float = 0.0) -> None:
         """Drive progress until ``done()``; on expiry raise TimeoutError(describe()).
         ``spun``: seconds already spent spinning and yielding for it (by the C fast path),
@@ -384,10 +485,7 @@ class Engine:
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
 
     def _sleep(self, seconds: float) -> None:
-        flag = None
-        if self.seg is not None:
-            flag = memoryview(self.seg)[0:8].cast("Q")
-            flag[0] = 1
+        self._nap(1)
         try:
             if self.progress():  # something arrived before we announced the nap
                 return
@@ -398,14 +496,16 @@ class Engine:
                     peer.events = want
             for key, _ in self.sel.select(max(seconds, 0)):
                 if key.fileobj is self.doorbell:
-                    try:
-                        while self.doorbell.recv(64):
-                            pass
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                    self.drain_doorbell()
         finally:
-            if flag is not None:
-                flag[0] = 0
+            self._nap(-1)
+
+    def drain_doorbell(self) -> None:
+        try:
+            while self.doorbell.recv(64):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
 
     def ring_doorbell(self, name: bytes) -> None:
         try:
@@ -417,6 +517,25 @@ class Engine:
         for peer in self.peers.values():
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
+        # A call with a dead member cannot complete, even while it still waits on live ones.
+        # Blame one it waits for first: another may have died only after reporting it.
+        for work in self.works[:]:
+            members = (*work._waiting_on(), *work.world_of)
+            dead = next((self.peers[r].dead for r in members
+                         if r != self.rank and self.peers[r].dead), None)
+            if dead is not None:
+                self.propagate_failure(work, dead)
+                self._fail_collective(work.tag, dead)
+
+    def peer_failed(self, rank: int, exc) -> None:
+        """A peer is gone: every collective in flight that has it as a member is doomed -
+        fail each now, and tell its other members, not only the one waiting on that peer
+        (members need not be in the same call: one waiting on a survivor would otherwise
+        blame the survivor's exit)."""
+        for tag, work in list(self.active.items()):
+            if rank in work.world_of:
+                self.propagate_failure(work, exc)
+                self._fail_collective(tag, exc)
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting
@@ -429,6 +548,16 @@ class Engine:
             if r != self.rank and r != dead and peer is not None and not peer.dead:
                 peer.send_abort(work.tag, work.fp, (dead, 0), DEAD)
 
+    def flush_aborts(self, limit: float = 1.0) -> None:
+        """Give the ABORTs that tell a collective's other members of a failure a moment to
+        get out from behind data queued before them: this rank may leave (its process
+        exit) right after, and a member told nothing would blame this rank's exit instead."""
+        deadline = time.monotonic() + limit
+        while any(kind == "abort" for p in self.peers.values() if not p.dead
+                  for kind, _ in p.outq) and time.monotonic() < deadline:
+            if not self.progress():
+                os.sched_yield()
+
     def protocol_violation(self, peer, why: str) -> None:
         log.warning("ringlet rank %d: dropping rank %d: protocol violation: %s", self.rank, peer.rank, why)
         peer.fail(peer_failure(peer.rank, f"protocol violation ({why})"))
@@ -437,6 +566,7 @@ class Engine:
     def close(self, timeout: float = 5.0) -> None:
         if self.closed:
             return
+        self.background.stop()
         self.closed = True
         # Flush what is queued and say goodbye, so peers see a clean exit, not a failure.
         for peer in self.peers.values():
@@ -447,8 +577,17 @@ class Engine:
                 getattr(p, "wpending", None) and not p.dead for p in self.peers.values()):
             self.progress()
             time.sleep(0.0005)
+        segs = [self.seg] + [p.outbox.seg for p in self.peers.values() if isinstance(p, ShmPeer)]
         for peer in self.peers.values():
             peer.close()
+        self.seg = None
+        self.remote_maps.maps.clear()
+        for seg in segs:   # (the names are gone already: this returns the descriptors)
+            try:
+                if seg is not None:
+                    seg.close()
+            except BufferError:   # a view of it is still alive somewhere: the GC will do it
+                pass
         self.sel.close()
         if self.doorbell is not None:
             self.doorbell.close()

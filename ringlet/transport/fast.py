@@ -23,7 +23,8 @@ import struct
 
 import numpy as np
 
-from .shm import EAGER_BYTES, SLOT_CTRL, ShmPeer
+from . import limits
+from .shm import SLOT_CTRL, ShmPeer
 
 try:
     from . import _fastpath
@@ -35,9 +36,7 @@ _DTYPES = (("i", 1), ("u", 1), ("i", 2), ("u", 2), ("i", 4), ("u", 4), ("i", 8),
            ("f", 4), ("f", 8))
 _OPS = {"add": 0, "multiply": 1, "minimum": 2, "maximum": 3, "bitwise_and": 4,
         "bitwise_or": 5, "bitwise_xor": 6}
-# The largest message of a call C runs: one EAGER packet, from any buffer (rl.empty ones
-# are read in place only above it: shm.ZERO_COPY_MIN).
-FAST_BYTES = EAGER_BYTES
+FAST_BYTES = limits.FAST_BYTES   # the largest message of a call C runs (see limits.py)
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
 MAX_PEERS = 64     # (_fastpath.c's MAX_LINKS)

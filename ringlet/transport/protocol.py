@@ -439,6 +439,7 @@ class Peer:
         self.incoming.clear()
         self.awaiting_cts.clear()
         self.outq.clear()
+        self.engine.peer_failed(self.rank, exc)
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly

@@ -1,10 +1,10 @@
 """Shared-memory transport between ranks of one host.
 
-Every rank owns one *inbox* segment (``/dev/shm/ringlet-<job>-<rank>``, mode 0600) holding
-one ring per local peer; a peer writes packets into its ring in the owner's inbox and the
-owner reads them in place — copying or reducing straight out of the ring into the
-destination. Once every local rank has mapped the segments they are unlinked, so nothing
-of the job stays under /dev/shm even if a rank is SIGKILLed.
+Every rank owns one *inbox* segment (an anonymous memfd that local peers of the same user
+open through ``/proc/<pid>/fd``) holding one ring per local peer; a peer writes packets
+into its ring in the owner's inbox and the owner reads them in place — copying or
+reducing straight out of the ring into the destination. The segment has no name, so
+nothing of the job stays under /dev/shm however it ends (a failed init, a SIGKILL).
 
 Layout: a 64-byte segment header (byte 0: "owner is asleep" flag) then, per peer slot,
 128 bytes of control (head at +0, written by the sender; tail at +64, written by the
@@ -21,35 +21,14 @@ import socket
 
 import numpy as np
 
+from . import limits
 from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
-# Each direction of each local pair (RINGLET_SHM_RING overrides). Small enough that a
-# fragment is read back while still in cache: a sender can run at most a ring ahead of its
-# receiver. Measured side by side, p = 2, 8 MiB, busbw: all_gather 4.9 -> 8.4 GB/s,
-# all_to_all 5.2 -> 6.6, broadcast 16.5 -> 24.4 with a 1 MiB ring instead of 4 MiB.
-# (+ 128 B: two whole EAGER packets of 512 KiB fit, headers included.)
-RING_BYTES = (1 << 20) + 128
-FRAG_BYTES = 256 << 10  # largest DATA fragment (at most a quarter of the ring)
-# A message of up to half the ring goes eagerly, as one packet: the RTS/CTS round trip only
-# pays when the data needs several fragments anyway (at 16 KiB, 64-256 KiB all_reduce calls
-# spent 30-45% of their time waiting for CTS), and a call of EAGER packets runs in C
-# (fast.py). 512 KiB instead of 256, side by side, two turns, busbw at p = 2, 1 MiB:
-# all_gather 7.6-9.9 -> 14.5-16.7 GB/s, all_to_all 6.8-7.7 -> 11.9-12.1.
-EAGER_BYTES = 512 << 10
-# Up to the ring's size, a larger message's DATA follows its RTS at once instead of after
-# the CTS round trip (a receiver not ready parks it, as it keeps an eager one). p = 2,
-# 512 KiB - 2 MiB, best of 4 side by side: 3-9% faster in 11 of 12 (collective, size)
-# cells, e.g. all_to_all 1 MiB 71.3 -> 66.4 us, broadcast 1 MiB 56.7 -> 52.6 us.
-STREAM_BYTES = RING_BYTES
-# Except from an rl.empty buffer: above this, its RTS lets the receiver copy (or reduce)
-# the message once, in place, instead of twice through the ring. Not below: a call of
-# EAGER packets runs in C (fast.py), which beats one copy fewer plus the RTS round trip and
-# Python - rl.empty, forced algorithms, 300 calls, 16 KiB vs 256 KiB here, two turns:
-# all_reduce p=2 64 KiB 40-44 -> 10 us, all_to_all p=4 1 MiB 204-218 -> 110-155 us,
-# all_gather p=4 1 MiB 249-271 -> 100-110 us, broadcast p=4 256 KiB 90-113 -> 43-46 us.
-ZERO_COPY_MIN = EAGER_BYTES
+# sizes: see limits.py
+RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
+STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
 
 
 def segment_size(slots: int, capacity: int) -> int:
@@ -187,6 +166,9 @@ class ShmPeer(Peer):
             self.engine.ring_doorbell(self.doorbell)
         return True
 
+    def close(self) -> None:
+        self.inbox = self.outbox = None    # (their views pin the segments' mappings)
+
     # -- liveness ------------------------------------------------------------------------
     def check_alive(self) -> bool:
         try:
@@ -196,6 +178,7 @@ class ShmPeer(Peer):
                 raise FileNotFoundError
             return True
         except (FileNotFoundError, IndexError, ProcessLookupError):
+            self._poll_in()   # its last words first: an ABORT naming who failed before it
             self.fail(peer_failure(self.rank, f"process {self.pid} exited"))
             return False
 

@@ -8,6 +8,7 @@ import socket
 
 import numpy as np
 
+from . import limits
 from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
                        ProtocolError, peer_failure)
 
@@ -17,8 +18,7 @@ from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
 POLL_BUDGET = 1024
 
 
-EAGER_BYTES = 64 << 10   # larger messages go RTS/CTS/DATA
-FRAG_BYTES = 1 << 20     # largest DATA packet (and the receive bounce buffer)
+EAGER_BYTES, FRAG_BYTES = limits.TCP_EAGER_BYTES, limits.TCP_FRAG_BYTES   # (see limits.py)
 
 
 class TcpPeer(Peer):

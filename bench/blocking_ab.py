@@ -1,0 +1,92 @@
+"""Blocking calls side by side: this tree against another checkout, in turns, in one run.
+
+    .venv/bin/python bench/blocking_ab.py --base /work/main/.venv/bin/python [--turns 3]
+
+Each side runs the same job in its own interpreter (its own ringlet): 8 B all_reduce at
+p = 2 and p = 4 (median microseconds per call over blocks of 500 calls) and 64 MiB
+all_reduce at p = 2 (median of 8 calls, and bus bandwidth). Turns alternate the sides so
+that the host's noise falls on both alike. Used to check that background progress costs
+blocking calls nothing (issue 22).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+JOB = r"""
+import json, os, sys, time
+import numpy as np, ringlet as rl
+
+def small(rank, path):
+    x = np.ones(2, np.float32)
+    for _ in range(500):
+        rl.all_reduce(x)
+    blocks = []
+    for _ in range(12):
+        rl.barrier()
+        t = time.perf_counter()
+        for _ in range(500):
+            rl.all_reduce(x)
+        blocks.append((time.perf_counter() - t) / 500)
+    if rank == 0:
+        open(path, "w").write(json.dumps(sorted(blocks)[len(blocks) // 2] * 1e6))
+
+def big(rank, path):
+    x = np.ones(16 << 20, np.float32)
+    rl.all_reduce(x)
+    times = []
+    for _ in range(8):
+        rl.barrier()
+        t = time.perf_counter()
+        rl.all_reduce(x)
+        times.append(time.perf_counter() - t)
+    if rank == 0:
+        open(path, "w").write(json.dumps(sorted(times)[len(times) // 2] * 1e6))
+
+kind, p, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rl.spawn(small if kind == "small" else big, p, args=(path,), timeout=300)
+"""
+
+CASES = [("8 B all_reduce p=2 (us)", "small", 2), ("8 B all_reduce p=4 (us)", "small", 4),
+         ("64 MiB all_reduce p=2 (us)", "big", 2)]
+
+
+def measure(python: str, kind: str, p: int) -> float:
+    path = f"/tmp/blocking_ab.{os.getpid()}.json"
+    subprocess.run([python, "-c", JOB, kind, str(p), path], check=True, timeout=600,
+                   cwd="/", stderr=subprocess.DEVNULL)
+    with open(path) as f:
+        value = json.load(f)
+    os.unlink(path)
+    return value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="python of the checkout to compare against")
+    ap.add_argument("--turns", type=int, default=3)
+    a = ap.parse_args()
+    sides = {"base": a.base, "this": sys.executable}
+    got = {(c, s): [] for c, _, _ in CASES for s in sides}
+    for turn in range(a.turns):
+        for name, kind, p in CASES:
+            for side in (("base", "this") if turn % 2 == 0 else ("this", "base")):
+                got[(name, side)].append(measure(sides[side], kind, p))
+    print(f"{'case':28} {'base (sorted turns)':>34} {'this (sorted turns)':>34}  this/base "
+          f"(median, best)")
+    for name, kind, _ in CASES:
+        b, t = sorted(got[(name, "base")]), sorted(got[(name, "this")])
+        fmt = (lambda v: f"{v:.1f}") if kind == "small" else (lambda v: f"{v / 1e3:.1f}ms")
+        print(f"{name:28} {' '.join(map(fmt, b)):>34} {' '.join(map(fmt, t)):>34}  "
+              f"{t[len(t) // 2] / b[len(b) // 2]:.2f}, {t[0] / b[0]:.2f}")
+        if kind == "big":
+            bus = lambda v: 64 * 2**20 / (v * 1e-6) / 1e9   # busbw at p = 2: 2(p-1)/p = 1
+            print(f"{'  busbw GB/s (median)':28} {bus(b[len(b) // 2]):>34.2f} "
+                  f"{bus(t[len(t) // 2]):>34.2f}")
+
+
+if __name__ == "__main__":
+    main()

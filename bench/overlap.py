@@ -1,0 +1,182 @@
+"""Overlap of communication with computation, where the wire and not the CPU is the limit.
+
+    sudo .venv/bin/python bench/overlap.py [--rates 1gbit,10gbit] [--sizes 16,32,64]
+
+Two emulated hosts (ringlet.hosts: network namespaces, own hostname and /dev/shm, one
+tbf-shaped link), one rank on each, TCP between. For each size n (MiB), each rank:
+
+    T_comm   an all_reduce of n bytes alone (ring, started async and waited at once)
+    T_comp   a compute phase alone: GIL-releasing NumPy (float32 matmuls, one BLAS
+             thread), as many as take about T_comm
+    serial   all_reduce, then compute: the step without overlap
+    T_step   all_reduce started with async_op=True, the compute, then wait()
+
+and prints overlap efficiency = (T_comm + T_comp - T_step) / min(T_comm, T_comp) - 0 is
+no overlap, 1 perfect - beside the cost model's prediction of the all_reduce on a link of
+the shaped rate (TCP's goodput, 1448 of every 1538 bytes on the wire) and of both steps
+(serial: T_comm + T_comp; overlapped: max of the two). Medians of --reps steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+# -- one rank (run by `ringlet run` on each emulated host) ---------------------------------
+def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
+    import numpy as np
+    import ringlet as rl
+
+    rl.init()
+    r, p = rl.get_rank(), rl.get_world_size()
+    a = np.random.default_rng(r).random((384, 384), dtype=np.float32)
+    out = np.empty_like(a)
+
+    def compute(k: int) -> None:
+        for _ in range(k):
+            np.matmul(a, a, out=out)      # BLAS: the GIL is released meanwhile
+
+    def sched() -> tuple:
+        """(seconds: wall, main thread on a CPU, main thread runnable but not running -
+        another process or thread had the core, background thread on a CPU). Wall minus
+        the two main-thread terms is time the main thread slept: waiting for the GIL."""
+        def task(tid):
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, queued, _ = map(int, f.read().split())
+            return run * 1e-9, queued * 1e-9
+        run, queued = task(threading.main_thread().native_id)
+        bg = [t for t in threading.enumerate() if t.name.startswith("ringlet-progress")]
+        return time.perf_counter(), run, queued, task(bg[0].native_id)[0] if bg else 0.0
+
+    def timed(f) -> float:
+        rl.barrier()
+        t = time.perf_counter()
+        f()
+        return time.perf_counter() - t
+
+    compute(20)
+    unit = sorted(timed(lambda: compute(20)) for _ in range(3))[1] / 20
+    link = rl.cost.Link(alpha=50e-6, bandwidth=rate_bytes * 1448 / 1538, name="shaped")
+    rows = []
+    for mib in sizes:
+        x = np.ones(mib << 18, np.float32)
+        rl.all_reduce(x, algorithm="ring")       # (warm: connections, pages)
+
+        def comm():
+            rl.all_reduce(x, algorithm="ring", async_op=True).wait()
+
+        t_comm = sorted(timed(comm) for _ in range(3))[1]
+        k = np.array([max(1, round(t_comm / unit))])
+        rl.broadcast(k, 0)                       # the same compute on both ranks
+        k = int(k[0])
+
+        def comp():
+            compute(k)
+
+        def serial():
+            rl.all_reduce(x, algorithm="ring")
+            compute(k)
+
+        inside = []    # per overlapped step: compute, wait after it, and where the
+                       # compute's time went (see sched)
+
+        def step():
+            t0 = time.perf_counter()
+            w = rl.all_reduce(x, algorithm="ring", async_op=True)
+            s0 = sched()
+            compute(k)
+            s1 = sched()
+            t1 = time.perf_counter()
+            w.wait()
+            inside.append((t1 - t0, time.perf_counter() - t1,
+                           *(b - a for a, b in zip(s0, s1))))
+
+        # In turns, so that a change of the host's load falls on all four alike.
+        runs = {f.__name__: [] for f in (comm, comp, serial, step)}
+        for _ in range(reps):
+            for f in (comm, comp, serial, step):
+                runs[f.__name__].append(timed(f))
+        med = {name: sorted(v)[len(v) // 2] for name, v in runs.items()}
+        pred = rl.cost.predict("all_reduce", mib << 20, p, algorithm="ring", link=link)
+        inside.sort()
+        mid = inside[len(inside) // 2]      # the step of median compute time
+        wall, run, queued, bg = mid[2:]
+        rows.append({"MiB": mib, **med, "pred_comm": pred,
+                     "step_comp": mid[0], "step_wait": sorted(x[1] for x in inside)[len(inside) // 2],
+                     "cpu": run, "queued": queued, "gil": wall - run - queued, "bg_cpu": bg,
+                     "eff": (med["comm"] + med["comp"] - med["step"])
+                     / min(med["comm"], med["comp"])})
+    if r == 0:
+        print("RESULT " + json.dumps(rows), flush=True)
+    rl.destroy()
+
+
+# -- the driver: build the hosts, run the job, print the table -----------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="1gbit,10gbit")
+    ap.add_argument("--sizes", default="16,32,64", help="MiB per all_reduce, comma-separated")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rate-bytes", type=float, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    if a.rank:
+        rank_main(sizes, a.reps, a.rate_bytes)
+        return 0
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from ringlet.hosts import Hosts, HostsUnavailable
+
+    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print("2 emulated hosts x 1 rank, TCP over one tbf-shaped link; ring all_reduce; "
+          "medians in ms")
+    print(f"{'rate':>7} {'MiB':>4} {'T_comm':>8} {'T_comp':>8} {'serial':>8} {'T_step':>8} "
+          f"{'eff':>5} {'(comp':>7} {'wait)':>6} | model: {'comm':>7} {'serial':>8} "
+          f"{'overlap':>8}")
+    steps = []
+    for rate in a.rates.split(","):
+        rate_bytes = _rate_bytes(rate)
+        try:
+            with Hosts(2, rate) as hosts:
+                procs = hosts.ringlet_run(HERE, 1, ["--rank", "--sizes", a.sizes, "--reps",
+                                                    str(a.reps), "--rate-bytes",
+                                                    str(rate_bytes)],
+                                          env=env, stdout=-1, stderr=-1, text=True)
+                results = hosts.wait(procs, 900)
+        except HostsUnavailable as exc:
+            print(f"skipped: {exc}")
+            return 1
+        lines = [x for _, o, _ in results for x in o.splitlines() if x.startswith("RESULT ")]
+        if not lines:
+            print(f"{rate}: the job failed:\n" + "\n".join(e for _, _, e in results))
+            return 1
+        for row in json.loads(lines[0][7:]):
+            ms = {k: v * 1e3 for k, v in row.items() if k not in ("MiB", "eff")}
+            steps.append(f"{rate:>7} {row['MiB']:>4}   compute {ms['step_comp']:7.1f} = "
+                         f"on CPU {ms['cpu']:7.1f} + preempted {ms['queued']:6.1f} + "
+                         f"waiting for the GIL {ms['gil']:6.1f}; progress thread on CPU "
+                         f"{ms['bg_cpu']:6.1f}")
+            print(f"{rate:>7} {row['MiB']:>4} {ms['comm']:8.1f} {ms['comp']:8.1f} "
+                  f"{ms['serial']:8.1f} {ms['step']:8.1f} {row['eff']:5.2f} "
+                  f"{ms['step_comp']:7.1f} {ms['step_wait']:6.1f} | "
+                  f"{ms['pred_comm']:>13.1f} {ms['pred_comm'] + ms['comp']:8.1f} "
+                  f"{max(ms['pred_comm'], ms['comp']):8.1f}")
+    print("\nInside the overlapped step of median compute time (ms), rank 0's main thread:")
+    print("\n".join(steps))
+    return 0
+
+
+def _rate_bytes(rate: str) -> float:
+    import re
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Emulated hosts on one machine: network namespaces joined through a bridge by links
+shaped with ``tc`` (tbf), each host with its own hostname and its own /dev/shm.
+
+    with Hosts(2, rate="1gbit") as hosts:          # 10.77.0.1, 10.77.0.2
+        procs = hosts.ringlet_run("train.py", nproc=2)   # one job: shm inside, TCP between
+        hosts.wait(procs, timeout=60)
+
+A namespace alone is not a host: its ranks would share the hostname and /dev/shm with every
+other one, and ringlet would rightly use shared memory across it. So each host is a
+long-lived holder process (``unshare --uts --mount`` inside ``ip netns exec``) with a
+tmpfs on /dev/shm and a hostname of its own; commands join all three of its namespaces
+(``nsenter``). Host i is ``10.77.0.<i+1>/24`` on eth0, a veth whose other end is port
+``h<i>`` of a bridge in a switch namespace; both ends' egress is shaped to ``rate``, so a
+link carries ``rate`` each way. Nothing is created in the caller's namespaces.
+
+Teardown is always done: on leaving the ``with`` block, on SIGTERM/SIGHUP while inside it
+(turned into SystemExit), at interpreter exit, and for namespaces left by a process that
+was SIGKILLed (swept by the next ``Hosts``: their names carry the owner's pid).
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; else ``HostsUnavailable`` says why.
+
+``python -m ringlet.hosts 2 --rate 1gbit`` builds two hosts, shows them and what one
+link carries, and tears them down.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PREFIX = "rlh"               # namespaces: rlh<pid>-<i> (hosts), rlh<pid>-sw (the bridge)
+MASTER_PORT = 29500           # inside our own namespaces: nothing else listens there
+
+
+class HostsUnavailable(RuntimeError):
+    """Emulated hosts cannot be built here (not root, no iproute2, no namespaces)."""
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode:
+        raise HostsUnavailable(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+
+
+def _burst(rate: str) -> int:
+    """tbf bucket: 2 ms at the link rate, at least 256 KiB (above a GSO packet)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+    if not m:
+        raise ValueError(f"rate {rate!r}: use tc's form, e.g. 1gbit, 10gbit, 500mbit")
+    bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+    return max(256 << 10, int(bits / 8 * 2e-3))
+
+
+def sweep() -> list[str]:
+    """Delete namespaces of earlier Hosts whose owner process is gone."""
+    removed = []
+    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        m = re.fullmatch(rf"{PREFIX}(\d+)-(\w+)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _kill_inside(name)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            removed.append(name)
+    return removed
+
+
+def _kill_inside(ns: str) -> None:
+    proc = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    for pid in proc.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+class Hosts:
+    """``n`` emulated hosts joined by links of ``rate`` (tc form: "1gbit", "10gbit"; None
+    leaves them unshaped)."""
+
+    def __init__(self, n: int, rate: str | None = "1gbit"):
+        if n < 1:
+            raise ValueError("need at least one host")
+        self.n, self.rate = n, rate
+        self.tag = f"{PREFIX}{os.getpid()}"
+        self.switch = f"{self.tag}-sw"
+        self.names = [f"{self.tag}-{i}" for i in range(n)]
+        self.addrs = [f"10.77.0.{i + 1}" for i in range(n)]
+        self.hostnames = [f"h{i}" for i in range(n)]
+        self.holders: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen] = []
+        self.up = False
+        self._old_handlers: dict = {}
+
+    # -- building and tearing down ---------------------------------------------------------
+    def __enter__(self) -> "Hosts":
+        if os.geteuid() != 0:
+            raise HostsUnavailable("emulated hosts need root (network namespaces, tc, mounts)")
+        for tool in ("ip", "tc", "unshare", "nsenter"):
+            if shutil.which(tool) is None:
+                raise HostsUnavailable(f"emulated hosts need `{tool}` (iproute2, util-linux)")
+        sweep()
+        self._catch_signals()
+        atexit.register(self.down)
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        self.up = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, ns in enumerate(self.names):
+            _ip("netns", "add", ns)
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{i}",
+                "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", f"h{i}", "master", "br0")
+            _ip("-n", self.switch, "link", "set", f"h{i}", "up")
+            _ip("-n", ns, "addr", "add", f"{self.addrs[i]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if self.rate:
+                for where, dev in ((ns, "eth0"), (self.switch, f"h{i}")):
+                    self._shape(where, dev)
+            self.holders.append(self._holder(ns, self.hostnames[i]))
+
+    def _shape(self, ns: str, dev: str) -> None:
+        cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+               "rate", self.rate, "burst", str(_burst(self.rate)), "latency", "20ms"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            raise HostsUnavailable(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+
+    @staticmethod
+    def _holder(ns: str, hostname: str) -> subprocess.Popen:
+        """The process whose namespaces are the host's: own hostname, private /dev/shm."""
+        script = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname " + hostname +
+                  " && echo ready && exec sleep 1000000")
+        holder = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
+                                   "--propagation", "private", "sh", "-c", script],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if holder.stdout.readline().strip() != "ready":
+            holder.kill()
+            raise HostsUnavailable(f"could not give host {hostname} its own hostname and "
+                                   f"/dev/shm: {holder.stderr.read().strip()}")
+        return holder
+
+    def down(self) -> None:
+        """Stop everything started on the hosts and delete every namespace (idempotent)."""
+        for p in self.procs + self.holders:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs + self.holders:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        for ns in self.names + [self.switch]:
+            _kill_inside(ns)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.procs, self.holders, self.up = [], [], False
+        self._restore_signals()
+        atexit.unregister(self.down)
+
+    def _catch_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def leave(signum, frame):
+            raise SystemExit(128 + signum)   # unwinds through __exit__: teardown runs
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                self._old_handlers[sig] = signal.signal(sig, leave)
+
+    def _restore_signals(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers = {}
+
+    # -- running things on them ------------------------------------------------------------
+    def command(self, i: int, argv: list[str]) -> list[str]:
+        """``argv`` as run on host ``i`` (its network, hostname and /dev/shm)."""
+        return ["nsenter", "-t", str(self.holders[i].pid), "--net", "--uts", "--mount",
+                "--", *argv]
+
+    def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
+        proc = subprocess.Popen(self.command(i, argv), **kw)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, i: int, argv: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(i, argv), timeout=timeout, **kw)
+
+    def ringlet_run(self, script: str, nproc: int = 1, args=(), env: dict | None = None,
+                    python: str = sys.executable, **kw) -> list[subprocess.Popen]:
+        """One ringlet job over all hosts: ``ringlet run -n nproc --nnodes N --node-rank i
+        --master-addr <host 0>`` on each, sharing a fresh job token."""
+        import secrets
+        job_env = dict(os.environ, RINGLET_TOKEN=secrets.token_hex(32), **(env or {}))
+        return [self.popen(i, [python, "-m", "ringlet.cli", "run", "-n", str(nproc),
+                               "--nnodes", str(self.n), "--node-rank", str(i),
+                               "--master-addr", self.addrs[0], "--master-port",
+                               str(MASTER_PORT), script, *args], env=job_env, **kw)
+                for i in range(self.n)]
+
+    @staticmethod
+    def wait(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+        """(exit code, stdout, stderr) of each; kills them all if the deadline passes."""
+        deadline = time.monotonic() + timeout
+        out = []
+        for p in procs:
+            try:
+                o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                o, e = p.communicate()
+                e = (e or "") + f"\n[killed: the job outlived its {timeout:g} s]"
+            out.append((p.returncode, o, e))
+        return out
+
+
+_SINK = """
+import socket, time
+srv = socket.create_server(("0.0.0.0", 29501))
+conn, _ = srv.accept()
+buf, got, t0 = bytearray(1 << 20), 0, None
+while n := conn.recv_into(buf):
+    t0 = t0 or time.perf_counter()
+    got += n
+print(f"{got * 8 / (time.perf_counter() - t0) / 1e9:.2f} Gbit/s over {got >> 20} MiB")
+"""
+_SOURCE = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], 29501))
+s.sendall(bytes(32 << 20))
+s.close()
+"""
+
+
+def _main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m ringlet.hosts", description=__doc__.split("\n\n")[0])
+    ap.add_argument("n", type=int, nargs="?", default=2, help="hosts (default 2)")
+    ap.add_argument("--rate", default="1gbit", help="link rate, tc form (default 1gbit)")
+    a = ap.parse_args(argv)
+    try:
+        with Hosts(a.n, a.rate) as hosts:
+            for i in range(a.n):
+                name = hosts.run(i, ["hostname"], capture_output=True, text=True).stdout.strip()
+                print(f"host {i}: {hosts.names[i]}  {hosts.addrs[i]}  hostname {name}")
+            # what one link carries: host 0 sends 32 MiB to the last host over TCP
+            sink = hosts.popen(a.n - 1, [sys.executable, "-c", _SINK], stdout=subprocess.PIPE,
+                               text=True)
+            time.sleep(0.5)
+            hosts.run(0, [sys.executable, "-c", _SOURCE, hosts.addrs[-1]])
+            print(f"host 0 -> host {a.n - 1}: {sink.communicate(timeout=60)[0].strip()}")
+    except HostsUnavailable as exc:
+        print(f"emulated hosts unavailable: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

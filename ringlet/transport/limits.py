@@ -1,0 +1,46 @@
+"""The transports' size limits, in one place: the engine, the C fast path, the cost model
+and calibration all read them from here.
+
+Shared memory (shm.py): every direction of every local pair is a ring of RING_BYTES.
+
+* RING_BYTES: small enough that a fragment is read back while still in cache (a sender
+  runs at most a ring ahead of its receiver); the extra 128 B let two whole EAGER packets
+  of 512 KiB fit, headers included. RINGLET_SHM_RING overrides it.
+* SHM_EAGER_BYTES: up to half the ring a message goes as one packet, without the RTS/CTS
+  round trip, which only pays when the data needs several fragments anyway; and a call of
+  EAGER packets can run in C (fast.py).
+* SHM_FRAG_BYTES: the largest DATA fragment of a longer message (a quarter of the ring).
+* SHM_STREAM_BYTES: up to the ring's size a larger message's DATA follows its RTS at once
+  (a receiver not ready parks it, bounded as an eager one is).
+* ZERO_COPY_MIN: above it, a send from an rl.empty buffer is read in place by the
+  receiver, one copy instead of two through the ring. Not below: an EAGER packet through
+  the C fast path beats one copy fewer plus the RTS round trip.
+* FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
+
+TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
+TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer).
+"""
+from __future__ import annotations
+
+RING_BYTES = (1 << 20) + 128
+SHM_EAGER_BYTES = 512 << 10
+SHM_FRAG_BYTES = 256 << 10
+SHM_STREAM_BYTES = RING_BYTES
+ZERO_COPY_MIN = SHM_EAGER_BYTES
+FAST_BYTES = SHM_EAGER_BYTES
+
+TCP_EAGER_BYTES = 64 << 10
+TCP_FRAG_BYTES = 1 << 20
+
+
+def facts() -> dict:
+    """What each transport does, as the cost model prices it: eager limit, above how many
+    bytes a message waits for CTS, bytes a pair cycles through, above how many bytes a send
+    from an rl.empty buffer is read in place (-1: never), largest message of a C call
+    (0: no fast path here)."""
+    from . import fast   # (it needs the built extension to say whether C runs here)
+    return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
+                    "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
+                    "fast_bytes": FAST_BYTES if fast.enabled() else 0},
+            "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
+                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "fast_bytes": 0}}

@@ -1,0 +1,323 @@
+"""Background progress: async work completes while the caller never enters ringlet.
+
+Every check of completion here is ``Work.is_completed()``, which only looks (it drives
+nothing while the background thread runs), between ``time.sleep`` calls: a work that
+finishes was moved by the background thread alone. Deadlines only bound a hang.
+"""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ringlet as rl
+from ringlet import algorithms
+from ringlet.launch import ProcessFailed
+
+from conftest import ringlet_run, run
+
+HANG = 30.0   # seconds: a work not finished by then will not finish
+
+
+def _until_done(w, what: str) -> None:
+    """Sleep (never calling into ringlet but is_completed, which only looks) until done."""
+    deadline = time.monotonic() + HANG
+    while not w.is_completed():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not completed {HANG:g} s after it was posted, "
+                                 f"with nobody waiting")
+        time.sleep(0.001)
+
+
+def _start(family: str, algo: str, rank: int, p: int, n: int):
+    """Post one call of ``family`` asynchronously: (work, check of this rank's result)."""
+    total = p * (p + 1) // 2
+    if family == "all_reduce":
+        x = np.full(n, rank + 1.0)
+        return rl.all_reduce(x, algorithm=algo, async_op=True), lambda: (x == total).all()
+    if family == "broadcast":
+        x = np.full(n, float(rank))
+        return rl.broadcast(x, 1, algorithm=algo, async_op=True), lambda: (x == 1).all()
+    if family == "reduce":
+        x = np.full(n, rank + 1.0)
+        w = rl.reduce(x, 0, algorithm=algo, async_op=True)
+        return w, lambda: (x == (total if rank == 0 else rank + 1)).all()
+    if family == "all_gather":
+        out = np.empty((p, n))
+        w = rl.all_gather(out, np.full(n, float(rank)), algorithm=algo, async_op=True)
+        return w, lambda: (out == np.arange(p)[:, None]).all()
+    if family == "reduce_scatter":
+        out = np.empty(n)
+        w = rl.reduce_scatter(out, np.full((p, n), rank + 1.0), algorithm=algo, async_op=True)
+        return w, lambda: (out == total).all()
+    if family == "gather":
+        out = np.empty((p, n)) if rank == 0 else None
+        w = rl.gather(np.full(n, float(rank)), out, 0, algorithm=algo, async_op=True)
+        return w, lambda: rank != 0 or (out == np.arange(p)[:, None]).all()
+    if family == "scatter":
+        out = np.empty(n)
+        inp = np.arange(p, dtype=float)[:, None].repeat(n, 1) if rank == 0 else None
+        w = rl.scatter(out, inp, 0, algorithm=algo, async_op=True)
+        return w, lambda: (out == rank).all()
+    if family == "all_to_all":
+        out = np.empty((p, n))
+        inp = (rank * p + np.arange(p, dtype=float))[:, None].repeat(n, 1)
+        w = rl.all_to_all(out, inp, algorithm=algo, async_op=True)
+        return w, lambda: (out == (np.arange(p) * p + rank)[:, None]).all()
+    if family == "barrier":
+        return rl.barrier(async_op=True), lambda: True
+    raise AssertionError(family)
+
+
+FAMILIES = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+            "scatter", "all_to_all", "barrier"]
+SIZES = (3, 300_000)    # one EAGER packet; 2.4 MB, several RTS/DATA fragments
+
+
+def _family_without_wait(rank, family):
+    p = rl.get_world_size()
+    for algo in algorithms.CATALOG[family]:
+        for n in SIZES:
+            w, check = _start(family, algo, rank, p, n)
+            _until_done(w, f"rank {rank}: {family} {algo} of {n} elements")
+            w.wait()
+            assert check(), (rank, family, algo, n)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_collective_progresses_while_the_caller_sleeps(family, backend):
+    run(_family_without_wait, 3, family, backend=backend)
+
+
+def _p2p_without_wait(rank):
+    p = rl.get_world_size()
+    for n in SIZES:
+        out = np.full(n, -1.0)
+        ws = rl.isend(np.full(n, float(rank)), (rank + 1) % p, tag=7)
+        wr = rl.irecv(out, (rank - 1) % p, tag=7)
+        _until_done(wr, f"rank {rank}: irecv of {n}")
+        _until_done(ws, f"rank {rank}: isend of {n}")
+        ws.wait()
+        wr.wait()
+        assert (out == (rank - 1) % p).all()
+
+
+def test_isend_irecv_progress_while_the_caller_sleeps(backend):
+    run(_p2p_without_wait, 3, backend=backend)
+
+
+def _futures(rank):
+    p = rl.get_world_size()
+    x = np.full(1 << 20, rank + 1.0)
+    w = rl.all_reduce(x, async_op=True)
+    fut = w.get_future()
+    assert w.get_future() is fut
+    seen = threading.Event()
+    threads = []
+
+    def callback(f):
+        threads.append(threading.current_thread().name)
+        assert f is fut and f.result() is None
+        # a callback may call ringlet: post more work from it
+        threads.append(rl.all_reduce(np.ones(4), async_op=True))
+        seen.set()
+
+    fut.add_done_callback(callback)
+    assert seen.wait(HANG), f"rank {rank}: the future's callback never ran"
+    assert fut.done() and fut.exception() is None and (x == p * (p + 1) / 2).all()
+    inner = threads[1]
+    _until_done(inner, "an all_reduce posted by a callback")
+    assert inner.get_future().result(timeout=HANG) is None    # done already: resolved at once
+    # torch-style wait() on a future of a work nobody waited for
+    y = np.ones(100)
+    assert rl.all_reduce(y, async_op=True).get_future().wait() is None and (y == p).all()
+    # A mismatch found in the background fails the future with it
+    bad = np.ones(10 + rank)
+    f = rl.all_reduce(bad, async_op=True, algorithm="ring").get_future()
+    assert isinstance(f.exception(timeout=HANG), rl.CollectiveMismatch)
+    with pytest.raises(rl.CollectiveMismatch):
+        f.result()
+
+
+def test_futures_complete_by_themselves_and_run_callbacks(backend):
+    run(_futures, 2, backend=backend)
+
+
+def _killed_while_nobody_waits(rank, path):
+    if rank == 2:
+        for r in (0, 1):    # both have posted their part: now die
+            while not os.path.exists(f"{path}.posted{r}"):
+                time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.ones(1 << 18, np.float32)
+    w = rl.all_reduce(x, algorithm="ring", async_op=True)
+    fut = w.get_future()
+    open(f"{path}.posted{rank}", "w").close()
+    exc = fut.exception(timeout=HANG)     # (waits on the future: drives nothing)
+    assert isinstance(exc, rl.PeerFailure) and exc.rank == 2, repr(exc)
+    assert w.is_completed()
+    with pytest.raises(rl.PeerFailure) as info:
+        w.wait()
+    assert info.value.rank == 2
+    with open(f"{path}.saw{rank}", "w") as f:
+        f.write(str(info.value))
+
+
+def test_a_peer_killed_while_nobody_waits_is_reported_with_its_rank(tmp_path, backend):
+    path = str(tmp_path / "k")
+    with pytest.raises(ProcessFailed) as info:
+        run(_killed_while_nobody_waits, 3, path, backend=backend)
+    assert info.value.rank == 2 and "SIGKILL" in info.value.detail
+    for r in (0, 1):
+        assert "rank 2" in open(f"{path}.saw{r}").read()
+
+
+def _many_in_flight(rank):
+    groups = [rl.new_group([0, 2]), rl.new_group([1, 3]), rl.new_group([0, 1]),
+              rl.new_group([2, 3])]
+    mine = [g for g in groups if rank in g.ranks]
+    works, checks = [], []
+    for i in range(3):
+        for g in mine + [None]:
+            size = (3, 70_000, 200_000)[i]
+            x = np.full(size, rank + 1.0)
+            algo = ("ring", "tree", "rabenseifner")[i]
+            works.append(rl.all_reduce(x, group=g, algorithm=algo, async_op=True))
+            members = g.ranks if g is not None else range(4)
+            checks.append((x, sum(members) + len(members)))
+    out = np.empty((4, 5000))
+    works.append(rl.all_gather(out, np.full(5000, float(rank)), async_op=True))
+    got = np.empty(300_000)
+    works.append(rl.irecv(got, (rank - 1) % 4, tag=3))
+    works.append(rl.isend(np.full(300_000, float(rank)), (rank + 1) % 4, tag=3))
+    left = list(works)
+    deadline = time.monotonic() + HANG
+    while left:   # they finish in whatever order the schedules allow
+        left = [w for w in left if not w.is_completed()]
+        assert time.monotonic() < deadline, f"rank {rank}: {len(left)} works never completed"
+        time.sleep(0.001)
+    for w in works:
+        w.wait()
+    for x, want in checks:
+        assert (x == want).all()
+    assert (out == np.arange(4)[:, None]).all() and (got == (rank - 1) % 4).all()
+
+
+def test_many_works_in_flight_on_several_groups(backend):
+    run(_many_in_flight, 4, backend=backend)
+
+
+def _timeout_unchanged(rank, path):
+    x = np.ones(300_000)
+    if rank == 1:   # joins only once rank 0's waits have timed out
+        while not os.path.exists(path):
+            time.sleep(0.01)
+    w = rl.all_reduce(x, async_op=True)
+    if rank == 0:
+        with pytest.raises(rl.TimeoutError, match="waiting for rank"):
+            w.wait(timeout=0.3)
+        with pytest.raises(TimeoutError):
+            w.get_future().result(timeout=0.3)
+        assert not w.is_completed()
+        open(path, "w").close()
+    _until_done(w, f"rank {rank}: all_reduce after a timed-out wait")
+    w.wait()
+    assert (x == 2).all()
+
+
+def test_a_wait_times_out_as_before_and_the_work_goes_on(tmp_path, backend):
+    run(_timeout_unchanged, 2, str(tmp_path / "joined"), backend=backend)
+
+
+def _progress_off(rank):
+    x = np.ones(300_000)
+    w = rl.all_reduce(x, async_op=True)
+    fut = w.get_future()
+    deadline = time.monotonic() + HANG
+    while not w.is_completed():      # with the thread off, the caller turns the crank
+        assert time.monotonic() < deadline
+    assert fut.result() is None and (x == 2).all()
+    assert threading.active_count() == 1, threading.enumerate()
+
+
+def test_progress_off_runs_no_thread():
+    run(_progress_off, 2, env={"RINGLET_PROGRESS": "0"})
+
+
+CTRL_C = r"""
+import os, signal, sys, threading, time
+import numpy as np, ringlet as rl
+rl.init(backend=os.environ["BACKEND"])
+r = rl.get_rank()
+x = np.ones(4 << 20, np.float32)
+w = rl.all_reduce(x, algorithm="ring", async_op=True)
+if r == 0:
+    # Ctrl-C while the transfer runs in the background (rank 1 joins only afterwards)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+        raise SystemExit("no KeyboardInterrupt")
+    except KeyboardInterrupt:
+        sys.stdout.write("interrupted\n")
+    open(os.environ["FLAG"], "w").close()
+    if os.environ["MODE"] == "raise":
+        raise KeyboardInterrupt
+else:
+    while not os.path.exists(os.environ["FLAG"]):
+        time.sleep(0.01)
+try:
+    w.wait()
+except rl.PeerFailure as exc:
+    sys.stdout.write(f"peer failure {exc.rank}\n")
+    raise SystemExit(3)
+assert (x == 2).all()
+rl.destroy()
+assert threading.active_count() == 1, threading.enumerate()
+sys.stdout.write(f"ok {r}\n")
+"""
+
+
+@pytest.mark.parametrize("mode", ["catch", "raise"])
+def test_ctrl_c_while_a_background_transfer_runs(tmp_path, backend, mode, monkeypatch):
+    monkeypatch.setenv("BACKEND", backend)
+    monkeypatch.setenv("FLAG", str(tmp_path / "flag"))
+    monkeypatch.setenv("MODE", mode)
+    proc, _ = ringlet_run(tmp_path, CTRL_C, n=2)
+    assert "interrupted" in proc.stdout, proc.stderr
+    if mode == "catch":     # the job goes on: the work completes, destroy leaves no thread
+        assert proc.returncode == 0, proc.stderr
+        assert "ok 0" in proc.stdout and "ok 1" in proc.stdout
+    else:                   # rank 0 exits at once; rank 1 learns it from its wait
+        assert proc.returncode != 0
+        assert "KeyboardInterrupt" in proc.stderr
+        assert "ok 1" not in proc.stdout
+
+
+NOTHING_LEFT = r"""
+import os, threading
+import numpy as np, ringlet as rl
+fds = sorted(os.listdir("/proc/self/fd"))
+for backend in ("auto", "tcp"):
+    rl.init(backend=backend)
+    works = [rl.all_reduce(np.ones(1 << 18, np.float32), async_op=True) for _ in range(4)]
+    works[-1].get_future().add_done_callback(lambda f: None)
+    works.append(rl.isend(np.ones(10), 1 - rl.get_rank()))
+    works.append(rl.irecv(np.ones(10), 1 - rl.get_rank()))
+    assert threading.active_count() == 2, threading.enumerate()
+    for w in works:
+        w.wait()
+    rl.destroy()
+    assert threading.enumerate() == [threading.main_thread()], threading.enumerate()
+    left = sorted(os.listdir("/proc/self/fd"))
+    assert left == fds, (backend, fds, left, [os.readlink("/proc/self/fd/" + f) for f in left if f not in fds])
+import sys
+sys.stdout.write(f"clean {rl.is_initialized()}\n")
+"""
+
+
+def test_nothing_left_after_destroy(tmp_path):
+    proc, _ = ringlet_run(tmp_path, NOTHING_LEFT, n=2)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("clean False") == 2

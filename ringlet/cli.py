@@ -1,4 +1,4 @@
-"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate."""
+"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate, draw."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +12,7 @@ commands:
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
   calibrate  measure this host's alpha, beta, gamma and save the profile
+  draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
 """
 
 
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     if cmd == "calibrate":
         from .cost.calibrate import main as calibrate_main
         return calibrate_main(rest) or 0
+    if cmd == "draw":
+        from .draw import main as draw_main
+        return draw_main(rest)
     print(f"ringlet: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

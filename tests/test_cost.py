@@ -596,12 +596,14 @@ def test_explain_hosts(capsys):
 
 
 def test_plots(tmp_path):
-    pytest.importorskip("matplotlib")
-    for main, args in ((commands.plan_main, []), (commands.tiers_main, []),
+    import matplotlib.image       # the plot extra: scripts/test.sh installs it
+    for main, args in ((commands.plan_main, []), (commands.plan_main, ["-b", "32"]),
+                       (commands.tiers_main, []),
                        (commands.explain_main, ["all_reduce", "-n", "4", "--tier", "pcie"])):
         f = tmp_path / f"{main.__name__}.png"
         assert main(args + ["--plot", str(f)]) == 0
-        assert f.stat().st_size > 1000
+        img = matplotlib.image.imread(f)
+        assert img.shape[0] > 300 and img.shape[1] > 600 and img[..., :3].std() > 0.05
 
 
 @needs_algorithms

@@ -215,20 +215,39 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     Ks = [k for k in Ks if 1 <= k <= Kmax * 2]
     if kind == "strong":
         pts = _plan.strong_scaling(P, batch, R, B, Ks, g, alpha, fppe)
+        how = f"strong scaling: global batch G = {batch} split as b = G // K"
     else:
         pts = _plan.weak_scaling(P, batch, R, B, Ks, g, alpha, fppe)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1], label="gamma(K)")
-    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o")
-    ax.axhline(1.0, color="gray", ls="--", lw=1, label="break-even gamma = 1")
+        how = f"weak scaling: b = {batch} examples per worker"
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    xs, ys = [r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1]
+    ax.plot(xs, ys, color="tab:blue", label="γ(K)")
+    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o",
+            color="tab:blue", label="the table's rows")
+    ax.axhline(1.0, color="0.3", ls="--", lw=1, label="break-even γ = 1")
+    lo, hi = min(ys + [0.5]) / 2, max(ys + [2]) * 2
+    ax.set_ylim(lo, hi)
+    ax.axhspan(1.0, hi, color="tab:red", alpha=0.06)
+    ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
+    ax.text(0.01, 0.97, "communication-bound (γ > 1)", transform=ax.transAxes, va="top",
+            fontsize=8, color="tab:red")
+    ax.text(0.99, 0.03, "compute-bound (γ < 1)", transform=ax.transAxes, ha="right",
+            fontsize=8, color="tab:green")
     if K_star != float("inf"):
-        ax.axvline(K_star, color="red", ls=":", lw=1, label=f"K* = {K_star:.2f}")
+        ax.axvline(K_star, color="tab:red", ls=":", lw=1, label=f"break-even K* = {K_star:.2f}")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_yscale("log")
     ax.set_xlabel("workers K")
-    ax.set_ylabel("gamma = T_comm / T_comp")
-    ax.set_title(f"{kind} scaling, P = {_plan.sci(P)}")
-    ax.legend()
+    ax.set_ylabel("γ = T_comm / T_comp")
+    lat = f", α = {alpha * 1e6:g} us" if alpha else ""
+    ax.set_title(f"Is a data-parallel step communication-bound? P = {_plan.sci(P)} parameters, "
+                 f"{g:g} B each\n{how}; R = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}",
+                 fontsize=9)
+    if kind == "strong":
+        ax.text(0.99, 0.12, "steps: b = G // K is a whole number of examples", ha="right",
+                transform=ax.transAxes, fontsize=7, color="0.4")
+    ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -326,15 +345,20 @@ def _tiers_main(argv) -> int:
     if a.plot:
         plt = _pyplot()
         import numpy as np
+        from ..plotting import size_axis
         sizes = np.logspace(0, 31 * np.log10(2), 200)
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(8, 4.8))
         for link in links:
-            line, = ax.loglog(sizes, [link.time(n) for n in sizes], label=link.name)
+            line, = ax.loglog(sizes, [link.time(n) for n in sizes], label=" ".join(link.name.split()))
             ax.plot([link.crossover], [link.time(link.crossover)], "o", color=line.get_color())
-        ax.axvline(a.bytes, color="gray", ls=":", lw=1)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("seconds")
-        ax.set_title("alpha + n*beta per tier (dots: crossover n = alpha/beta)")
+        ax.axvline(a.bytes, color="gray", ls=":", lw=1, label=f"{format_size(a.bytes)} (--bytes)")
+        size_axis(ax)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("seconds for one message")
+        ax.grid(True, which="major", color="0.92")
+        ax.set_title("One message on each tier: T(n) = α + n/bandwidth\n"
+                     "dot: the crossover n = α·bandwidth (latency-bound left of it, "
+                     "bandwidth-bound right)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(a.plot, dpi=120)
@@ -522,20 +546,35 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     plt = _pyplot()
     if not sweep:
         raise _Exit("nothing to plot: a single candidate (or barrier) has no size sweep")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    from ..plotting import size_axis
+    fig, ax = plt.subplots(figsize=(9, 5.2))
     algs = list(sweep[0][1])
     xs = [n for n, _ in sweep]
+    colour = {}
     for alg in algs:
-        ax.loglog(xs, [t[alg] for _, t in sweep], label=alg)
+        line, = ax.loglog(xs, [t[alg] for _, t in sweep], lw=1.3, label=alg)
+        colour[alg] = line.get_color()
+    # the winner at each size, drawn over the candidates: the envelope auto follows
+    best = [min(t.values()) for _, t in sweep]
+    ax.loglog(xs, best, color="black", lw=3, alpha=0.18, label="fastest (what auto picks)")
     for n, old, new in cross:
-        ax.axvline(n, color="gray", ls=":", lw=1)
-        ax.annotate(f"{new}", (n, ax.get_ylim()[0]), rotation=90, fontsize=7, va="bottom")
-    ax.axvline(nb, color="red", ls="--", lw=1, label=f"{format_size(nb)}: {winner}")
-    ax.set_xlabel("bytes")
+        t = min(t for m, ts in sweep for a_, t in ts.items() if m >= n and a_ == new) \
+            if any(m >= n for m, _ in sweep) else None
+        if t is None:
+            continue
+        ax.plot([n], [t], "o", ms=6, mfc="white", mec=colour.get(new, "k"), zorder=5)
+        ax.annotate(f"{format_size(n)}: {old} -> {new}", (n, t), xytext=(6, -12),
+                    textcoords="offset points", fontsize=7, color=colour.get(new, "k"))
+    ax.axvline(nb, color="0.4", ls="--", lw=1, label=f"{format_size(nb)} (--size): {winner}")
+    size_axis(ax)
+    ax.set_xlabel("size in bytes (nccl-tests convention)")
     ax.set_ylabel("predicted seconds")
+    ax.grid(True, which="major", color="0.92")
     import textwrap
-    ax.set_title(textwrap.fill(f"{coll}, p = {p}: {where}", 100), fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_title(textwrap.fill(f"{coll}, p = {p}: predicted time of every algorithm "
+                               f"(circles: where the fastest changes) - {where}", 110),
+                 fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

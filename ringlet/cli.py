@@ -1,4 +1,4 @@
-"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate, draw."""
+"""The ``ringlet`` command: run, bench, plan, tiers, explain, calibrate, draw, trace."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +13,7 @@ commands:
   explain    predicted time of every algorithm, the winner and crossovers
   calibrate  measure this host's alpha, beta, gamma and save the profile
   draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
+  trace      a traced job (ringlet run --trace DIR): ringlet trace merge DIR -o job.json | summary DIR
 """
 
 
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     if cmd == "calibrate":
         from .cost.calibrate import main as calibrate_main
         return calibrate_main(rest) or 0
+    if cmd == "trace":
+        from .timeline import main as trace_main
+        return trace_main(rest)
     if cmd == "draw":
         from .draw import main as draw_main
         return draw_main(rest)

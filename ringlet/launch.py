@@ -164,7 +164,9 @@ def _first_failure(failures, reports=None):
 # -- ringlet run --------------------------------------------------------------------------
 def run_main(argv) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="ringlet run", description="Start ranks of a ringlet job "
+    ap = argparse.ArgumentParser(prog="ringlet run", usage="ringlet run -n N [options] SCRIPT "
+                                 "[ARGS ...]   (ARGS are optional, passed to SCRIPT)",
+                                 description="Start ranks of a ringlet job "
                                  "(like torchrun): each runs SCRIPT with RANK, WORLD_SIZE, "
                                  "LOCAL_RANK, MASTER_ADDR, MASTER_PORT and a job token set.")
     ap.add_argument("-n", "--nproc-per-node", type=int, required=True, help="ranks on this node")
@@ -174,9 +176,13 @@ def run_main(argv) -> int:
     ap.add_argument("--master-port", type=int, default=0,
                     help="store port (default: a free one; required with --nnodes > 1)")
     ap.add_argument("--backend", default=None, help="sets RINGLET_BACKEND for the ranks")
+    ap.add_argument("--trace", metavar="DIR", default=None,
+                    help="record every rank's calls and messages into DIR (sets RINGLET_TRACE); "
+                         "then `ringlet trace merge DIR -o job.json` for Perfetto")
     ap.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module")
-    ap.add_argument("script")
-    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("script", help="the Python script (or module, with -m) every rank runs")
+    ap.add_argument("args", nargs=argparse.REMAINDER,
+                    help="optional arguments passed to the script")
     a = ap.parse_args(argv)
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
@@ -200,6 +206,8 @@ def run_main(argv) -> int:
     env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
     if a.backend:
         env["RINGLET_BACKEND"] = a.backend
+    if a.trace:
+        env["RINGLET_TRACE"] = os.path.abspath(a.trace)
     errdir = f"/tmp/ringlet-run-{os.getpid()}-{hashlib.sha256(token.encode()).hexdigest()[:8]}"
     os.makedirs(errdir, mode=0o700, exist_ok=True)
     procs = []

@@ -15,6 +15,7 @@ from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_addre
 from .transport import fast
 from .transport.engine import Engine
 from .work import RequestWork
+from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -115,6 +116,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     _S.profile = profile
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
+    tracing.from_env(rank, world_size)
     return _S.world
 
 
@@ -205,6 +207,7 @@ def destroy() -> None:
     eng = _S.engine
     if eng is None:
         return
+    tracing.stop()
     try:
         if _S.world.size > 1:  # nobody may leave while a peer still needs them
             try:

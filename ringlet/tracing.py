@@ -133,16 +133,16 @@ class Call:
 
     def posted(self, sends, bufs) -> None:
         """A round's sends went out (or were queued): one event each, with its path."""
-        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.seq
+        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.seq, self.peers
         for dst, sb, s0, s1 in sends:
-            data = bufs[sb][s0:s1]
-            msgs.append(("send", dst, data.nbytes, path_of(self.peers[dst], data), now, tag, seq))
+            b = bufs[sb]
+            msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
+                         now, tag, seq))
 
     def round_done(self, recvs, bufs) -> None:
         now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.seq
         for src, _red, db, d0, d1, *_ in recvs:
-            n = bufs[db][d0:d1].nbytes
-            msgs.append(("recv", src, n, None, now, tag, seq))
+            msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
         """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
@@ -172,11 +172,12 @@ class Call:
             self.rec.calls.append(c)
 
 
-def path_of(peer, data) -> str:
-    """How a send of ``data`` travels over ``peer``: the rules of ``Peer.send_now`` and
-    ``Peer.post_send``. (A receiver cannot tell; the merge gives a receive its send's.)"""
-    n = data.nbytes
-    if peer.zero_copy and n > peer.zc_min and locate(data) is not None:
+def path_of(peer, buf, start: int, stop: int) -> str:
+    """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
+    ``Peer.send_now`` and ``Peer.post_send``. (A receiver cannot tell; the merge gives a
+    receive its send's.)"""
+    n = (stop - start) * buf.itemsize
+    if peer.zero_copy and n > peer.zc_min and locate(buf[start:stop]) is not None:
         return "read in place"
     if n <= peer.eager:
         return "eager"

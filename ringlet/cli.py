@@ -8,7 +8,7 @@ USAGE = """usage: ringlet COMMAND [args]
 commands:
   run        start ranks of a job (like torchrun):  ringlet run -n 4 script.py [args]
   bench      nccl-tests style benchmark:           ringlet bench -n 4 --op all_reduce --sizes 8:64M
-  plan       communication/computation ratio planner (no arguments: the seed's worked example)
+  plan       communication/computation ratio planner (no arguments: a 7B-parameter example)
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
   calibrate  measure this host's alpha, beta, gamma and save the profile

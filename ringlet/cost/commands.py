@@ -233,8 +233,8 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     ax.set_ylim(lo, hi)
     ax.axhspan(1.0, hi, color="tab:red", alpha=0.06)
     ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
-    ax.text(0.01, 0.97, "communication-bound (γ > 1)", transform=ax.transAxes, va="top",
-            fontsize=8, color="tab:red")
+    ax.text(0.99, 0.97, "communication-bound (γ > 1)", transform=ax.transAxes, va="top",
+            ha="right", fontsize=8, color="tab:red")
     ax.text(0.99, 0.03, "compute-bound (γ < 1)", transform=ax.transAxes, ha="right",
             fontsize=8, color="tab:green")
     if K_star != float("inf"):
@@ -251,7 +251,7 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     if kind == "strong":
         ax.text(0.99, 0.12, "steps: b = G // K is a whole number of examples", ha="right",
                 transform=ax.transAxes, fontsize=7, color="0.4")
-    ax.legend(fontsize=8, loc="center right")
+    ax.legend(fontsize=8, loc="lower left" if kind == "strong" else "center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

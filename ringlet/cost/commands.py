@@ -251,7 +251,7 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     if kind == "strong":
         ax.text(0.99, 0.12, "steps: b = G // K is a whole number of examples", ha="right",
                 transform=ax.transAxes, fontsize=7, color="0.4")
-    ax.legend(fontsize=8, loc="lower left" if kind == "strong" else "center right")
+    ax.legend(fontsize=8, loc="upper left" if kind == "strong" else "center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

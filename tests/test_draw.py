@@ -101,3 +101,21 @@ def test_svg_has_an_arrow_per_message(tmp_path):
     assert root.tag.endswith("svg")
     text = out.read_text()
     assert text.count("c0+") >= 1 and "round 5" in text
+
+
+def test_no_help_or_output_cites_the_textbook_bare(capsys):
+    """A user has not read the book: numbers are said in words; a reference may only be a
+    footnote ("[1] Output 4.1.1 of ...")."""
+    bare = re.compile(r"seed \d{3}|(?<!\[1\] )(Output|Exercise|Table) \d+\.\d+\.\d+")
+    for argv in (["plan", "-h"], ["tiers", "-h"], ["explain", "-h"], ["calibrate", "-h"],
+                 ["bench", "-h"], ["run", "-h"], ["draw", "-h"], ["trace", "-h"], ["plan"],
+                 ["plan", "--models"], ["plan", "-b", "32", "--alpha", "1e-6"],
+                 ["tiers", "--sweep"], ["--help"]):
+        try:
+            cli(argv)
+        except SystemExit:
+            pass
+        out = capsys.readouterr()
+        text = out.out + out.err
+        assert text.strip(), argv
+        assert not bare.search(text), (argv, bare.search(text).group(0))

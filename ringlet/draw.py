@@ -127,9 +127,13 @@ def text(d: Drawing, width: int | None = None) -> str:
     into bands that fit ``width`` columns (default: the terminal's)."""
     s = d.schedule
     width = width or shutil.get_terminal_size((100, 24)).columns
-    cells = [[", ".join(f"->{d.lanes[t.dst]} {d.label(t)}"
-                        for t in rnd.rows(rnd.cols["src"] == r) if not t.local) or "."
-              for r in range(s.p)] for rnd in s.rounds]
+    cells = []
+    for rnd in s.rounds:
+        sent = [[] for _ in range(s.p)]
+        for t in rnd:
+            if not t.local:
+                sent[t.src].append(f"->{d.lanes[t.dst]} {d.label(t)}")
+        cells.append([", ".join(x) or "." for x in sent])
     heads = [f"round {i}" for i in range(len(s.rounds))]
     foot = [_fmt_time(t) for t in d.round_times]
     colw = [max(len(h), len(f), *(len(c) for c in col)) for h, f, col in zip(heads, foot, cells)]
@@ -192,11 +196,13 @@ def picture(d: Drawing, path: str) -> None:
             ops = {t.op for t in rows if t.local and t.src == r}
             ax.plot([k + 0.04], [y[r]], marker="s", ms=4, zorder=4, ls="none",
                     color=colours[REDUCE if REDUCE in ops else "copy"])
+        x0, x1 = k + 0.12, k + 0.88
+        if msgs:        # one artist per round: thousands of arrows draw in a second
+            ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
+                      [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
+                      scale=1, color=[colours[t.op] for t in msgs], width=0.0018,
+                      headwidth=5, headlength=7, headaxislength=6, zorder=3)
         for t in msgs:
-            x0, x1 = k + 0.12, k + 0.88
-            ax.annotate("", xy=(x1, y[t.dst]), xytext=(x0, y[t.src]),
-                        arrowprops=dict(arrowstyle="-|>", color=colours[t.op], lw=1.0,
-                                        shrinkA=0, shrinkB=0), zorder=3)
             if small and len(msgs) <= p:
                 # label near the sender: a lane sends few messages a round, so labels
                 # of different senders do not sit on each other where arrows cross

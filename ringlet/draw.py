@@ -274,7 +274,8 @@ def main(argv=None) -> int:
                          "as bands, priced intra shm / inter tcp or --tier)")
     ap.add_argument("--tier", type=_link_arg, default=None,
                     help="price on a tier (nvlink, pcie, infiniband, ethernet, or "
-                         "ALPHA_US,GBPS) instead of this host's profile")
+                         "ALPHA_US,GBPS) instead of this host's profile; with --hosts it is "
+                         "the link between hosts, NVLink inside them")
     ap.add_argument("--root", type=int, default=0, help="root of a rooted collective")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
     ap.add_argument("-o", "--output", default=None, metavar="FILE",
@@ -303,7 +304,11 @@ def main(argv=None) -> int:
         splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
         s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,
                              hosts=hosts, splits=splits)
-        d = prepare(s, a.tier, ranks)
+        topology = a.tier
+        if a.tier is not None and hosts is not None:    # as `ringlet explain` prices it
+            from .cost.model import TIERS
+            topology = Topology.from_host_ids(hosts, TIERS["nvlink"], a.tier)
+        d = prepare(s, topology, ranks)
         if a.output:
             picture(d, a.output)
             print(f"wrote {a.output}: {d.title}")

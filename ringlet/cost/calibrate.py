@@ -473,8 +473,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     ap.add_argument("--quick", action="store_true",
                     help="about a minute instead of five: sizes 4K,64K,1M,4M, 2 and 3 "
-                         "ranks, one pass, no waiting for a quiet host (its predictions "
-                         "err a few points more: see the README)")
+                         "ranks, one pass, no waiting for a quiet host; less accurate - "
+                         "fewer sizes and passes, noise not retried - and bench/"
+                         "quick_accuracy.py measures by how much on your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

@@ -15,6 +15,10 @@ and prints overlap efficiency = (T_comm + T_comp - T_step) / min(T_comm, T_comp)
 no overlap, 1 perfect - beside the cost model's prediction of the all_reduce on a link of
 the shaped rate (TCP's goodput, 1448 of every 1538 bytes on the wire) and of both steps
 (serial: T_comm + T_comp; overlapped: max of the two). Medians of --reps steps.
+The efficiency compares steps measured apart, so a host shared with other jobs, whose load
+changes T_comp from one step to the next, moves it a lot; "hidden" (1 - the wait after the
+compute / T_comm: the part of the transfer done while computing) and the breakdown of the
+compute's time (on CPU, preempted, waiting for the GIL) do not depend on that.
 """
 from __future__ import annotations
 
@@ -137,7 +141,7 @@ def main() -> int:
     print("2 emulated hosts x 1 rank, TCP over one tbf-shaped link; ring all_reduce; "
           "medians in ms")
     print(f"{'rate':>7} {'MiB':>4} {'T_comm':>8} {'T_comp':>8} {'serial':>8} {'T_step':>8} "
-          f"{'eff':>5} {'(comp':>7} {'wait)':>6} | model: {'comm':>7} {'serial':>8} "
+          f"{'eff':>5} {'(comp':>7} {'wait)':>6} {'hidden':>6} | model: {'comm':>7} {'serial':>8} "
           f"{'overlap':>8}")
     steps = []
     for rate in a.rates.split(","):
@@ -164,7 +168,8 @@ def main() -> int:
                          f"{ms['bg_cpu']:6.1f}")
             print(f"{rate:>7} {row['MiB']:>4} {ms['comm']:8.1f} {ms['comp']:8.1f} "
                   f"{ms['serial']:8.1f} {ms['step']:8.1f} {row['eff']:5.2f} "
-                  f"{ms['step_comp']:7.1f} {ms['step_wait']:6.1f} | "
+                  f"{ms['step_comp']:7.1f} {ms['step_wait']:6.1f} "
+                  f"{1 - ms['step_wait'] / ms['comm']:6.2f} | "
                   f"{ms['pred_comm']:>13.1f} {ms['pred_comm'] + ms['comp']:8.1f} "
                   f"{max(ms['pred_comm'], ms['comp']):8.1f}")
     print("\nInside the overlapped step of median compute time (ms), rank 0's main thread:")

@@ -18,13 +18,15 @@ from .collectives import (all_gather, all_reduce, all_to_all, all_to_all_single,
 from .schedule import Schedule
 from .buffers import empty, zeros
 from .profiling import profile
+from .tracing import trace
 from . import cost
 
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
     "spawn", "shrink", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "barrier", "ReduceOp", "empty", "zeros", "profile", "stats", "reset_stats", "schedule", "Schedule", "cost",
+    "barrier", "ReduceOp", "empty", "zeros", "profile", "trace", "stats", "reset_stats", "schedule",
+    "Schedule", "cost",
     "RingletError", "TimeoutError", "PeerFailure", "CollectiveMismatch", "ProcessFailed",
 ]
 

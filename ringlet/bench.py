@@ -267,7 +267,9 @@ def main(argv=None) -> int:
                     help="emulate this many hosts with RINGLET_HOST_ID (TCP between them)")
     ap.add_argument("--compare", default="", help="peers to run too: mpi,gloo")
     ap.add_argument("--json", help="append one JSON object per row to this file")
-    ap.add_argument("--plot", help="save busbw vs size to this PNG (needs matplotlib)")
+    ap.add_argument("--plot", metavar="FILE.png",
+                    help="save time and bus bandwidth vs size, the model's prediction "
+                         "dashed, peers beside (needs matplotlib)")
     a = ap.parse_args(argv)
     try:
         sizes = parse_sizes(a.sizes)
@@ -279,6 +281,12 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown {a.op} algorithm(s) {', '.join(bad)}; valid: auto, "
                  f"{', '.join(CATALOG[a.op])}")
+    if a.plot:
+        from .plotting import pyplot
+        try:
+            pyplot()                    # missing matplotlib is said before the ranks start
+        except ValueError as exc:
+            ap.error(str(exc))
     env = None
     if a.hosts > 1:
         if a.n % a.hosts:
@@ -287,7 +295,7 @@ def main(argv=None) -> int:
         if a.hosts != 2:
             ap.error("--hosts supports 1 or 2 emulated hosts")
     rows = run_ringlet(a.op, a.n, sizes, algos, a.dtype, a.iters, a.warmup, a.check,
-                       a.backend, env, a.zero_copy)
+                       a.backend, env, a.zero_copy, progress=sys.stdout.isatty() and sys.stderr.isatty())
     backend = "tcp" if (a.backend == "tcp" or a.hosts > 1) else "shm"
     for r in rows:
         _finish_row(r, a.n)
@@ -311,7 +319,8 @@ def main(argv=None) -> int:
 
 
 def _print(rows, peers, check):
-    head = (f"{'size':>8} {'count':>10} {'dtype':>8} {'op':>14} {'algorithm':>18} {'time(us)':>10} "
+    aw = max([len("algorithm")] + [len(_algo_label(r)) for r in rows])
+    head = (f"{'size':>8} {'count':>10} {'dtype':>8} {'op':>14} {'algorithm':>{aw}} {'time(us)':>10} "
             f"{'algbw':>8} {'busbw':>8} {'pred(us)':>9} {'err':>6}")
     if check:
         head += f" {'#wrong':>6}"
@@ -322,9 +331,8 @@ def _print(rows, peers, check):
         per, total = counts(r["op"], r["bytes"], r["p"], np.dtype(r["dtype"]).itemsize)
         pred = r.get("pred_us")
         err = f"{(pred - r['time_us']) / r['time_us'] * 100:+5.0f}%" if pred else "   n/a"
-        algo = r["algorithm"] if r["algorithm"] != "auto" else f"auto:{r.get('ran', '?')}"
         line = (f"{_fmt_size(r['bytes']):>8} {total:>10} {r['dtype']:>8} {r['op']:>14} "
-                f"{algo:>18} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
+                f"{_algo_label(r):>{aw}} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
                 f"{r['busbw_GBps']:>8.3f} {pred if pred is None else round(pred, 1)!s:>9} {err:>6}")
         if check:
             line += f" {r['wrong']:>6}"
@@ -338,28 +346,60 @@ def _print(rows, peers, check):
 
 
 def _plot(rows, peers, path, op, p):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("# --plot needs matplotlib: pip install 'ringlet[plot]'")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for algo in sorted({r["algorithm"] for r in rows}):
-        pts = [(r["bytes"], r["busbw_GBps"]) for r in rows if r["algorithm"] == algo]
-        ax.plot(*zip(*pts), marker="o", label=f"ringlet {algo}")
-    for lib, by_size in peers.items():
-        pts = sorted((b, r["busbw_GBps"]) for b, r in by_size.items())
-        ax.plot(*zip(*pts), marker="s", linestyle="--", label=lib)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"{op}, p={p}")
-    ax.legend()
+    """Time and bus bandwidth vs size: a solid line per algorithm, the model's prediction
+    dashed in the same colour, peers in grey tones."""
+    from .plotting import pyplot
+    plt = pyplot()
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = sorted((r for r in rows if r["algorithm"] == algo), key=lambda r: r["bytes"])
+        xs = [r["bytes"] for r in mine]
+        line, = ax_t.plot(xs, [r["time_us"] for r in mine], marker="o", ms=3,
+                          label=f"ringlet {algo}")
+        if algo == "auto":      # name what auto ran where its pick changes
+            for i, r in enumerate(mine):
+                if i == 0 or r.get("ran") != mine[i - 1].get("ran"):
+                    ax_t.annotate(r.get("ran", "?"), (r["bytes"], r["time_us"]),
+                                  xytext=(3, 6), textcoords="offset points", fontsize=7,
+                                  color=line.get_color())
+        ax_b.plot(xs, [r["busbw_GBps"] for r in mine], marker="o", ms=3, color=line.get_color(),
+                  label=f"ringlet {algo}")
+        pred = [(r["bytes"], r["pred_us"]) for r in mine if r.get("pred_us")]
+        if pred:
+            px, pt = zip(*pred)
+            ax_t.plot(px, pt, ls="--", lw=1, color=line.get_color(), label=f"{algo}, model")
+            ax_b.plot(px, [r["busbw_GBps"] * r["time_us"] / r["pred_us"] for r in mine
+                           if r.get("pred_us")], ls="--", lw=1, color=line.get_color(),
+                      label=f"{algo}, model")
+    for (lib, by_size), style in zip(peers.items(), ("s-", "^-", "v-")):
+        pts = sorted(by_size.items())
+        xs = [b for b, _ in pts]
+        colour = {"mpi": "0.15", "gloo": "0.55"}.get(lib, "0.35")
+        name = {"mpi": "Open MPI", "gloo": "Gloo"}.get(lib, lib)
+        ax_t.plot(xs, [r["time_us"] for _, r in pts], style, ms=3, color=colour, label=name)
+        ax_b.plot(xs, [r["busbw_GBps"] for _, r in pts], style, ms=3, color=colour, label=name)
+    from .plotting import size_axis
+    for ax in (ax_t, ax_b):
+        size_axis(ax)
+        ax.set_xlabel("size in bytes (nccl-tests convention)")
+        ax.grid(True, which="major", color="0.9")
+    ax_t.set_yscale("log")
+    ax_b.set_yscale("log")      # small sizes' bandwidth is orders below large ones
+    ax_t.set_ylabel("time per call (us, slowest rank's median)")
+    ax_b.set_ylabel("bus bandwidth (GB/s)")
+    ax_t.set_title("time (lower is better; auto: what it picked is named)", fontsize=9)
+    ax_b.set_title("bus bandwidth (higher is better)", fontsize=9)
+    ax_b.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"ringlet bench: {op}, {p} ranks (dashed: the cost model's prediction)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"# plot saved to {path}")
+
+
+def _algo_label(r) -> str:
+    return r["algorithm"] if r["algorithm"] != "auto" else f"auto:{r.get('ran', '?')}"
 
 
 if __name__ == "__main__":

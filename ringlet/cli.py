@@ -1,4 +1,4 @@
-"""The ``ringlet`` command: run, bench, plan, tiers, explain, place, calibrate."""
+"""The ``ringlet`` command: run, bench, plan, tiers, explain, place, calibrate, draw, trace."""
 from __future__ import annotations
 
 import sys
@@ -8,11 +8,13 @@ USAGE = """usage: ringlet COMMAND [args]
 commands:
   run        start ranks of a job (like torchrun):  ringlet run -n 4 script.py [args]
   bench      nccl-tests style benchmark:           ringlet bench -n 4 --op all_reduce --sizes 8:64M
-  plan       communication/computation ratio planner (no arguments: the seed's worked example)
+  plan       communication/computation ratio planner (no arguments: a 7B-parameter example)
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
   place      which host each rank should run on (TP x DP, expert parallel), beside the naive order
   calibrate  measure this host's alpha, beta, gamma and save the profile
+  draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
+  trace      a traced job (ringlet run --trace DIR): ringlet trace merge DIR -o job.json | summary DIR
 """
 
 
@@ -34,6 +36,12 @@ def main(argv=None) -> int:
     if cmd == "calibrate":
         from .cost.calibrate import main as calibrate_main
         return calibrate_main(rest) or 0
+    if cmd == "trace":
+        from .timeline import main as trace_main
+        return trace_main(rest)
+    if cmd == "draw":
+        from .draw import main as draw_main
+        return draw_main(rest)
     print(f"ringlet: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -15,6 +15,7 @@ from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
 from .runtime import engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
+from . import tracing
 from .work import CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
@@ -101,12 +102,15 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
     seq, tag = g.next_collective_tag()
     what = (collective, seq, g.name, name)
+    tr = tracing.Call(what, tag, count * dtype.itemsize, g.size, plan, eng.peers) if tracing.ON else None
     resume = None
     eng.enter()
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
         if fc is not None and not async_op and not eng.works and not eng.aborts:
             resume = fast.run(eng, fc, bufs, tag, fp)
+            if tr is not None and resume is not None:
+                tr.ran_in_c(resume, fc.rounds, bufs)
             if resume is not None and resume[0] == fc.rounds:
                 if finish is not None:
                     finish()
@@ -114,7 +118,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
                 record_call(eng, what, resume[2], resume[4], fast=True)
                 return None
         work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
-                              (pool, scratch), resume and resume[:4])
+                              (pool, scratch), resume and resume[:4], tr)
     finally:
         eng.leave()
     if async_op:

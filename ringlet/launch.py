@@ -205,7 +205,7 @@ def _on_signal(signum, frame):
 def run_main(argv) -> int:
     import argparse
     ap = argparse.ArgumentParser(
-        prog="ringlet run", usage="ringlet run [options] SCRIPT [ARGS ...]",
+        prog="ringlet run", usage="ringlet run -n N [options] SCRIPT [ARGS ...]   (ARGS are optional)",
         description="Start ranks of a ringlet job (like torchrun): each runs SCRIPT with its "
                     "optional ARGS, and RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT "
                     "and a job token set. SIGTERM, SIGINT and SIGHUP reach every rank; ranks "
@@ -227,6 +227,9 @@ def run_main(argv) -> int:
     ap.add_argument("--keep-going", action="store_true",
                     help="a failed rank does not stop the others (for jobs that survive it "
                          "with rl.shrink())")
+    ap.add_argument("--trace", metavar="DIR", default=None,
+                    help="record every rank's calls and messages into DIR (sets RINGLET_TRACE); "
+                         "then `ringlet trace merge DIR -o job.json` for Perfetto")
     ap.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module")
     ap.add_argument("script", metavar="SCRIPT")
     ap.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -249,6 +252,8 @@ def run_main(argv) -> int:
     env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
     if a.backend:
         env["RINGLET_BACKEND"] = a.backend
+    if a.trace:
+        env["RINGLET_TRACE"] = os.path.abspath(a.trace)
     first = a.node_rank * a.nproc_per_node
     job = _Job(first, a.tag)
     server = None

@@ -16,6 +16,7 @@ from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_addre
 from .transport import fast
 from .transport.engine import Engine
 from .work import RequestWork
+from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -118,6 +119,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     _S.profile = profile
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
+    tracing.from_env(rank, world_size)
     return _S.world
 
 
@@ -254,6 +256,7 @@ def destroy() -> None:
     eng = _S.engine
     if eng is None:
         return
+    tracing.stop()
     lost = []
     try:
         lost = _finish_outstanding(eng)

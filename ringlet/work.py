@@ -159,7 +159,7 @@ class CollectiveWork(Work):
         return f"{coll} #{seq} of group {group} ({algo})"
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
-                 finish=None, scratch=None, resume=None):
+                 finish=None, scratch=None, resume=None, tr=None):
         """``resume``: (rounds done, receives done of the next round as a bit mask or -1
         if it has not started, seconds waited, seconds of the wait C gave up on) when the
         C fast path ran the plan that far."""
@@ -175,6 +175,7 @@ class CollectiveWork(Work):
         self.last_peer = None
         self._posted_at = 0.0
         self.handed_over = resume is not None   # the C fast path began it
+        self.tr = tr
         engine.works.append(self)
         engine.start_collective(self)
         if self.done:
@@ -205,6 +206,8 @@ class CollectiveWork(Work):
                     return moved
             if reqs:
                 self.waited += time.perf_counter() - self._posted_at
+                if self.tr is not None:
+                    self.tr.round_done(self.plan[self.i - 1][1], self.bufs)
                 for r in reqs:
                     if r.error is not None:
                         if isinstance(r.error, PeerFailure):
@@ -248,6 +251,8 @@ class CollectiveWork(Work):
             pass
         eng.end_collective(self)
         record_call(eng, self._what, self.waited, self.last_peer, handed_over=self.handed_over)
+        if self.tr is not None:
+            self.tr.end(self.waited, self.last_peer, error)
 
     def _post(self, rnd) -> None:
         bufs, ufunc = self.bufs, self.ufunc
@@ -270,6 +275,8 @@ class CollectiveWork(Work):
                 peer.post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
+        if self.tr is not None:
+            self.tr.posted(rnd[2], bufs)
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""

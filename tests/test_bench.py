@@ -103,3 +103,21 @@ def test_bench_sizes_read_units_as_the_cost_commands_do():
         parse_sizes("8 parsecs")
     r = bench("-n", "2", "--sizes", "8parsecs", timeout=30)
     assert r.returncode == 2 and "--sizes: cannot read size '8parsecs'" in r.stderr
+
+
+def test_bench_plot_and_columns_aligned_whatever_the_algorithm_name(tmp_path):
+    import matplotlib.image
+    png = tmp_path / "b.png"
+    r = bench("-n", "2", "--op", "all_reduce", "--algo", "recursive_doubling,ring,auto",
+              "--sizes", "8,1K", "--iters", "2", "--warmup", "1", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    table = [line for line in r.stdout.splitlines() if not line.startswith("#")]
+    # every column ends where its header ends
+    head = table[0]
+    ends = [i + 1 for i in range(len(head)) if head[i] != " " and (i + 1 == len(head) or head[i + 1] == " ")]
+    for line in table[1:]:
+        assert len(line) == len(head)
+        assert all(line[e - 1] != " " for e in ends[:-1]), (head, line)
+    img = matplotlib.image.imread(png)
+    assert img.shape[1] > 800 and img[..., :3].std() > 0.05
+    assert "\r" not in r.stderr          # no progress bar when output is not a terminal

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import time
 import warnings
 
@@ -571,12 +572,14 @@ def test_explain_hosts(capsys):
 
 
 def test_plots(tmp_path):
-    pytest.importorskip("matplotlib")
-    for main, args in ((commands.plan_main, []), (commands.tiers_main, []),
+    import matplotlib.image       # the plot extra: scripts/test.sh installs it
+    for main, args in ((commands.plan_main, []), (commands.plan_main, ["-b", "32"]),
+                       (commands.tiers_main, []),
                        (commands.explain_main, ["all_reduce", "-n", "4", "--tier", "pcie"])):
         f = tmp_path / f"{main.__name__}.png"
         assert main(args + ["--plot", str(f)]) == 0
-        assert f.stat().st_size > 1000
+        img = matplotlib.image.imread(f)
+        assert img.shape[0] > 300 and img.shape[1] > 600 and img[..., :3].std() > 0.05
 
 
 def test_calibrate_end_to_end(tmp_path, capsys):
@@ -586,7 +589,7 @@ def test_calibrate_end_to_end(tmp_path, capsys):
     assert (m, b, r, c) == (1, 4096, 4096, 4096)
     out = tmp_path / "profile.json"
     assert calibrate.main(["--transports", "shm", "--sizes", "4K,1M", "--budget", "0.01",
-                           "-n", "2", "--passes", "1", "--output", str(out)]) == 0
+                           "-n", "2", "--passes", "1", "--output", str(out), "-v"]) == 0
     prof = load_profile(out, strict=True)
     t = prof.transports["shm"]
     # barrier once, then every experiment at each size, from NumPy and rl.empty buffers
@@ -598,6 +601,32 @@ def test_calibrate_end_to_end(tmp_path, capsys):
     assert "shm: host model" in text and "alpha_rdv" in text and "saved" in text
     assert "broadcast/direct rl.empty" in text and "all_gather/direct" in text
     assert "alpha_fast" in text and t["fast_bytes"] == HOST_PROFILE["fast_bytes"]
+    # not a terminal: an estimate up front, a plain line per pass, a summary table at the end
+    assert re.search(r"^calibrating shm with 2 ranks, 2 sizes, 1 pass\(es\): about \d+ s", text, re.M)
+    assert re.search(r"^\[1/1\] shm, 2 ranks, pass 1 of 1 \(0 s so far, about \d+ s left\)$",
+                     text, re.M)
+    table = text[text.index("transport  timings"):]
+    assert re.search(r"^shm +%d +[\d.]+%%" % t["samples"], table, re.M) and "took " in table
+
+
+def test_calibrate_progress_lines_say_time_left():
+    import io
+    from ringlet.cost import calibrate
+    out = io.StringIO()
+    prog = calibrate.Progress(3, 30.0, stream=out)
+    for i in range(3):
+        prog.start(f"step {i}")
+        prog.finish_step()
+    prog.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("[1/3] step 0 (0 s so far, about 30 s left)")
+    assert lines[2].startswith("[3/3] step 2")
+    quick = calibrate.estimate_seconds(("shm", "tcp"), calibrate.QUICK["ranks"],
+                                       calibrate.QUICK["sizes"], calibrate.QUICK["budget"],
+                                       calibrate.QUICK["passes"])
+    full = calibrate.estimate_seconds(("shm", "tcp"), calibrate.DEFAULT_RANKS,
+                                      calibrate.DEFAULT_SIZES, 0.1, 3)
+    assert quick <= 60 < full
 
 
 def test_explain_every_collective(capsys):

@@ -265,24 +265,82 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
     return load
 
 
+#: ``ringlet calibrate --quick``: fewer sizes, group sizes and passes, a shorter budget,
+#: and no waiting for a quiet host - about a minute instead of five
+QUICK = {"sizes": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "ranks": (2, 3), "passes": 1,
+         "budget": 0.04, "quiet": 3.0, "retries": 0}
+
+
+def estimate_seconds(transports, ranks, sizes, budget, passes) -> float:
+    """A rough duration of a calibration before it starts: each experiment spends about
+    its budget (twice it, with warm-up and checks), each pass a few seconds starting ranks."""
+    per_pass = (len(EXPERIMENTS) + len(ZERO_COPY_EXPERIMENTS)) * len(sizes) * budget * 2 + 3.0
+    return len(transports) * len(ranks) * passes * per_pass
+
+
+class Progress:
+    """Progress of the passes: a bar with time left on a terminal (tqdm, if installed),
+    else one plain line per pass with the time so far and left (a log stays readable)."""
+
+    def __init__(self, steps: int, estimate: float, stream=None):
+        self.stream = stream if stream is not None else sys.stdout
+        self.steps, self.done, self.estimate = steps, 0, estimate
+        self.t0 = time.monotonic()
+        self.bar = None
+        if self.stream.isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=steps, file=self.stream, unit="pass", leave=False,
+                                bar_format="{desc} {bar} {n}/{total} passes "
+                                           "[{elapsed} so far, {remaining} left]")
+            except ImportError:
+                pass
+
+    def start(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(label)
+        else:
+            spent = time.monotonic() - self.t0
+            left = (spent / self.done * (self.steps - self.done) if self.done
+                    else self.estimate)
+            print(f"[{self.done + 1}/{self.steps}] {label} ({spent:.0f} s so far, "
+                  f"about {left:.0f} s left)", file=self.stream, flush=True)
+
+    def finish_step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
-              budget: float = 0.1, verbose: bool = True, passes: int = 3) -> tuple[Profile, dict]:
+              budget: float = 0.1, verbose: bool = True, passes: int = 3,
+              quiet: float = 30.0, retries: int = 2) -> tuple[Profile, dict]:
     """Measure every transport with each group size in ``p`` (an int or a list) and fit
     its host model; returns (profile, samples by transport). The passes alternate
-    between the group sizes, so a slow spell of the host does not hit one size only."""
+    between the group sizes, so a slow spell of the host does not hit one size only.
+    ``quiet``: seconds a pass may wait for other processes to leave the cores;
+    ``retries``: times a pass they disturbed runs again. ``verbose``: show progress."""
     from .simulate import HostModel
     ranks = [p] if isinstance(p, int) else list(p)
     mc = machine()
     fits, all_samples = {}, {}
+    steps = len(transports) * passes * len(ranks)
+    prog = Progress(steps, estimate_seconds(transports, ranks, sizes, budget, passes)) \
+        if verbose else None
     for tr in transports:
         runs = {n: {} for n in ranks}
         for i in range(passes):
             for n in ranks:
-                if verbose:
-                    print(f"measuring {tr} with {n} ranks (pass {i + 1} of {passes}) ...",
-                          flush=True)
+                if prog is not None:
+                    prog.start(f"{tr}, {n} ranks, pass {i + 1} of {passes}")
                 szs = [s for s in sizes if n <= mc["cores"] or s <= CROWDED_MAX_SIZE]
-                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, 30.0, 0.5, 2)
+                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, quiet, 0.5, retries)
+                if prog is not None:
+                    prog.finish_step()
         samples = [s for n in ranks for s in _samples(n, runs[n])]
         base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
                          cores=mc["cores"], **limits.facts()[tr])
@@ -292,6 +350,8 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
         f["ranks"] = ranks
         fits[tr] = f
         all_samples[tr] = samples
+    if prog is not None:
+        prog.close()
     return Profile.from_fits(fits, sizes=list(sizes)), all_samples
 
 
@@ -299,7 +359,7 @@ def describe(t: dict) -> str:
     """One transport's fitted terms, one per line."""
     if t.get("model") != "host":
         return (f"    alpha {t['alpha'] * 1e6:.2f} us, bandwidth {1 / t['beta'] / 1e9:.3g} GB/s, "
-                f"gamma {t.get('gamma', 0):.3g} s/B, delta {t.get('delta', 0):.3g} s/B")
+                f"reduce {t.get('gamma', 0):.3g} s/B, delta {t.get('delta', 0):.3g} s/B")
     rows = [
         ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
         ("alpha_fast", t.get("alpha_fast", 0.0) * 1e6, "us",
@@ -314,7 +374,7 @@ def describe(t: dict) -> str:
         ("alpha_crowd", t["alpha_crowd"] * 1e6, "us",
          f"latency per message when ranks outnumber the {t['cores']} cores"),
         ("beta", t["beta"] * 1e12, "ps/B", "CPU per byte, each side"),
-        ("gamma", t["gamma"] * 1e12, "ps/B", "extra CPU per byte reduced"),
+        ("reduce", t["gamma"] * 1e12, "ps/B", "extra CPU per byte reduced"),
         ("delta", t["delta"] * 1e12, "ps/B", "CPU per byte of a local copy"),
         ("mem_l2", t["mem_l2"] * 1e12, "ps/B",
          f"extra per byte past the L2s ({format_size(t['l2_bytes'])}), x (1 - L2/W)"),
@@ -329,10 +389,32 @@ def describe(t: dict) -> str:
         ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
         ("imbalance", t.get("imbalance", 0.0), "", "1: busy ranks uneven over cores run at the worst core's pace"),
     ]
-    return "\n".join(f"    {k:<12}{v:>9.3g} {u:<5} {why}" for k, v, u, why in rows)
+    return "\n".join(f"    {k:<16}{v:>7.3g} {u:<5} {why}" for k, v, u, why in rows)
 
 
-def report(profile: Profile, samples: dict) -> str:
+def summary_table(profile: Profile, samples: dict) -> str:
+    """One line per transport: how well the model fits, and the terms a user compares."""
+    head = (f"{'transport':<10}{'timings':>8}{'median err':>12}{'max err':>9}"
+            f"{'alpha':>10}{'alpha (C)':>11}{'bandwidth':>11}{'reduce':>10}")
+    lines = [head, f"{'':<10}{'':>8}{'':>12}{'':>9}{'us/msg':>10}{'us/msg':>11}"
+                   f"{'GB/s':>11}{'GB/s':>10}"]
+    for tr, t in profile.transports.items():
+        if tr not in samples:
+            continue
+        res = t.get("residuals", {})
+        beta, gamma = t.get("beta", 0.0), t.get("gamma", 0.0)
+        lines.append(f"{tr:<10}{t.get('samples', 0):>8}"
+                     f"{res.get('median_rel', 0) * 100:>11.1f}%{res.get('max_rel', 0) * 100:>8.0f}%"
+                     f"{t.get('alpha', 0) * 1e6:>10.2f}{t.get('alpha_fast', 0) * 1e6:>11.2f}"
+                     f"{(1 / beta / 1e9 if beta else float('inf')):>11.3g}"
+                     f"{(1 / gamma / 1e9 if gamma else float('inf')):>10.3g}")
+    lines.append("alpha and bandwidth: per side of a message; reduce: bytes reduced per "
+                 "second;\nerr: the fitted model against the timings it was fitted to")
+    return "\n".join(lines)
+
+
+def report(profile: Profile, samples: dict, verbose: bool = True) -> str:
+    """Each transport's fit and terms; with ``verbose`` every timing beside its model."""
     lines = []
     for tr, t in profile.transports.items():
         if tr not in samples:
@@ -344,6 +426,8 @@ def report(profile: Profile, samples: dict) -> str:
                      f" residuals: median {res.get('median_rel', 0) * 100:.1f}%,"
                      f" max {res.get('max_rel', 0) * 100:.1f}%, rms {res.get('rms', 0) * 1e6:.1f} us")
         lines.append(describe(t))
+        if not verbose:
+            continue
         link = profile.link(tr)
         out = set(t.get("outliers", []))
         for i, s in enumerate(samples.get(tr, [])):
@@ -379,6 +463,13 @@ def main(argv=None) -> int:
                     help="interleaved passes over the experiments; the median is kept (3)")
     ap.add_argument("--output", default=None, help=f"profile path (default {profile_path()})")
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
+    ap.add_argument("--quick", action="store_true",
+                    help="about a minute instead of five: sizes 4K,64K,1M,4M, 2 and 3 "
+                         "ranks, one pass, no waiting for a quiet host; less accurate - "
+                         "fewer sizes and passes, noise not retried - and bench/"
+                         "quick_accuracy.py measures by how much on your host")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="also print every timing beside the fitted model's")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else list(DEFAULT_SIZES)
@@ -392,8 +483,24 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
         return 2
-    prof, samples = calibrate(transports, ranks, sizes, a.budget, passes=a.passes)
-    print(report(prof, samples))
+    kw = {"passes": a.passes}
+    budget = a.budget
+    if a.quick:
+        sizes = sizes if a.sizes else list(QUICK["sizes"])
+        ranks = ranks if a.nranks != ap.get_default("nranks") else list(QUICK["ranks"])
+        budget = QUICK["budget"] if a.budget == ap.get_default("budget") else a.budget
+        kw = {"passes": QUICK["passes"] if a.passes == ap.get_default("passes") else a.passes,
+              "quiet": QUICK["quiet"], "retries": QUICK["retries"]}
+    est = estimate_seconds(transports, ranks, sizes, budget, kw["passes"])
+    print(f"calibrating {', '.join(transports)} with {', '.join(map(str, ranks))} ranks, "
+          f"{len(sizes)} sizes, {kw['passes']} pass(es): about {_minutes(est)}"
+          + ("" if a.quick else " (--quick: about a minute)"), flush=True)
+    t0 = time.monotonic()
+    prof, samples = calibrate(transports, ranks, sizes, budget, **kw)
+    print(report(prof, samples, verbose=a.verbose))
+    print()
+    print(summary_table(prof, samples))
+    print(f"took {_minutes(time.monotonic() - t0)}")
     if not a.dry_run:
         if a.output is None:
             import warnings
@@ -410,5 +517,9 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["calibrate", "measure", "critical_counts", "report", "describe", "main", "others_load",
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+__all__ = ["calibrate", "estimate_seconds", "Progress", "summary_table", "QUICK", "measure", "critical_counts", "report", "describe", "main", "others_load",
            "wait_quiet", "prefault_rings"]

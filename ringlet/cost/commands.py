@@ -101,8 +101,11 @@ def _plan_main(argv) -> int:
         prog="ringlet plan",
         description="Is a data-parallel training step communication-bound? "
                     "T_comp = fppe*P*b/R, T_comm = 2(K-1)/K*g*P/B (+ 2(K-1)*alpha), "
-                    "gamma = T_comm/T_comp. With no arguments: the worked example of "
-                    "Output 4.1.1 (strong scaling of a 7e9-parameter model).")
+                    "gamma = T_comm/T_comp (the communication-to-computation ratio). With no "
+                    "arguments: the textbook's worked example, strong scaling of a "
+                    "7B-parameter model on A100-class workers (312 TFLOP/s, 600 GB/s) with a "
+                    "global batch of 2048 [1]. "
+                    "[1] Output 4.1.1 of the textbook chapter ringlet's cost model follows.")
     ap.add_argument("--params", "-P", type=_floats, default=None,
                     help="parameter count(s), e.g. 7e9 or 1e8,7e8,7e9 (default 7e9)")
     ap.add_argument("--global-batch", "-G", type=int, default=None,
@@ -119,11 +122,12 @@ def _plan_main(argv) -> int:
     ap.add_argument("--bytes-per-param", "-g", type=float, default=s["g"], help="gradient bytes "
                     "per parameter (2 = bf16)")
     ap.add_argument("--alpha", type=float, default=None,
-                    help="per-message latency in seconds: adds 2(K-1)*alpha (Exercise 4.1.2)")
+                    help="per-message latency in seconds: adds 2(K-1)*alpha to the all-reduce")
     ap.add_argument("--fppe", type=float, default=s["fppe"],
                     help="FLOPs per parameter per example (6 = forward + backward)")
     ap.add_argument("--models", action="store_true",
-                    help="grow the model at a fixed cluster shape (Table 4.1.1: K=64, b=32)")
+                    help="grow the model at a fixed cluster shape (default K=64 workers, b=32 examples "
+                         "each: the textbook's model-size table)")
     ap.add_argument("--plot", metavar="FILE.png", default=None, help="plot gamma vs K")
     a = ap.parse_args(argv)
 
@@ -180,7 +184,7 @@ def _plan_main(argv) -> int:
             formula = "root of alpha K^2 + (gP/B - alpha) K - gP/B - fppe*P*G/(2R) = 0"
         else:
             formula = "1 + fppe*G*B/(2*g*R)"
-        lines = [f"break-even (gamma = 1, Exercise 4.1.1): K* = {formula} = {K_star:.2f} "
+        lines = [f"break-even (gamma = 1): K* = {formula} = {K_star:.2f} "
                  f"workers{where}"]
         if not alpha:
             lines.append("P cancels: T_comm and T_comp both grow with the model, so only "
@@ -215,20 +219,39 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     Ks = [k for k in Ks if 1 <= k <= Kmax * 2]
     if kind == "strong":
         pts = _plan.strong_scaling(P, batch, R, B, Ks, g, alpha, fppe)
+        how = f"strong scaling: global batch G = {batch} split as b = G // K"
     else:
         pts = _plan.weak_scaling(P, batch, R, B, Ks, g, alpha, fppe)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1], label="gamma(K)")
-    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o")
-    ax.axhline(1.0, color="gray", ls="--", lw=1, label="break-even gamma = 1")
+        how = f"weak scaling: b = {batch} examples per worker"
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    xs, ys = [r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1]
+    ax.plot(xs, ys, color="tab:blue", label="γ(K)")
+    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o",
+            color="tab:blue", label="the table's rows")
+    ax.axhline(1.0, color="0.3", ls="--", lw=1, label="break-even γ = 1")
+    lo, hi = min(ys + [0.5]) / 2, max(ys + [2]) * 2
+    ax.set_ylim(lo, hi)
+    ax.axhspan(1.0, hi, color="tab:red", alpha=0.06)
+    ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
+    ax.text(0.99, 0.97, "communication-bound (γ > 1)", transform=ax.transAxes, va="top",
+            ha="right", fontsize=8, color="tab:red")
+    ax.text(0.99, 0.03, "compute-bound (γ < 1)", transform=ax.transAxes, ha="right",
+            fontsize=8, color="tab:green")
     if K_star != float("inf"):
-        ax.axvline(K_star, color="red", ls=":", lw=1, label=f"K* = {K_star:.2f}")
+        ax.axvline(K_star, color="tab:red", ls=":", lw=1, label=f"break-even K* = {K_star:.2f}")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_yscale("log")
     ax.set_xlabel("workers K")
-    ax.set_ylabel("gamma = T_comm / T_comp")
-    ax.set_title(f"{kind} scaling, P = {_plan.sci(P)}")
-    ax.legend()
+    ax.set_ylabel("γ = T_comm / T_comp")
+    lat = f", α = {alpha * 1e6:g} us" if alpha else ""
+    ax.set_title(f"Is a data-parallel step communication-bound? P = {_plan.sci(P)} parameters, "
+                 f"{g:g} B each\n{how}; R = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}",
+                 fontsize=9)
+    if kind == "strong":
+        ax.text(0.99, 0.12, "steps: b = G // K is a whole number of examples", ha="right",
+                transform=ax.transAxes, fontsize=7, color="0.4")
+    ax.legend(fontsize=8, loc="upper left" if kind == "strong" else "center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -257,8 +280,8 @@ def tiers_table(nbytes: int, links: list[Link]) -> str:
 
 
 def crossover_table(nbytes: int, links: list[Link]) -> str:
-    lines = ["crossover n = alpha/beta (Exercise 4.2.2): latency-bound below it, "
-             "bandwidth-bound above",
+    lines = ["crossover n = alpha/beta (where the latency and the bandwidth term are equal): "
+             "latency-bound below it, bandwidth-bound above",
              f"{'tier':<24}{'crossover':>14}   at {format_size(nbytes)}"]
     for link in links:
         n = link.crossover
@@ -301,7 +324,8 @@ def _tiers_main(argv) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet tiers",
         description="Price one transfer T(n) = alpha + n*beta on each interconnect tier "
-                    "(seed 000, Output 4.2.3) and show each tier's crossover n = alpha/beta.")
+                    "(the textbook's tier table: NVLink, PCIe, InfiniBand, Ethernet) and show "
+                    "each tier's crossover n = alpha/beta.")
     ap.add_argument("--bytes", type=_size, default=256 * 1024 ** 2,
                     help="transfer size, e.g. 256MiB, 4K, 1e6 (default 256MiB)")
     ap.add_argument("--link", type=_named_link, action="append", default=[],
@@ -309,7 +333,7 @@ def _tiers_main(argv) -> int:
     ap.add_argument("--only", type=lambda t: [x for x in t.split(",") if x], default=None,
                     help=f"comma-separated subset of: {', '.join(TIERS)}")
     ap.add_argument("--sweep", action="store_true",
-                    help="also sweep sizes 4 KiB .. 1 GiB (Exercise 4.2.2)")
+                    help="also sweep sizes 4 KiB .. 1 GiB")
     ap.add_argument("--plot", metavar="FILE.png", default=None,
                     help="plot time vs size per tier, crossovers marked")
     a = ap.parse_args(argv)
@@ -326,15 +350,20 @@ def _tiers_main(argv) -> int:
     if a.plot:
         plt = _pyplot()
         import numpy as np
+        from ..plotting import size_axis
         sizes = np.logspace(0, 31 * np.log10(2), 200)
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(8, 4.8))
         for link in links:
-            line, = ax.loglog(sizes, [link.time(n) for n in sizes], label=link.name)
+            line, = ax.loglog(sizes, [link.time(n) for n in sizes], label=" ".join(link.name.split()))
             ax.plot([link.crossover], [link.time(link.crossover)], "o", color=line.get_color())
-        ax.axvline(a.bytes, color="gray", ls=":", lw=1)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("seconds")
-        ax.set_title("alpha + n*beta per tier (dots: crossover n = alpha/beta)")
+        ax.axvline(a.bytes, color="gray", ls=":", lw=1, label=f"{format_size(a.bytes)} (--bytes)")
+        size_axis(ax)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("seconds for one message")
+        ax.grid(True, which="major", color="0.92")
+        ax.set_title("One message on each tier: T(n) = α + n/bandwidth\n"
+                     "dot: the crossover n = α·bandwidth (latency-bound left of it, "
+                     "bandwidth-bound right)", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(a.plot, dpi=120)
@@ -376,7 +405,7 @@ def _explain_main(argv) -> int:
     ap.add_argument("--intra", type=_link_arg, default=None,
                     help="intra-host link with --hosts (default: nvlink with --tier, "
                          "else this host's shm)")
-    ap.add_argument("--gamma", type=float, default=None,
+    ap.add_argument("--reduce-cost", "--gamma", dest="gamma", type=float, default=None,
                     help="seconds per byte reduced (default: the profile's; 0 with --tier)")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
     ap.add_argument("--algorithms", type=lambda t: [x for x in t.split(",") if x], default=None,
@@ -423,7 +452,9 @@ def _explain_main(argv) -> int:
         prof = load_profile()
         topology = prof
         gamma = prof.gamma("shm") if a.gamma is None else a.gamma
-        where = f"{p} ranks on this host ({prof.link('shm')})"
+        where = (f"{p} ranks on this host (shm, the calibrated host model below)"
+                 if prof.host_model("shm") is not None else
+                 f"{p} ranks on this host ({prof.link('shm')})")
     if prof is not None:
         src = (f"calibrated profile {prof.source}" if prof.calibrated else
                f"default profile (no calibration at {profile_path()}; run `ringlet calibrate`)")
@@ -441,42 +472,46 @@ def _explain_main(argv) -> int:
                           itemsize=a.itemsize, gamma=gamma, shared=shared)
     env = environment(p, topology, None, gamma)
     kind = ", rl.empty buffers" if a.zero_copy else ""
-    print(f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}")
+    print("\n".join(_fit(x) for x in
+                    f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}"
+                    .split("\n")))
     if a.zero_copy and env.host is None:
         print("(--zero-copy changes nothing here: only a calibrated host prices in-place reads)")
     host = env.host
-    if host is not None:
-        print(f"{host}")
-        print("terms: latency = alpha (CPU per message, each side; alpha_fast in a call "
-              "whose messages are small enough to run in C, which also costs alpha_fast_call "
-              "once per rank) + alpha_hop (sender to "
-              "receiver, adds up along a chain) + alpha_rdv (rendezvous) + "
-              "alpha_crowd (more ranks than cores); bandwidth = beta (per byte, each side) + "
-              "delta (local copies) + beta_share / beta_crowd (sharing cores) + beta_lag (one-way "
-              "streams trail); reduction = gamma; "
-              "memory = mem_l2 + mem_l3 (the working set spills the L2s / the L3, less what the "
-              "previous round left cached); cores = "
-              "how much of the total comes from ranks sharing cores (part of the others)")
-    print(f"gamma (reduction) = {gamma:.3g} s/B; method: {rows[0].method}")
+    if host is not None and prof is not None:
+        from .calibrate import describe
+        print("host model (each term once; its time is part of the column named):")
+        print("\n".join(_fit(line) for line in describe(prof.params("shm")).splitlines()))
+        print(_fit("columns: latency = the alpha terms; bandwidth = beta, delta, beta_share, "
+                   "beta_crowd, beta_lag; reduction = reduce; memory = mem_l2 + mem_l3; "
+                   "cores = how much of the total comes from ranks sharing cores (part of the "
+                   "others)"))
+    print(_fit(f"reduce cost = {gamma:.3g} s per byte reduced"
+               + (f" ({1 / gamma / 1e9:.3g} GB/s)" if gamma else "")
+               + f"; method: {rows[0].method}"))
     scale, unit = (1e6, "us") if rows[0].total < 1e-3 else (1e3, "ms")
     hosts = env.topology is not None and rows[0].method == "simulated"
     if hosts:
-        print("intra-host / inter-host: the critical path's latency + bandwidth split by the "
-              "link it crossed")
-    extra = (f"{'memory':>12}{'cores':>12}" if host is not None else
-             f"{'intra-host':>12}{'inter-host':>12}" if hosts else "")
-    print(f"{'algorithm':<20}{'total':>12}{'latency':>12}{'bandwidth':>12}{'reduction':>12}"
-          f"{extra}   ({unit})")
-    for r in rows:
+        print(_fit("intra-host / inter-host: the critical path's latency + bandwidth split by "
+                   "the link it crossed"))
+    heads = ["total", "latency", "bandwidth", "reduction"] + (
+        ["memory", "cores"] if host is not None else
+        ["intra-host", "inter-host"] if hosts else [])
+    cells = [[r.total, r.latency, r.bandwidth, r.reduction] + (
+        [r.memory, r.sharing] if host is not None else
+        [r.latency + r.bandwidth - r.inter, r.inter] if hosts else []) for r in rows]
+    text = [[f"{v * scale:.2f}" for v in c] for c in cells]
+    widths = [max(len(h), *(len(t[i]) for t in text)) + 2 for i, h in enumerate(heads)]
+    first = f"algorithm ({unit})"
+    aw = max(len(first), *(len(r.algorithm) for r in rows))
+    print(f"{first:<{aw}}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    for r, t in zip(rows, text):
         mark = "  <- winner" if r.algorithm == winner else ""
-        more = (f"{r.memory * scale:>12.2f}{r.sharing * scale:>12.2f}" if host is not None else
-                f"{(r.latency + r.bandwidth - r.inter) * scale:>12.2f}{r.inter * scale:>12.2f}"
-                if hosts else "")
-        print(f"{r.algorithm:<20}{r.total * scale:>12.2f}{r.latency * scale:>12.2f}"
-              f"{r.bandwidth * scale:>12.2f}{r.reduction * scale:>12.2f}{more}{mark}")
+        print(f"{r.algorithm:<{aw}}" + "".join(f"{x:>{w}}" for x, w in zip(t, widths)) + mark)
     if host is not None and rows[0].parts:
-        parts = ", ".join(f"{k} {v * scale:.4g}" for k, v in rows[0].parts if v > 0)
-        print(f"{winner}'s critical path by term ({unit}): {parts}")
+        parts = ", ".join(f"{'reduce' if k == 'gamma' else k} {v * scale:.4g}"
+                          for k, v in rows[0].parts if v > 0)
+        print(_fit(f"{winner}'s critical path by term ({unit}): {parts}"))
     if len(rows) > 1 and rows[1].total > 0:
         print(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x faster than "
               f"the runner-up, {rows[1].algorithm})")
@@ -614,24 +649,49 @@ def _place_main(argv) -> int:
     return 0
 
 
+def _fit(line: str, indent: str = "      ") -> str:
+    """``line`` wrapped to the terminal (continuations indented)."""
+    import shutil
+    import textwrap
+    width = shutil.get_terminal_size((100, 24)).columns
+    lead = " " * (len(line) - len(line.lstrip()))
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent=lead + indent,
+                                   break_on_hyphens=False)) or line
+
+
 def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     plt = _pyplot()
     if not sweep:
         raise _Exit("nothing to plot: a single candidate (or barrier) has no size sweep")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    from ..plotting import size_axis
+    fig, ax = plt.subplots(figsize=(9, 5.2))
     algs = list(sweep[0][1])
     xs = [n for n, _ in sweep]
+    colour = {}
     for alg in algs:
-        ax.loglog(xs, [t[alg] for _, t in sweep], label=alg)
+        line, = ax.loglog(xs, [t[alg] for _, t in sweep], lw=1.3, label=alg)
+        colour[alg] = line.get_color()
+    # the winner at each size, drawn over the candidates: the envelope auto follows
+    best = [min(t.values()) for _, t in sweep]
+    ax.loglog(xs, best, color="black", lw=3, alpha=0.18, label="fastest (what auto picks)")
     for n, old, new in cross:
-        ax.axvline(n, color="gray", ls=":", lw=1)
-        ax.annotate(f"{new}", (n, ax.get_ylim()[0]), rotation=90, fontsize=7, va="bottom")
-    ax.axvline(nb, color="red", ls="--", lw=1, label=f"{format_size(nb)}: {winner}")
-    ax.set_xlabel("bytes")
+        t = min(t for m, ts in sweep for a_, t in ts.items() if m >= n and a_ == new) \
+            if any(m >= n for m, _ in sweep) else None
+        if t is None:
+            continue
+        ax.plot([n], [t], "o", ms=6, mfc="white", mec=colour.get(new, "k"), zorder=5)
+        ax.annotate(f"{format_size(n)}: {old} -> {new}", (n, t), xytext=(6, -12),
+                    textcoords="offset points", fontsize=7, color=colour.get(new, "k"))
+    ax.axvline(nb, color="0.4", ls="--", lw=1, label=f"{format_size(nb)} (--size): {winner}")
+    size_axis(ax)
+    ax.set_xlabel("size in bytes (nccl-tests convention)")
     ax.set_ylabel("predicted seconds")
+    ax.grid(True, which="major", color="0.92")
     import textwrap
-    ax.set_title(textwrap.fill(f"{coll}, p = {p}: {where}", 100), fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_title(textwrap.fill(f"{coll}, p = {p}: predicted time of every algorithm "
+                               f"(circles: where the fastest changes) - {where}", 110),
+                 fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,320 @@
+"""Draw a Schedule: ranks as lanes, rounds left to right, one arrow per message.
+
+The picture is made from the very :class:`ringlet.schedule.Schedule` the runtime executes
+and the cost model prices (``rl.schedule(...)``), so what you see is what runs:
+
+    ringlet draw all_reduce -n 8 --algo ring              # text, for the terminal
+    ringlet draw all_reduce -n 8 --algo ring -o ring.svg  # a picture (needs matplotlib)
+
+Each message is labelled with the chunk it carries and whether the receiver copies it
+("c2") or reduces it into what it holds ("c2+"). Chunks are the pieces between the
+offsets where some message of the schedule starts or ends, numbered from the start of
+the buffer, so a ring over p ranks shows chunks c0..c(p-1) and a message of two of them
+"c2-3". Under each round: the cost model's time of that round alone (the
+slowest rank's part, every rank starting it together); rounds of a real call overlap, so
+the whole call's prediction is printed too and is usually less than their sum.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+import numpy as np
+
+from .cost.model import Link, count_of, format_size
+from .cost.simulate import Topology, simulate
+from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
+
+
+@dataclass
+class Drawing:
+    """What both forms draw: the schedule, who each lane is, and the prices."""
+    schedule: Schedule
+    lanes: tuple[int, ...]          # the world rank of each group rank (a subgroup's names)
+    hosts: tuple[int, ...] | None   # host of each group rank (bands), None for one host
+    round_times: list[float]        # seconds, each round priced alone
+    total: float                    # seconds, the whole schedule as the runtime overlaps it
+    where: str                      # what it was priced on
+    bounds: dict[str, np.ndarray]   # per source buffer: sorted offsets where chunks start
+
+    @property
+    def title(self) -> str:
+        s = self.schedule
+        size = format_size(s.count * s.itemsize)
+        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} per rank block, "
+                f"{len(s.rounds)} rounds, {s.messages} messages; predicted "
+                f"{_fmt_time(self.total)} on {self.where}")
+
+    def label(self, t: Transfer) -> str:
+        """``c3`` (copied) or ``c3+`` (reduced); ``c2-3`` when a message carries a run;
+        ``tmp:c1`` when messages leave from more than one buffer."""
+        if t.n == 0:
+            return "sync"
+        b = self.bounds[t.sbuf]
+        first = int(np.searchsorted(b, t.soff, "right")) - 1
+        last = int(np.searchsorted(b, t.soff + t.n, "left")) - 1
+        name = f"c{first}" if last <= first else f"c{first}-{last}"
+        if len(self.bounds) > 1:
+            name = f"{t.sbuf}:{name}"
+        return name + ("+" if t.op == REDUCE else "")
+
+
+def prepare(schedule: Schedule, topology: Topology | Link | None = None,
+            ranks=None) -> Drawing:
+    """Price ``schedule`` round by round on ``topology`` (a Topology, a Link, or None for
+    this host's calibrated profile, over hosts if the schedule has them) and name its
+    lanes ``ranks`` (the world ranks of a subgroup; default 0..p-1)."""
+    p = schedule.p
+    lanes = tuple(int(r) for r in ranks) if ranks is not None else tuple(range(p))
+    if len(lanes) != p:
+        raise ValueError(f"ranks names {len(lanes)} ranks but the schedule has {p}")
+    hosts = schedule.hosts
+    if topology is None:
+        if hosts is not None and len(set(hosts)) > 1:
+            topology = Topology.from_host_ids(hosts, *_profile_links())
+        else:
+            topology = Topology.from_profile(1, p)
+    elif isinstance(topology, Link):
+        topology = (Topology.from_host_ids(hosts, topology) if hosts is not None
+                    else Topology.uniform(p, topology))
+    if hosts is None and topology.hosts > 1:
+        hosts = tuple(int(h) for h in topology.host_array)
+    where = str(topology.intra) if topology.hosts == 1 else (
+        f"{topology.hosts} hosts (intra {topology.intra}, inter {topology.inter})")
+    if topology.host is not None:
+        where = f"this host, calibrated ({topology.intra})"
+    times = [simulate(_alone(schedule, rnd), topology).time for rnd in schedule.rounds]
+    total = simulate(schedule, topology).time if schedule.rounds else 0.0
+    return Drawing(schedule, lanes, hosts if hosts and len(set(hosts)) > 1 else None,
+                   times, total, where, _bounds(schedule))
+
+
+def _profile_links():
+    from .cost.profile import load_profile
+    prof = load_profile()
+    return prof.link("shm"), prof.link("tcp"), prof.gamma("shm"), prof.delta("shm")
+
+
+def _alone(s: Schedule, rnd) -> Schedule:
+    return Schedule(s.collective, s.algorithm, s.p, s.count, [rnd], dict(s.buffers),
+                    s.itemsize, s.root, s.splits, s.hosts)
+
+
+def _bounds(s: Schedule) -> dict[str, np.ndarray]:
+    cuts: dict[int, list] = {}
+    for rnd in s.rounds:
+        c = rnd.cols
+        msg = c["src"] != c["dst"]
+        for b in np.unique(c["sbuf"][msg]):
+            mine = msg & (c["sbuf"] == b)
+            cuts.setdefault(int(b), [np.zeros(1, np.int64)]).extend(
+                [c["soff"][mine], (c["soff"] + c["n"])[mine]])
+    return {BUFFER_NAMES[b]: np.unique(np.concatenate(v)) for b, v in cuts.items()}
+
+
+def _fmt_time(t: float) -> str:
+    if t < 1e-3:
+        return f"{t * 1e6:.3g} us"
+    if t < 1:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t:.3g} s"
+
+
+# ------------------------------------------------------------------------- text form
+
+def text(d: Drawing, width: int | None = None) -> str:
+    """The terminal form: a grid of lanes (ranks) by rounds; a cell lists the rank's
+    messages of that round as ``->DST CHUNK`` (``+``: the receiver reduces). Rounds wrap
+    into bands that fit ``width`` columns (default: the terminal's)."""
+    s = d.schedule
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    cells = []
+    for rnd in s.rounds:
+        sent = [[] for _ in range(s.p)]
+        for t in rnd:
+            if not t.local:
+                sent[t.src].append(f"->{d.lanes[t.dst]} {d.label(t)}")
+        cells.append([", ".join(x) or "." for x in sent])
+    heads = [f"round {i}" for i in range(len(s.rounds))]
+    foot = [_fmt_time(t) for t in d.round_times]
+    colw = [max(len(h), len(f), *(len(c) for c in col)) for h, f, col in zip(heads, foot, cells)]
+    lane = [f"rank {r}" + (f" (host {d.hosts[i]})" if d.hosts else "")
+            for i, r in enumerate(d.lanes)]
+    lw = max(len(x) for x in lane + ["time alone"])
+    import textwrap
+    out = textwrap.wrap(d.title, width) + textwrap.wrap(
+        f"a cell: ->DST CHUNK, the messages a rank sends in that round; CHUNK+ = the "
+        f"receiver reduces it, else copies; chunks are numbered by offset in the "
+        f"buffer they leave from; '.' = no message", width)
+    i = 0
+    while i < len(s.rounds):
+        j, used = i, lw
+        while j < len(s.rounds) and (j == i or used + 2 + colw[j] <= width):
+            used += 2 + colw[j]
+            j += 1
+        def row(name, vals):
+            return (f"{name:<{lw}}" + "".join(f"  {v:<{colw[k]}}" for k, v in
+                                              zip(range(i, j), vals))).rstrip()
+        out.append("")
+        out.append(row("", heads[i:j]))
+        for r in range(s.p):
+            if d.hosts and r and d.hosts[r] != d.hosts[r - 1]:
+                out.append("-" * min(used, width))
+            out.append(row(lane[r], [cells[k][r] for k in range(i, j)]))
+        out.append(row("time alone", foot[i:j]))
+        i = j
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- picture
+
+def picture(d: Drawing, path: str) -> None:
+    """Save the drawing as an image; the extension picks the format (.svg, .png, .pdf).
+    Needs matplotlib (``pip install 'ringlet[plot]'``)."""
+    from .plotting import pyplot
+    plt = pyplot()
+    s = d.schedule
+    R, p = max(len(s.rounds), 1), s.p
+    fig, ax = plt.subplots(figsize=(min(3 + 1.6 * R, 40), min(1.5 + 0.55 * p, 40)))
+    y = {r: p - 1 - r for r in range(p)}                 # rank 0 on top
+    if d.hosts:
+        for h in sorted(set(d.hosts)):
+            mine = [y[r] for r in range(p) if d.hosts[r] == h]
+            ax.axhspan(min(mine) - 0.5, max(mine) + 0.5, color="0.93" if h % 2 else "0.85",
+                       zorder=0)
+            ax.text(R - 0.02, max(mine) + 0.4, f"host {h}", ha="right", va="top", fontsize=8,
+                    color="0.3")
+    for r in range(p):
+        ax.plot([0, R], [y[r], y[r]], color="0.75", lw=0.8, zorder=1)
+    for k in range(1, R):
+        ax.axvline(k, color="0.85", lw=0.6, ls=":", zorder=1)
+    small = p <= 16
+    colours = {REDUCE: "tab:orange", "copy": "tab:blue"}
+    for k, rnd in enumerate(s.rounds):
+        rows = list(rnd)
+        msgs = [t for t in rows if not t.local]
+        for r in sorted({t.src for t in rows if t.local and t.n}):
+            ops = {t.op for t in rows if t.local and t.src == r}
+            ax.plot([k + 0.04], [y[r]], marker="s", ms=4, zorder=4, ls="none",
+                    color=colours[REDUCE if REDUCE in ops else "copy"])
+        x0, x1 = k + 0.12, k + 0.88
+        if msgs:        # one artist per round: thousands of arrows draw in a second
+            ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
+                      [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
+                      scale=1, color=[colours[t.op] for t in msgs], width=0.0018,
+                      headwidth=5, headlength=7, headaxislength=6, zorder=3)
+        for t in msgs:
+            if small and len(msgs) <= p:
+                # label near the sender: a lane sends few messages a round, so labels
+                # of different senders do not sit on each other where arrows cross
+                dy = y[t.dst] - y[t.src]
+                f = min(0.2, 0.3 / abs(dy)) if dy else 0.2
+                lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
+                ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
+                        bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+        ax.text(k + 0.5, -0.9, _fmt_time(d.round_times[k]) if d.round_times else "",
+                ha="center", va="top", fontsize=7, color="0.25")
+    ax.text(-0.05, -0.9, "time alone", ha="right", va="top", fontsize=8, color="0.25")
+    ax.set_xlim(0, R)
+    ax.set_ylim(-1.3, p - 0.4)
+    ax.set_yticks([y[r] for r in range(p)])
+    ax.set_yticklabels([f"rank {d.lanes[r]}" for r in range(p)], fontsize=8)
+    ax.set_xticks([k + 0.5 for k in range(R)])
+    ax.set_xticklabels([f"round {k}" for k in range(R)], fontsize=8,
+                       rotation=0 if R <= 12 else 90)
+    ax.xaxis.tick_top()
+    for side in ("right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=colours["copy"], label="copy (cN)"),
+               Line2D([], [], color=colours[REDUCE], label="reduce (cN+)"),
+               Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
+                      label="local copy/reduce\n(round start, no message)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
+              frameon=False)
+    import textwrap
+    ax.set_title(textwrap.fill(d.title, 110) + f"\nbelow each round: its time alone; "
+                 f"chunks numbered by offset", fontsize=8, pad=18)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["Drawing", "prepare", "text", "picture"]
+
+
+# ------------------------------------------------------------------------ the command
+
+def main(argv=None) -> int:
+    """``ringlet draw COLLECTIVE -n P --algo A [-o FILE.svg|png]``."""
+    import argparse
+    import sys
+
+    from . import algorithms
+    from .cost.commands import _link_arg, _size
+
+    ap = argparse.ArgumentParser(
+        prog="ringlet draw",
+        description="Draw the schedule an algorithm runs: ranks as lanes, rounds left to "
+                    "right, one arrow per message labelled with its chunk (cN: copied, "
+                    "cN+: reduced), and the cost model's time of each round. Text on the "
+                    "terminal; -o FILE.svg or .png for a picture (needs matplotlib).")
+    ap.add_argument("collective", help=f"one of: {', '.join(algorithms.CATALOG)}")
+    ap.add_argument("-n", "--nranks", type=int, default=4, help="group size (default 4)")
+    ap.add_argument("--algo", "--algorithm", default=None,
+                    help="algorithm from the catalogue (default: what the size rule picks)")
+    ap.add_argument("--size", "-s", type=_size, default=1 << 20,
+                    help="bytes priced, as in `ringlet explain` (per-rank buffer for "
+                         "all_reduce, broadcast, reduce, all_to_all; total for all_gather, "
+                         "reduce_scatter, gather, scatter); default 1M")
+    ap.add_argument("--ranks", default=None,
+                    help="a subgroup: the world ranks of its members, e.g. 1,3,5,7 (-n is "
+                         "then their number)")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="spread the ranks over this many hosts (contiguous blocks; drawn "
+                         "as bands, priced intra shm / inter tcp or --tier)")
+    ap.add_argument("--tier", type=_link_arg, default=None,
+                    help="price on a tier (nvlink, pcie, infiniband, ethernet, or "
+                         "ALPHA_US,GBPS) instead of this host's profile; with --hosts it is "
+                         "the link between hosts, NVLink inside them")
+    ap.add_argument("--root", type=int, default=0, help="root of a rooted collective")
+    ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
+    ap.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="write a picture (.svg, .png or .pdf) instead of printing text")
+    ap.add_argument("--width", type=int, default=None,
+                    help="text width (default: the terminal's)")
+    a = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in a.ranks.split(",")] if a.ranks else None
+        p = len(ranks) if ranks else a.nranks
+        if p < 1:
+            raise ValueError(f"-n must be >= 1, got {p}")
+        if ranks and len(set(ranks)) != len(ranks):
+            raise ValueError(f"--ranks names a rank twice: {a.ranks}")
+        coll = a.collective
+        if coll not in algorithms.CATALOG:
+            raise ValueError(f"unknown collective {coll!r}; valid: {', '.join(algorithms.CATALOG)}")
+        hosts = None
+        if a.hosts and a.hosts > 1:
+            if p % a.hosts:
+                raise ValueError(f"--hosts {a.hosts} must divide the {p} ranks")
+            hosts = tuple(r // (p // a.hosts) for r in range(p))
+        nbytes = max(a.size, 0)
+        algo = a.algo or algorithms.choose(coll, p, nbytes, hosts)
+        count = count_of(coll, p, nbytes, a.itemsize)
+        splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
+        s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,
+                             hosts=hosts, splits=splits)
+        topology = a.tier
+        if a.tier is not None and hosts is not None:    # as `ringlet explain` prices it
+            from .cost.model import TIERS
+            topology = Topology.from_host_ids(hosts, TIERS["nvlink"], a.tier)
+        d = prepare(s, topology, ranks)
+        if a.output:
+            picture(d, a.output)
+            print(f"wrote {a.output}: {d.title}")
+        else:
+            print(text(d, a.width))
+    except ValueError as exc:
+        print(f"ringlet draw: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,38 @@
+"""matplotlib, imported only when a picture is asked for (it is the optional ``plot`` extra)."""
+from __future__ import annotations
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend, or a ValueError that says how
+    to install it (the commands print it as an error and exit 2)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("drawing a picture needs matplotlib: pip install 'ringlet[plot]' "
+                         "(or matplotlib); without -o/--plot the text form needs nothing") from None
+    return plt
+
+
+def size_axis(ax, which: str = "x") -> None:
+    """A log axis of byte sizes ticked at powers of two and labelled 1K, 64M, 4G (not 10^6)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
+    lo, hi = (ax.get_xlim() if which == "x" else ax.get_ylim())
+    span = max(hi / max(lo, 1e-9), 2.0)
+    step = max(1, int(round(__import__("math").log2(span) / 8)))   # at most ~9 ticks
+    axis.set_major_locator(LogLocator(base=2 ** step))
+    axis.set_minor_locator(LogLocator(base=2, subs=()))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+
+
+def format_bytes(v: float) -> str:
+    """1024 -> '1K', 3 << 20 -> '3M', 8 -> '8' (the sizes `ringlet bench --sizes` takes)."""
+    for unit, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if v >= s:
+            q = v / s
+            return f"{q:.0f}{unit}" if abs(q - round(q)) < 1e-6 else f"{q:.3g}{unit}"
+    return f"{v:.0f}"

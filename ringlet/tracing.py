@@ -1,0 +1,187 @@
+"""Recording what each rank did: every collective call and every message, per rank.
+
+Turn it on with ``RINGLET_TRACE=DIR`` (read by ``rl.init``), ``ringlet run --trace DIR``,
+or ``with rl.trace(DIR): ...`` inside a job. Each rank writes ``DIR/rank<R>.jsonl`` when
+tracing stops (the block ends, ``rl.destroy``, or the process exits): one JSON object a
+line — a header (rank, host, clocks), then per call::
+
+    {"ev": "call", "coll": "all_reduce", "algo": "ring", "group": "world", "seq": 12,
+     "bytes": 4096, "start": t, "end": t, "waited": s, "waited_on": r, "predicted": s,
+     "path": "python" | "C" | "C, then python", "tag": tag}
+
+and per message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
+"seq": 12}``, where P is how it travelled: "C fast path" (the whole call ran in C: its
+messages are stamped at the call's start and end, C keeps no clock), "eager" (one packet,
+copied in and out of the ring or socket), "streamed" (RTS with its data right behind),
+"rendezvous" (RTS, wait for CTS, then data) or "read in place" (the receiver copies
+straight out of the sender's rl.empty buffer). A receive is stamped when its round
+completed (the rank noticed every message of the round in). Times are seconds on the
+monotonic clock; the header pairs it with the wall clock so ranks of several hosts line up.
+
+``ringlet trace merge DIR -o job.json`` turns the files into one Chrome/Perfetto trace and
+``ringlet trace summary DIR`` says who everyone waited for (:mod:`ringlet.timeline`).
+
+Cost: the runtime checks the module flag :data:`ON` once per call; while it is off nothing
+else runs. While on, a message costs one tuple appended to a list.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import time
+from contextlib import contextmanager
+
+from .buffers import locate
+
+ON = False          # checked by the runtime once per call: keep it a plain module global
+_REC = None         # the Recorder while ON
+
+
+class Recorder:
+    """One rank's events, kept in memory and written out once at :meth:`close`."""
+
+    def __init__(self, directory: str, rank: int, world_size: int):
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"rank{rank}.jsonl")
+        self.rank, self.world_size = rank, world_size
+        self.calls: list = []
+        self.msgs: list = []
+        self._predicted: dict = {}
+        self.mono0, self.wall0 = time.perf_counter(), time.time()
+
+    def predicted(self, coll: str, algo: str, p: int, nbytes: int) -> float | None:
+        """The cost model's seconds for this call on this host (cached per shape)."""
+        key = (coll, algo, p, nbytes)
+        t = self._predicted.get(key, False)
+        if t is False:
+            try:
+                from .cost import predict_host
+                t = predict_host(coll, nbytes, p, algo)
+            except (ValueError, KeyError, RuntimeError, TypeError):
+                t = None
+            self._predicted[key] = t
+        return t
+
+    def close(self) -> str:
+        head = {"ev": "header", "rank": self.rank, "world_size": self.world_size,
+                "host": socket.gethostname(), "pid": os.getpid(),
+                "mono0": self.mono0, "wall0": self.wall0}
+        with open(self.path, "w") as f:
+            f.write(json.dumps(head) + "\n")
+            for c in self.calls:
+                f.write(json.dumps(c) + "\n")
+            for kind, peer, nbytes, path, ts, tag, seq in self.msgs:
+                f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
+                                    "ts": ts, "tag": tag, "seq": seq}) + "\n")
+        return self.path
+
+
+def start(directory: str, rank: int, world_size: int) -> None:
+    """Record this rank's calls until :func:`stop` (or the process exits)."""
+    global ON, _REC
+    if _REC is not None:
+        stop()
+    _REC = Recorder(directory, rank, world_size)
+    ON = True
+
+
+def stop() -> str | None:
+    """Stop recording and write this rank's file; returns its path (None if not on)."""
+    global ON, _REC
+    rec, _REC, ON = _REC, None, False
+    return rec.close() if rec is not None else None
+
+
+atexit.register(stop)
+
+
+def from_env(rank: int, world_size: int) -> None:
+    """``rl.init``: start when RINGLET_TRACE names a directory."""
+    directory = os.environ.get("RINGLET_TRACE")
+    if directory:
+        start(directory, rank, world_size)
+
+
+@contextmanager
+def trace(directory: str):
+    """``with rl.trace("traces/"):`` records this rank's calls inside the block into
+    ``traces/rank<R>.jsonl`` (every rank of the job should enter it)."""
+    from .runtime import get_rank, get_world_size
+    start(directory, get_rank(), get_world_size())
+    try:
+        yield
+    finally:
+        stop()
+
+
+# ------------------------------------------------------------------- runtime's hooks
+
+class Call:
+    """One traced call; the runtime makes it only when :data:`ON` (see collectives._run)."""
+    __slots__ = ("rec", "rec_call", "tag", "seq", "plan", "peers", "path")
+
+    def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers):
+        coll, seq, group, algo = what
+        rec = self.rec = _REC
+        self.tag, self.seq, self.plan, self.peers = tag, seq, plan, peers
+        self.path = "python"
+        self.rec_call = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq,
+                         "p": p, "bytes": nbytes, "tag": tag, "start": time.perf_counter(),
+                         "predicted": rec.predicted(coll, algo, p, nbytes)}
+
+    def posted(self, sends, bufs) -> None:
+        """A round's sends went out (or were queued): one event each, with its path."""
+        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.seq, self.peers
+        for dst, sb, s0, s1 in sends:
+            b = bufs[sb]
+            msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
+                         now, tag, seq))
+
+    def round_done(self, recvs, bufs) -> None:
+        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.seq
+        for src, _red, db, d0, d1, *_ in recvs:
+            msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
+
+    def ran_in_c(self, resume, rounds: int, bufs) -> None:
+        """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
+        ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
+        no clock); a call C finished ends here."""
+        done, mask, waited, waited_on = resume[0], resume[1], resume[2], resume[4]
+        t0, now = self.rec_call["start"], time.perf_counter()
+        msgs, tag, seq = self.rec.msgs, self.tag, self.seq
+        for _local, recvs, sends in self.plan[:done]:
+            for dst, sb, s0, s1 in sends:
+                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
+            for src, _red, db, d0, d1, *_ in recvs:
+                msgs.append(("recv", src, bufs[db][d0:d1].nbytes, "C fast path", now, tag, seq))
+        if mask >= 0:       # C also sent the next round (its receives finish in Python)
+            for dst, sb, s0, s1 in self.plan[done][2]:
+                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
+        self.path = "C" if done == rounds else "C, then python"
+        if done == rounds:
+            self.end(waited, waited_on)
+
+    def end(self, waited: float, waited_on, error=None) -> None:
+        c = self.rec_call
+        c.update(end=time.perf_counter(), waited=waited, waited_on=waited_on, path=self.path)
+        if error is not None:
+            c["error"] = f"{type(error).__name__}: {error}"
+        if self.rec is _REC:          # not a call that outlived its trace
+            self.rec.calls.append(c)
+
+
+def path_of(peer, buf, start: int, stop: int) -> str:
+    """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
+    ``Peer.send_now`` and ``Peer.post_send``. (A receiver cannot tell; the merge gives a
+    receive its send's.)"""
+    n = (stop - start) * buf.itemsize
+    if peer.zero_copy and n > peer.zc_min and locate(buf[start:stop]) is not None:
+        return "read in place"
+    if n <= peer.eager:
+        return "eager"
+    return "streamed" if n <= peer.stream_max else "rendezvous"
+
+
+__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "path_of"]

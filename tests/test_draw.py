@@ -1,0 +1,121 @@
+"""``ringlet draw``: text and pictures made from the schedule the runtime executes."""
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+import matplotlib.image
+import pytest
+
+import ringlet as rl
+from ringlet import algorithms, draw
+from ringlet.cli import main as cli
+from ringlet.cost.model import TIERS
+
+ALL = [(c, a) for c, table in algorithms.CATALOG.items() if c != "all_to_all_single"
+       for a in table]
+
+
+def _schedule(coll, algo, p=4, count=8, hosts=None):
+    return algorithms.build(coll, algo, p, count, hosts=hosts)
+
+
+@pytest.mark.parametrize("coll,algo", ALL)
+def test_text_shows_every_message_of_every_algorithm(coll, algo):
+    s = _schedule(coll, algo, p=5)
+    d = draw.prepare(s, TIERS["infiniband"])
+    out = draw.text(d, width=10_000)
+    arrows = re.findall(r"->(\d+) (\S+?)(?:,|\s|$)", out)
+    assert len(arrows) == s.messages
+    # each message appears in the sender's lane with its receiver and copy/reduce mark
+    lanes = {int(m.group(1)): m.group(2) for m in re.finditer(r"^rank (\d+)(.*)$", out, re.M)}
+    for rnd_i, rnd in enumerate(s.rounds):
+        for t in rnd:
+            if not t.local:
+                assert f"->{t.dst} {d.label(t)}" in lanes[t.src]
+                assert d.label(t).endswith("+") == (t.op == "reduce") or t.n == 0
+    assert len(d.round_times) == len(s.rounds) and all(t >= 0 for t in d.round_times)
+
+
+def test_ring_labels_are_the_textbook_chunks():
+    s = rl.schedule("all_reduce", p=4, count=8, algorithm="ring")
+    d = draw.prepare(s, TIERS["nvlink"])
+    first = [d.label(t) for t in s.rounds[0]]
+    assert sorted(first) == ["c0+", "c1+", "c2+", "c3+"]
+    last = [d.label(t) for t in s.rounds[-1]]
+    assert all(not x.endswith("+") for x in last)
+
+
+def test_round_times_are_the_cost_model_of_each_round():
+    link = TIERS["ethernet"]
+    s = rl.schedule("all_reduce", p=4, count=1 << 20, algorithm="ring")
+    d = draw.prepare(s, link)
+    chunk = (1 << 20) // 4 * 4
+    # a ring round: every rank sends one chunk and receives one, at alpha + n*beta
+    assert d.round_times[-1] == pytest.approx(link.alpha + chunk * link.beta, rel=1e-9)
+    assert d.total == pytest.approx(rl.cost.simulate(s, link=link).time)
+
+
+def test_text_wraps_rounds_to_the_width():
+    s = rl.schedule("all_reduce", p=8, count=64, algorithm="ring")
+    out = draw.text(draw.prepare(s, TIERS["pcie"]), width=60)
+    assert max(len(line) for line in out.splitlines()) <= 60
+    assert out.count("rank 7 ") >= 3       # 14 rounds in several bands
+    assert "round 13" in out
+
+
+def test_hosts_are_bands_and_subgroups_keep_world_names(capsys):
+    assert cli(["draw", "all_reduce", "-n", "8", "--algo", "hierarchical", "--hosts", "2",
+                "--tier", "infiniband", "--width", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 4 (host 1)" in out and re.search(r"^-{20,}$", out, re.M)
+    assert cli(["draw", "broadcast", "--ranks", "1,3,5,7", "--algo", "binomial"]) == 0
+    out = capsys.readouterr().out
+    lanes = re.findall(r"^rank (\d+)", out, re.M)
+    assert lanes == ["1", "3", "5", "7"]
+    assert "->5 c0" in out                 # root (world rank 1) sends to group rank 2
+
+
+def test_bad_input_is_an_error_not_a_traceback(capsys):
+    assert cli(["draw", "all_reduce", "--algo", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert cli(["draw", "all_reduce", "-n", "6", "--hosts", "4"]) == 2
+    assert "divide" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("coll,algo,extra", [
+    ("all_reduce", "ring", []), ("all_reduce", "hierarchical", ["--hosts", "2", "-n", "8"]),
+    ("all_to_all", "bruck", []), ("barrier", "dissemination", [])])
+def test_png_is_a_real_image(tmp_path, coll, algo, extra):
+    out = tmp_path / "s.png"
+    assert cli(["draw", coll, "--algo", algo, "-o", str(out), *extra]) == 0
+    img = matplotlib.image.imread(out)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
+    assert img[..., :3].std() > 0.05           # not a blank canvas
+
+
+def test_svg_has_an_arrow_per_message(tmp_path):
+    out = tmp_path / "ring.svg"
+    assert cli(["draw", "all_reduce", "-n", "4", "--algo", "ring", "-o", str(out)]) == 0
+    root = ET.parse(out).getroot()
+    assert root.tag.endswith("svg")
+    text = out.read_text()
+    assert text.count("c0+") >= 1 and "round 5" in text
+
+
+def test_no_help_or_output_cites_the_textbook_bare(capsys):
+    """A user has not read the book: numbers are said in words; a reference may only be a
+    footnote ("[1] Output 4.1.1 of ...")."""
+    bare = re.compile(r"seed \d{3}|(?<!\[1\] )(Output|Exercise|Table) \d+\.\d+\.\d+")
+    for argv in (["plan", "-h"], ["tiers", "-h"], ["explain", "-h"], ["calibrate", "-h"],
+                 ["bench", "-h"], ["run", "-h"], ["draw", "-h"], ["trace", "-h"], ["plan"],
+                 ["plan", "--models"], ["plan", "-b", "32", "--alpha", "1e-6"],
+                 ["tiers", "--sweep"], ["--help"]):
+        try:
+            cli(argv)
+        except SystemExit:
+            pass
+        out = capsys.readouterr()
+        text = out.out + out.err
+        assert text.strip(), argv
+        assert not bare.search(text), (argv, bare.search(text).group(0))

@@ -1,0 +1,132 @@
+"""Tracing: per-rank records of calls and messages, merged into one Perfetto timeline,
+and a summary that names the rank everyone waited for."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+import ringlet as rl
+from ringlet import timeline
+from conftest import run
+
+
+def _mixed_job(rank, straggler):
+    import time
+    pair = rl.new_group([0, 1])
+    for size, algo in ((8, "auto"), (2 << 20, "ring")):   # C fast path; streamed by RTS
+        if rank == straggler:
+            time.sleep(0.05)                         # the slow rank of the job
+        x = np.ones(size // 4, np.float32)
+        rl.all_reduce(x, algorithm=algo)
+        assert x[0] == 3
+    y = rl.empty(1 << 20, np.float32)                # 4 MiB: read in place
+    y[:] = 1
+    rl.all_reduce(y, algorithm="ring")
+    assert y[0] == 3
+    w = rl.all_gather(np.zeros((3, 1000), np.int32), np.full(1000, rank, np.int32),
+                      async_op=True)
+    w.wait()
+    if rank < 2:
+        z = np.ones(10, np.float64)
+        rl.all_reduce(z, group=pair)
+
+
+def _read(d):
+    return timeline.load(str(d))
+
+
+def test_every_call_and_message_is_recorded_and_merged(tmp_path):
+    out = tmp_path / "tr"
+    run(_mixed_job, 3, -1, env={"RINGLET_TRACE": str(out)})
+    ranks = _read(out)
+    assert sorted(ranks) == [0, 1, 2]
+    for r, d in ranks.items():
+        calls = [(c["coll"], c["group"], c["bytes"]) for c in d["calls"]]
+        world = [c for c in calls if c[1] == "world"]
+        assert world == [("all_reduce", "world", 8), ("all_reduce", "world", 2 << 20),
+                         ("all_reduce", "world", 4 << 20), ("all_gather", "world", 4000)]
+        assert len(calls) == (5 if r < 2 else 4)
+        for c in d["calls"]:
+            assert c["end_us"] >= c["start_us"] and c["waited"] >= 0 and c["predicted"] > 0
+        seqs = [c["seq"] for c in d["calls"] if c["group"] == "world"]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    paths = {m["path"] for d in ranks.values() for m in d["msgs"] if m["ev"] == "send"}
+    assert {"read in place", "C fast path"} <= paths
+    assert "streamed" in paths
+    doc = timeline.merge(str(out))
+    ev = doc["traceEvents"]
+    sends = sum(m["ev"] == "send" for d in ranks.values() for m in d["msgs"])
+    recvs = sum(m["ev"] == "recv" for d in ranks.values() for m in d["msgs"])
+    assert sends == recvs > 0
+    starts = [e for e in ev if e["ph"] == "s"]
+    ends = [e for e in ev if e["ph"] == "f"]
+    assert len(starts) == len(ends) == sends         # every send has its arrow to its receive
+    assert {e["id"] for e in starts} == {e["id"] for e in ends}
+    assert {e["pid"] for e in ev} == {0, 1, 2}
+    calls = [e for e in ev if e.get("cat") == "call"]
+    assert len(calls) == 14 and all("predicted_us" in e["args"] for e in calls)
+    assert len([e for e in ev if e.get("cat") == "predicted"]) == 14
+    assert not any("(?)" in e.get("name", "") for e in ev)   # every receive knows its path
+    json.dumps(doc)
+
+
+def test_summary_names_the_straggler(tmp_path):
+    out = tmp_path / "tr"
+    run(_mixed_job, 3, 2, env={"RINGLET_TRACE": str(out)})
+    text = timeline.summary(str(out))
+    first = [line for line in text.splitlines() if line.startswith("all_reduce #1 ")][0]
+    assert first.endswith(")") and "last in: rank 2" in first
+    assert re.search(r"rank 0 waited on rank 2 for", text)
+    assert re.search(r"rank 1 waited on rank 2 for", text)
+    lead = text.split("a straggler leads):\n")[1].splitlines()[0]
+    assert lead.startswith("  rank 2:")
+
+
+def _block_job(rank, d):
+    x = np.ones(4, np.float32)
+    rl.all_reduce(x)                 # before the block: not recorded
+    with rl.trace(d):
+        rl.broadcast(x, 0)
+        rl.barrier()
+    rl.all_reduce(x)                 # after: not recorded
+
+
+def test_trace_block_records_only_inside_it(tmp_path):
+    d = tmp_path / "blk"
+    run(_block_job, 2, str(d))
+    ranks = _read(d)
+    for r in (0, 1):
+        assert [c["coll"] for c in ranks[r]["calls"]] == ["broadcast", "barrier"]
+
+
+def test_ringlet_run_trace_and_cli(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import numpy as np, ringlet as rl\nrl.init()\n"
+                      "x = np.ones(1000, np.float32)\nrl.all_reduce(x)\nrl.destroy()\n")
+    d = tmp_path / "tr"
+    cli = [sys.executable, "-m", "ringlet.cli"]
+    p = subprocess.run(cli + ["run", "-n", "2", "--trace", str(d), str(script)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(d)) == ["rank0.jsonl", "rank1.jsonl"]
+    job = tmp_path / "job.json"
+    p = subprocess.run(cli + ["trace", "merge", str(d), "-o", str(job)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(job.read_text())["traceEvents"]
+    p = subprocess.run(cli + ["trace", "summary", str(d)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and "all_reduce #1 of world" in p.stdout
+    p = subprocess.run(cli + ["trace", "summary", str(tmp_path / "nothing")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no rank*.jsonl" in p.stderr
+
+
+def test_tracing_off_by_default():
+    from ringlet import tracing
+    assert tracing.ON is False and callable(rl.trace)

@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     import sys
 
     from . import algorithms
-    from .cost.commands import _link_arg, _size
+    from .commands import _link_arg, _size
 
     ap = argparse.ArgumentParser(
         prog="ringlet draw",

@@ -7,7 +7,8 @@
 * :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
 * :mod:`.tune` - ``breakdown`` / ``predict`` (on a link, a topology or this host) and
   ``choose``: the least predicted time, explained;
-* :mod:`.commands` - ``ringlet plan``, ``ringlet tiers``, ``ringlet explain``.
+(The `ringlet plan`, `tiers`, `explain` and `calibrate` commands are tools above it:
+ringlet/commands.py, ringlet/calibrate.py.)
 """
 from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, count_of, format_size,
                     nbytes_of, parse_size, tier)

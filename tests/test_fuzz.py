@@ -714,6 +714,8 @@ class FakeEngine:
     """What a Peer calls on its engine, recorded. A protocol violation fails the peer, as
     the real engine does; a mismatch aborts the tag (ABORT out, receives failed)."""
 
+    retired_below = 0   # (no world has shrunk)
+
     def __init__(self):
         self.violations: list = []
         self.mismatches = self.aborted_tags = self.fp_checks = 0

@@ -315,7 +315,8 @@ def test_ringlet_run_tears_down_and_names_failure(tmp_path):
                              "rl.recv(np.zeros(1), 1, timeout=120)\n")
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.startswith("ringlet run:")]
-    assert lines == ["ringlet run: rank 1 failed first: ValueError: bad shard 17"], proc.stderr
+    assert lines[0] == "ringlet run: rank 1 failed first: ValueError: bad shard 17", proc.stderr
+    assert [l.split(":")[1] for l in lines[1:]] == ["   then rank 0", "   then rank 2"], lines
     assert took < 30
 
 
@@ -329,7 +330,7 @@ def test_ringlet_run_success(tmp_path):
                           "os.write(1, f\"rank {rl.get_rank()} local {os.environ['LOCAL_RANK']} ok\\n\".encode())\n"
                           "rl.destroy()\n")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} local {r} ok" for r in range(3)]
+    assert sorted(proc.stdout.split("\n"))[-3:] == [f"[{r}] rank {r} local {r} ok" for r in range(3)]
     assert "Warning" not in proc.stderr, proc.stderr   # a clean job prints no warnings
 
 
@@ -474,7 +475,7 @@ def test_ringlet_run_two_nodes(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     lines = sorted(l for out, _ in outs for l in out.splitlines())
-    assert lines == [f"rank {r} of 4 ok" for r in range(4)], lines
+    assert lines == [f"[{r}] rank {r} of 4 ok" for r in range(4)], lines
 
 
 def test_multi_node_needs_a_shared_token(tmp_path):

@@ -17,7 +17,6 @@ import os
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
-from torch._C._distributed_c10d import _create_work_from_future
 
 from . import collectives as C
 from . import runtime
@@ -34,39 +33,35 @@ _OPS = {_RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.
 
 
 # -- completion: the one place that decides when a torch Work is done ------------------------
-def _completed(run, result):
-    """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
-    future yields). ringlet progresses a call only inside its calls, so ``run`` completes
-    it here, before returning: DDP waits on the future without calling ``wait()`` and must
-    never hang. Errors (a dead peer, a mismatch) are the future's, raised by ``wait()``."""
-    fut = torch.futures.Future()
-    try:
-        run()
-    except Exception as exc:   # noqa: BLE001 - handed to whoever waits, as torch's backends do
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
-    return _create_work_from_future(fut)
+class _Work(dist.Work):
+    """A torch Work over ringlet calls: ``wait()`` runs ``finish`` (ringlet's own waits)
+    once and raises what it raised; ``get_future()`` (what DDP waits on) does the same and
+    hands the outcome to the future. torch 2.13's future-wrapping Work drops a failed
+    future's exception in ``wait()``, so errors must not travel that way alone."""
 
-
-class _P2PWork(dist.Work):
-    """A send or receive in flight: ``wait()`` drives it (torch calls wait on every p2p
-    work, and a blocking ring of isend/irecv needs both posted before either completes)."""
-
-    def __init__(self, work, tensor, copy_back=None):
+    def __init__(self, finish, result):
         super().__init__()
-        self.work, self.tensor, self.copy_back = work, tensor, copy_back
+        self.finish, self.result, self.error = finish, result, None
 
     def wait(self, timeout=None):
-        seconds = timeout.total_seconds() if timeout is not None else 0
-        self.work.wait(seconds if seconds > 0 else None)
-        if self.copy_back is not None:
-            self.copy_back()
-            self.copy_back = None
+        if self.finish is not None:
+            finish, self.finish = self.finish, None
+            try:
+                finish()
+            except Exception as exc:   # noqa: BLE001 - kept for every later wait
+                self.error = exc
+        if self.error is not None:
+            raise self.error
         return True
 
     def is_completed(self):
-        return self.work.is_completed()
+        return self.finish is None
+
+    def is_success(self):
+        return self.finish is None and self.error is None
+
+    def exception(self):
+        return self.error
 
     def get_future(self):
         fut = torch.futures.Future()
@@ -75,8 +70,30 @@ class _P2PWork(dist.Work):
         except Exception as exc:   # noqa: BLE001
             fut.set_exception(exc)
         else:
-            fut.set_result([self.tensor])
+            fut.set_result(self.result)
         return fut
+
+
+def _completed(run, result):
+    """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
+    future yields). ringlet progresses a call only inside its calls, so ``run`` completes
+    it here, before returning: DDP waits on the future without calling ``wait()``, and must
+    never hang. An error (a dead peer, a mismatch) is raised right here, from the torch
+    call: in torch 2.13 a failed future reaching DDP's C++ crashes the process (SIGSEGV)
+    and a future-wrapping Work's ``wait()`` drops the error."""
+    work = _Work(run, result)
+    work.wait()
+    return work
+
+
+def _p2p(request, tensor, copy_back=None):
+    """A send or receive in flight: ``wait()`` drives it (torch waits on every p2p work,
+    and a ring of isend/irecv needs every one posted before any completes)."""
+    def finish():
+        request.wait()
+        if copy_back is not None:
+            copy_back()
+    return _Work(finish, [tensor])
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -372,12 +389,12 @@ class ProcessGroup(dist.ProcessGroup):
     # point-to-point
     def send(self, tensors, dst, tag):
         t = _one(tensors, "send")
-        return _P2PWork(runtime.isend(t.contiguous(), dst, self.group, tag), t)
+        return _p2p(runtime.isend(t.contiguous(), dst, self.group, tag), t)
 
     def recv(self, tensors, src, tag):
         t = _one(tensors, "recv")
         buf, back = _dense(t)
-        return _P2PWork(runtime.irecv(buf, src, self.group, tag), t, back)
+        return _p2p(runtime.irecv(buf, src, self.group, tag), t, back)
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("the ringlet backend receives from a named rank only: "
@@ -423,9 +440,18 @@ def _create(opts, backend_options=None):
     ranks = list(opts.global_ranks_in_group) or list(range(size))
     timeout = opts.timeout.total_seconds()
     if not dist.is_initialized():   # torch is creating its world (default) group
+        _created.clear()
         world, owns = _world(opts.store, rank, size, timeout)
         return ProcessGroup(world, rank, size, owns_world=owns)
-    return ProcessGroup(runtime.keyed_group(ranks, f"torch:{opts.group_id}:{ranks}"), rank, size)
+    # torch's group names can differ between members (a hashed name depends on the groups
+    # each rank created before), so a group is its ranks and how many groups of those
+    # ranks this rank has created: the same on every member.
+    nth = _created.get(tuple(ranks), 0)
+    _created[tuple(ranks)] = nth + 1
+    return ProcessGroup(runtime.keyed_group(ranks, f"torch{ranks}#{nth}"), rank, size)
+
+
+_created: dict = {}   # rank list -> torch groups of those ranks created here (since init)
 
 
 def _register():

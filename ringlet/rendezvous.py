@@ -377,12 +377,53 @@ def _first(env, names):
 
 def env_world(env=None) -> dict:
     """Read rank, world size, local rank and master address from torchrun, Open MPI,
-    PMI/PMIx or SLURM variables (the first family present wins, in that order)."""
+    PMI/PMIx or SLURM variables (the first family present wins, in that order). Without
+    MASTER_ADDR/MASTER_PORT: SLURM's first node (else this host) and a port derived from
+    the launcher's job id, so concurrent jobs of mpirun or srun do not collide."""
     env = os.environ if env is None else env
     rank, size = _first(env, _RANK), _first(env, _SIZE)
+    port = env.get("RINGLET_STORE_PORT") or env.get("MASTER_PORT")
     return {"rank": rank, "world_size": size, "local_rank": _first(env, _LOCAL),
-            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": int(env.get("MASTER_PORT", "29500"))}
+            "master_addr": env.get("MASTER_ADDR") or _slurm_first_node(env) or "127.0.0.1",
+            "master_port": int(port) if port else job_port(env)}
+
+
+def job_port(env=None) -> int:
+    """A port every rank of the job computes alike (29500 when no launcher names the job)."""
+    job = launcher_job_id(env)
+    if job is None:
+        return 29500
+    return 20000 + int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "little") % 20000
+
+
+def torch_env(env=None) -> dict:
+    """The variables torch.distributed's env:// needs (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) for a job started by mpirun or srun, which set none of them:
+    a torch script then runs unchanged. Empty when they are set or no launcher is known.
+    torch's store gets the port after ringlet's own (a script may use both)."""
+    env = os.environ if env is None else env
+    if env.get("RANK") or env.get("WORLD_SIZE"):
+        return {}
+    w = env_world(env)
+    if w["rank"] is None or w["world_size"] is None:
+        return {}
+    out = {"RANK": str(w["rank"]), "WORLD_SIZE": str(w["world_size"]),
+           "MASTER_ADDR": w["master_addr"], "MASTER_PORT": str(w["master_port"] + 1)}
+    if w["local_rank"] is not None:
+        out["LOCAL_RANK"] = str(w["local_rank"])
+    return {k: v for k, v in out.items() if not env.get(k)}
+
+
+def _slurm_first_node(env) -> str | None:
+    """The first host of SLURM's node list ("n[01-04,07],m2" -> "n01")."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodes or not env.get("SLURM_PROCID"):
+        return None
+    head = nodes.split(",")[0] if "[" not in nodes.split(",")[0] else nodes.split("]")[0]
+    if "[" in head:
+        prefix, ranges = head.split("[", 1)
+        return prefix + ranges.split(",")[0].split("-")[0]
+    return head
 
 
 def is_loopback(host: str) -> bool:

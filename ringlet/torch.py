@@ -22,7 +22,7 @@ from . import collectives as C
 from . import runtime
 from .errors import RingletError
 from .ops import ReduceOp
-from .rendezvous import SignedStore, derive_token, job_token
+from .rendezvous import SignedStore, derive_token, job_token, torch_env
 
 NAME = "ringlet"
 
@@ -460,3 +460,5 @@ def _register():
 
 
 _register()
+for _k, _v in torch_env().items():   # under mpirun / srun: torch's env:// then just works
+    os.environ.setdefault(_k, _v)

@@ -138,3 +138,12 @@ def test_ranks_with_different_secrets_fail_clearly(kind, tmp_path):
         os.unlink(path)
     assert code != 0
     assert "could not agree on the job token" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("example", ["torch_ddp.py", "torch_fsdp.py"])
+def test_torch_examples_run(example, tmp_path):
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", example)
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), path],
+                          env=_clean_env(tmp_path), capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "20 steps" in proc.stdout, proc.stdout

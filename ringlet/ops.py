@@ -60,6 +60,24 @@ class Bfloat16Reduce:
 _BF16 = {op: Bfloat16Reduce(u) for op, u in UFUNC.items()}
 
 
+def dtype_named(name) -> np.dtype:
+    """A dtype by name, "bfloat16" included."""
+    return BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
+
+
+def fill(a: np.ndarray, value) -> None:
+    """``a[...] = value`` for every dtype here (bfloat16 values rounded as torch would)."""
+    if a.dtype == BFLOAT16:
+        f32_to_bf16(np.broadcast_to(np.asarray(value, np.float32), a.shape), a)
+    else:
+        a[...] = value
+
+
+def values(a: np.ndarray) -> np.ndarray:
+    """What ``a`` holds, as numbers (bfloat16 words as float32)."""
+    return bf16_to_f32(a) if a.dtype == BFLOAT16 else a
+
+
 def reducer(op: ReduceOp, dtype: np.dtype):
     """What combines two buffers of ``dtype`` under ``op``."""
     return _BF16[op] if dtype == BFLOAT16 else UFUNC[op]

@@ -405,3 +405,49 @@ def test_training_matches_gloo(kind, n, tmp_path):
         else:
             torch.testing.assert_close(ours[k], gloo[k], rtol=1e-4, atol=1e-5,
                                        msg=f"{kind} p={n}: parameter {k} strays from Gloo")
+
+
+# -- bfloat16 in ringlet's own calls (no torch.distributed) --------------------------------------
+def _ringlet_bfloat16(rank):
+    import ringlet as rl
+    p = rl.get_world_size()
+    xs = [(torch.randn(5000, generator=torch.Generator().manual_seed(r)) * 50).bfloat16()
+          for r in range(p)]
+    t = xs[rank].clone()
+    rl.all_reduce(t)
+    assert torch.equal(t.view(torch.int16), (xs[0] + xs[1]).view(torch.int16))
+    out = torch.empty(p, 5000, dtype=torch.bfloat16)
+    rl.all_gather(out, xs[rank])
+    assert all(torch.equal(out[r].view(torch.int16), xs[r].view(torch.int16)) for r in range(p))
+    for op in ("max", "min", "avg"):
+        t = xs[rank].clone()
+        rl.all_reduce(t, op)
+        want = {"max": torch.maximum(xs[0], xs[1]), "min": torch.minimum(xs[0], xs[1]),
+                "avg": ((xs[0] + xs[1]).float() / 2).bfloat16()}[op]
+        assert torch.equal(t.view(torch.int16), want.view(torch.int16)), op
+    h = [x.to(torch.float16) for x in xs]   # NumPy's float16 add rounds as torch's does
+    t = h[rank].clone()
+    rl.all_reduce(t)
+    assert torch.equal(t.view(torch.int16), (h[0] + h[1]).view(torch.int16))
+    if rank == 0:
+        rl.send(xs[0], 1, tag=3)
+    else:
+        got = torch.empty(5000, dtype=torch.bfloat16)
+        rl.recv(got, 0, tag=3)
+        assert torch.equal(got.view(torch.int16), xs[0].view(torch.int16))
+
+
+def test_ringlet_calls_take_bfloat16_tensors():
+    from conftest import run
+    run(_ringlet_bfloat16, 2)
+
+
+def test_bench_bfloat16(tmp_path):
+    import subprocess
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "bench", "-n", "2", "--op",
+                           "all_reduce", "--sizes", "8:4K", "--dtype", "bfloat16", "--check"],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "bfloat16" in line]
+    assert len(rows) == 10 and all(line.split()[-1] == "0" for line in rows), proc.stdout

@@ -77,6 +77,19 @@ def _srun(script, env, tmp_path, configs=None):
     return max(codes, key=abs), "".join(outs)
 
 
+def _two_nodes(script, env):
+    """Two torchrun agents, one per emulated host (RINGLET_HOST_ID): TCP between them."""
+    port = str(_free_port())
+    procs = [subprocess.Popen([os.path.join(BIN, "torchrun"), "--nnodes", "2", "--node-rank",
+                               str(node), "--nproc-per-node", str(N), "--master-addr",
+                               "127.0.0.1", "--master-port", port, script],
+                              env=dict(env, RINGLET_HOST_ID=f"host{node}"), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for node in range(2)]
+    outs = [p.communicate(timeout=100)[0] for p in procs]
+    return max((p.returncode for p in procs), key=abs), "".join(outs)
+
+
 def _command(launcher, script):
     if launcher == "ringlet run":
         return [sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), script]
@@ -95,20 +108,24 @@ def run_under(launcher, kind, tmp_path):
     env = _clean_env(tmp_path)
     if launcher == "srun":
         return _srun(str(script), env, tmp_path)
+    if launcher == "torchrun --nnodes 2":
+        return _two_nodes(str(script), env)
     proc = subprocess.run(_command(launcher, str(script)), env=env, capture_output=True,
                           text=True, timeout=100)
     return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("kind", ["ringlet", "torch"])
-@pytest.mark.parametrize("launcher", ["ringlet run", "torchrun", "mpirun", "srun"])
+@pytest.mark.parametrize("launcher", ["ringlet run", "torchrun", "torchrun --nnodes 2",
+                                      "mpirun", "srun"])
 def test_script_runs_unchanged(launcher, kind, tmp_path):
     if launcher == "mpirun" and shutil.which("mpirun") is None:
-        pytest.fail("mpirun is not installed: bash scripts/test.sh installs Open MPI")
+        pytest.fail("mpirun is not installed (apt-get install openmpi-bin)")
     code, out = run_under(launcher, kind, tmp_path)
     assert code == 0, f"{kind} script under {launcher} failed:\n{out[-3000:]}"
-    for r in range(N):
-        assert f"OK {kind} {r}/{N}" in out, out[-3000:]
+    world = 2 * N if "nnodes" in launcher else N
+    for r in range(world):
+        assert f"OK {kind} {r}/{world}" in out, out[-3000:]
 
 
 def test_derived_token_secret_is_private(tmp_path):

@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/torch_backend.py [--turns 2] [--steps 20]
 
-Measures, per backend, in alternating turns (median of each turn's calls):
-  * dist.all_reduce of 25 MB (DDP's default bucket) and of 8 B;
+Measures, per backend, in alternating turns:
+  * dist.all_reduce of 25 MB (DDP's default bucket; median call) and of 8 B (calls back
+    to back, median of 5 loops);
   * for ringlet, the process-group layer's cost: 8 B dist.all_reduce minus a direct
     rl.all_reduce of the same tensor in the same job;
   * a DDP training step of a ~4M-parameter MLP and an FSDP2 (fully_shard) step of it.
@@ -46,6 +47,21 @@ def _model():
     return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.ReLU())])
 
 
+def _loop_us(fn, iters, turns=5):
+    """Small calls back to back (a barrier would add its own skew to each): the median
+    over ``turns`` loops of the time per call."""
+    for _ in range(50):
+        fn()
+    per = []
+    for _ in range(turns):
+        dist.barrier()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        per.append((time.perf_counter() - t) / iters)
+    return statistics.median(per) * 1e6
+
+
 def _step_time(model, steps):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 1024)
@@ -66,10 +82,9 @@ def _rank(rank, backend, port, steps, out):
     big = torch.zeros(25_000_000 // 4)
     res["all_reduce 25 MB"] = _median_us(lambda: dist.all_reduce(big), 20)
     small = torch.zeros(2)
-    res["all_reduce 8 B"] = _median_us(lambda: dist.all_reduce(small), 2000, warmup=50)
+    res["all_reduce 8 B"] = _loop_us(lambda: dist.all_reduce(small), 1000)
     if backend == "ringlet":
-        res["rl.all_reduce 8 B (direct)"] = _median_us(lambda: rl.all_reduce(small), 2000,
-                                                       warmup=50)
+        res["rl.all_reduce 8 B (direct)"] = _loop_us(lambda: rl.all_reduce(small), 1000)
     from torch.nn.parallel import DistributedDataParallel as DDP
     res["DDP step, 4.2M params"] = _step_time(DDP(_model()), steps)
     from torch.distributed.device_mesh import init_device_mesh

@@ -123,11 +123,11 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         mod = type(arr).__module__
         if mod.startswith("torch"):
-            if arr.device.type != "cpu":
+            if not arr.is_cpu:
                 raise TypeError(f"{name}: only CPU torch tensors are supported, got device {arr.device}")
             if not arr.is_contiguous():
                 raise ValueError(f"{name}: torch tensor must be contiguous (call .contiguous())")
-            arr = _torch_numpy(arr.detach())
+            arr = _torch_numpy(arr.detach() if arr.requires_grad else arr)
         else:
             raise TypeError(f"{name}: expected a NumPy array or CPU torch tensor, got {type(buf).__name__}")
     if not arr.flags.c_contiguous:

@@ -7,8 +7,8 @@ The process group is a Python ``dist.ProcessGroup`` whose every operation is one
 ringlet's collectives or point-to-point calls on CPU tensors (any dtype torch has:
 bfloat16 reduces as torch does, in float32 rounded back; non-contiguous tensors are staged
 through a contiguous copy). The world joins on the store torch hands the backend, with
-every value ringlet writes there signed by the job token; each subgroup is named by
-torch's group name and rank list, so members may create groups in any order.
+every value ringlet writes there signed by the job token; each subgroup is known by its
+rank list, so members may create groups in different orders.
 """
 from __future__ import annotations
 
@@ -27,9 +27,12 @@ from .rendezvous import SignedStore, derive_token, job_token, torch_env
 NAME = "ringlet"
 
 _RED = dist.ReduceOp.RedOpType
-_OPS = {_RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
-        _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
-        _RED.BXOR: ReduceOp.BXOR, _RED.AVG: ReduceOp.AVG, _RED.PREMUL_SUM: ReduceOp.SUM}
+# Keyed by the enum's value: hashing pybind11 enums costs microseconds per call.
+_OPS = {k.value: v for k, v in {
+    _RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
+    _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
+    _RED.BXOR: ReduceOp.BXOR, _RED.AVG: ReduceOp.AVG, _RED.PREMUL_SUM: ReduceOp.SUM}.items()}
+_PREMUL = _RED.PREMUL_SUM.value
 
 
 # -- completion: the one place that decides when a torch Work is done ------------------------
@@ -99,7 +102,7 @@ def _p2p(request, tensor, copy_back=None):
 # -- tensors --------------------------------------------------------------------------------
 def _dense(t: torch.Tensor):
     """(contiguous tensor ringlet can use in place, write-back or None)."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise TypeError(f"the ringlet backend moves CPU tensors only, got one on {t.device}; "
                         f"use \"cpu:ringlet,cuda:nccl\" for mixed jobs")
     if t.is_contiguous():
@@ -115,11 +118,10 @@ def _reducible(t: torch.Tensor) -> torch.Tensor:
 
 def _op(redop):
     """(ringlet op, premultiply factor or None) of a torch ReduceOp."""
-    kind = redop.op if isinstance(redop, dist.ReduceOp) else redop
+    kind = (redop.op if isinstance(redop, dist.ReduceOp) else redop).value
     if kind not in _OPS:
-        raise ValueError(f"the ringlet backend has no reduce op {kind}")
-    factor = getattr(redop, "factor", None) if kind == _RED.PREMUL_SUM else None
-    return _OPS[kind], factor
+        raise ValueError(f"the ringlet backend has no reduce op {redop}")
+    return _OPS[kind], (redop.factor if kind == _PREMUL else None)
 
 
 def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
@@ -427,7 +429,7 @@ def _world(store, rank: int, size: int, timeout: float):
         runtime.join(SignedStore(store, token, timeout=timeout, source=source), token, rank,
                      size, backend, runtime.DEFAULT_TIMEOUT if "RINGLET_TIMEOUT" not in os.environ
                      else float(os.environ["RINGLET_TIMEOUT"]), addr)
-    world = runtime._S.world
+    world = runtime.resolve(None)
     if (world.rank, world.size) != (rank, size):
         raise RingletError(f"torch's world (rank {rank} of {size}) is not ringlet's, already "
                            f"initialized as rank {world.rank} of {world.size}")

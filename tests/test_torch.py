@@ -393,7 +393,7 @@ def test_training_matches_gloo(kind, n, tmp_path):
     """20 steps on Gloo and on ringlet. At p = 2 every parameter has the same bits (a sum
     of two is one rounding, whatever the algorithm). At p = 4 a float sum's bits depend on
     its order, which Gloo's algorithms and ringlet's do not share: equal to float32's
-    rounding over 20 steps."""
+    rounding over 20 steps (float16's with the fp16 hook)."""
     launch(_train, n, kind, str(tmp_path), backend="gloo")
     launch(_train, n, kind, str(tmp_path), backend="ringlet")
     gloo = torch.load(tmp_path / "gloo.pt")
@@ -402,8 +402,9 @@ def test_training_matches_gloo(kind, n, tmp_path):
     for k in gloo:
         if n == 2:
             assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
-        else:
-            torch.testing.assert_close(ours[k], gloo[k], rtol=1e-4, atol=1e-5,
+        else:   # float16 gradients (the fp16 hook) round at 2**-11, float32 at 2**-24
+            tol = 1e-2 if kind == "fp16" else 1e-4
+            torch.testing.assert_close(ours[k], gloo[k], rtol=tol, atol=tol / 10,
                                        msg=f"{kind} p={n}: parameter {k} strays from Gloo")
 
 

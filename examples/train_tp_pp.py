@@ -23,6 +23,7 @@ import numpy as np
 
 import ringlet as rl
 from ringlet import train
+from ringlet.train.pricing import hosts_of
 
 D_IN, HID, MID, D_OUT = 16, 32, 16, 4
 BATCH, MICRO, STEPS, LR = 64, 4, 30, 0.05
@@ -123,7 +124,7 @@ def main():
         gb = train.GradBuckets(params, bucket_cap_mb=0.005, group=across)
         rows = BATCH // 2
         calls = [c for b in blocks for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
-        priced = train.price(calls, None, train.buckets.hosts_of(tp))
+        priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + gb.price().calls)
 
         def step(t):
@@ -132,11 +133,11 @@ def main():
             h, c1 = blocks[0].forward(xb)
             out, c2 = blocks[1].forward(h)
             loss, d = mse(out, yb)
-            for b, c in ((blocks[1], c2), (blocks[0], c1)):
-                b.grads = None
-                d = b.backward(c, d)
-            for i in reversed(range(len(params))):
-                gb.ready(i, [g for b in blocks for g in b.grads][i])
+            for k, c in ((1, c2), (0, c1)):      # each block's gradients handed over
+                blocks[k].grads = None              # as its backward finishes
+                d = blocks[k].backward(c, d)
+                for j in reversed(range(4)):
+                    gb.ready(4 * k + j, blocks[k].grads[j])
             for q, g in zip(params, gb.wait()):
                 q -= LR * 2 * g          # the mean of two half-batch gradients, x2: whole batch
             return loss
@@ -147,7 +148,7 @@ def main():
         rows = BATCH // MICRO
         b = blocks[0]
         calls = [c._replace(times=MICRO) for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
-        priced = train.price(calls, None, train.buckets.hosts_of(tp))
+        priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + pipe.price(rows * MID).calls)
 
         def step(t):

@@ -152,7 +152,7 @@ def test_buckets_fp16_hook_halves_bytes():
 
 @given(st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=50))
 def test_bf16_rounds_to_nearest_even(values):
-    from ringlet.train.buckets import from_bf16, to_bf16
+    from ringlet.ops import bf16_to_f32 as from_bf16, f32_to_bf16 as to_bf16
     x = np.array(values, np.float32)
     words = np.empty(x.size, np.uint16)
     to_bf16(x, words)
@@ -180,7 +180,7 @@ def test_bf16_rounds_to_nearest_even(values):
 
 def _bf16_job(rank):
     from ringlet import train
-    from ringlet.train.buckets import from_bf16, to_bf16
+    from ringlet.ops import bf16_to_f32 as from_bf16, f32_to_bf16 as to_bf16
     p = rl.get_world_size()
     params = [np.zeros(s, np.float32) for s in SHAPES]
     plain = train.GradBuckets(params, bucket_cap_mb=0.0005)

@@ -20,24 +20,12 @@ import contextlib
 import numpy as np
 
 from ..collectives import all_gather, all_reduce
-from ..ops import ReduceOp, as_array
+from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from .pricing import Call, buffer, hosts_of, price
 
 
 BF16 = "bfloat16"
-
-
-def to_bf16(x: np.ndarray, out: np.ndarray) -> None:
-    """float32 -> bfloat16 words (the top 16 bits), rounded to nearest even; NaN stays NaN."""
-    u = x.view(np.uint32)
-    r = (u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16
-    np.copyto(out, np.where(np.isnan(x), (u >> 16) | 0x40, r), casting="unsafe")
-
-
-def from_bf16(words: np.ndarray) -> np.ndarray:
-    """bfloat16 words -> float32 (exact)."""
-    return (words.astype(np.uint32) << 16).view(np.float32)
 
 
 class _Bucket:
@@ -161,7 +149,7 @@ class GradBuckets:
 
     def _start(self, b: _Bucket) -> None:
         if b.gathered is not None:
-            to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
+            f32_to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
             b.work = all_gather(b.gathered, b.wire, group=self.group, async_op=True)
         elif b.wire is b.buf:
             b.work = all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=True)
@@ -182,9 +170,9 @@ class GradBuckets:
         for b in self.buckets:
             b.work.wait()
             if b.gathered is not None:
-                total = from_bf16(b.gathered[0])
+                total = bf16_to_f32(b.gathered[0])
                 for r in range(1, self.group.size):
-                    total += from_bf16(b.gathered[r])
+                    total += bf16_to_f32(b.gathered[r])
                 total /= np.float32(self.group.size)
                 np.copyto(b.buf, total, casting="same_kind")
             elif b.wire is not b.buf:

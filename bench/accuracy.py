@@ -54,7 +54,7 @@ def iters_for(p: int, nbytes: int, budget: float = 0.012) -> int:
     return int(max(2, min(100, round(budget / est))))
 
 
-from ringlet.cost.calibrate import _cpu_seconds, others_load, prefault_rings  # noqa: E402
+from ringlet.calibrate import _cpu_seconds, others_load, prefault_rings  # noqa: E402
 
 
 def _job(rank, cfg, out_path):
@@ -341,7 +341,7 @@ def main(argv=None) -> int:
     else:
         prof = load_profile()
         if a.calibrate or not prof.calibrated:
-            from ringlet.cost.calibrate import main as calibrate_main
+            from ringlet.calibrate import main as calibrate_main
             why = "--calibrate" if a.calibrate else f"no profile at {profile_path()}"
             print(f"calibrating ({why}) ...", flush=True)
             if calibrate_main(["--transports", "shm"]) != 0:

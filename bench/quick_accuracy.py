@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transports", default="shm,tcp")
     a = ap.parse_args(argv)
-    from ringlet.cost import calibrate as cal
+    from ringlet import calibrate as cal
     trs = [t for t in a.transports.split(",") if t]
     t0 = time.monotonic()
     full, samples = cal.calibrate(trs, cal.DEFAULT_RANKS, cal.DEFAULT_SIZES, 0.1, passes=3)

@@ -11,6 +11,10 @@ torch.distributed's Gloo, on the same model, data and ranks, in turns within one
 * moe: the dispatch exchange of top-1 routing, 1,024 tokens of 64 floats per rank, uneven
   splits: rl.train.dispatch vs Gloo's all_to_all_single (its splits sent first, as
   dispatch does).
+* zero3: the same MLP's training step, parameters, gradients and SGD state sharded:
+  rl.train.ZeroOptimizer(stage=3) (NumPy forward/backward, each layer gathered just
+  before use with the next prefetched, gradients reduce-scattered in backward) vs torch
+  FSDP2 (fully_shard per Linear and on the model, a CPU device mesh over Gloo).
 * ps: a round of parameter server: broadcast 1 MiB of weights, gather 64 KiB of
   experience from each rank.
 
@@ -73,6 +77,8 @@ def _rl_job(rank, case, iters, out):
             gb.wait()
             opt.step()
         res["step"] = _median_time(step, iters, rl.barrier)
+    elif case == "zero3":
+        res["step"] = _median_time(_zero3_step(rank), iters, rl.barrier)
     elif case == "moe":
         x, idx = _tokens(rank, p)
         res["dispatch"] = _median_time(lambda: train.dispatch(x, idx, p, capacity_factor=2.0),
@@ -123,6 +129,22 @@ def _gloo_job(rank, case, iters, out, p, port):
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
         res["step"] = _median_time(step, iters, dist.barrier)
+    elif case == "zero3":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        model, x, y = _mlp(rank)
+        mesh = init_device_mesh("cpu", (p,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        res["step"] = _median_time(step, iters, dist.barrier)
     elif case == "moe":
         xn, idxn = _tokens(rank, p)
         x = torch.from_numpy(xn)
@@ -158,6 +180,38 @@ def _mlp(rank):
     return model, torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)
 
 
+def _zero3_step(rank):
+    """One training step of _mlp's model in NumPy on ZeroOptimizer(stage=3)."""
+    from ringlet import train
+    model, x, y = _mlp(rank)
+    units = [[m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()]
+             for m in model if hasattr(m, "weight")]
+    x, y = x.numpy(), y.numpy()
+    z = train.ZeroOptimizer(units, stage=3, optimizer="sgd", lr=0.01)
+    L = len(units)
+
+    def step():
+        acts = [x]
+        for u in range(L):
+            W, b = z.gather(u, prefetch=u + 1 if u + 1 < L else None)
+            h = acts[-1] @ W + b
+            acts.append(h if u == L - 1 else np.maximum(h, 0))
+            z.free(u)
+        e = np.exp(acts[-1] - acts[-1].max(1, keepdims=True))
+        d = e / e.sum(1, keepdims=True)
+        d[np.arange(len(y)), y] -= 1
+        d /= len(y)
+        for u in reversed(range(L)):
+            W, _ = z.gather(u, prefetch=u - 1 if u > 0 else None)
+            if u < L - 1:
+                d = d * (acts[u + 1] > 0)
+            z.reduce_grad(u, [acts[u].T @ d, d.sum(0)])
+            d = d @ W.T
+            z.free(u)
+        z.step()
+    return step
+
+
 def _tokens(rank, p):
     rng = np.random.default_rng(rank)
     return rng.standard_normal((1024, 64)).astype(np.float32), rng.integers(0, p, 1024)
@@ -187,7 +241,7 @@ def main():
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--cases", default="buckets,dp,moe,ps")
+    ap.add_argument("--cases", default="buckets,dp,zero3,moe,ps")
     args = ap.parse_args()
     if importlib.util.find_spec("torch") is None:     # Gloo and the dp model
         sys.exit("bench/train_patterns.py needs torch (for Gloo and the dp model): "

@@ -21,6 +21,8 @@ from .profiling import profile
 from .tracing import trace
 from . import cost
 
+
+
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
     "spawn", "shrink", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from .cost.model import parse_size
+from .ops import dtype_named, fill, values
 from .schedule import USER_BUFFERS
 
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
@@ -74,59 +75,64 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
 
     def full(shape, value):
         a = alloc(shape, dtype)
-        a[...] = value
+        fill(a, value)
         return a
 
-    ranks = np.arange(p, dtype=dtype)
+    def wrong(a, want) -> int:   # elements of ``a`` not equal to ``want`` in this dtype
+        w = np.empty(a.shape, dtype)
+        fill(w, want)
+        return int(np.count_nonzero(values(a) != values(w)))
+
+    ranks = np.arange(p)
     expect_sum = sum(range(1, p + 1))
     if op == "all_reduce":
         x = full(total, rank + 1)
         def reset():
-            x[...] = rank + 1
+            fill(x, rank + 1)
         return (lambda: rl.all_reduce(x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(x != expect_sum)), reset
+            lambda: wrong(x, expect_sum), reset
     if op == "broadcast":
         x = full(total, rank + 1)
         return (lambda: rl.broadcast(x, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(x != 1)), None
+            lambda: wrong(x, 1), None
     if op == "reduce":
         x = full(total, rank + 1)
         def reset():
-            x[...] = rank + 1
+            fill(x, rank + 1)
         return (lambda: rl.reduce(x, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(x != expect_sum)) if rank == 0 else 0, reset
+            lambda: wrong(x, expect_sum) if rank == 0 else 0, reset
     blocks_of_ranks = np.repeat(ranks + 1, per).reshape(p, per)
     if op == "all_gather":
         x, y = full(per, rank + 1), full((p, per), 0)
         return (lambda: rl.all_gather(y, x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != blocks_of_ranks)), None
+            lambda: wrong(y, blocks_of_ranks), None
     if op == "reduce_scatter":
         x, y = full((p, per), rank + 1), full(per, 0)
         return (lambda: rl.reduce_scatter(y, x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != expect_sum)), None
+            lambda: wrong(y, expect_sum), None
     if op == "all_to_all":
         x = full((p, per), np.repeat(ranks + 100 * rank, per).reshape(p, per))
         y = full((p, per), 0)
         want = np.repeat(rank + 100 * ranks, per).reshape(p, per)
         return (lambda: rl.all_to_all(y, x, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != want)), None
+            lambda: wrong(y, want), None
     if op == "gather":
         x = full(per, rank + 1)
         y = full((p, per), 0) if rank == 0 else None
         return (lambda: rl.gather(x, y, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != blocks_of_ranks)) if rank == 0 else 0, None
+            lambda: wrong(y, blocks_of_ranks) if rank == 0 else 0, None
     if op == "scatter":
         x = full((p, per), blocks_of_ranks) if rank == 0 else None
         y = full(per, 0)
         return (lambda: rl.scatter(y, x, 0, algorithm=algo)), \
-            lambda: int(np.count_nonzero(y != rank + 1)), None
+            lambda: wrong(y, rank + 1), None
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
 
 def _worker(rank, cfg, out_path):
     import ringlet as rl
     p = rl.get_world_size()
-    dtype = np.dtype(cfg["dtype"])
+    dtype = dtype_named(cfg["dtype"])
     rows = []
     bar = None
     total_steps = len(cfg["algos"]) * len(cfg["sizes"])
@@ -162,7 +168,7 @@ def _worker(rank, cfg, out_path):
             rl.all_reduce(wrong, algorithm="recursive_doubling")
             if rank == 0:
                 rows.append({"lib": "ringlet", "op": cfg["op"], "p": p, "bytes": nbytes,
-                             "dtype": dtype.name, "algorithm": algo, "ran": ran,
+                             "dtype": cfg["dtype"], "algorithm": algo, "ran": ran,
                              "zero_copy": cfg.get("zero_copy", False), "time_us": t[0] * 1e6,
                              "wrong": int(wrong[0]) if cfg["check"] else None})
             if bar is not None:
@@ -328,7 +334,7 @@ def _print(rows, peers, check):
         head += f" {lib + '(us)':>10} {'x' + lib:>7}"
     print(head)
     for r in rows:
-        per, total = counts(r["op"], r["bytes"], r["p"], np.dtype(r["dtype"]).itemsize)
+        per, total = counts(r["op"], r["bytes"], r["p"], dtype_named(r["dtype"]).itemsize)
         pred = r.get("pred_us")
         err = f"{(pred - r['time_us']) / r['time_us'] * 100:+5.0f}%" if pred else "   n/a"
         line = (f"{_fmt_size(r['bytes']):>8} {total:>10} {r['dtype']:>8} {r['op']:>14} "

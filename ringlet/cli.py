@@ -31,10 +31,10 @@ def main(argv=None) -> int:
         from .bench import main as bench_main
         return bench_main(rest) or 0
     if cmd in ("plan", "tiers", "explain", "place"):
-        from .cost import commands
+        from . import commands
         return getattr(commands, f"{cmd}_main")(rest) or 0
     if cmd == "calibrate":
-        from .cost.calibrate import main as calibrate_main
+        from .calibrate import main as calibrate_main
         return calibrate_main(rest) or 0
     if cmd == "trace":
         from .timeline import main as trace_main

@@ -11,7 +11,7 @@ from . import algorithms, fingerprint
 from .buffers import locate
 from .group import Group
 from .profiling import profiled
-from .ops import UFUNC, ReduceOp, as_array, as_op, check_op_dtype
+from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
 from .runtime import engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
@@ -82,7 +82,7 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()
         tmp = sched.buffers.get("tmp", 0)
         pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
         plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
-        ufunc = UFUNC[op] if op is not None else None
+        ufunc = reducer(op, dtype) if op is not None else None
         hit = (name, plan, tmp, pool, ufunc, fp, why, fast.prepare(engine(), plan, ufunc, dtype))
         if len(_CALLS) > 4096:
             _CALLS.clear()
@@ -188,7 +188,7 @@ def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
 def _averager(op: ReduceOp, flat: np.ndarray, p: int):
     if op is not ReduceOp.AVG or p == 1:
         return None
-    return lambda: np.true_divide(flat, p, out=flat)
+    return lambda: average(flat, p)
 
 
 # -- gathering and scattering ------------------------------------------------------------

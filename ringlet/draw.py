@@ -22,6 +22,7 @@ import numpy as np
 
 from .cost.model import Link, count_of, format_size
 from .cost.simulate import Topology, simulate
+from .cost.profile import load_profile
 from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
 
 
@@ -47,7 +48,7 @@ class Drawing:
     def label(self, t: Transfer) -> str:
         """``c3`` (copied) or ``c3+`` (reduced); ``c2-3`` when a message carries a run;
         ``tmp:c1`` when messages leave from more than one buffer."""
-        if t.n == 0:
+        if t.n == 0:   # a barrier's, or a rooted call's agreement on the call
             return "sync"
         b = self.bounds[t.sbuf]
         first = int(np.searchsorted(b, t.soff, "right")) - 1
@@ -72,7 +73,7 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
         if hosts is not None and len(set(hosts)) > 1:
             topology = Topology.from_host_ids(hosts, *_profile_links())
         else:
-            topology = Topology.from_profile(1, p)
+            topology = Topology.from_profile(1, p, load_profile())
     elif isinstance(topology, Link):
         topology = (Topology.from_host_ids(hosts, topology) if hosts is not None
                     else Topology.uniform(p, topology))
@@ -103,7 +104,7 @@ def _bounds(s: Schedule) -> dict[str, np.ndarray]:
     cuts: dict[int, list] = {}
     for rnd in s.rounds:
         c = rnd.cols
-        msg = c["src"] != c["dst"]
+        msg = (c["src"] != c["dst"]) & (c["n"] > 0)   # (zero-element ones carry no chunk)
         for b in np.unique(c["sbuf"][msg]):
             mine = msg & (c["sbuf"] == b)
             cuts.setdefault(int(b), [np.zeros(1, np.int64)]).extend(
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
     import sys
 
     from . import algorithms
-    from .cost.commands import _link_arg, _size
+    from .commands import _link_arg, _size
 
     ap = argparse.ArgumentParser(
         prog="ringlet draw",

@@ -40,6 +40,8 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
         dtype = str(np.dtype(chr(code >> 16 & 0xFF)))
     except (TypeError, ValueError):
         dtype = "?"
+    if dtype == "void":   # the only structured dtype that travels: ops.BFLOAT16
+        dtype = "bfloat16"
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
             "dtype": dtype, "count": count, "root": code >> 40 & 0xFFFFFF,
             "op": op if op in ("?", None) else op.name,

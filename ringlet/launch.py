@@ -32,9 +32,19 @@ class ProcessFailed(RingletError):
         self.rank, self.detail = rank, detail
 
 
-def _job_env(token: str, addr: str, port: int, world: int) -> dict:
-    return {"RINGLET_TOKEN": token, "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world), "RINGLET_STORE_HOSTED": "1"}
+def _job_env(token: str, addr: str, port: int, world: int, torch_port: int = 0) -> dict:
+    """ringlet's store is on RINGLET_STORE_PORT; MASTER_PORT is left free for a torch
+    script's own store (torch's env:// binds it on rank 0)."""
+    return {"RINGLET_TOKEN": token, "MASTER_ADDR": addr, "RINGLET_STORE_PORT": str(port),
+            "MASTER_PORT": str(torch_port or _free_port(addr)), "WORLD_SIZE": str(world),
+            "RINGLET_STORE_HOSTED": "1"}
+
+
+def _free_port(addr: str) -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1" if is_loopback(addr) else "", 0))
+        return s.getsockname()[1]
 
 
 def die_with_parent(parent: int) -> None:
@@ -264,7 +274,8 @@ def run_main(argv) -> int:
             bind = "127.0.0.1" if is_loopback(a.master_addr) else local_address_towards(a.master_addr, port or 1)
             server = StoreServer(bind, port, token)
             port = server.port
-        env.update(_job_env(token, a.master_addr, port, world))
+        env.update(_job_env(token, a.master_addr, port, world,
+                            a.master_port + 1 if a.master_port else 0))
         for local in range(a.nproc_per_node):
             job.start(local, a.module, a.script, a.args, env)
         stopped: list = []

@@ -29,6 +29,67 @@ UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.mini
 
 _BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
 
+# bfloat16 (torch's; NumPy has none): moved as 16-bit words, reduced as torch reduces it —
+# each step in float32, rounded back to nearest-even — so every rank gets the same bits.
+BFLOAT16 = np.dtype([("bfloat16", "<u2")])
+
+
+def bf16_to_f32(words: np.ndarray) -> np.ndarray:
+    return (words.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray, out: np.ndarray) -> None:
+    """Round float32 ``x`` to bfloat16: nearest, ties to even; NaN -> 0xFFFF, as torch's
+    vectorised CPU kernels give it."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    words = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    words[np.isnan(x)] = 0xFFFF
+    out.view(np.uint16)[...] = words
+
+
+class Bfloat16Reduce:
+    """``ufunc(a, b, out=)`` on bfloat16 words; its name keeps it off the C fast path."""
+
+    def __init__(self, ufunc):
+        self.ufunc, self.__name__ = ufunc, "bfloat16_" + ufunc.__name__
+
+    def __call__(self, a, b, out):
+        f32_to_bf16(self.ufunc(bf16_to_f32(a), bf16_to_f32(b)), out)
+
+
+_BF16 = {op: Bfloat16Reduce(u) for op, u in UFUNC.items()}
+
+
+def dtype_named(name) -> np.dtype:
+    """A dtype by name, "bfloat16" included."""
+    return BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
+
+
+def fill(a: np.ndarray, value) -> None:
+    """``a[...] = value`` for every dtype here (bfloat16 values rounded as torch would)."""
+    if a.dtype == BFLOAT16:
+        f32_to_bf16(np.broadcast_to(np.asarray(value, np.float32), a.shape), a)
+    else:
+        a[...] = value
+
+
+def values(a: np.ndarray) -> np.ndarray:
+    """What ``a`` holds, as numbers (bfloat16 words as float32)."""
+    return bf16_to_f32(a) if a.dtype == BFLOAT16 else a
+
+
+def reducer(op: ReduceOp, dtype: np.dtype):
+    """What combines two buffers of ``dtype`` under ``op``."""
+    return _BF16[op] if dtype == BFLOAT16 else UFUNC[op]
+
+
+def average(flat: np.ndarray, p: int) -> None:
+    """Divide a reduced buffer by the group size in place (ReduceOp.AVG)."""
+    if flat.dtype == BFLOAT16:
+        f32_to_bf16(bf16_to_f32(flat) / np.float32(p), flat)
+    else:
+        np.true_divide(flat, p, out=flat)
+
 
 def as_op(op) -> ReduceOp:
     if isinstance(op, ReduceOp):
@@ -41,7 +102,7 @@ def as_op(op) -> ReduceOp:
 @functools.lru_cache(maxsize=256)
 def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Reject an op that makes no sense for the dtype (BAND on floats, AVG on integers)."""
-    kind = dtype.kind
+    kind = "f" if dtype == BFLOAT16 else dtype.kind
     if kind not in "biuf":
         raise TypeError(f"cannot reduce dtype {dtype}: only bool, integer and float arrays reduce")
     if op in _BITWISE and kind == "f":
@@ -62,11 +123,11 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         mod = type(arr).__module__
         if mod.startswith("torch"):
-            if arr.device.type != "cpu":
+            if not arr.is_cpu:
                 raise TypeError(f"{name}: only CPU torch tensors are supported, got device {arr.device}")
             if not arr.is_contiguous():
                 raise ValueError(f"{name}: torch tensor must be contiguous (call .contiguous())")
-            arr = arr.detach().numpy()
+            arr = _torch_numpy(arr.detach() if arr.requires_grad else arr)
         else:
             raise TypeError(f"{name}: expected a NumPy array or CPU torch tensor, got {type(buf).__name__}")
     if not arr.flags.c_contiguous:
@@ -76,3 +137,11 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     if arr.dtype.hasobject:
         raise TypeError(f"{name}: object arrays cannot be sent; use a numeric dtype")
     return arr
+
+
+def _torch_numpy(t) -> np.ndarray:
+    """A CPU tensor's memory as an ndarray; bfloat16 (which NumPy lacks) as BFLOAT16 words."""
+    import torch  # only ever reached with a torch tensor in hand
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()

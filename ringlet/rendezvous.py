@@ -7,6 +7,10 @@
 * ``FileStore``: the same operations on a private directory (``file://path``).
 * ``env_world``: rank, world size, local rank and master address from the variables of
   torchrun, Open MPI, PMI/PMIx or SLURM.
+* ``job_token``: RINGLET_TOKEN, else one derived from a per-user secret and the launcher's
+  job id, so ranks started by torchrun, mpirun or srun agree on it with no extra step.
+* ``SignedStore``: the store's operations on a torch.distributed (c10d) store, which has no
+  authentication, every value signed with the job token.
 """
 from __future__ import annotations
 
@@ -402,12 +406,53 @@ def _first(env, names):
 
 def env_world(env=None) -> dict:
     """Read rank, world size, local rank and master address from torchrun, Open MPI,
-    PMI/PMIx or SLURM variables (the first family present wins, in that order)."""
+    PMI/PMIx or SLURM variables (the first family present wins, in that order). Without
+    MASTER_ADDR/MASTER_PORT: SLURM's first node (else this host) and a port derived from
+    the launcher's job id, so concurrent jobs of mpirun or srun do not collide."""
     env = os.environ if env is None else env
     rank, size = _first(env, _RANK), _first(env, _SIZE)
+    port = env.get("RINGLET_STORE_PORT") or env.get("MASTER_PORT")
     return {"rank": rank, "world_size": size, "local_rank": _first(env, _LOCAL),
-            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": int(env.get("MASTER_PORT", "29500"))}
+            "master_addr": env.get("MASTER_ADDR") or _slurm_first_node(env) or "127.0.0.1",
+            "master_port": int(port) if port else job_port(env)}
+
+
+def job_port(env=None) -> int:
+    """A port every rank of the job computes alike (29500 when no launcher names the job)."""
+    job = launcher_job_id(env)
+    if job is None:
+        return 29500
+    return 20000 + int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "little") % 20000
+
+
+def torch_env(env=None) -> dict:
+    """The variables torch.distributed's env:// needs (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) for a job started by mpirun or srun, which set none of them:
+    a torch script then runs unchanged. Empty when they are set or no launcher is known.
+    torch's store gets the port after ringlet's own (a script may use both)."""
+    env = os.environ if env is None else env
+    if env.get("RANK") or env.get("WORLD_SIZE"):
+        return {}
+    w = env_world(env)
+    if w["rank"] is None or w["world_size"] is None:
+        return {}
+    out = {"RANK": str(w["rank"]), "WORLD_SIZE": str(w["world_size"]),
+           "MASTER_ADDR": w["master_addr"], "MASTER_PORT": str(w["master_port"] + 1)}
+    if w["local_rank"] is not None:
+        out["LOCAL_RANK"] = str(w["local_rank"])
+    return {k: v for k, v in out.items() if not env.get(k)}
+
+
+def _slurm_first_node(env) -> str | None:
+    """The first host of SLURM's node list ("n[01-04,07],m2" -> "n01")."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodes or not env.get("SLURM_PROCID"):
+        return None
+    head = nodes.split(",")[0] if "[" not in nodes.split(",")[0] else nodes.split("]")[0]
+    if "[" in head:
+        prefix, ranges = head.split("[", 1)
+        return prefix + ranges.split(",")[0].split("-")[0]
+    return head
 
 
 def is_loopback(host: str) -> bool:
@@ -424,3 +469,155 @@ def local_address_towards(host: str, port: int) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, port))
         return s.getsockname()[0]
+
+
+# -- the job token when no launcher of ours set one -----------------------------------------
+# Variables naming the job, per launcher (first family present wins); a job's ranks share them.
+_JOB_IDS = (("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"),
+            ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+            ("PMIX_NAMESPACE",), ("OMPI_MCA_ess_base_jobid",), ("OMPI_MCA_orte_ess_jobid",),
+            ("PMI_JOBID",))
+
+
+def launcher_job_id(env=None) -> str | None:
+    """The launcher's name for this job (torchrun, SLURM, Open MPI/PMIx, PMI), or None."""
+    env = os.environ if env is None else env
+    for names in _JOB_IDS:
+        if env.get(names[0]):
+            return "|".join(f"{n}={env.get(n, '')}" for n in names)
+    return None
+
+
+def secret_path(env=None) -> str:
+    env = os.environ if env is None else env
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "ringlet", "secret")
+
+
+def user_secret(path: str | None = None) -> bytes:
+    """This user's ringlet secret, created on first use (mode 0600): every rank of a job on
+    one host, or on a cluster with a shared home, reads the same one."""
+    path = path or secret_path()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_token())
+    except FileExistsError:
+        pass
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RingletError(f"{path} must be owned by you and readable only by you "
+                           f"(chmod 600 {path}); it keys every job token derived from it")
+    for _ in range(100):   # another rank may be writing it this very moment
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+        if secret:
+            return secret
+        time.sleep(0.01)
+    raise RingletError(f"{path} is empty: delete it and run again")
+
+
+def job_token(env=None) -> tuple[str | None, str]:
+    """(token, where it came from): RINGLET_TOKEN, else the user's secret mixed with the
+    launcher's job id; (None, why not) when neither exists."""
+    env = os.environ if env is None else env
+    if env.get("RINGLET_TOKEN"):
+        return env["RINGLET_TOKEN"], "RINGLET_TOKEN"
+    job = launcher_job_id(env)
+    if job is None:
+        return None, "no RINGLET_TOKEN and no launcher job id (torchrun, srun, mpirun)"
+    return derive_token(job, env), f"derived from {secret_path(env)} and the job id {job}"
+
+
+def derive_token(job: str, env=None) -> str:
+    """The job token of job ``job`` for this user: only holders of the secret can make it."""
+    secret = user_secret(secret_path(env))
+    return hmac.new(secret, b"ringlet job " + job.encode(), hashlib.sha256).hexdigest()
+
+
+def disagree_hint(source: str) -> str:
+    """What to check when ranks do not prove the same token."""
+    if source == "RINGLET_TOKEN":
+        return "is RINGLET_TOKEN the same on every rank?"
+    return (f"ranks could not agree on the job token ({source}): a rank on another host or "
+            f"user has another secret file, or saw another job id; export the same "
+            f"RINGLET_TOKEN on every rank")
+
+
+class SignedStore:
+    """ringlet's store operations (set, get, try_get, add, wait_count) on a c10d store.
+
+    That store authenticates nobody, so each value carries an HMAC of (key, value) under
+    the job token and a value without a valid one is refused: a stranger who can reach the
+    store can delay the job but not steer it. Counters are not signed (c10d adds them
+    itself); a forged count can only end a wait early, before the signed values it waits
+    for exist, and reading those still waits."""
+
+    def __init__(self, store, token: str, prefix: str = "ringlet/", timeout: float = 60.0,
+                 source: str = "RINGLET_TOKEN"):
+        self.store, self.key, self.prefix = store, token.encode(), prefix
+        self.timeout, self.source = timeout, source
+
+    def _sign(self, key: str, value: bytes) -> bytes:
+        return hmac.new(self.key, key.encode() + b"\0" + value, hashlib.sha256).digest()
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(self.prefix + key, self._sign(key, value) + value)
+
+    def _open(self, key: str, raw: bytes) -> bytes:
+        mac, value = raw[:32], raw[32:]
+        if not hmac.compare_digest(mac, self._sign(key, value)):
+            raise AuthenticationError(f"rendezvous: store key {key!r} is not signed with this "
+                                      f"rank's job token; {disagree_hint(self.source)}")
+        return value
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        import datetime
+        t = self.timeout if timeout is None else timeout
+        try:
+            self.store.wait([self.prefix + key], datetime.timedelta(seconds=t))
+        except RuntimeError as exc:   # c10d's DistStoreError on timeout
+            if "imeout" not in str(exc) and "timed out" not in str(exc):
+                raise RingletError(f"lost the rendezvous store: {exc}") from exc
+            raise TimeoutError(f"rendezvous: key {key!r} did not appear within {t:.1f} s") from None
+        return self._open(key, self.store.get(self.prefix + key))
+
+    def try_get(self, key: str) -> bytes | None:
+        if not self.store.check([self.prefix + key]):
+            return None
+        return self._open(key, self.store.get(self.prefix + key))
+
+    def add(self, key: str, delta: int) -> int:
+        try:
+            return int(self.store.add(self.prefix + key, delta))
+        except RuntimeError as exc:   # c10d's errors: the store's host has gone
+            raise RingletError(f"lost the rendezvous store: {exc}") from exc
+
+    def wait_count(self, key: str, count: int, timeout: float | None = None) -> int:
+        t = self.timeout if timeout is None else timeout
+        deadline, pause = time.monotonic() + t, 0.0005
+        while True:
+            cur = self.add(key, 0)
+            if cur >= count:
+                return cur
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rendezvous: only {cur} of {count} ranks reached {key!r} "
+                                   f"within {t:.1f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def close(self):
+        pass
+
+
+def torchrun_store(env=None):
+    """torchrun's own store (on MASTER_PORT, which its agent holds), or None when not
+    under torchrun. ringlet joins it rather than binding the port a second time."""
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import datetime
+    import torch.distributed as dist   # present: torchrun is part of torch
+    return dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]),
+                         is_master=False, timeout=datetime.timedelta(seconds=60))

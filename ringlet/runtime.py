@@ -8,11 +8,12 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from .errors import RingletError
+from .errors import AuthenticationError, RingletError
 from .group import MAX_USER_TAG, Group
 from .ops import as_array
 from .profiling import profiled
-from .rendezvous import FileStore, StoreServer, TCPStore, env_world, local_address_towards, new_token
+from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
+                         job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
 from .transport.engine import Engine
 from .work import RequestWork
@@ -69,7 +70,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
         raise ValueError(f"rank {rank} is outside world of size {world_size}")
     url = urlparse(init_method)
     master_addr, master_port = env["master_addr"], env["master_port"]
-    token = os.environ.get("RINGLET_TOKEN")
+    token, source = job_token()
     server = None
     if url.scheme == "file":
         store = FileStore(url.path, timeout)
@@ -83,20 +84,38 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
         if token is None:
             if world_size > 1:
                 raise RingletError(
-                    "RINGLET_TOKEN is not set: every ringlet connection must prove a shared job "
-                    "secret. `ringlet run` and ringlet.spawn set it for you; under another launcher "
-                    "export the same random value on every rank, e.g. "
-                    "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))') "
-                    "and pass it on (mpirun -x RINGLET_TOKEN, srun --export=ALL)")
+                    f"no job token ({source}): every ringlet connection must prove a shared job "
+                    "secret. `ringlet run`, ringlet.spawn, torchrun, mpirun and srun provide one; "
+                    "under another launcher export the same random value on every rank, e.g. "
+                    "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
             token = new_token()
-        hosted = os.environ.get("RINGLET_STORE_HOSTED") == "1"
-        if rank == 0 and not hosted:
-            bind = local_address_towards(master_addr, master_port)
-            server = StoreServer(bind, master_port, token)
-        store = TCPStore(master_addr, master_port, token, timeout)
+        joined = torchrun_store() if url.scheme == "env" else None
+        if joined is not None:   # torchrun's agent holds MASTER_PORT: use its store
+            store = SignedStore(joined, token, timeout=timeout, source=source)
+        else:
+            if rank == 0 and os.environ.get("RINGLET_STORE_HOSTED") != "1":
+                bind = local_address_towards(master_addr, master_port)
+                server = StoreServer(bind, master_port, token)
+            try:
+                store = TCPStore(master_addr, master_port, token, timeout)
+            except AuthenticationError as exc:
+                if server is not None:
+                    server.close()
+                raise AuthenticationError(f"rank {rank}: the rendezvous store at {master_addr}:"
+                                          f"{master_port} refused this rank; "
+                                          f"{disagree_hint(source)}") from exc
     else:
         raise ValueError(f"unknown init_method {init_method!r}; use env://, tcp://host:port or "
                          f"file:///path")
+    return join(store, token, rank, world_size, backend, timeout, master_addr, master_port,
+                server)
+
+
+def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
+         timeout: float = DEFAULT_TIMEOUT, master_addr: str = "127.0.0.1",
+         master_port: int = 0, server: StoreServer | None = None) -> Group:
+    """Start the engine on a store every rank reaches (init's second half; the torch
+    backend calls it with the store torch hands it). The store is closed on failure."""
     host_id = os.environ.get("RINGLET_HOST_ID") or socket.gethostname()
     job = hashlib.sha256(token.encode()).hexdigest()[:12]
     try:
@@ -336,6 +355,30 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
               tuple(world.hosts[r] for r in ranks))
     _S.groups.append(g)
     return g
+
+
+def keyed_group(ranks, key: str) -> Group:
+    """A subgroup every member names alike by ``key`` (torch's group name and rank list),
+    created by its members only: its id, and so its traffic, does not depend on which
+    groups each rank created before (new_group's ids count creations)."""
+    world = engine() and _S.world
+    ranks = tuple(int(r) for r in ranks)
+    # Tags are signed 64-bit with the group id in bits 48-62: ids 1 .. 32767.
+    gid = 1 + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") % 0x7FFE
+    clash = next((g for g in _S.groups if g.id == gid), None)
+    if clash is not None:
+        raise RingletError(f"group {key!r} hashes to id {gid}, which {clash.name} already uses "
+                           f"on rank {world.rank}; create it under another name")
+    g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
+              tuple(world.hosts[r] for r in ranks), name=key)
+    _S.groups.append(g)
+    return g
+
+
+def drop_group(g: Group) -> None:
+    """Forget a subgroup (torch destroyed it); its id may be used again."""
+    if g in _S.groups and g is not _S.world:
+        _S.groups.remove(g)
 
 
 def default_timeout() -> float:

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from ringlet.cost import (ALGORITHMS, TIERS, Link, Topology, breakdown, choose, fit,
                           load_profile, predict, simulate, step_ratio)
-from ringlet.cost import commands, model, plan, profile, tune
+from ringlet import calibrate, commands
+from ringlet.cost import model, plan, profile, tune
 from ringlet.schedule import Schedule, chunks
 from ringlet.transport import fast, shm
 
@@ -584,7 +585,6 @@ def test_plots(tmp_path):
 
 def test_calibrate_end_to_end(tmp_path, capsys):
     """`ringlet calibrate` on this host: a tiny run over shared memory, fitted, saved, used."""
-    from ringlet.cost import calibrate
     m, b, r, c = calibrate.critical_counts("all_reduce", "direct", 4096, 2)
     assert (m, b, r, c) == (1, 4096, 4096, 4096)
     out = tmp_path / "profile.json"
@@ -611,7 +611,6 @@ def test_calibrate_end_to_end(tmp_path, capsys):
 
 def test_calibrate_progress_lines_say_time_left():
     import io
-    from ringlet.cost import calibrate
     out = io.StringIO()
     prog = calibrate.Progress(3, 30.0, stream=out)
     for i in range(3):
@@ -1030,7 +1029,7 @@ def test_fit_host_recovers_a_known_model():
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
                         "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
                         "fast_bytes": HOST_PROFILE["fast_bytes"]})
-    from ringlet.cost.calibrate import EXPERIMENTS
+    from ringlet.calibrate import EXPERIMENTS
     samples = []
     for p in (2, 4):
         for nb in (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20):
@@ -1052,7 +1051,7 @@ def test_fit_host_learns_the_rendezvous_from_rl_empty_timings():
     """Up to 1 MiB no ring message waits for CTS any more, so timings of the NumPy
     experiments alone cannot show alpha_rdv; the rl.empty broadcasts calibration adds
     (each read in place after an RTS round trip) give it back, priced as read in place."""
-    from ringlet.cost.calibrate import EXPERIMENTS, ZERO_COPY_EXPERIMENTS
+    from ringlet.calibrate import EXPERIMENTS, ZERO_COPY_EXPERIMENTS
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
                         "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
                         "fast_bytes": HOST_PROFILE["fast_bytes"]})

@@ -148,7 +148,7 @@ def test_simulator_splits_the_critical_path_by_link():
 
 
 def test_explain_shows_intra_and_inter_host_terms(capsys):
-    from ringlet.cost.commands import explain_main
+    from ringlet.commands import explain_main
     assert explain_main(["all_gather", "-n", "16", "--hosts", "2", "--tier", "ethernet",
                          "--size", "64M", "--range", "1M:64M"]) == 0
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_place_rejects_bad_jobs():
 
 
 def test_place_command_with_what_if(capsys):
-    from ringlet.cost.commands import place_main
+    from ringlet.commands import place_main
     assert place_main(["--hosts", "2", "--ranks-per-host", "4", "--tp", "4", "--tp-bytes", "4M",
                        "--dp-bytes", "256M", "--inter", "infiniband", "--what-if", "16x8"]) == 0
     out = capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Never silently wrong, never left running (issue 20): destroy, the launcher, failed
 inits, spawn inside spawn."""
 import glob
+import hashlib
 import os
 import signal
 import socket
@@ -63,8 +64,12 @@ _BY_HAND = ("import ringlet as rl\n"
             "    raise SystemExit(3)\n")
 
 
-def _leftovers():
-    return set(glob.glob("/dev/shm/ringlet-*")) | set(glob.glob("/tmp/ringlet-*"))
+def _leftovers(*tokens):
+    """Files of the jobs with these tokens in /dev/shm or /tmp: ringlet's names for shared
+    memory and launcher directories carried the token's hash (other jobs' files on this
+    machine do not count)."""
+    jobs = [hashlib.sha256(t.encode()).hexdigest()[:8] for t in tokens]
+    return {p for p in glob.glob("/dev/shm/*") + glob.glob("/tmp/*") if any(j in p for j in jobs)}
 
 
 @pytest.mark.parametrize("fault", ["wrong_token", "missing"])
@@ -72,10 +77,10 @@ def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    before = _leftovers()
+    before = _leftovers("a" * 64, "b" * 64)
     base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 RINGLET_TOKEN="a" * 64,   # (long enough for the wrong token to knock first)
-                RINGLET_TIMEOUT="8" if fault == "wrong_token" else "3")
+                RINGLET_TIMEOUT="8")
     ranks = [0, 1] if fault == "missing" else [0, 1, 2]
     procs = {r: subprocess.Popen([sys.executable, "-c", _BY_HAND], text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -92,7 +97,7 @@ def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
             assert "never started" in out[r], out[r]
     if fault == "wrong_token":
         assert "AuthenticationError" in out[2] and "RINGLET_TOKEN" in out[2], out[2]
-    assert _leftovers() <= before
+    assert _leftovers("a" * 64, "b" * 64) <= before
 
 
 # -- ringlet run: signals reach every rank, ranks die with the launcher ---------------------
@@ -113,12 +118,16 @@ def _gone(pid: int) -> bool:
         return True
 
 
+TOKEN = "c0ffee" * 10 + "beef"   # the launcher uses an exported token: its files are known
+
+
 def _launch(tmp_path, source, n, *args, opts=()):
     script = tmp_path / "job.py"
     script.write_text(source)
     return subprocess.Popen([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n), *opts,
                              str(script), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RINGLET_TOKEN=TOKEN))
 
 
 def _pids(tmp_path, n, launcher):
@@ -134,7 +143,7 @@ def _pids(tmp_path, n, launcher):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_ringlet_run_reaches_every_rank(tmp_path, sig):
     (tmp_path / "pids").mkdir()
-    before = _leftovers()
+    before = _leftovers(TOKEN)
     launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"), "stubborn",
                        opts=("--grace", "1"))
     pids = _pids(tmp_path, 3, launcher)
@@ -145,12 +154,12 @@ def test_a_signal_to_ringlet_run_reaches_every_rank(tmp_path, sig):
     assert f"got {signal.Signals(sig).name}" in err, err
     if sig == signal.SIGTERM:   # rank 1 ignores it: killed after the grace period
         assert "killed rank(s) [1]" in err, err
-    assert _leftovers() <= before
+    assert _leftovers(TOKEN) <= before
 
 
 def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
     (tmp_path / "pids").mkdir()
-    before = _leftovers()
+    before = _leftovers(TOKEN)
     launcher = _launch(tmp_path, _WAITS, 3, str(tmp_path / "pids"))
     pids = _pids(tmp_path, 3, launcher)
     launcher.kill()
@@ -159,7 +168,7 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
     while not all(_gone(p) for p in pids):
         assert time.monotonic() < deadline, [p for p in pids if not _gone(p)]
         time.sleep(0.05)
-    assert _leftovers() <= before
+    assert _leftovers(TOKEN) <= before
 
 
 def test_ringlet_run_tags_output_and_sums_up_the_failure(tmp_path):

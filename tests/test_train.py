@@ -150,6 +150,84 @@ def test_buckets_fp16_hook_halves_bytes():
     run(_fp16_job, 2)
 
 
+@given(st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=50))
+def test_bf16_rounds_to_nearest_even(values):
+    from ringlet.ops import bf16_to_f32 as from_bf16, f32_to_bf16 as to_bf16
+    x = np.array(values, np.float32)
+    words = np.empty(x.size, np.uint16)
+    to_bf16(x, words)
+    u = x.view(np.uint32).astype(np.int64)
+    lo = (u >> 16) << 16
+    for k in range(x.size):          # reference: the nearer of the two bf16 neighbours
+        a = float(np.array(lo[k], np.uint32).view(np.float32))
+        b_bits = lo[k] + 0x10000
+        b = float(np.array(b_bits, np.uint32).view(np.float32)) if (
+            (lo[k] >> 23) & 0xFF) != 0xFF else a
+        if np.isinf(x[k]) or a == x[k]:
+            want = lo[k] >> 16
+        else:
+            da, db = abs(float(x[k]) - a), abs(b - float(x[k])) if np.isfinite(b) else np.inf
+            if np.isinf(b):          # past the largest bf16: rounds to inf (both away)
+                db = abs((a + 2.0 ** (((lo[k] >> 23) & 0xFF) - 127 - 7) * np.sign(a)) - x[k])
+            want = lo[k] >> 16 if da < db or (da == db and not (lo[k] >> 16) & 1) else b_bits >> 16
+        assert words[k] == (want & 0xFFFF), (x[k], hex(words[k]), hex(want))
+    assert np.array_equal(from_bf16(words).view(np.uint32) >> 16, words)
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8)], np.float32)
+    w = np.empty(3, np.uint16)
+    to_bf16(ties, w)
+    assert list(w) == [0x3F80, 0x3F82, 0xBF80]        # ties go to the even neighbour
+
+
+def _bf16_job(rank):
+    from ringlet import train
+    from ringlet.ops import bf16_to_f32 as from_bf16, f32_to_bf16 as to_bf16
+    p = rl.get_world_size()
+    params = [np.zeros(s, np.float32) for s in SHAPES]
+    plain = train.GradBuckets(params, bucket_cap_mb=0.0005)
+    bf = train.GradBuckets(params, bucket_cap_mb=0.0005, comm_hook="bfloat16")
+    assert len(bf.buckets) > 1
+    gs = [(g * 1e30 if i == 0 else g).astype(np.float32)          # fp16 would overflow
+          for i, g in enumerate(grads_of(rank, 1))]
+    sent = []
+    for gb in (plain, bf):
+        rl.barrier()
+        before = sum(v["bytes"] for v in rl.stats()["sent"].values())
+        for i in reversed(range(6)):
+            gb.ready(i, gs[i])
+        out = [o.copy() for o in gb.wait()]
+        sent.append(sum(v["bytes"] for v in rl.stats()["sent"].values()) - before)
+    # the same arithmetic in one process: every rank's words, summed in rank order
+    every = [[g.astype(np.float32) * (1e30 if i == 0 else 1) for i, g in enumerate(grads_of(r, 1))]
+             for r in range(p)]
+    for i, o in enumerate(out):
+        words = np.empty((p, o.size), np.uint16)
+        for r in range(p):
+            to_bf16(np.ascontiguousarray(every[r][i]).reshape(-1), words[r])
+        want = from_bf16(words[0])
+        for r in range(1, p):
+            want += from_bf16(words[r])
+        want /= np.float32(p)
+        assert np.array_equal(o.reshape(-1), want), i
+        exact = np.mean([e[i].astype(np.float64) for e in every], axis=0)
+        scale = np.max([np.abs(e[i]).max() for e in every])
+        assert np.abs(o - exact).max() <= 2.0 ** -8 * scale, i     # within bf16's rounding
+    mine = np.concatenate([o.reshape(-1) for o in out])
+    allv = np.empty((p, mine.size), np.float32)
+    rl.all_gather(allv, mine)
+    assert all(np.array_equal(allv[0].view(np.uint32), v.view(np.uint32)) for v in allv)
+    # priced as sent: (p-1) n 2 bytes, against the float32 ring's 2(p-1)/p n 4
+    n = sum(int(np.prod(s)) for s in SHAPES)
+    assert sent[1] - (p - 1) * n * 2 < 64 * (len(bf.buckets) + 2), sent   # + barrier, headers
+    assert bf.price("infiniband").bytes_per_rank == (p - 1) * n * 2
+    with pytest.raises(TypeError, match="bfloat16"):
+        train.GradBuckets([np.zeros(3, np.float16)], comm_hook="bfloat16")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_buckets_bf16_hook_identical_on_every_rank(n):
+    run(_bf16_job, n)
+
+
 def _torch_job(rank):
     import torch
     from ringlet import train
@@ -597,3 +675,20 @@ def test_import_ringlet_leaves_train_unloaded():
             "assert 'torch' not in sys.modules; rl.train.GradBuckets; "
             "assert 'ringlet.train' in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["tp-dp", "gpipe", "1f1b"])
+def test_example_tp_pp_trains_like_one_process(mode):
+    """examples/train_tp_pp.py, 3 steps: it exits non-zero when any rank's parameters differ
+    from the one-process run by more than rounding."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", "import sys, ringlet.cli; sys.exit(ringlet.cli.main())",
+                          "run", "-n", "4",
+                          os.path.join(root, "examples", "train_tp_pp.py"), mode, "3"],
+                         capture_output=True, text=True, timeout=100,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "max |diff|" in out.stdout and "gamma" in out.stdout, out.stdout

@@ -7,8 +7,9 @@
 * :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
 * :mod:`.tune` - ``breakdown`` / ``predict`` (on a link, a topology or this host) and
   ``choose``: the least predicted time, explained;
-* :mod:`.place` - ``place``: which host each rank of a job should run on;
-* :mod:`.commands` - ``ringlet plan``, ``tiers``, ``explain``, ``place``.
+* :mod:`.place` - ``place``: which host each rank of a job should run on.
+(The `ringlet plan`, `tiers`, `explain`, `place` and `calibrate` commands are tools above
+it: ringlet/commands.py, ringlet/calibrate.py.)
 """
 from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, count_of, format_size,
                     nbytes_of, parse_size, tier)

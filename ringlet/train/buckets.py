@@ -19,28 +19,40 @@ import contextlib
 
 import numpy as np
 
-from ..collectives import all_reduce
-from ..ops import ReduceOp, as_array
+from ..collectives import all_gather, all_reduce
+from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from .pricing import Call, buffer, hosts_of, price
 
 
-class _Bucket:
-    __slots__ = ("indices", "buf", "wire", "pending", "work")
+BF16 = "bfloat16"
 
-    def __init__(self, indices, count, dtype, wire_dtype):
+
+class _Bucket:
+    __slots__ = ("indices", "buf", "wire", "gathered", "pending", "work")
+
+    def __init__(self, indices, count, dtype, wire_dtype, p):
         self.indices = indices
         self.buf = buffer(count, dtype)
-        self.wire = self.buf if wire_dtype is None else buffer(count, wire_dtype)
         self.pending = len(indices)
         self.work = None
+        self.gathered = None
+        if wire_dtype == BF16:
+            self.wire = buffer(count, np.uint16)
+            self.gathered = buffer(p * count, np.uint16).reshape(p, count)
+        else:
+            self.wire = self.buf if wire_dtype is None else buffer(count, wire_dtype)
 
 
 class GradBuckets:
     """Average gradients across ``group`` in buckets that start communicating as soon as
     they fill. ``comm_hook``: None, or a narrower float dtype (``"float16"``) in which
     buckets travel: each rank divides by the group size, casts, sums in that dtype and
-    casts back (seed 002's "compression lowers g": half the bytes, fp16's precision)."""
+    casts back (seed 002's "compression lowers g": half the bytes, fp16's precision).
+    ``"bfloat16"``: each rank rounds its bucket to bfloat16 words, all_gathers the words and
+    sums them in float32 in rank order - exact and bit-identical on every rank, bf16's
+    range (no overflow), (p-1)*n*2 bytes sent per rank: fewer than a float32 ring
+    all_reduce's 2(p-1)/p*n*4 only below 4 ranks."""
 
     def __init__(self, params, bucket_cap_mb: float = 25, group=None, comm_hook=None):
         self.group = resolve(group)
@@ -51,8 +63,14 @@ class GradBuckets:
             if a.dtype.kind != "f":
                 raise TypeError(f"params[{i}] has dtype {a.dtype}: gradients must be floats")
         self.shapes = [a.shape for a in arrays]
-        self.wire_dtype = None if comm_hook is None else np.dtype(comm_hook)
-        if self.wire_dtype is not None and self.wire_dtype.kind != "f":
+        self.wire_dtype = None if comm_hook is None else (
+            BF16 if comm_hook == BF16 else np.dtype(comm_hook))
+        if self.wire_dtype == BF16:
+            bad = [i for i, a in enumerate(arrays) if a.dtype not in (np.float32, np.float64)]
+            if bad:
+                raise TypeError(f"comm_hook='bfloat16' rounds float32 or float64 gradients; "
+                                f"params[{bad[0]}] is {arrays[bad[0]].dtype}")
+        elif self.wire_dtype is not None and self.wire_dtype.kind != "f":
             raise TypeError(f"comm_hook must be a float dtype such as 'float16', got {comm_hook!r}")
         if bucket_cap_mb < 0:
             raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
@@ -90,7 +108,8 @@ class GradBuckets:
 
     def _add_bucket(self, indices, arrays):
         count = sum(arrays[i].size for i in indices)
-        b = _Bucket(tuple(indices), count, arrays[indices[0]].dtype, self.wire_dtype)
+        b = _Bucket(tuple(indices), count, arrays[indices[0]].dtype, self.wire_dtype,
+                    self.group.size)
         off = 0
         for i in indices:
             flat = b.buf[off:off + arrays[i].size]
@@ -129,7 +148,10 @@ class GradBuckets:
                 self._next += 1
 
     def _start(self, b: _Bucket) -> None:
-        if b.wire is b.buf:
+        if b.gathered is not None:
+            f32_to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
+            b.work = all_gather(b.gathered, b.wire, group=self.group, async_op=True)
+        elif b.wire is b.buf:
             b.work = all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=True)
         else:
             np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
@@ -147,7 +169,13 @@ class GradBuckets:
                                f"ready(i, grad) for every parameter (zeros for unused ones)")
         for b in self.buckets:
             b.work.wait()
-            if b.wire is not b.buf:
+            if b.gathered is not None:
+                total = bf16_to_f32(b.gathered[0])
+                for r in range(1, self.group.size):
+                    total += bf16_to_f32(b.gathered[r])
+                total /= np.float32(self.group.size)
+                np.copyto(b.buf, total, casting="same_kind")
+            elif b.wire is not b.buf:
                 np.copyto(b.buf, b.wire, casting="same_kind")
             b.work, b.pending = None, len(b.indices)
         self._seen = [False] * len(self.slot)
@@ -174,8 +202,11 @@ class GradBuckets:
 
     def calls(self) -> list[Call]:
         """The collectives of one step, for :func:`ringlet.train.pricing.price`."""
-        return [Call("all_reduce", b.wire.nbytes, self.group.size, b.wire.dtype.itemsize,
-                     label=f"bucket {k}") for k, b in enumerate(self.buckets)]
+        p = self.group.size
+        return [Call("all_gather", b.gathered.nbytes, p, 2, label=f"bucket {k} bf16")
+                if b.gathered is not None else
+                Call("all_reduce", b.wire.nbytes, p, b.wire.dtype.itemsize, label=f"bucket {k}")
+                for k, b in enumerate(self.buckets)]
 
     def price(self, topology=None):
         """Communication per step on ``topology`` (see :func:`ringlet.train.pricing.price`)."""

@@ -56,11 +56,14 @@ class ColumnParallelLinear:
             y += self.b
         return _join_columns(y, self.group.size, self.group) if self.gather_output else y
 
-    def backward(self, dy):
+    def backward(self, dy, x=None):
+        """``x``: the forward's input (default: the last forward's), so micro-batches in
+        flight in a pipeline each bring their own."""
         dy = as_array(dy, "output gradient")
         if self.gather_output:
             dy = dy[..., self.cols]
-        x2, dy2 = self._x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
+        x = self._x if x is None else x
+        x2, dy2 = x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
         self.grads = [x2.T @ dy2] + ([] if self.b is None else [dy2.sum(0)])
         dx = np.ascontiguousarray(dy @ self.w.T)
         all_reduce(dx, group=self.group)
@@ -103,9 +106,14 @@ class RowParallelLinear:
             y += self.b
         return y
 
-    def backward(self, dy):
+    def backward(self, dy, x=None):
+        """``x``: the forward's input (default: the last forward's)."""
         dy = as_array(dy, "output gradient")
-        x2, dy2 = self._x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
+        if x is None:
+            x = self._x
+        elif not self.input_is_parallel:
+            x = x[..., self.rows]
+        x2, dy2 = x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
         self.grads = [x2.T @ dy2] + ([] if self.b is None else [dy2.sum(0)])
         dx = dy @ self.w.T
         return dx if self.input_is_parallel else _join_columns(dx, self.group.size, self.group)

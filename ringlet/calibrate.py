@@ -31,9 +31,9 @@ import sys
 import tempfile
 import time
 
-from ..transport import limits
-from .model import Link, format_size, parse_size
-from .profile import FIT_START, Profile, fit_host, machine, profile_path
+from .transport import limits
+from .cost.model import Link, format_size, parse_size
+from .cost.profile import FIT_START, Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 #: (all_gather's many concurrent messages price what all_reduce's do not: without them
@@ -69,8 +69,8 @@ def critical_counts(collective: str, algorithm: str, nbytes: int, p: int,
     the schedule priced with one unit cost at a time (on a uniform link the simulator
     equals the closed forms, and it also sees the local copies)."""
     from ringlet.algorithms import build
-    from .model import count_of
-    from .simulate import Topology, simulate
+    from .cost.model import count_of
+    from .cost.simulate import Topology, simulate
     s = build(collective, algorithm, p, count_of(collective, p, nbytes, itemsize), itemsize=itemsize)
     msgs = simulate(s, Topology.uniform(p, _UNIT_LAT)).time
     byts = simulate(s, Topology.uniform(p, _UNIT_BW)).time
@@ -193,7 +193,7 @@ def wait_quiet(max_load: float = 0.25, patience: float = 30.0) -> float:
 def _run_pass(transport, p, sizes, budget, max_reps, timeout):
     """One job of ``p`` fresh ranks timing every experiment once: rows, and the cores
     other processes kept busy meanwhile."""
-    from ..launch import spawn
+    from .launch import spawn
     fd, path = tempfile.mkstemp(prefix="ringlet-calibrate-", suffix=".json")
     os.close(fd)
     b0, o0 = _cpu_seconds()
@@ -324,7 +324,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
     between the group sizes, so a slow spell of the host does not hit one size only.
     ``quiet``: seconds a pass may wait for other processes to leave the cores;
     ``retries``: times a pass they disturbed runs again. ``verbose``: show progress."""
-    from .simulate import HostModel
+    from .cost.simulate import HostModel
     ranks = [p] if isinstance(p, int) else list(p)
     mc = machine()
     fits, all_samples = {}, {}
@@ -505,7 +505,7 @@ def main(argv=None) -> int:
         if a.output is None:
             import warnings
 
-            from .profile import load_profile
+            from .cost.profile import load_profile
             with warnings.catch_warnings():   # a stale profile is what this run replaces
                 warnings.simplefilter("ignore")
                 old = load_profile()

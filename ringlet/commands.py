@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..schedule import USER_BUFFERS
-from . import plan as _plan
-from .model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
+from .schedule import USER_BUFFERS
+from .cost import plan as _plan
+from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
                     tier)
 
 
@@ -45,7 +45,7 @@ def _link_arg(text: str) -> Link:
     if text.lower() in TIERS:
         return TIERS[text.lower()]
     if text.lower() in ("shm", "tcp"):
-        from .profile import host_link
+        from .cost.profile import host_link
         return host_link(text.lower())
     parts = text.split(",")
     try:
@@ -350,7 +350,7 @@ def _tiers_main(argv) -> int:
     if a.plot:
         plt = _pyplot()
         import numpy as np
-        from ..plotting import size_axis
+        from .plotting import size_axis
         sizes = np.logspace(0, 31 * np.log10(2), 200)
         fig, ax = plt.subplots(figsize=(8, 4.8))
         for link in links:
@@ -382,9 +382,9 @@ def explain_main(argv=None) -> int:
 
 
 def _explain_main(argv) -> int:
-    from .profile import load_profile, profile_path
-    from .simulate import Topology
-    from .tune import choose, crossovers, environment
+    from .cost.profile import load_profile, profile_path
+    from .cost.simulate import Topology
+    from .cost.tune import choose, crossovers, environment
 
     ap = argparse.ArgumentParser(
         prog="ringlet explain",
@@ -580,7 +580,7 @@ def _scale(text: str) -> tuple[int, int]:
 
 
 def _place_main(argv) -> int:
-    from .place import Comm, describe, expert_parallel, place, tensor_data_parallel
+    from .cost.place import describe, expert_parallel, place, tensor_data_parallel
 
     ap = argparse.ArgumentParser(
         prog="ringlet place",
@@ -663,7 +663,7 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     plt = _pyplot()
     if not sweep:
         raise _Exit("nothing to plot: a single candidate (or barrier) has no size sweep")
-    from ..plotting import size_axis
+    from .plotting import size_axis
     fig, ax = plt.subplots(figsize=(9, 5.2))
     algs = list(sweep[0][1])
     xs = [n for n, _ in sweep]

@@ -1,0 +1,466 @@
+"""ringlet as a torch.distributed backend (CPU tensors).
+
+    import ringlet.torch                      # or nothing: torch autoloads the entry point
+    dist.init_process_group("ringlet")        # "cpu:ringlet,cuda:nccl" works too
+
+The process group is a Python ``dist.ProcessGroup`` whose every operation is one of
+ringlet's collectives or point-to-point calls on CPU tensors (any dtype torch has:
+bfloat16 reduces as torch does, in float32 rounded back; non-contiguous tensors are staged
+through a contiguous copy). The world joins on the store torch hands the backend, with
+every value ringlet writes there signed by the job token; each subgroup is known by its
+rank list, so members may create groups in different orders.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from . import collectives as C
+from . import runtime
+from .errors import RingletError
+from .ops import ReduceOp
+from .rendezvous import SignedStore, derive_token, job_token, torch_env
+
+NAME = "ringlet"
+
+_RED = dist.ReduceOp.RedOpType
+# Keyed by the enum's value: hashing pybind11 enums costs microseconds per call.
+_OPS = {k.value: v for k, v in {
+    _RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
+    _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
+    _RED.BXOR: ReduceOp.BXOR, _RED.AVG: ReduceOp.AVG, _RED.PREMUL_SUM: ReduceOp.SUM}.items()}
+_PREMUL = _RED.PREMUL_SUM.value
+
+
+# -- completion: the one place that decides when a torch Work is done ------------------------
+class _Work(dist.Work):
+    """A torch Work over ringlet calls: ``wait()`` runs ``finish`` (ringlet's own waits)
+    once and raises what it raised; ``get_future()`` (what DDP waits on) does the same and
+    hands the outcome to the future. torch 2.13's future-wrapping Work drops a failed
+    future's exception in ``wait()``, so errors must not travel that way alone."""
+
+    def __init__(self, finish, result):
+        super().__init__()
+        self.finish, self.result, self.error = finish, result, None
+
+    def wait(self, timeout=None):
+        if self.finish is not None:
+            finish, self.finish = self.finish, None
+            try:
+                finish()
+            except Exception as exc:   # noqa: BLE001 - kept for every later wait
+                self.error = exc
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return self.finish is None
+
+    def is_success(self):
+        return self.finish is None and self.error is None
+
+    def exception(self):
+        return self.error
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        try:
+            self.wait()
+        except Exception as exc:   # noqa: BLE001
+            fut.set_exception(exc)
+        else:
+            fut.set_result(self.result)
+        return fut
+
+
+def _completed(run, result):
+    """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
+    future yields). ringlet progresses a call only inside its calls, so ``run`` completes
+    it here, before returning: DDP waits on the future without calling ``wait()``, and must
+    never hang. An error (a dead peer, a mismatch) is raised right here, from the torch
+    call: in torch 2.13 a failed future reaching DDP's C++ crashes the process (SIGSEGV)
+    and a future-wrapping Work's ``wait()`` drops the error."""
+    work = _Work(run, result)
+    work.wait()
+    return work
+
+
+def _p2p(request, tensor, copy_back=None):
+    """A send or receive in flight: ``wait()`` drives it (torch waits on every p2p work,
+    and a ring of isend/irecv needs every one posted before any completes)."""
+    def finish():
+        request.wait()
+        if copy_back is not None:
+            copy_back()
+    return _Work(finish, [tensor])
+
+
+# -- tensors --------------------------------------------------------------------------------
+def _dense(t: torch.Tensor):
+    """(contiguous tensor ringlet can use in place, write-back or None)."""
+    if not t.is_cpu:
+        raise TypeError(f"the ringlet backend moves CPU tensors only, got one on {t.device}; "
+                        f"use \"cpu:ringlet,cuda:nccl\" for mixed jobs")
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, lambda: t.copy_(c)
+
+
+def _reducible(t: torch.Tensor) -> torch.Tensor:
+    """Complex tensors reduce as pairs of reals (SUM, AVG, PREMUL_SUM are elementwise)."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def _op(redop):
+    """(ringlet op, premultiply factor or None) of a torch ReduceOp."""
+    kind = (redop.op if isinstance(redop, dist.ReduceOp) else redop).value
+    if kind not in _OPS:
+        raise ValueError(f"the ringlet backend has no reduce op {redop}")
+    return _OPS[kind], (redop.factor if kind == _PREMUL else None)
+
+
+def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
+    if factor is None:
+        return t
+    return t * factor if copy else t.mul_(factor)
+
+
+def _timeout(opts):
+    t = getattr(opts, "timeout", None)
+    seconds = t.total_seconds() if t is not None else -1
+    return seconds if seconds > 0 else None
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise ValueError(f"ringlet {what}: one CPU tensor per rank, got {len(tensors)}")
+    return tensors[0]
+
+
+def _flatten(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def _unflatten_into(flat, tensors):
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off:off + t.numel()].view(t.shape))
+        off += t.numel()
+
+
+# -- the process group ----------------------------------------------------------------------
+class ProcessGroup(dist.ProcessGroup):
+    """torch.distributed's process group over one ringlet group."""
+
+    def __init__(self, group, rank: int, size: int, owns_world: bool = False):
+        super().__init__(rank, size)
+        self.group, self.owns_world = group, owns_world
+
+    def shutdown(self):
+        """dist.destroy_process_group: leave ringlet if torch's world started it."""
+        if self.owns_world:
+            runtime.destroy()
+        elif self.group.id != 0:
+            runtime.drop_group(self.group)
+
+    abort = shutdown
+
+    def getBackendName(self):
+        return NAME
+
+    def _get_backend_name(self):
+        return NAME
+
+    def __repr__(self):
+        return f"<ringlet torch ProcessGroup over {self.group!r}>"
+
+    # torch's name and description of the group (DeviceMesh and the functional
+    # collectives find groups by name); the C++ base keeps them in backends it has none of.
+    _name = _desc = ""
+
+    def _set_group_name(self, name):
+        self._name = name
+
+    def _set_group_desc(self, desc):
+        self._desc = desc
+
+    setGroupName, setGroupDesc = _set_group_name, _set_group_desc
+
+    def getGroupName(self):
+        return self._name
+
+    def getGroupDesc(self):
+        return self._desc
+
+    group_name = property(getGroupName)
+    group_desc = property(getGroupDesc)
+
+    # reductions
+    def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
+        op, factor = _op(opts.reduceOp)
+        t = _one(tensors, "allreduce")
+
+        def run():
+            buf, back = _dense(t)
+            C.all_reduce(_reducible(_premul(buf, factor, False)), op, self.group,
+                         timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
+        op, factor = _op(opts.reduceOp)
+
+        def run():
+            flat = _premul(_flatten(tensors), factor, False)
+            C.all_reduce(_reducible(flat), op, self.group, timeout=_timeout(opts))
+            _unflatten_into(flat, tensors)
+        return _completed(run, tensors)
+
+    def reduce(self, tensors, opts=c10d.ReduceOptions()):
+        op, factor = _op(opts.reduceOp)
+        t = _one(tensors, "reduce")
+        root = opts.rootRank
+
+        def run():
+            buf, back = _dense(t)
+            buf = _premul(buf, factor, self.group.rank != root)
+            C.reduce(_reducible(buf), root, op, self.group, timeout=_timeout(opts))
+            if back and self.group.rank == root:
+                back()
+        return _completed(run, tensors)
+
+    def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
+        op, factor = _op(opts.reduceOp)
+        out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
+
+        def run():
+            flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
+            buf, back = _dense(out)
+            C.reduce_scatter(_reducible(buf), _reducible(flat), op, self.group,
+                             timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, outputs)
+
+    def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
+        op, factor = _op(opts.reduceOp)
+
+        def run():
+            src = _premul(inp.contiguous(), factor, True)
+            buf, back = _dense(out)
+            C.reduce_scatter(_reducible(buf), _reducible(src), op, self.group,
+                             timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, [out])
+
+    def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
+        op, factor = _op(opts.reduceOp)
+        p = self.size()
+
+        def run():   # one call: rank i's block of the concatenation is its blocks of each
+            flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
+            res = torch.empty(flat.shape[1], dtype=flat.dtype)
+            C.reduce_scatter(_reducible(res), _reducible(flat.contiguous()), op, self.group,
+                             timeout=_timeout(opts))
+            _unflatten_into(res, outs)
+        return _completed(run, outs)
+
+    # copies
+    def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
+        t = _one(tensors, "broadcast")
+
+        def run():
+            buf, back = _dense(t)
+            C.broadcast(buf, opts.rootRank, self.group, timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, tensors)
+
+    def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
+        outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
+
+        def run():
+            res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+            C.all_gather(res, inp.contiguous(), self.group, timeout=_timeout(opts))
+            for o, r in zip(outs, res):
+                o.copy_(r.view(o.shape))
+        return _completed(run, outputs)
+
+    def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
+        def run():
+            buf, back = _dense(out)
+            C.all_gather(buf, inp if inp.is_contiguous() else inp.contiguous(), self.group,
+                         timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, [out])
+
+    def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
+        def run():
+            flat = _flatten(inputs)
+            res = torch.empty((self.size(), flat.numel()), dtype=flat.dtype)
+            C.all_gather(res, flat, self.group, timeout=_timeout(opts))
+            for outs, row in zip(output_lists, res):
+                _unflatten_into(row, outs)
+        return _completed(run, output_lists)
+
+    def allgather_into_tensor_coalesced(self, outs, ins, opts=c10d.AllgatherOptions()):
+        p = self.size()
+
+        def run():   # one call; row r of the result is rank r's inputs, concatenated
+            flat = _flatten(ins)
+            res = torch.empty((p, flat.numel()), dtype=flat.dtype)
+            C.all_gather(res, flat, self.group, timeout=_timeout(opts))
+            off = 0
+            for o, i in zip(outs, ins):
+                o.view(p, -1).copy_(res[:, off:off + i.numel()])
+                off += i.numel()
+        return _completed(run, outs)
+
+    def gather(self, outputs, inputs, opts=c10d.GatherOptions()):
+        inp, root = _one(inputs, "gather"), opts.rootRank
+
+        def run():
+            if self.group.rank == root:
+                outs = _one(outputs, "gather")
+                res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+                C.gather(inp.contiguous(), res, root, self.group, timeout=_timeout(opts))
+                for o, r in zip(outs, res):
+                    o.copy_(r.view(o.shape))
+            else:
+                C.gather(inp.contiguous(), None, root, self.group, timeout=_timeout(opts))
+        return _completed(run, outputs)
+
+    def scatter(self, outputs, inputs, opts=c10d.ScatterOptions()):
+        out, root = _one(outputs, "scatter"), opts.rootRank
+
+        def run():
+            src = None
+            if self.group.rank == root:
+                src = torch.stack([t.reshape(out.shape) for t in _one(inputs, "scatter")])
+            buf, back = _dense(out)
+            C.scatter(buf, src, root, self.group, timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, outputs)
+
+    def alltoall_base(self, out, inp, out_splits, in_splits, opts=c10d.AllToAllOptions()):
+        def run():
+            buf, back = _dense(out)
+            C.all_to_all_single(buf, inp.contiguous(), list(out_splits) or None,
+                                list(in_splits) or None, self.group, timeout=_timeout(opts))
+            if back:
+                back()
+        return _completed(run, [out])
+
+    def alltoall(self, outs, ins, opts=c10d.AllToAllOptions()):
+        def run():
+            dense = [_dense(o) for o in outs]
+            C.all_to_all([d for d, _ in dense], [i.contiguous() for i in ins], self.group,
+                         timeout=_timeout(opts))
+            for _, back in dense:
+                if back:
+                    back()
+        return _completed(run, outs)
+
+    def barrier(self, opts=c10d.BarrierOptions()):
+        return _completed(lambda: C.barrier(self.group, timeout=_timeout(opts)), [])
+
+    # torch 2.13's Python API calls these names; C++ callers (DDP, functional
+    # collectives) the older ones above.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+    # _coalescing_manager(device=...): each call inside already completed on its own.
+    def _start_coalescing(self, device):
+        pass
+
+    def _end_coalescing(self, device):
+        return _completed(lambda: None, [])
+
+    # point-to-point
+    def send(self, tensors, dst, tag):
+        t = _one(tensors, "send")
+        return _p2p(runtime.isend(t.contiguous(), dst, self.group, tag), t)
+
+    def recv(self, tensors, src, tag):
+        t = _one(tensors, "recv")
+        buf, back = _dense(t)
+        return _p2p(runtime.irecv(buf, src, self.group, tag), t, back)
+
+    def recv_anysource(self, tensors, tag):
+        raise NotImplementedError("the ringlet backend receives from a named rank only: "
+                                  "pass src= to recv/irecv")
+
+
+# -- creation -------------------------------------------------------------------------------
+def _token(store, rank: int, timeout: float) -> tuple[str, str]:
+    """RINGLET_TOKEN, a launcher-derived token, or one derived from a job nonce rank 0 puts
+    in torch's store (the store is not secret; the per-user secret mixed into it is)."""
+    token, source = job_token()
+    if token is not None:
+        return token, source
+    import secrets
+    import datetime
+    if rank == 0:
+        store.set("ringlet/job", secrets.token_hex(16))
+    store.wait(["ringlet/job"], datetime.timedelta(seconds=timeout))
+    job = store.get("ringlet/job").decode()
+    return derive_token(job), f"derived from this user's ringlet secret and job {job}"
+
+
+def _world(store, rank: int, size: int, timeout: float):
+    """(ringlet's world group, whether torch started it)."""
+    owns = not runtime.is_initialized()
+    if owns:
+        token, source = _token(store, rank, timeout)
+        backend = os.environ.get("RINGLET_BACKEND", "auto")
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        runtime.join(SignedStore(store, token, timeout=timeout, source=source), token, rank,
+                     size, backend, runtime.DEFAULT_TIMEOUT if "RINGLET_TIMEOUT" not in os.environ
+                     else float(os.environ["RINGLET_TIMEOUT"]), addr)
+    world = runtime.resolve(None)
+    if (world.rank, world.size) != (rank, size):
+        raise RingletError(f"torch's world (rank {rank} of {size}) is not ringlet's, already "
+                           f"initialized as rank {world.rank} of {world.size}")
+    return world, owns
+
+
+def _create(opts, backend_options=None):
+    """torch calls this on each member of each group it creates with this backend."""
+    rank, size = opts.group_rank, opts.group_size
+    ranks = list(opts.global_ranks_in_group) or list(range(size))
+    timeout = opts.timeout.total_seconds()
+    if not dist.is_initialized():   # torch is creating its world (default) group
+        _created.clear()
+        world, owns = _world(opts.store, rank, size, timeout)
+        return ProcessGroup(world, rank, size, owns_world=owns)
+    # torch's group names can differ between members (a hashed name depends on the groups
+    # each rank created before), so a group is its ranks and how many groups of those
+    # ranks this rank has created: the same on every member.
+    nth = _created.get(tuple(ranks), 0)
+    _created[tuple(ranks)] = nth + 1
+    return ProcessGroup(runtime.keyed_group(ranks, f"torch{ranks}#{nth}"), rank, size)
+
+
+_created: dict = {}   # rank list -> torch groups of those ranks created here (since init)
+
+
+def _register():
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+
+
+_register()
+for _k, _v in torch_env().items():   # under mpirun / srun: torch's env:// then just works
+    os.environ.setdefault(_k, _v)

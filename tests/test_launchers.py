@@ -1,0 +1,166 @@
+"""The same scripts — one on ringlet's API, one on torch.distributed's with no ringlet
+import — run unchanged, with no extra variable, under `ringlet run`, torchrun, mpirun and
+srun (SLURM's variables, simulated). The job token is derived when RINGLET_TOKEN is not set,
+and ranks that cannot agree on it get an error that says so."""
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+RINGLET_SCRIPT = """
+import numpy as np, ringlet as rl
+g = rl.init()
+x = np.ones(4, np.float32) * (g.rank + 1)
+rl.all_reduce(x)
+assert x[0] == sum(range(1, g.size + 1)), x
+print(f"OK ringlet {g.rank}/{g.size}", flush=True)
+rl.destroy()
+"""
+
+TORCH_SCRIPT = """
+import torch, torch.distributed as dist
+dist.init_process_group("ringlet")
+assert dist.get_backend() == "ringlet"
+t = torch.ones(4) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+assert t[0] == sum(range(1, dist.get_world_size() + 1)), t
+print(f"OK torch {dist.get_rank()}/{dist.get_world_size()}", flush=True)
+dist.destroy_process_group()
+"""
+
+SCRIPTS = {"ringlet": RINGLET_SCRIPT, "torch": TORCH_SCRIPT}
+BIN = os.path.dirname(sys.executable)
+N = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(tmp_path) -> dict:
+    """No variable of any launcher or of ringlet; a fresh per-user secret."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RINGLET_", "OMPI_", "PMIX_", "SLURM_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    env["RINGLET_TIMEOUT"] = "20"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _srun(script, env, tmp_path, configs=None):
+    """What srun gives each task: SLURM's variables and nothing else."""
+    job = str(_free_port())   # a fresh job id
+    procs = []
+    for r in range(N):
+        e = dict(env, SLURM_PROCID=str(r), SLURM_NTASKS=str(N), SLURM_LOCALID=str(r),
+                 SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_JOB_NODELIST="localhost",
+                 SLURM_STEP_NODELIST="localhost")
+        if configs:
+            e["XDG_CONFIG_HOME"] = configs[r]
+        procs.append(subprocess.Popen([sys.executable, script], env=e, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs, codes = [], []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0])
+        codes.append(p.returncode)
+    return max(codes, key=abs), "".join(outs)
+
+
+def _two_nodes(script, env):
+    """Two torchrun agents, one per emulated host (RINGLET_HOST_ID): TCP between them."""
+    port = str(_free_port())
+    procs = [subprocess.Popen([os.path.join(BIN, "torchrun"), "--nnodes", "2", "--node-rank",
+                               str(node), "--nproc-per-node", str(N), "--master-addr",
+                               "127.0.0.1", "--master-port", port, script],
+                              env=dict(env, RINGLET_HOST_ID=f"host{node}"), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for node in range(2)]
+    outs = [p.communicate(timeout=100)[0] for p in procs]
+    return max((p.returncode for p in procs), key=abs), "".join(outs)
+
+
+def _command(launcher, script):
+    if launcher == "ringlet run":
+        return [sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), script]
+    if launcher == "torchrun":
+        return [os.path.join(BIN, "torchrun"), "--nproc-per-node", str(N),
+                "--master-port", str(_free_port()), script]
+    if launcher == "mpirun":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(N),
+                sys.executable, script]
+    raise ValueError(launcher)
+
+
+def run_under(launcher, kind, tmp_path):
+    script = tmp_path / f"{kind}_job.py"
+    script.write_text(SCRIPTS[kind])
+    env = _clean_env(tmp_path)
+    if launcher == "srun":
+        return _srun(str(script), env, tmp_path)
+    if launcher == "torchrun --nnodes 2":
+        return _two_nodes(str(script), env)
+    proc = subprocess.run(_command(launcher, str(script)), env=env, capture_output=True,
+                          text=True, timeout=100)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["ringlet", "torch"])
+@pytest.mark.parametrize("launcher", ["ringlet run", "torchrun", "torchrun --nnodes 2",
+                                      "mpirun", "srun"])
+def test_script_runs_unchanged(launcher, kind, tmp_path):
+    if launcher == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    code, out = run_under(launcher, kind, tmp_path)
+    assert code == 0, f"{kind} script under {launcher} failed:\n{out[-3000:]}"
+    world = 2 * N if "nnodes" in launcher else N
+    for r in range(world):
+        assert f"OK {kind} {r}/{world}" in out, out[-3000:]
+
+
+def test_derived_token_secret_is_private(tmp_path):
+    from ringlet.rendezvous import job_token, secret_path
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}
+    token, source = job_token(env)
+    assert token and "SLURM_JOB_ID=5" in source
+    assert os.stat(secret_path(env)).st_mode & 0o777 == 0o600
+    assert job_token(env)[0] == token                                     # stable
+    assert job_token(dict(env, SLURM_JOB_ID="6"))[0] != token             # per job
+    assert job_token(dict(env, RINGLET_TOKEN="x"))[0] == "x"              # explicit wins
+    assert job_token({"XDG_CONFIG_HOME": str(tmp_path)})[0] is None        # nothing to derive from
+
+
+@pytest.mark.parametrize("kind", ["ringlet", "torch"])
+def test_ranks_with_different_secrets_fail_clearly(kind, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPTS[kind])
+    env = _clean_env(tmp_path)
+    env["RINGLET_TIMEOUT"] = "5"
+    before = set(glob.glob("/dev/shm/ringlet-*"))
+    code, out = _srun(str(script), env, tmp_path,
+                      configs=[str(tmp_path / "home0"), str(tmp_path / "home1")])
+    # Rank 0's segments of the job that never formed (a failed init leaving them is
+    # issue 20's item 4, not this test's subject): removed as a launcher would.
+    for path in set(glob.glob("/dev/shm/ringlet-*")) - before:
+        os.unlink(path)
+    assert code != 0
+    assert "could not agree on the job token" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("example", ["torch_ddp.py", "torch_fsdp.py"])
+def test_torch_examples_run(example, tmp_path):
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", example)
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), path],
+                          env=_clean_env(tmp_path), capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "20 steps" in proc.stdout, proc.stdout

@@ -1,0 +1,454 @@
+"""ringlet as a torch.distributed backend, through torch.distributed on real ranks: every
+collective against a reference, every dtype and reduce op, groups created asymmetrically,
+a dead rank under DDP, and DDP / FSDP2 training bit-identical to the same run on Gloo."""
+import multiprocessing as mp
+import os
+import socket
+import sys
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import ringlet.torch  # noqa: F401  (registers the backend)
+
+JOB_TIMEOUT = 100.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, n, port, backend, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(n), RINGLET_TIMEOUT="20")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=n)
+        fn(rank, n, *args)
+        dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def launch(fn, n, *args, backend="ringlet", expect_fail=()):
+    """Run fn(rank, n, *args) on n forked ranks inside torch.distributed; every rank not in
+    ``expect_fail`` must exit 0 within JOB_TIMEOUT."""
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, n, port, backend, args)) for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(JOB_TIMEOUT)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    bad = [r for r, c in enumerate(codes) if c != 0 and r not in expect_fail]
+    assert not bad, f"ranks {bad} failed or hung (exit codes {codes})"
+
+
+# -- every collective against a reference -----------------------------------------------------
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+R = dist.ReduceOp
+
+
+def _ops_for(dtype):
+    if dtype.is_complex:
+        return [R.SUM, R.AVG, "premul"]
+    if dtype.is_floating_point:
+        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, "premul"]
+    return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+
+
+def _data(rank, dtype, n=37):
+    """Small integer values (exact in every dtype, in any summation order), per rank."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randint(1, 4, (n,), generator=g)
+    if dtype.is_complex:
+        return torch.complex(x.float(), -x.float()).to(dtype)
+    return x.to(dtype)
+
+
+def _reference(xs, op):
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in (R.SUM, R.AVG, "premul"):
+            acc = acc + x
+        elif op == R.PRODUCT:
+            acc = acc * x
+        elif op == R.MIN:
+            acc = torch.minimum(acc, x)
+        elif op == R.MAX:
+            acc = torch.maximum(acc, x)
+        elif op == R.BAND:
+            acc = acc & x
+        elif op == R.BOR:
+            acc = acc | x
+        elif op == R.BXOR:
+            acc = acc ^ x
+    if op == R.AVG:   # complex: each of the two reals divided
+        acc = torch.view_as_complex(torch.view_as_real(acc) / len(xs)) if acc.is_complex() \
+            else acc / len(xs)
+    if op == "premul":
+        acc = acc * 2   # factor 2 applied to each rank's input
+    return acc
+
+
+def _same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
+    assert torch.equal(a, b), f"{what}: {a} != {b}"
+
+
+def _every_dtype_and_op(rank, n):
+    for dtype in DTYPES:
+        xs = [_data(r, dtype) for r in range(n)]
+        for op in _ops_for(dtype):
+            t = xs[rank].clone()
+            red = dist._make_nccl_premul_sum(2.0) if op == "premul" else op
+            dist.all_reduce(t, op=red)
+            _same(t, _reference(xs, op), f"all_reduce {dtype} {op}")
+            t = xs[rank].clone()
+            dist.reduce(t, dst=n - 1, op=red)
+            if rank == n - 1:
+                _same(t, _reference(xs, op), f"reduce {dtype} {op}")
+            else:
+                _same(t, xs[rank], f"reduce leaves a non-root's input {dtype} {op}")
+            out = torch.empty(xs[0].numel() // n, dtype=dtype)
+            full = torch.cat([x[:out.numel() * n] for x in [xs[rank]]])
+            dist.reduce_scatter_tensor(out, full, op=red)
+            want = _reference([x[:out.numel() * n] for x in xs], op)
+            _same(out, want[rank * out.numel():(rank + 1) * out.numel()],
+                  f"reduce_scatter_tensor {dtype} {op}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_dtype_and_op(n):
+    launch(_every_dtype_and_op, n)
+
+
+def _bfloat16_rounds_as_torch(rank, n):
+    g = torch.Generator().manual_seed(7)
+    xs = [(torch.randn(4099, generator=g) * torch.randn(4099, generator=g).exp() * 100).bfloat16()
+          for _ in range(n)]
+    for op, ref in ((R.SUM, xs[0] + xs[1]), (R.PRODUCT, xs[0] * xs[1]), (R.AVG, None)):
+        t = xs[rank].clone()
+        dist.all_reduce(t, op=op)
+        want = ((xs[0].float() + xs[1].float()).bfloat16().float() / 2).bfloat16() \
+            if op == R.AVG else ref
+        assert torch.equal(t.view(torch.int16), want.view(torch.int16)), op
+    for dtype in (torch.float16, torch.bfloat16):   # every rank the same bits
+        t = (torch.randn(100003, generator=torch.Generator().manual_seed(rank)) * 10).to(dtype)
+        dist.all_reduce(t)
+        mine = t.view(torch.int16).clone()
+        theirs = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(theirs, mine)
+        assert all(torch.equal(mine, x) for x in theirs), dtype
+
+
+def test_bfloat16_reduces_exactly_as_torch():
+    launch(_bfloat16_rounds_as_torch, 2)
+
+
+def _collectives(rank, n):
+    x = torch.arange(6, dtype=torch.float32) + 10 * rank
+    xs = [torch.arange(6, dtype=torch.float32) + 10 * r for r in range(n)]
+    t = x.clone()
+    dist.broadcast(t, src=1)
+    _same(t, xs[1], "broadcast")
+    outs = [torch.empty(6) for _ in range(n)]
+    dist.all_gather(outs, x)
+    for r in range(n):
+        _same(outs[r], xs[r], "all_gather")
+    big = torch.empty(6 * n)
+    dist.all_gather_into_tensor(big, x)
+    _same(big, torch.cat(xs), "all_gather_into_tensor")
+    inplace = torch.zeros(6 * n)
+    inplace[6 * rank:6 * rank + 6] = x
+    dist.all_gather_into_tensor(inplace, inplace[6 * rank:6 * rank + 6])   # FSDP's idiom
+    _same(inplace, torch.cat(xs), "in-place all_gather_into_tensor")
+    o = torch.empty(6)
+    dist.reduce_scatter(o, [x * (j + 1) for j in range(n)])
+    _same(o, sum(xs) * (rank + 1), "reduce_scatter")
+    a2a = [torch.full((r + 1,), float(rank)) for r in range(n)]   # uneven sizes per peer
+    got = [torch.empty(rank + 1) for _ in range(n)]
+    dist.all_to_all(got, a2a)
+    for r in range(n):
+        _same(got[r], torch.full((rank + 1,), float(r)), "all_to_all")
+    in_splits = [r + 1 for r in range(n)]
+    out_splits = [rank + 1] * n
+    src = torch.cat([torch.full((r + 1, 2), float(rank)) for r in range(n)])
+    dst = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(dst, src, out_splits, in_splits)
+    _same(dst, torch.cat([torch.full((rank + 1, 2), float(r)) for r in range(n)]),
+          "all_to_all_single uneven")
+    g = [torch.empty(6) for _ in range(n)] if rank == 0 else None
+    dist.gather(x, g, dst=0)
+    if rank == 0:
+        for r in range(n):
+            _same(g[r], xs[r], "gather")
+    s = torch.empty(6)
+    dist.scatter(s, [xr * 2 for xr in xs] if rank == n - 1 else None, src=n - 1)
+    _same(s, xs[rank] * 2, "scatter")
+    dist.barrier()
+    # point-to-point: tags keep two messages apart, batch_isend_irecv around a ring
+    if rank == 0:
+        dist.send(torch.full((3,), 5.0), 1, tag=7)
+        dist.send(torch.full((3,), 6.0), 1, tag=8)
+    elif rank == 1:
+        b8, b7 = torch.empty(3), torch.empty(3)
+        w8 = dist.irecv(b8, 0, tag=8)
+        dist.recv(b7, 0, tag=7)
+        w8.wait()
+        _same(b7, torch.full((3,), 5.0), "recv tag 7")
+        _same(b8, torch.full((3,), 6.0), "recv tag 8")
+    recv = torch.empty(1 << 18)   # above the EAGER size: both must be posted to complete
+    ops = [dist.P2POp(dist.isend, torch.full((1 << 18,), float(rank)), (rank + 1) % n),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    _same(recv, torch.full((1 << 18,), float((rank - 1) % n)), "batch_isend_irecv")
+    # object collectives
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(n)]
+    lst = [{"from": 0}] if rank == 0 else [None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == [{"from": 0}]
+    # coalesced, and the coalescing manager with a device (torch's old style)
+    ts = [torch.ones(3) * (rank + 1), torch.ones(2, dtype=torch.float32) * 2]
+    dist.all_reduce_coalesced(ts)
+    _same(ts[0], torch.ones(3) * sum(range(1, n + 1)), "all_reduce_coalesced")
+    with dist._coalescing_manager(device=torch.device("cpu")):
+        u = torch.ones(4)
+        dist.all_reduce(u)
+    _same(u, torch.ones(4) * n, "coalescing manager")
+    # functional collectives (resolve the group by name)
+    import torch.distributed._functional_collectives as fc
+    y = fc.all_reduce(torch.ones(5) * rank, "sum", dist.group.WORLD)
+    _same(y, torch.ones(5) * sum(range(n)), "functional all_reduce")
+    z = fc.all_gather_tensor(torch.ones(2) * rank, 0, dist.group.WORLD)
+    _same(z, torch.cat([torch.ones(2) * r for r in range(n)]), "functional all_gather")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_through_torch(n):
+    launch(_collectives, n)
+
+
+def _non_contiguous(rank, n):
+    base = torch.arange(24, dtype=torch.float32).view(4, 6) + rank
+    col = base[:, 1]                      # stride 6
+    assert not col.is_contiguous()
+    dist.all_reduce(col)
+    _same(col, sum(torch.arange(24, dtype=torch.float32).view(4, 6)[:, 1] + r
+                   for r in range(n)), "non-contiguous all_reduce")
+    _same(base[:, 0], torch.arange(0, 24, 6, dtype=torch.float32) + rank, "neighbours untouched")
+    t = (torch.arange(8.0) * (rank + 1)).view(2, 4).t()
+    dist.broadcast(t, src=0)
+    _same(t, torch.arange(8.0).view(2, 4).t(), "non-contiguous broadcast")
+    outs = [torch.empty(4, 2).t() for _ in range(n)]
+    dist.all_gather(outs, torch.full((2, 4), float(rank)))
+    for r in range(n):
+        _same(outs[r], torch.full((2, 4), float(r)), "all_gather into non-contiguous")
+
+
+def test_non_contiguous_tensors():
+    launch(_non_contiguous, 2)
+
+
+def _asymmetric_groups(rank, n):
+    if rank == 0:   # a group only rank 0 creates, first
+        solo = dist.new_group([0], use_local_synchronization=True)
+        t = torch.ones(2)
+        dist.all_reduce(t, group=solo)
+        _same(t, torch.ones(2), "one-rank group")
+    pair = dist.new_group([0, 1], use_local_synchronization=True)
+    if rank in (0, 1):
+        t = torch.ones(2) * (rank + 1)
+        dist.all_reduce(t, group=pair)
+        _same(t, torch.ones(2) * 3, "pair group")
+    everyone = dist.new_group(list(range(n)))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=everyone)
+    _same(t, torch.ones(1) * n, "second world-sized group")
+
+
+def test_groups_created_in_different_orders():
+    launch(_asymmetric_groups, 3)
+
+
+def _torch_mesh(rank, n):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("dp", "tp"))
+    t = torch.ones(3) * rank
+    dist.all_reduce(t, group=mesh.get_group("tp"))
+    pair = rank - rank % 2
+    _same(t, torch.ones(3) * (2 * pair + 1), "mesh tp group")
+
+
+def test_device_mesh_groups():
+    launch(_torch_mesh, 4)
+
+
+# -- a rank dying under DDP ---------------------------------------------------------------------
+def _dies(rank, n, path):
+    model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for step in range(50):
+            if rank == 1 and step == 3:
+                os._exit(3)
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    except Exception as exc:   # noqa: BLE001
+        with open(path, "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        os._exit(0)
+    os._exit(5)   # the survivor trained on: wrong
+
+
+def test_rank_dying_under_ddp_raises(tmp_path):
+    path = str(tmp_path / "error.txt")
+    launch(_dies, 2, path, expect_fail=(1,))
+    text = open(path).read()
+    assert "rank 1" in text and ("PeerFailure" in text or "died" in text or "closed" in text), text
+
+
+# -- DDP and FSDP2: every parameter bit-identical to Gloo ----------------------------------------
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 8))
+
+
+class _WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.unused = _model(), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _batch(rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+
+
+def _train(rank, n, kind, out_dir):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        model = _model()
+        mesh = init_device_mesh("cpu", (n,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        module = _WithUnused() if kind == "unused" else _model()
+        model = DDP(module, find_unused_parameters=kind == "unused", static_graph=kind == "static",
+                    bucket_cap_mb=0.01)   # several buckets
+        if kind == "hook":
+            model.register_comm_hook(None, default_hooks.allreduce_hook)
+        if kind == "fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(20):
+        x, y = _batch(rank, step)
+        if kind == "no_sync":   # accumulate over two micro-batches
+            with model.no_sync():
+                nn.functional.mse_loss(model(x[:8]), y[:8]).backward()
+            nn.functional.mse_loss(model(x[8:]), y[8:]).backward()
+        else:
+            nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+             for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(state, os.path.join(out_dir, f"{dist.get_backend()}.pt"))
+
+
+KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "fsdp2"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_matches_gloo(kind, n, tmp_path):
+    """20 steps on Gloo and on ringlet. At p = 2 every parameter has the same bits (a sum
+    of two is one rounding, whatever the algorithm). At p = 4 a float sum's bits depend on
+    its order, which Gloo's algorithms and ringlet's do not share: equal to float32's
+    rounding over 20 steps (float16's with the fp16 hook)."""
+    launch(_train, n, kind, str(tmp_path), backend="gloo")
+    launch(_train, n, kind, str(tmp_path), backend="ringlet")
+    gloo = torch.load(tmp_path / "gloo.pt")
+    ours = torch.load(tmp_path / "ringlet.pt")
+    assert gloo.keys() == ours.keys()
+    for k in gloo:
+        if n == 2:
+            assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
+        else:   # float16 gradients (the fp16 hook) round at 2**-11, float32 at 2**-24
+            tol = 1e-2 if kind == "fp16" else 1e-4
+            torch.testing.assert_close(ours[k], gloo[k], rtol=tol, atol=tol / 10,
+                                       msg=f"{kind} p={n}: parameter {k} strays from Gloo")
+
+
+# -- bfloat16 in ringlet's own calls (no torch.distributed) --------------------------------------
+def _ringlet_bfloat16(rank):
+    import ringlet as rl
+    p = rl.get_world_size()
+    xs = [(torch.randn(5000, generator=torch.Generator().manual_seed(r)) * 50).bfloat16()
+          for r in range(p)]
+    t = xs[rank].clone()
+    rl.all_reduce(t)
+    assert torch.equal(t.view(torch.int16), (xs[0] + xs[1]).view(torch.int16))
+    out = torch.empty(p, 5000, dtype=torch.bfloat16)
+    rl.all_gather(out, xs[rank])
+    assert all(torch.equal(out[r].view(torch.int16), xs[r].view(torch.int16)) for r in range(p))
+    for op in ("max", "min", "avg"):
+        t = xs[rank].clone()
+        rl.all_reduce(t, op)
+        want = {"max": torch.maximum(xs[0], xs[1]), "min": torch.minimum(xs[0], xs[1]),
+                "avg": ((xs[0] + xs[1]).float() / 2).bfloat16()}[op]
+        assert torch.equal(t.view(torch.int16), want.view(torch.int16)), op
+    h = [x.to(torch.float16) for x in xs]   # NumPy's float16 add rounds as torch's does
+    t = h[rank].clone()
+    rl.all_reduce(t)
+    assert torch.equal(t.view(torch.int16), (h[0] + h[1]).view(torch.int16))
+    if rank == 0:
+        rl.send(xs[0], 1, tag=3)
+    else:
+        got = torch.empty(5000, dtype=torch.bfloat16)
+        rl.recv(got, 0, tag=3)
+        assert torch.equal(got.view(torch.int16), xs[0].view(torch.int16))
+
+
+def test_ringlet_calls_take_bfloat16_tensors():
+    from conftest import run
+    run(_ringlet_bfloat16, 2)
+
+
+def test_bench_bfloat16(tmp_path):
+    import subprocess
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "bench", "-n", "2", "--op",
+                           "all_reduce", "--sizes", "8:4K", "--dtype", "bfloat16", "--check"],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "bfloat16" in line]
+    assert len(rows) == 10 and all(line.split()[-1] == "0" for line in rows), proc.stdout

@@ -104,7 +104,11 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     what = (collective, seq, g.name, name)
     tr = tracing.Call(what, tag, count * dtype.itemsize, g.size, plan, eng.peers) if tracing.ON else None
     resume = None
-    eng.enter()
+    # Only a progress thread can drive the engine beside this caller, and only this caller
+    # can start one (after this call is posted): without one, the engine needs no lock.
+    locked = eng.background.thread is not None
+    if locked:
+        eng.enter()
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
         if fc is not None and not async_op and not eng.works and not eng.aborts:
@@ -120,7 +124,8 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
                               (pool, scratch), resume and resume[:4], tr)
     finally:
-        eng.leave()
+        if locked:
+            eng.leave()
     if async_op:
         eng.background.watch(work)
         return track(work)

@@ -18,6 +18,17 @@ from test_collectives import in_rank_settings
 SHAPES = [(17, 9), (9,), (9, 33), (33,), (33, 5), (5,)]   # a 3-layer MLP's weights and biases
 
 
+def _one_step(gb, gs, sent):
+    """Hand over every gradient in backward order and wait; record the bytes this rank sent."""
+    rl.barrier()
+    before = sum(v["bytes"] for v in rl.stats()["sent"].values())
+    for i in reversed(range(len(gs))):
+        gb.ready(i, gs[i])
+    out = [o.copy() for o in gb.wait()]
+    sent.append(sum(v["bytes"] for v in rl.stats()["sent"].values()) - before)
+    return out
+
+
 def grads_of(rank, step, shapes=SHAPES, dyadic=False):
     rng = np.random.default_rng([rank, step])
     if dyadic:
@@ -130,12 +141,7 @@ def _fp16_job(rank):
     gs = [g.astype(np.float32) for g in grads_of(rank, 1)]
     sent = []
     for gb in (plain, half):
-        rl.barrier()
-        before = sum(v["bytes"] for v in rl.stats()["sent"].values())
-        for i in reversed(range(6)):
-            gb.ready(i, gs[i])
-        out = [o.copy() for o in gb.wait()]
-        sent.append(sum(v["bytes"] for v in rl.stats()["sent"].values()) - before)
+        out = _one_step(gb, gs, sent)
         ref = mean_grads(p, 1)
         tol = 1e-6 if gb is plain else 2e-3
         for o, r in zip(out, ref):
@@ -190,12 +196,7 @@ def _bf16_job(rank):
           for i, g in enumerate(grads_of(rank, 1))]
     sent = []
     for gb in (plain, bf):
-        rl.barrier()
-        before = sum(v["bytes"] for v in rl.stats()["sent"].values())
-        for i in reversed(range(6)):
-            gb.ready(i, gs[i])
-        out = [o.copy() for o in gb.wait()]
-        sent.append(sum(v["bytes"] for v in rl.stats()["sent"].values()) - before)
+        out = _one_step(gb, gs, sent)
     # the same arithmetic in one process: every rank's words, summed in rank order
     every = [[g.astype(np.float32) * (1e30 if i == 0 else 1) for i, g in enumerate(grads_of(r, 1))]
              for r in range(p)]

@@ -157,6 +157,52 @@ class RankRound(NamedTuple):
     recvs: tuple[Transfer, ...]
 
 
+# -- the executor's form of a rank's plan (``ringlet.work.compile_plan``): the same
+# transfers with group ranks turned into world ranks and offsets into slice bounds, read
+# by the Python executor and encoded for the C fast path. Rounds keep RankRound's order.
+class LocalStep(NamedTuple):
+    """``dbuf[d0:d1] = sbuf[s0:s1]``, or ``= ufunc(abuf[a0:a1], sbuf[s0:s1])`` when
+    ``reduce`` (``abuf`` None: the accumulator is the destination)."""
+    reduce: bool
+    sbuf: str
+    s0: int
+    s1: int
+    dbuf: str
+    d0: int
+    d1: int
+    abuf: str | None
+    a0: int
+    a1: int
+
+
+class SendStep(NamedTuple):
+    """Send ``sbuf[s0:s1]`` to world rank ``dst``."""
+    dst: int
+    sbuf: str
+    s0: int
+    s1: int
+
+
+class RecvStep(NamedTuple):
+    """Receive from world rank ``src`` into ``dbuf[d0:d1]``, reducing with the
+    accumulator ``abuf[a0:a1]`` when ``reduce`` (``abuf`` None: the destination)."""
+    src: int
+    reduce: bool
+    dbuf: str
+    d0: int
+    d1: int
+    abuf: str | None
+    a0: int
+    a1: int
+
+
+class PlanRound(NamedTuple):
+    """One round of a compiled plan: local steps, then messages out and in."""
+    local: tuple[LocalStep, ...]
+    sends: tuple[SendStep, ...]
+    recvs: tuple[RecvStep, ...]
+
+
 @dataclass(eq=False)
 class Schedule:
     collective: str

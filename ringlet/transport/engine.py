@@ -269,8 +269,8 @@ class Engine:
             return
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None
-            if q and q[0][-1] != work.fp:
-                self.mismatch(tag, work.fp, q[0][-1], peer.rank)
+            if q and q[0].fp != work.fp:
+                self.mismatch(tag, work.fp, q[0].fp, peer.rank)
                 return
 
     def end_collective(self, work) -> None:

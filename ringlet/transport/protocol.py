@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -136,6 +137,17 @@ class _Parked:
         pass  # nobody waits on it
 
 
+class Unasked(NamedTuple):
+    """A message that arrived before its receive was posted (kept per tag, in order)."""
+    fp: tuple                        # the sender's collective fingerprint
+    held: int                        # bytes it counts against MAX_UNEXPECTED
+    payload: bytes | None = None     # EAGER: the message
+    parked: _Parked | None = None    # streamed RTS: its fragments so far
+    msgid: int = -1                  # RTS: the message's id, size, and where it lies
+    length: int = 0                  # (where: in the sender's rl.empty buffer, or None)
+    where: tuple | None = None
+
+
 class Peer:
     """Matching and flow logic for one remote rank; subclasses move the packets.
 
@@ -203,18 +215,18 @@ class Peer:
             return
         q = self.unexpected.get(req.tag)
         if q:
-            if q[0][-1] != req.fp and CHECK_FINGERPRINTS:
+            if q[0].fp != req.fp and CHECK_FINGERPRINTS:
                 _push(self.posted, req.tag, req)
-                self.engine.mismatch(req.tag, req.fp, q[0][-1], self.rank)
+                self.engine.mismatch(req.tag, req.fp, q[0].fp, self.rank)
                 return
             item = _pop(self.unexpected, req.tag, q)
-            self.unexpected_bytes -= _held(item)
-            if item[0] == "eager":
-                self._finish_eager(req, item[1])
-            elif item[0] == "stream":
-                self._claim_parked(req, item[1])
+            self.unexpected_bytes -= item.held
+            if item.payload is not None:
+                self._finish_eager(req, item.payload)
+            elif item.parked is not None:
+                self._claim_parked(req, item.parked)
             else:
-                self._accept(req, item[1], item[2], item[3])
+                self._accept(req, item.msgid, item.length, item.where)
             return
         _push(self.posted, req.tag, req)
 
@@ -320,12 +332,13 @@ class Peer:
                     raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
                                         f"nobody has asked for")
             if kind == EAGER:
-                item = ("eager", bytes(payload), fp)
+                data = bytes(payload)
+                item = Unasked(fp, len(data), payload=data)
             elif stream:
                 parked = self.incoming[msgid] = _Parked(msgid, length, tag)
-                item = ("stream", parked, fp)
+                item = Unasked(fp, length, parked=parked)
             else:
-                item = ("rts", msgid, length, where, fp)
+                item = Unasked(fp, 0, msgid=msgid, length=length, where=where)
             _push(self.unexpected, tag, item)
             if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
                 self.engine.check_fingerprint(tag, fp, self.rank)
@@ -457,7 +470,7 @@ class Peer:
         for req in self.posted.pop(tag, ()):
             req.fail(exc)
         for item in self.unexpected.pop(tag, ()):     # nobody will ask for these now
-            self.unexpected_bytes -= _held(item)
+            self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
             if req.tag == tag and not isinstance(req, _Discard):
                 req.fail(exc)
@@ -472,7 +485,7 @@ class Peer:
                 req.fail(exc)
         for tag in [t for t in self.unexpected if t >> 48 < below]:
             for item in self.unexpected.pop(tag):
-                self.unexpected_bytes -= _held(item)
+                self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
             if req.tag >> 48 < below and not isinstance(req, _Discard):
                 req.fail(exc)
@@ -484,12 +497,6 @@ class Peer:
 
     def close(self) -> None:
         pass
-
-
-def _held(item) -> int:
-    """Bytes an unasked-for message counts against MAX_UNEXPECTED (an RTS holds none)."""
-    kind = item[0]
-    return len(item[1]) if kind == "eager" else item[1].nbytes if kind == "stream" else 0
 
 
 def _push(queues: dict, tag: int, item) -> None:

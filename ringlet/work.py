@@ -243,7 +243,7 @@ class CollectiveWork(Work):
 
     def _describe_timeout(self, limit: float) -> str:
         text = super()._describe_timeout(limit)
-        report = getattr(self.engine, "hang_report", None)
+        report = self.engine.hang_report
         if report is not None:
             text += report(self.tag, self._what)
         return text

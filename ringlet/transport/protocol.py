@@ -28,6 +28,7 @@ import numpy as np
 
 from ..buffers import locate
 from ..errors import PeerFailure, RingletError
+from ..group import group_of
 
 HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
@@ -322,7 +323,7 @@ class Peer:
                 else:
                     self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
-            if tag >> 48 < self.engine.retired_below:   # a world that shrank away: drop it
+            if group_of(tag) < self.engine.retired_below:   # a world that shrank away: drop it
                 if stream:
                     self.incoming[msgid] = _Discard(msgid, length, 0, tag)
                 return
@@ -480,14 +481,14 @@ class Peer:
     def retire(self, below: int, exc) -> None:
         """Forget the receives and unasked-for messages of every group whose id is below
         ``below`` (a world that shrank away); the rest of their data is drained."""
-        for tag in [t for t in self.posted if t >> 48 < below]:
+        for tag in [t for t in self.posted if group_of(t) < below]:
             for req in self.posted.pop(tag):
                 req.fail(exc)
-        for tag in [t for t in self.unexpected if t >> 48 < below]:
+        for tag in [t for t in self.unexpected if group_of(t) < below]:
             for item in self.unexpected.pop(tag):
                 self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
-            if req.tag >> 48 < below and not isinstance(req, _Discard):
+            if group_of(req.tag) < below and not isinstance(req, _Discard):
                 req.fail(exc)
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag)
 

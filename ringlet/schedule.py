@@ -94,14 +94,21 @@ class Round:
         self._cols: dict[str, np.ndarray] | None = None
 
     # -- building ----------------------------------------------------------------------
-    def copy(self, src, dst, n, sbuf, soff, dbuf, doff) -> "Round":
+    def copy(self, src, dst, n, sbuf=None, soff=0, dbuf=None, doff=0, *, buf=None,
+             off=0) -> "Round":
         """Add transfers ``dst.dbuf[doff:+n] = src.sbuf[soff:+n]``; every argument may be
-        a scalar or an array (broadcast together, one transfer per element)."""
+        a scalar or an array (broadcast together, one transfer per element). ``buf`` and
+        ``off`` instead name a region that is the same on both ranks (a chunk passed on):
+        ``copy(src=r, dst=r + 1, n=size, buf="buf", off=o)`` is rank r sending its chunk
+        ``buf[o:o+size]`` to rank r + 1's same chunk."""
+        sbuf, soff, dbuf, doff = _regions(sbuf, soff, dbuf, doff, buf, off)
         return self._add(src, dst, n, sbuf, soff, dbuf, doff, False, None, 0)
 
-    def reduce(self, src, dst, n, sbuf, soff, dbuf, doff, abuf=None, aoff=0) -> "Round":
+    def reduce(self, src, dst, n, sbuf=None, soff=0, dbuf=None, doff=0, abuf=None, aoff=0,
+               *, buf=None, off=0) -> "Round":
         """Add transfers ``dst.dbuf[doff:+n] = op(dst.abuf[aoff:+n], src.sbuf[soff:+n])``
-        (accumulator defaults to the destination)."""
+        (accumulator defaults to the destination); ``buf``/``off`` as in :meth:`copy`."""
+        sbuf, soff, dbuf, doff = _regions(sbuf, soff, dbuf, doff, buf, off)
         return self._add(src, dst, n, sbuf, soff, dbuf, doff, True, abuf, aoff)
 
     def _add(self, src, dst, n, sbuf, soff, dbuf, doff, red, abuf, aoff) -> "Round":
@@ -148,6 +155,19 @@ class Round:
 
     def __iter__(self):
         return iter(self.rows())
+
+
+def _regions(sbuf, soff, dbuf, doff, buf, off) -> tuple:
+    """(sbuf, soff, dbuf, doff) of a transfer given either both sides or ``buf``/``off``."""
+    if buf is None:
+        if sbuf is None or dbuf is None:
+            raise TypeError("a transfer needs sbuf= and dbuf=, or buf= for the same region "
+                            "on both ranks")
+        return sbuf, soff, dbuf, doff
+    if sbuf is not None or dbuf is not None:
+        raise TypeError("buf= names the same region on both ranks: pass it or sbuf=/dbuf=, "
+                        "not both")
+    return buf, off, buf, off
 
 
 class RankRound(NamedTuple):

@@ -11,8 +11,8 @@ import sys
 
 from .schedule import USER_BUFFERS
 from .cost import plan as _plan
-from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
-                    tier)
+from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, format_time,
+                    parse_size, tier)
 
 
 class _Exit(Exception):
@@ -307,17 +307,9 @@ def sweep_table(links: list[Link], lo: int, hi: int) -> str:
         cells = []
         for link in links:
             t = link.time(n)
-            cells.append(f"{_fmt_t(t):>14} {'B' if n > link.crossover else 'L'}")
+            cells.append(f"{format_time(t):>14} {'B' if n > link.crossover else 'L'}")
         lines.append(f"{format_size(n):>10}" + "".join(cells))
     return "\n".join(lines)
-
-
-def _fmt_t(t: float) -> str:
-    if t < 1e-3:
-        return f"{t * 1e6:.2f} us"
-    if t < 1:
-        return f"{t * 1e3:.2f} ms"
-    return f"{t:.3f} s"
 
 
 def _tiers_main(argv) -> int:

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .errors import AuthenticationError, RingletError
-from .group import MAX_USER_TAG, Group
+from .group import MAX_USER_TAG, Group, group_of
 from .ops import as_array
 from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
@@ -130,7 +130,6 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
-    engine.coll_stats = {}
     engine.describe_fp = _describe_fp
     engine.on_long_wait = _publish_state
     engine.hang_report = _hang_report
@@ -202,7 +201,7 @@ def _hang_report(tag: int, what) -> str:
     import json
     import time
     collective, seq, group_name, _ = what
-    g = next((x for x in _S.groups if x.id == tag >> 48), None)
+    g = next((x for x in _S.groups if x.id == group_of(tag)), None)
     if g is None or _S.store is None:
         return ""
     _S.published = 0.0
@@ -484,7 +483,7 @@ def stats() -> dict:
         for r, p in sorted(eng.peers.items()):
             out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
             out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
-        out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
+        out["collectives"] = {k: v.as_dict() for k, v in eng.coll_stats.items()}
     return out
 
 
@@ -493,5 +492,4 @@ def reset_stats() -> None:
     with eng.lock:
         for p in eng.peers.values():
             p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
-        if hasattr(eng, "coll_stats"):
-            eng.coll_stats.clear()
+        eng.coll_stats.clear()

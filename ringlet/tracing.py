@@ -145,23 +145,23 @@ class Call:
             msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
-        """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
-        ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
-        no clock); a call C finished ends here."""
-        done, mask, waited, waited_on = resume[0], resume[1], resume[2], resume[4]
+        """The C fast path ran ``resume.rounds`` of the plan's ``rounds`` rounds (a
+        ``fast.FastRun``): their sends are stamped at the call's start, receives at now (C
+        keeps no clock); a call C finished ends here."""
+        done, mask = resume.rounds, resume.recv_mask
         t0, now = self.rec_call["start"], time.perf_counter()
         msgs, tag, seq = self.rec.msgs, self.tag, self.seq
-        for _local, recvs, sends in self.plan[:done]:
-            for dst, sb, s0, s1 in sends:
+        for rnd in self.plan[:done]:
+            for dst, sb, s0, s1 in rnd.sends:
                 msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
-            for src, _red, db, d0, d1, *_ in recvs:
+            for src, _red, db, d0, d1, *_ in rnd.recvs:
                 msgs.append(("recv", src, bufs[db][d0:d1].nbytes, "C fast path", now, tag, seq))
         if mask >= 0:       # C also sent the next round (its receives finish in Python)
-            for dst, sb, s0, s1 in self.plan[done][2]:
+            for dst, sb, s0, s1 in self.plan[done].sends:
                 msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
         self.path = "C" if done == rounds else "C, then python"
         if done == rounds:
-            self.end(waited, waited_on)
+            self.end(resume.waited, resume.waited_on)
 
     def end(self, waited: float, waited_on, error=None) -> None:
         c = self.rec_call

@@ -638,7 +638,8 @@ def test_explain_every_collective(capsys):
 
 # ------------------------------------------------------------------ host model (shm)
 
-from ringlet.cost.simulate import HOST_TERMS, HostModel, working_set  # noqa: E402
+from ringlet.cost.host import HOST_TERMS, HostModel  # noqa: E402
+from ringlet.cost.simulate import working_set  # noqa: E402
 from ringlet.schedule import BUFFER_NAMES  # noqa: E402
 
 NO_CACHE = dict(l2_bytes=1 << 40, l3_bytes=1 << 40)   # working sets always fit: no memory term

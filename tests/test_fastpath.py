@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import ringlet as rl
 from ringlet.runtime import engine
+from ringlet.schedule import PlanRound, RecvStep, SendStep
 from ringlet.transport import fast
 from conftest import run
 from test_collectives import _property, in_rank_settings
@@ -45,7 +46,7 @@ class _Loopback:
 def _reduce_through_c(acc, incoming, ufunc):
     """acc = ufunc(acc, incoming), as a received message reduced by the C fast path."""
     n = acc.size
-    plan = (((), ((0, True, "acc", 0, n, None, 0, 0),), ((0, "in", 0, n),)),)
+    plan = (PlanRound((), (SendStep(0, "in", 0, n),), (RecvStep(0, True, "acc", 0, n, None, 0, 0),)),)
     names, words = fast.encode(plan, acc.itemsize, lambda rank, nbytes: 0)
     peer = _Loopback()
     bufs = {"acc": acc, "in": incoming}
@@ -88,8 +89,9 @@ def test_two_messages_from_one_peer_in_a_round_keep_their_order():
     peer = _Loopback()
     out = np.zeros(8, np.int32)
     src = np.arange(8, dtype=np.int32)
-    plan = (((), ((0, False, "out", 4, 8, None, 0, 0), (0, False, "out", 0, 4, None, 0, 0)),
-             ((0, "src", 0, 4), (0, "src", 4, 8))),)
+    plan = (PlanRound((), (SendStep(0, "src", 0, 4), SendStep(0, "src", 4, 8)),
+                      (RecvStep(0, False, "out", 4, 8, None, 0, 0),
+                       RecvStep(0, False, "out", 0, 4, None, 0, 0))),)
     names, words = fast.encode(plan, 4, lambda rank, nbytes: 0)
     bufs = {"out": out, "src": src}
     res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,), -1,
@@ -105,7 +107,7 @@ def test_a_reduction_over_a_misaligned_buffer_stays_in_python():
     raw = np.zeros(4 * 5 + 1, np.uint8)
     acc = raw[1:].view(np.float32)
     assert not acc.flags.aligned
-    plan = (((), ((0, True, "acc", 0, 5, None, 0, 0),), ((0, "in", 0, 5),)),)
+    plan = (PlanRound((), (SendStep(0, "in", 0, 5),), (RecvStep(0, True, "acc", 0, 5, None, 0, 0),)),)
     names, words = fast.encode(plan, 4, lambda rank, nbytes: 0)
     bufs = {"acc": acc, "in": np.ones(5, np.float32)}
     assert fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
@@ -329,10 +331,10 @@ def test_a_call_with_more_peers_than_c_handles_stays_in_python(monkeypatch):
         peer.zc_min = peer.eager = 256 << 10
         Engine.peers[r] = peer
     monkeypatch.setattr(fast, "_link", lambda peer: (0,) * 7)    # (no rings behind these)
-    sends = tuple((r, "in", 0, 1) for r in Engine.peers)
+    sends = tuple(SendStep(r, "in", 0, 1) for r in Engine.peers)
     f32 = np.dtype(np.float32)
-    assert len(fast.prepare(Engine, (((), (), sends[:fast.MAX_PEERS]),), None, f32).peers) == 64
-    assert fast.prepare(Engine, (((), (), sends),), None, f32) is None
+    assert len(fast.prepare(Engine, (PlanRound((), sends[:fast.MAX_PEERS], ()),), None, f32).peers) == 64
+    assert fast.prepare(Engine, (PlanRound((), sends, ()),), None, f32) is None
 
 
 def _in_order(rank):

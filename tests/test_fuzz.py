@@ -834,8 +834,8 @@ class Wire:
         peer = self.peer
         for q in peer.unexpected.values():
             for item in q:
-                if item[0] == "eager":   # kept bytes are bounded by the eager limit, never by a claim
-                    assert len(item[1]) <= peer.eager
+                if item.payload is not None:   # kept bytes are bounded by the eager limit, never by a claim
+                    assert len(item.payload) <= peer.eager
         assert peer.ptarget is None or len(peer.ptarget) <= max(peer.eager, peer.frag)
         assert len(peer.incoming) <= len(self.recvs)
         assert sum(len(b) for b in peer.wpending) <= 2 * self.eager + 64 * (self.packets + 8)

@@ -108,7 +108,7 @@ class Profile:
         return float(self.params(transport).get("delta", 0.0))
 
     def host_model(self, transport: str = "shm"):
-        """The transport's :class:`ringlet.cost.simulate.HostModel` (how ranks of one host
+        """The transport's :class:`ringlet.cost.host.HostModel` (how ranks of one host
         spend time: per-side work, rendezvous, wake-ups, memory hierarchy, shared cores),
         or None for a plain alpha-beta-gamma entry (``"model": "host"`` marks one)."""
         t = self.transports.get(transport)
@@ -116,7 +116,7 @@ class Profile:
             return None
         hit = self._models.get(transport)
         if hit is None:
-            from .simulate import HostModel
+            from .host import HostModel
             # what the transport does and an older profile did not record: as it does now,
             # except the rendezvous limit: its alpha_rdv was fitted when every message
             # above the eager limit waited for CTS (stale_reasons says so)
@@ -158,7 +158,7 @@ class Profile:
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")
             if t.get("model") == "host":
-                from .simulate import HostModel
+                from .host import HostModel
                 try:
                     HostModel.from_params(t)
                 except (TypeError, ValueError) as exc:
@@ -329,7 +329,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
              imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None,
              l3_fractions=(1.0,)) -> dict:
-    """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
+    """Fit a :class:`ringlet.cost.host.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
     ``seconds`` (one timed call each; ``itemsize`` optional, default 4; ``shared``
@@ -359,7 +359,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     from ringlet.algorithms import build
 
     from .model import count_of
-    from .simulate import HOST_TERMS, HostModel, Topology, simulate
+    from .host import HOST_TERMS, HostModel
+    from .simulate import Topology, simulate
 
     if base is None:
         base = HostModel(**FIT_START)

@@ -270,3 +270,92 @@ def _every_op_and_dtype(rank):
 @pytest.mark.parametrize("p", [3, 4])
 def test_every_op_on_every_dtype_is_exact_in_every_reducing_algorithm(p):
     run(_every_op_and_dtype, p)
+
+
+# -- auto's pick against the measured winner ------------------------------------------------
+# The picks of `choose` pinned in test_cost and test_collectives are regression pins; this
+# is their independent check: every candidate run for real, turn by turn, in cells where
+# the calibrated host model predicts a wide gap (the worst candidate 3-4x the best).
+# An algorithm's time is its fastest turn (the slowest rank's time in that turn): load
+# only ever adds time. Among many candidates one gets a lucky turn, so the best of them is
+# timed afresh in a duel with auto, turn about, until auto is within AUTO_SLACK of it (a
+# fair pick gets there once it has had one quiet turn; a pick 3x slower cannot, once the
+# best has had one) or the duel's turns run out.
+AUTO_CELLS = {2: (("all_reduce", 16 << 20, False), ("reduce", 16 << 20, False),
+                  ("all_to_all", 16 << 20, False)),
+              4: (("all_reduce", 4 << 20, False), ("reduce", 4 << 20, False),
+                  ("all_to_all", 4 << 20, False), ("all_gather", 4 << 20, True))}
+AUTO_SLACK = 2.0          # auto's fastest turn within 2x the best candidate's
+AUTO_TURNS = 5            # turns of every candidate
+DUEL_TURNS = (5, 40)      # turns of auto against the best candidate: at least, at most
+DUEL_BUDGET = 20.0        # seconds of duel before auto is judged on the turns it had
+
+
+def _cell(coll, nbytes, rank, p, zero_copy):
+    """(reset, call(algorithm)) of one collective on nbytes of float32 (bench's sizes)."""
+    alloc = rl.empty if zero_copy else np.empty
+    n = nbytes // 4
+    if coll in ("all_reduce", "reduce"):
+        x = alloc(n, np.float32)
+        def reset():
+            x[...] = rank + 1
+        if coll == "all_reduce":
+            return reset, lambda algo: rl.all_reduce(x, algorithm=algo)
+        return reset, lambda algo: rl.reduce(x, 0, algorithm=algo)
+    inp, out = alloc((p, n // p), np.float32), alloc((p, n // p), np.float32)
+    inp[...] = rank
+    if coll == "all_to_all":
+        return (lambda: None), lambda algo: rl.all_to_all(out, inp, algorithm=algo)
+    return (lambda: None), lambda algo: rl.all_gather(out, inp[rank], algorithm=algo)
+
+
+def _fastest_turns(reset, call, names, turns, until=None):
+    """Each name's fastest turn (seconds, the slowest rank's), names taking turns in a new
+    order each turn; ``until(fastest, turn)`` may stop early. Every rank returns the same."""
+    fastest, turn, start = np.full(len(names), np.inf), 0, time.monotonic()
+    while turn < turns:
+        t = np.empty(len(names))
+        for j in np.roll(np.arange(len(names)), -turn):
+            reset()
+            rl.barrier()
+            t0 = time.perf_counter()
+            call(names[j])
+            t[j] = time.perf_counter() - t0
+        rl.all_reduce(t, op="max")
+        fastest = np.minimum(fastest, t)
+        turn += 1
+        spent = np.array([time.monotonic() - start])
+        rl.broadcast(spent, 0)                  # rank 0's clock decides for everyone
+        if until is not None and until(fastest, turn, spent[0]):
+            break
+    return fastest, turn
+
+
+def _auto_against_measured(rank):
+    p = rl.get_world_size()
+    for coll, nbytes, zero_copy in AUTO_CELLS[p]:
+        where = f"{coll} {nbytes} B p={p}{' rl.empty' if zero_copy else ''}"
+        names = [*algorithms.CATALOG[coll], "auto"]
+        reset, call = _cell(coll, nbytes, rank, p, zero_copy)
+        for name in names:                      # first calls: connections, scratch pools
+            reset(); call(name)
+        picked = rl.stats()["collectives"][coll]["algorithm"]     # auto's, called last
+        fastest, _ = _fastest_turns(reset, call, names, AUTO_TURNS)
+        table = ", ".join(f"{a} {s * 1e3:.2f}" for a, s in zip(names, fastest))
+        best = names[int(np.argmin(fastest[:-1]))]
+        duel, turns = _fastest_turns(
+            reset, call, ["auto", best], DUEL_TURNS[1],
+            until=lambda f, turn, spent: turn >= DUEL_TURNS[0] and (
+                f[0] <= AUTO_SLACK * f[1] or spent > DUEL_BUDGET))
+        assert duel[0] <= AUTO_SLACK * duel[1], (
+            f"{where}: auto picked {picked}; fastest turns (ms) {table}; then auto "
+            f"{duel[0] * 1e3:.2f} against {best} {duel[1] * 1e3:.2f} over {turns} turns")
+
+
+@pytest.mark.parametrize("p", sorted(AUTO_CELLS))
+def test_auto_is_not_far_slower_than_the_measured_best(tmp_path, p):
+    from ringlet.cost import profile
+    from conftest import HOST_PROFILE
+    path = tmp_path / "profile.json"
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
+    run(_auto_against_measured, p, env={"RINGLET_PROFILE": str(path)}, timeout=200)

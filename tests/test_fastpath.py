@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import ringlet as rl
 from ringlet.runtime import engine
 from ringlet.transport import fast
-from conftest import run
+from conftest import run, until_asleep
 from test_collectives import _property, in_rank_settings
 
 KERNEL_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
@@ -145,31 +145,13 @@ def test_blocking_and_async_calls_give_the_same_bits():
     run(_same_bits, 3)
 
 
-def _until_all_asleep(p, steady=0.05, limit=30.0):
-    """Until every other rank's sleep flag has stayed up for ``steady`` seconds: each has
-    left C and sleeps in the Python engine, waiting for this rank (a flag still up from
-    the call before falls when its sender's doorbell wakes it)."""
-    peers = [engine().peers[r].outbox.asleep for r in range(1, p)]
-    deadline, since = time.monotonic() + limit, None
-    while True:
-        now = time.monotonic()
-        assert now < deadline, "the other ranks never went to sleep waiting for rank 0"
-        if all(flag[0] for flag in peers):
-            since = since or now
-            if now - since >= steady:
-                return
-        else:
-            since = None
-        time.sleep(0.002)
-
-
 def _late_partner(rank):
     """Rank 0 arrives well after the others' spin budget: they hand the call to the Python
     engine part-way (after their first round's sends) and it finishes there."""
     p = rl.get_world_size()
     for i in range(6):
         if rank == 0 and i % 2 == 0:
-            _until_all_asleep(p)
+            until_asleep(range(1, p))
         x = np.full(7, rank + i, np.float64)
         rl.all_reduce(x, algorithm="recursive_doubling")
         np.testing.assert_array_equal(x, sum(range(p)) + p * i)

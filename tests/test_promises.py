@@ -57,6 +57,25 @@ def test_every_disagreement_raises_on_every_rank_naming_the_field(p):
     run(_disagree, p)
 
 
+def _other_group(rank):
+    g = rl.new_group([0, 1, 2])                     # the world's members, another group
+    with pytest.raises(rl.TimeoutError) as info:
+        rl.all_reduce(np.ones(10), group=g if rank == 2 else None, timeout=2)
+    msg = str(info.value)
+    assert f"rank {rank}: all_reduce #1 of group {'group1[0, 1, 2]' if rank == 2 else 'world'}" \
+        in msg, msg
+    if rank == 2:                                   # where each of the others is instead
+        assert all(f"rank {r}: all_reduce #1 of group world" in msg for r in (0, 1)), msg
+    else:
+        assert "rank 2: all_reduce #1 of group group1[0, 1, 2]" in msg, msg
+
+
+def test_ranks_that_call_on_different_groups_each_say_where_the_others_are():
+    """Calls on two groups never exchange a fingerprint, so no field can differ: each
+    rank's timeout names the call every other rank is in instead."""
+    run(_other_group, 3)
+
+
 # -- barrier -----------------------------------------------------------------------------
 def _barrier_synchronises(rank, path, late):
     for turn in range(3):

@@ -93,10 +93,16 @@ def _barrier_synchronises(rank, path, late):
         rl.barrier()                                 # the files of this turn are written
 
 
+@pytest.mark.parametrize("where", ["auto", "tcp", "two hosts"])
 @pytest.mark.parametrize("p", [2, 3, 5])
-def test_no_rank_leaves_a_barrier_before_the_last_enters(tmp_path, backend, p):
+def test_no_rank_leaves_a_barrier_before_the_last_enters(tmp_path, where, p):
+    """(Dissemination is the one barrier algorithm: CATALOG["barrier"].)"""
+    assert list(algorithms.CATALOG["barrier"]) == ["dissemination"]
     path = str(tmp_path / "t")
-    run(_barrier_synchronises, p, path, 1, backend=backend)
+    if where == "two hosts":
+        run(_barrier_synchronises, p, path, 1, env=two_hosts(p))
+    else:
+        run(_barrier_synchronises, p, path, 1, backend=where)
     for turn in range(3):
         times = [json.load(open(f"{path}.{turn}.{r}")) for r in range(p)]
         last_in = max(t[0] for t in times)

@@ -211,6 +211,8 @@ def main(argv=None) -> int:
                   f"https://ui.perfetto.dev or chrome://tracing")
         else:
             print(summary(a.dir, a.calls))
+    except BrokenPipeError:
+        raise                       # the reader went away: ringlet.cli stops quietly
     except (ValueError, OSError) as exc:
         print(f"ringlet trace: error: {exc}", file=sys.stderr)
         return 2

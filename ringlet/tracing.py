@@ -9,8 +9,10 @@ line — a header (rank, host, clocks), then per call::
      "bytes": 4096, "start": t, "end": t, "waited": s, "waited_on": r, "predicted": s,
      "path": "python" | "C" | "C, then python", "tag": tag}
 
-and per message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
-"seq": 12}``, where P is how it travelled: "C fast path" (the whole call ran in C: its
+per point-to-point operation the same kind of record with "coll" send, recv, isend or
+irecv, "algo" "point-to-point", "seq" null, "peer" (world rank) and "user_tag"; and per
+message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
+"seq": 12}`` (a point-to-point message: the wire tag, seq null), where P is how it travelled: "C fast path" (the whole call ran in C: its
 messages are stamped at the call's start and end, C keeps no clock), "eager" (one packet,
 copied in and out of the ring or socket), "streamed" (RTS with its data right behind),
 "rendezvous" (RTS, wait for CTS, then data) or "read in place" (the receiver copies
@@ -172,6 +174,56 @@ class Call:
             self.rec.calls.append(c)
 
 
+class P2P:
+    """One traced point-to-point operation (send, recv, isend, irecv); the runtime makes it
+    only when :data:`ON`. Its call spans posting to completion (a blocking one: the whole
+    call); its message is a send stamped when posted, or a receive stamped when done, with
+    the wire tag both sides use, so the merge draws the arrow between them. ``waited``: a
+    receive's whole span (it waits for its sender); a send's time after it was posted if it
+    could not go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
+    __slots__ = ("rec", "call", "kind", "peer", "wire", "nbytes", "posted")
+
+    def __init__(self, op: str, kind: str, world: int, wire: int, nbytes: int, group: str,
+                 user_tag: int):
+        rec = self.rec = _REC
+        self.kind, self.peer, self.wire, self.nbytes = kind, world, wire, nbytes
+        self.posted = None
+        self.call = {"ev": "call", "coll": op, "algo": "point-to-point", "group": group,
+                     "seq": None, "p": 2, "bytes": nbytes, "tag": wire, "peer": world,
+                     "user_tag": user_tag, "start": time.perf_counter(),
+                     # one message between two ranks: a two-rank broadcast's price
+                     "predicted": rec.predicted("broadcast", "binomial", 2, nbytes)}
+
+    def sent(self, path: str, done: bool) -> None:
+        """The send went out (``done``) or was posted to go when it can."""
+        now = time.perf_counter()
+        self.posted = None if done else now
+        self.rec.msgs.append(("send", self.peer, self.nbytes, path, now, self.wire, None))
+
+    def ran_in_c(self) -> None:
+        """C did the whole blocking call (its send is stamped at the start, as in
+        :meth:`Call.ran_in_c`; C does not tell waiting from copying: all of it is waited)."""
+        if self.kind == "send":
+            self.rec.msgs.append(("send", self.peer, self.nbytes, "C fast path",
+                                  self.call["start"], self.wire, None))
+            self.posted = self.call["start"]
+        self.end(in_c=True)
+
+    def end(self, in_c: bool = False, error=None) -> None:
+        c, now = self.call, time.perf_counter()
+        if self.kind == "recv":
+            self.rec.msgs.append(("recv", self.peer, self.nbytes, "C fast path" if in_c else None,
+                                  now, self.wire, None))
+            waited = now - c["start"]
+        else:
+            waited = 0.0 if self.posted is None else now - self.posted
+        c.update(end=now, waited=waited, waited_on=self.peer, path="C" if in_c else "python")
+        if error is not None:
+            c["error"] = f"{type(error).__name__}: {error}"
+        if self.rec is _REC:
+            self.rec.calls.append(c)
+
+
 def path_of(peer, buf, start: int, stop: int) -> str:
     """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
     ``Peer.send_now`` and ``Peer.post_send``. (A receiver cannot tell; the merge gives a
@@ -184,4 +236,4 @@ def path_of(peer, buf, start: int, stop: int) -> str:
     return "streamed" if n <= peer.stream_max else "rendezvous"
 
 
-__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "path_of"]
+__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "P2P", "path_of"]

@@ -3,9 +3,10 @@ side in turns, and - with --baseline - off against a checkout without the tracin
 
     .venv/bin/python bench/trace_overhead.py [-n 2] [--turns 5] [--baseline /path/to/tree]
 
-Rows: 8 B all_reduce (the C fast path: the hooks' cost per call) and 64 KiB all_reduce
-with the fast path off (the Python engine: on-cost per message = (on - off) / messages a
-rank sends and receives per call). Medians of each turn; compare within one run only.
+Rows: 8 B all_reduce (the C fast path: the hooks' cost per call), an 8 B send/recv round
+trip (point-to-point hooks) and 64 KiB all_reduce with the fast path off (the Python
+engine: on-cost per message = (on - off) / messages a rank sends and receives per call).
+Medians of each turn, the slowest rank's; compare within one run only.
 """
 from __future__ import annotations
 
@@ -21,11 +22,21 @@ import json, sys, time, numpy as np, ringlet as rl
 nbytes, iters, algo, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def job(rank):
     x = np.zeros(max(nbytes // 4, 2), np.float32)   # sums stay 0: no overflow
+    if algo == "p2p":       # a round trip: rank 0 sends and receives, rank 1 the reverse
+        peer = 1 - rank
+        def step():
+            if rank == 0:
+                rl.send(x, peer); rl.recv(x, peer)
+            elif rank == 1:
+                rl.recv(x, peer); rl.send(x, peer)
+    else:
+        def step():
+            rl.all_reduce(x, algorithm=algo)
     for _ in range(200):
-        rl.all_reduce(x, algorithm=algo)
+        step()
     ts = np.empty(iters)
     for i in range(iters):
-        t0 = time.perf_counter(); rl.all_reduce(x, algorithm=algo); ts[i] = time.perf_counter() - t0
+        t0 = time.perf_counter(); step(); ts[i] = time.perf_counter() - t0
     t = np.array([np.median(ts)])
     rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
     if rank == 0:
@@ -55,10 +66,14 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--baseline", default=None, help="a ringlet tree without the hooks")
+    ap.add_argument("--cases", default=None, help="comma-separated case numbers (0, 1, 2)")
     a = ap.parse_args(argv)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cases = [("8 B, C fast path", 8, "auto", False), ("64 KiB ring, Python engine", 64 << 10,
-                                                     "ring", True)]
+    cases = [("8 B all_reduce, C fast path", 8, "auto", False),
+             ("8 B send + recv round trip, C fast path", 8, "p2p", False),
+             ("64 KiB ring all_reduce, Python engine", 64 << 10, "ring", True)]
+    if a.cases:
+        cases = [cases[int(i)] for i in a.cases.split(",")]
     for name, nbytes, algo, no_fast in cases:
         msgs = 2 * (2 * (a.n - 1)) if algo == "ring" else None   # sends + receives per rank
         rows = {"off": [], "on": []} | ({"baseline": []} if a.baseline else {})

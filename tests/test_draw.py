@@ -76,6 +76,26 @@ def test_hosts_are_bands_and_subgroups_keep_world_names(capsys):
     assert "->5 c0" in out                 # root (world rank 1) sends to group rank 2
 
 
+def test_no_algorithm_draws_what_auto_would_run(capsys):
+    from ringlet.cost import choose
+    for coll, n in (("all_to_all", 4), ("all_reduce", 8), ("broadcast", 5)):
+        assert cli(["draw", coll, "-n", str(n), "--size", "64K", "--tier", "pcie"]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        want = choose(coll, 64 << 10, n, topology=TIERS["pcie"])[0]
+        assert first.startswith(f"{coll} / {want}: {n} ranks, ")
+    assert cli(["draw", "all_gather", "-n", "4", "--hosts", "2"]) == 0
+    assert "all_gather / " in capsys.readouterr().out
+
+
+def test_messages_of_no_bytes_are_syncs(tmp_path, capsys):
+    assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "1 MiB buffer" in out and "->1 sync" in out and "round time" in out
+    svg = tmp_path / "b.svg"
+    assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "-o", str(svg)]) == 0
+    assert "sync: no bytes" in svg.read_text()
+
+
 def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert cli(["draw", "all_reduce", "--algo", "nope"]) == 2
     assert "nope" in capsys.readouterr().err

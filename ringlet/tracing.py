@@ -24,7 +24,8 @@ monotonic clock; the header pairs it with the wall clock so ranks of several hos
 ``ringlet trace summary DIR`` says who everyone waited for (:mod:`ringlet.timeline`).
 
 Cost: the runtime checks the module flag :data:`ON` once per call; while it is off nothing
-else runs. While on, a message costs one tuple appended to a list.
+else runs. While on, a call and each message cost a tuple appended to a list; the JSON and
+the model's predictions are made when the file is written.
 """
 from __future__ import annotations
 
@@ -42,14 +43,17 @@ _REC = None         # the Recorder while ON
 
 
 class Recorder:
-    """One rank's events, kept in memory and written out once at :meth:`close`."""
+    """One rank's events, kept in memory as tuples (cheap to make) and written out, as
+    JSON and with the model's predictions, once at :meth:`close`."""
 
     def __init__(self, directory: str, rank: int, world_size: int):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"rank{rank}.jsonl")
         self.rank, self.world_size = rank, world_size
+        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p): what is
+        # (collective, seq, group, algorithm); p2p None, or (peer, user tag)
         self.calls: list = []
-        self.msgs: list = []
+        self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
         self._predicted: dict = {}
         self.mono0, self.wall0 = time.perf_counter(), time.time()
 
@@ -66,6 +70,20 @@ class Recorder:
             self._predicted[key] = t
         return t
 
+    def call_record(self, c) -> dict:
+        (coll, seq, group, algo), p, nbytes, tag, t0, t1, waited, waited_on, path, err, pp = c
+        out = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq, "p": p,
+               "bytes": nbytes, "tag": tag, "start": t0, "end": t1, "waited": waited,
+               "waited_on": waited_on, "path": path}
+        if pp is None:
+            out["predicted"] = self.predicted(coll, algo, p, nbytes)
+        else:       # one message between two ranks: a two-rank broadcast's price
+            out.update(peer=pp[0], user_tag=pp[1],
+                       predicted=self.predicted("broadcast", "binomial", 2, nbytes))
+        if err is not None:
+            out["error"] = err
+        return out
+
     def close(self) -> str:
         head = {"ev": "header", "rank": self.rank, "world_size": self.world_size,
                 "host": socket.gethostname(), "pid": os.getpid(),
@@ -73,7 +91,7 @@ class Recorder:
         with open(self.path, "w") as f:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:
-                f.write(json.dumps(c) + "\n")
+                f.write(json.dumps(self.call_record(c)) + "\n")
             for kind, peer, nbytes, path, ts, tag, seq in self.msgs:
                 f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
                                     "ts": ts, "tag": tag, "seq": seq}) + "\n")
@@ -121,57 +139,59 @@ def trace(directory: str):
 # ------------------------------------------------------------------- runtime's hooks
 
 class Call:
-    """One traced call; the runtime makes it only when :data:`ON` (see collectives._run)."""
-    __slots__ = ("rec", "rec_call", "tag", "seq", "plan", "peers", "path")
+    """One traced collective call; the runtime makes it only when :data:`ON` (see
+    collectives._run). It stamps and keeps what it needs; the record is made at close."""
+    __slots__ = ("rec", "what", "tag", "nbytes", "p", "plan", "peers", "path", "start")
 
     def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers):
-        coll, seq, group, algo = what
-        rec = self.rec = _REC
-        self.tag, self.seq, self.plan, self.peers = tag, seq, plan, peers
+        self.rec = _REC
+        self.what, self.tag, self.nbytes, self.p, self.plan, self.peers = \
+            what, tag, nbytes, p, plan, peers
         self.path = "python"
-        self.rec_call = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq,
-                         "p": p, "bytes": nbytes, "tag": tag, "start": time.perf_counter(),
-                         "predicted": rec.predicted(coll, algo, p, nbytes)}
+        self.start = time.perf_counter()
 
     def posted(self, sends, bufs) -> None:
         """A round's sends went out (or were queued): one event each, with its path."""
-        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.seq, self.peers
+        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what[1], self.peers
         for dst, sb, s0, s1 in sends:
             b = bufs[sb]
             msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
                          now, tag, seq))
 
     def round_done(self, recvs, bufs) -> None:
-        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.seq
-        for src, _red, db, d0, d1, *_ in recvs:
+        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what[1]
+        for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
             msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
         """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
         ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
         no clock); a call C finished ends here."""
-        done, mask, waited, waited_on = resume[0], resume[1], resume[2], resume[4]
-        t0, now = self.rec_call["start"], time.perf_counter()
-        msgs, tag, seq = self.rec.msgs, self.tag, self.seq
+        done, mask = resume[0], resume[1]
+        t0, now = self.start, time.perf_counter()
+        msgs, tag, seq = self.rec.msgs, self.tag, self.what[1]
         for _local, recvs, sends in self.plan[:done]:
             for dst, sb, s0, s1 in sends:
-                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
-            for src, _red, db, d0, d1, *_ in recvs:
-                msgs.append(("recv", src, bufs[db][d0:d1].nbytes, "C fast path", now, tag, seq))
+                msgs.append(("send", dst, (s1 - s0) * bufs[sb].itemsize, "C fast path", t0,
+                             tag, seq))
+            for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
+                msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, "C fast path", now,
+                             tag, seq))
         if mask >= 0:       # C also sent the next round (its receives finish in Python)
             for dst, sb, s0, s1 in self.plan[done][2]:
-                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
+                msgs.append(("send", dst, (s1 - s0) * bufs[sb].itemsize, "C fast path", t0,
+                             tag, seq))
         self.path = "C" if done == rounds else "C, then python"
         if done == rounds:
-            self.end(waited, waited_on)
+            self.end(resume[2], resume[4])
 
     def end(self, waited: float, waited_on, error=None) -> None:
-        c = self.rec_call
-        c.update(end=time.perf_counter(), waited=waited, waited_on=waited_on, path=self.path)
-        if error is not None:
-            c["error"] = f"{type(error).__name__}: {error}"
-        if self.rec is _REC:          # not a call that outlived its trace
-            self.rec.calls.append(c)
+        rec = self.rec
+        if rec is _REC:          # not a call that outlived its trace
+            rec.calls.append((self.what, self.p, self.nbytes, self.tag, self.start,
+                              time.perf_counter(), waited, waited_on, self.path,
+                              None if error is None else f"{type(error).__name__}: {error}",
+                              None))
 
 
 class P2P:
@@ -181,18 +201,16 @@ class P2P:
     the wire tag both sides use, so the merge draws the arrow between them. ``waited``: a
     receive's whole span (it waits for its sender); a send's time after it was posted if it
     could not go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
-    __slots__ = ("rec", "call", "kind", "peer", "wire", "nbytes", "posted")
+    __slots__ = ("rec", "what", "kind", "peer", "wire", "nbytes", "user_tag", "start", "posted")
 
     def __init__(self, op: str, kind: str, world: int, wire: int, nbytes: int, group: str,
                  user_tag: int):
-        rec = self.rec = _REC
-        self.kind, self.peer, self.wire, self.nbytes = kind, world, wire, nbytes
+        self.rec = _REC
+        self.what = (op, None, group, "point-to-point")
+        self.kind, self.peer, self.wire, self.nbytes, self.user_tag = \
+            kind, world, wire, nbytes, user_tag
         self.posted = None
-        self.call = {"ev": "call", "coll": op, "algo": "point-to-point", "group": group,
-                     "seq": None, "p": 2, "bytes": nbytes, "tag": wire, "peer": world,
-                     "user_tag": user_tag, "start": time.perf_counter(),
-                     # one message between two ranks: a two-rank broadcast's price
-                     "predicted": rec.predicted("broadcast", "binomial", 2, nbytes)}
+        self.start = time.perf_counter()
 
     def sent(self, path: str, done: bool) -> None:
         """The send went out (``done``) or was posted to go when it can."""
@@ -204,24 +222,24 @@ class P2P:
         """C did the whole blocking call (its send is stamped at the start, as in
         :meth:`Call.ran_in_c`; C does not tell waiting from copying: all of it is waited)."""
         if self.kind == "send":
-            self.rec.msgs.append(("send", self.peer, self.nbytes, "C fast path",
-                                  self.call["start"], self.wire, None))
-            self.posted = self.call["start"]
+            self.rec.msgs.append(("send", self.peer, self.nbytes, "C fast path", self.start,
+                                  self.wire, None))
+            self.posted = self.start
         self.end(in_c=True)
 
     def end(self, in_c: bool = False, error=None) -> None:
-        c, now = self.call, time.perf_counter()
+        now, rec = time.perf_counter(), self.rec
         if self.kind == "recv":
-            self.rec.msgs.append(("recv", self.peer, self.nbytes, "C fast path" if in_c else None,
-                                  now, self.wire, None))
-            waited = now - c["start"]
+            rec.msgs.append(("recv", self.peer, self.nbytes, "C fast path" if in_c else None,
+                             now, self.wire, None))
+            waited = now - self.start
         else:
             waited = 0.0 if self.posted is None else now - self.posted
-        c.update(end=now, waited=waited, waited_on=self.peer, path="C" if in_c else "python")
-        if error is not None:
-            c["error"] = f"{type(error).__name__}: {error}"
-        if self.rec is _REC:
-            self.rec.calls.append(c)
+        if rec is _REC:
+            rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
+                              self.peer, "C" if in_c else "python",
+                              None if error is None else f"{type(error).__name__}: {error}",
+                              (self.peer, self.user_tag)))
 
 
 def path_of(peer, buf, start: int, stop: int) -> str:

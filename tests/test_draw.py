@@ -139,3 +139,21 @@ def test_no_help_or_output_cites_the_textbook_bare(capsys):
         text = out.out + out.err
         assert text.strip(), argv
         assert not bare.search(text), (argv, bare.search(text).group(0))
+
+
+def test_no_python_help_cites_the_textbook_bare():
+    """help() on ringlet's modules is help text too."""
+    import importlib
+    import inspect
+    import pkgutil
+    bare = re.compile(r"seed \d{3}|(?<!\[1\] )(Output|Exercise|Table|Code|Figure) \d+\.\d+\.\d+",
+                      re.I)
+    names = ["ringlet"] + [m.name for m in pkgutil.walk_packages(rl.__path__, "ringlet.")]
+    for name in names:
+        mod = importlib.import_module(name)
+        docs = [(name, inspect.getdoc(mod) or "")]
+        for attr, obj in vars(mod).items():
+            if not attr.startswith("_") and getattr(obj, "__module__", None) == name:
+                docs.append((f"{name}.{attr}", inspect.getdoc(obj) or ""))
+        for where, doc in docs:
+            assert not bare.search(doc), (where, bare.search(doc).group(0))

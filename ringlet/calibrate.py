@@ -455,7 +455,7 @@ def report(profile: Profile, samples: dict, verbose: bool = True) -> str:
         if tr not in samples:
             continue
         res = t.get("residuals", {})
-        lines.append(f"{tr}: {'host model' if t.get('model') == 'host' else 'alpha-beta-gamma'}"
+        lines.append(f"{tr}: {'host model' if t.get('model') == 'host' else 'alpha-beta model'}"
                      f" fitted to {t.get('samples', 0)} timings (p = "
                      f"{', '.join(map(str, t.get('ranks', [t.get('p', '?')])))});"
                      f" residuals: median {res.get('median_rel', 0) * 100:.1f}%,"
@@ -482,7 +482,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet calibrate",
         description="Measure how this host's transports spend time - per message (alpha, "
-                    "rendezvous, wake-ups), per byte (beta each side, gamma reduced, delta "
+                    "rendezvous, wake-ups), per byte (beta each side, the reduce cost, delta "
                     "copied, memory-hierarchy stalls), cores shared - by timing small "
                     "collectives with local ranks, fit the host model by least squares, and "
                     "save the profile predictions use by default.")

@@ -13,7 +13,7 @@ commands:
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
   place      which host each rank should run on (TP x DP, expert parallel), beside the naive order
-  calibrate  measure this host's alpha, beta, gamma and save the profile
+  calibrate  measure this host's per-message, per-byte and reduce costs; save the profile
   draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
   trace      a traced job (ringlet run --trace DIR): ringlet trace merge DIR -o job.json | summary DIR
 """

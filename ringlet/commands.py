@@ -409,8 +409,9 @@ def _explain_main(argv) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet explain",
         description="Which algorithm would run, and why: predicted time of every candidate "
-                    "split into latency (alpha), bandwidth (beta) and reduction (gamma) "
-                    "terms, the winner, and the sizes where the winner changes.")
+                    "split into latency (alpha), bandwidth (beta) and reduction (the "
+                    "reduce cost per byte) terms, the winner, and the sizes where the "
+                    "winner changes.")
     ap.add_argument("collective", help=f"one of: {', '.join(COLLECTIVES)}")
     ap.add_argument("--size", "-s", type=_size, default=64 * 1024 ** 2,
                     help="bytes (nccl-tests convention: per-rank buffer for all_reduce, "
@@ -425,7 +426,7 @@ def _explain_main(argv) -> int:
     ap.add_argument("--intra", type=_link_arg, default=None,
                     help="intra-host link with --hosts (default: nvlink with --tier, "
                          "else this host's shm)")
-    ap.add_argument("--reduce-cost", "--gamma", dest="gamma", type=float, default=None,
+    ap.add_argument("--reduce-cost", dest="gamma", type=float, default=None,
                     help="seconds per byte reduced (default: the profile's; 0 with --tier)")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
     ap.add_argument("--algorithms", type=lambda t: [x for x in t.split(",") if x], default=None,
@@ -520,21 +521,16 @@ def _explain_main(argv) -> int:
     cells = [[r.total, r.latency, r.bandwidth, r.reduction] + (
         [r.memory, r.sharing] if host is not None else
         [r.latency + r.bandwidth - r.inter, r.inter] if hosts else []) for r in rows]
-    text = [[f"{v * scale:.2f}" for v in c] for c in cells]
-    widths = [max(len(h), *(len(t[i]) for t in text)) + 2 for i, h in enumerate(heads)]
-    first = f"algorithm ({unit})"
-    aw = max(len(first), *(len(r.algorithm) for r in rows))
-    print(f"{first:<{aw}}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
-    for r, t in zip(rows, text):
-        mark = "  <- winner" if r.algorithm == winner else ""
-        print(f"{r.algorithm:<{aw}}" + "".join(f"{x:>{w}}" for x, w in zip(t, widths)) + mark)
+    text = [[f"{v * scale + 0.0:.2f}".replace("-0.00", "0.00") for v in c] for c in cells]
+    print(_table(f"algorithm ({unit})", [r.algorithm for r in rows], heads, text,
+                 [r.algorithm == winner for r in rows]))
     if host is not None and rows[0].parts:
         parts = ", ".join(f"{'reduce' if k == 'gamma' else k} {v * scale:.4g}"
                           for k, v in rows[0].parts if v > 0)
         print(_fit(f"{winner}'s critical path by term ({unit}): {parts}"))
     if len(rows) > 1 and rows[1].total > 0:
-        print(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x faster than "
-              f"the runner-up, {rows[1].algorithm})")
+        print(_fit(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x "
+                   f"faster than the runner-up, {rows[1].algorithm})"))
     else:
         print(f"winner: {winner}")
 
@@ -554,11 +550,11 @@ def _explain_main(argv) -> int:
                                   points_per_octave=ppo, shared=shared)
         lo_eff = sweep[0][0] if sweep else lo
         hi_eff = sweep[-1][0] if sweep else hi
-        print(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "
-              f"{format_size(hi_eff)}):")
+        print(_fit(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "
+                   f"{format_size(hi_eff)}):"))
         if not cross:
             first = min(sweep[0][1], key=sweep[0][1].get) if sweep else winner
-            print(f"  none: {first} wins over the whole range")
+            print(_fit(f"  none: {first} wins over the whole range"))
         else:
             segs = []
             start_w = cross[0][1]
@@ -667,6 +663,33 @@ def _place_main(argv) -> int:
               f"only, no swap search)")
         show(H, R, len(job(H, R)) + 1)
     return 0
+
+
+def _table(first: str, names, heads, text, marked, mark: str = "  <- winner") -> str:
+    """Rows named ``names`` with columns ``heads`` (cells ``text``), ``mark`` after the
+    ``marked`` rows; columns that would run past the terminal go to a second table below
+    (each repeats the names), so no line is longer than the terminal."""
+    import shutil
+    width = shutil.get_terminal_size((100, 24)).columns
+    widths = [max(len(h), *(len(t[i]) for t in text)) + 2 for i, h in enumerate(heads)]
+    aw = max(len(first), *(len(n) for n in names))
+    parts, cur, used = [], [], aw + len(mark)
+    for i, w in enumerate(widths):
+        if cur and used + w > width:
+            parts.append(cur)
+            cur, used = [], aw
+        cur.append(i)
+        used += w
+    parts.append(cur)
+    out = []
+    for k, cols in enumerate(parts):
+        if k:
+            out.append("")
+        out.append(f"{first:<{aw}}" + "".join(f"{heads[i]:>{widths[i]}}" for i in cols))
+        for n, t, m in zip(names, text, marked):
+            out.append(f"{n:<{aw}}" + "".join(f"{t[i]:>{widths[i]}}" for i in cols)
+                       + (mark if m and k == 0 else ""))
+    return "\n".join(out)
 
 
 def _fit(line: str, indent: str = "      ") -> str:

@@ -572,6 +572,23 @@ def test_explain_hosts(capsys):
     assert "hierarchical" in out and "2 hosts x 8 ranks" in out
 
 
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_explain_fits_the_terminal(capsys, monkeypatch, columns):
+    """No line longer than the terminal: text wraps, and table columns that do not fit
+    move to a second table that repeats the algorithm names."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for args in (["all_reduce", "--size", "1M", "-n", "8", "--hosts", "2"],
+                 ["all_reduce", "--size", "64M", "-n", "16", "--hosts", "2", "--tier",
+                  "ethernet"], ["all_gather", "-n", "4"]):
+        assert commands.explain_main(args) == 0
+        out = capsys.readouterr().out
+        assert max(map(len, out.splitlines())) <= columns, out
+        assert out.count("<- winner") == 1 and "-0.00" not in out
+        names = re.findall(r"^(\w+) +[\d.]+(?: |$)", out, re.M)
+        if "--hosts" in args and columns < 100:
+            assert out.count("algorithm (") == 2 and len(names) == 2 * len(set(names))
+
+
 def test_plots(tmp_path):
     import matplotlib.image       # the plot extra: scripts/test.sh installs it
     for main, args in ((commands.plan_main, []), (commands.plan_main, ["-b", "32"]),

@@ -54,6 +54,7 @@ class Recorder:
         # (collective, seq, group, algorithm); p2p None, or (peer, user tag)
         self.calls: list = []
         self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
+        self.c_msgs: list = []     # what the C fast path sent and received, see c_messages
         self._predicted: dict = {}
         self.mono0, self.wall0 = time.perf_counter(), time.time()
 
@@ -92,7 +93,7 @@ class Recorder:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:
                 f.write(json.dumps(self.call_record(c)) + "\n")
-            for kind, peer, nbytes, path, ts, tag, seq in self.msgs:
+            for kind, peer, nbytes, path, ts, tag, seq in self.msgs + c_messages(self.c_msgs):
                 f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
                                     "ts": ts, "tag": tag, "seq": seq}) + "\n")
         return self.path
@@ -138,6 +139,24 @@ def trace(directory: str):
 
 # ------------------------------------------------------------------- runtime's hooks
 
+def c_messages(runs) -> list:
+    """Message records of calls the C fast path ran: per (plan, rounds done, receives
+    done of the next round or -1, itemsize, start, end, tag, seq), the sends of the
+    rounds done stamped at the start and their receives at the end, and the next round's
+    sends if C sent them (its receives finish in Python, which records them)."""
+    out = []
+    for plan, done, mask, isz, t0, t1, tag, seq in runs:
+        for _local, recvs, sends in plan[:done]:
+            for dst, _sb, s0, s1 in sends:
+                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
+            for src, _red, _db, d0, d1, _ab, _a0, _a1 in recvs:
+                out.append(("recv", src, (d1 - d0) * isz, "C fast path", t1, tag, seq))
+        if mask >= 0:
+            for dst, _sb, s0, s1 in plan[done][2]:
+                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
+    return out
+
+
 class Call:
     """One traced collective call; the runtime makes it only when :data:`ON` (see
     collectives._run). It stamps and keeps what it needs; the record is made at close."""
@@ -166,30 +185,23 @@ class Call:
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
         """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
         ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
-        no clock); a call C finished ends here."""
+        no clock). Their records are made when the file is written (:func:`c_messages`);
+        a call C finished ends here."""
         done, mask = resume[0], resume[1]
-        t0, now = self.start, time.perf_counter()
-        msgs, tag, seq = self.rec.msgs, self.tag, self.what[1]
-        for _local, recvs, sends in self.plan[:done]:
-            for dst, sb, s0, s1 in sends:
-                msgs.append(("send", dst, (s1 - s0) * bufs[sb].itemsize, "C fast path", t0,
-                             tag, seq))
-            for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
-                msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, "C fast path", now,
-                             tag, seq))
-        if mask >= 0:       # C also sent the next round (its receives finish in Python)
-            for dst, sb, s0, s1 in self.plan[done][2]:
-                msgs.append(("send", dst, (s1 - s0) * bufs[sb].itemsize, "C fast path", t0,
-                             tag, seq))
-        self.path = "C" if done == rounds else "C, then python"
+        now = time.perf_counter()
+        self.rec.c_msgs.append((self.plan, done, mask, bufs["tmp"].itemsize, self.start, now,
+                                self.tag, self.what[1]))
         if done == rounds:
-            self.end(resume[2], resume[4])
+            self.path = "C"
+            self.end(resume[2], resume[4], now=now)
+        else:
+            self.path = "C, then python"
 
-    def end(self, waited: float, waited_on, error=None) -> None:
+    def end(self, waited: float, waited_on, error=None, now=None) -> None:
         rec = self.rec
         if rec is _REC:          # not a call that outlived its trace
             rec.calls.append((self.what, self.p, self.nbytes, self.tag, self.start,
-                              time.perf_counter(), waited, waited_on, self.path,
+                              now or time.perf_counter(), waited, waited_on, self.path,
                               None if error is None else f"{type(error).__name__}: {error}",
                               None))
 

@@ -9,6 +9,10 @@ bfloat16 reduces as torch does, in float32 rounded back; non-contiguous tensors 
 through a contiguous copy). The world joins on the store torch hands the backend, with
 every value ringlet writes there signed by the job token; each subgroup is known by its
 rank list, so members may create groups in different orders.
+
+Inside ``torch.profiler.profile()`` each operation is a ``record_function`` range named
+after ringlet's call - "ringlet:all_reduce", "ringlet:send", ... - so the profiler's table
+shows communication beside compute as it shows "gloo:" or "nccl:" rows.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import os
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
+from torch.autograd import _profiler_enabled as _profiling   # a C call: ~50 ns
+from torch.profiler import record_function
 
 from . import collectives as C
 from . import runtime
@@ -42,15 +48,20 @@ class _Work(dist.Work):
     hands the outcome to the future. torch 2.13's future-wrapping Work drops a failed
     future's exception in ``wait()``, so errors must not travel that way alone."""
 
-    def __init__(self, finish, result):
+    def __init__(self, finish, result, name: str | None):
         super().__init__()
-        self.finish, self.result, self.error = finish, result, None
+        self.finish, self.result, self.error, self.name = finish, result, None, name
 
     def wait(self, timeout=None):
         if self.finish is not None:
             finish, self.finish = self.finish, None
             try:
-                finish()
+                if self.name is not None and _profiling():
+                    # A row of torch.profiler's table, as "gloo:all_reduce" is for Gloo
+                    with record_function(f"ringlet:{self.name}"):
+                        finish()
+                else:
+                    finish()
             except Exception as exc:   # noqa: BLE001 - kept for every later wait
                 self.error = exc
         if self.error is not None:
@@ -77,26 +88,28 @@ class _Work(dist.Work):
         return fut
 
 
-def _completed(run, result):
+def _completed(run, result, name: str | None):
     """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
     future yields). ringlet progresses a call only inside its calls, so ``run`` completes
     it here, before returning: DDP waits on the future without calling ``wait()``, and must
     never hang. An error (a dead peer, a mismatch) is raised right here, from the torch
     call: in torch 2.13 a failed future reaching DDP's C++ crashes the process (SIGSEGV)
-    and a future-wrapping Work's ``wait()`` drops the error."""
-    work = _Work(run, result)
+    and a future-wrapping Work's ``wait()`` drops the error. ``name``: the ringlet call,
+    its row "ringlet:<name>" in torch.profiler's table while a profiler records (None: no
+    row); with no profiler, one ~50 ns check."""
+    work = _Work(run, result, name)
     work.wait()
     return work
 
 
-def _p2p(request, tensor, copy_back=None):
+def _p2p(name: str, request, tensor, copy_back=None):
     """A send or receive in flight: ``wait()`` drives it (torch waits on every p2p work,
     and a ring of isend/irecv needs every one posted before any completes)."""
     def finish():
         request.wait()
         if copy_back is not None:
             copy_back()
-    return _Work(finish, [tensor])
+    return _Work(finish, [tensor], name)
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -211,7 +224,7 @@ class ProcessGroup(dist.ProcessGroup):
                          timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, tensors)
+        return _completed(run, tensors, "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
         op, factor = _op(opts.reduceOp)
@@ -220,7 +233,7 @@ class ProcessGroup(dist.ProcessGroup):
             flat = _premul(_flatten(tensors), factor, False)
             C.all_reduce(_reducible(flat), op, self.group, timeout=_timeout(opts))
             _unflatten_into(flat, tensors)
-        return _completed(run, tensors)
+        return _completed(run, tensors, "all_reduce")
 
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
         op, factor = _op(opts.reduceOp)
@@ -233,7 +246,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.reduce(_reducible(buf), root, op, self.group, timeout=_timeout(opts))
             if back and self.group.rank == root:
                 back()
-        return _completed(run, tensors)
+        return _completed(run, tensors, "reduce")
 
     def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
@@ -246,7 +259,7 @@ class ProcessGroup(dist.ProcessGroup):
                              timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, outputs)
+        return _completed(run, outputs, "reduce_scatter")
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
@@ -258,7 +271,7 @@ class ProcessGroup(dist.ProcessGroup):
                              timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, [out])
+        return _completed(run, [out], "reduce_scatter")
 
     def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
@@ -270,7 +283,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.reduce_scatter(_reducible(res), _reducible(flat.contiguous()), op, self.group,
                              timeout=_timeout(opts))
             _unflatten_into(res, outs)
-        return _completed(run, outs)
+        return _completed(run, outs, "reduce_scatter")
 
     # copies
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
@@ -281,7 +294,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.broadcast(buf, opts.rootRank, self.group, timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, tensors)
+        return _completed(run, tensors, "broadcast")
 
     def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
         outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
@@ -291,7 +304,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.all_gather(res, inp.contiguous(), self.group, timeout=_timeout(opts))
             for o, r in zip(outs, res):
                 o.copy_(r.view(o.shape))
-        return _completed(run, outputs)
+        return _completed(run, outputs, "all_gather")
 
     def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
         def run():
@@ -300,7 +313,7 @@ class ProcessGroup(dist.ProcessGroup):
                          timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, [out])
+        return _completed(run, [out], "all_gather")
 
     def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
         def run():
@@ -309,7 +322,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.all_gather(res, flat, self.group, timeout=_timeout(opts))
             for outs, row in zip(output_lists, res):
                 _unflatten_into(row, outs)
-        return _completed(run, output_lists)
+        return _completed(run, output_lists, "all_gather")
 
     def allgather_into_tensor_coalesced(self, outs, ins, opts=c10d.AllgatherOptions()):
         p = self.size()
@@ -322,7 +335,7 @@ class ProcessGroup(dist.ProcessGroup):
             for o, i in zip(outs, ins):
                 o.view(p, -1).copy_(res[:, off:off + i.numel()])
                 off += i.numel()
-        return _completed(run, outs)
+        return _completed(run, outs, "all_gather")
 
     def gather(self, outputs, inputs, opts=c10d.GatherOptions()):
         inp, root = _one(inputs, "gather"), opts.rootRank
@@ -336,7 +349,7 @@ class ProcessGroup(dist.ProcessGroup):
                     o.copy_(r.view(o.shape))
             else:
                 C.gather(inp.contiguous(), None, root, self.group, timeout=_timeout(opts))
-        return _completed(run, outputs)
+        return _completed(run, outputs, "gather")
 
     def scatter(self, outputs, inputs, opts=c10d.ScatterOptions()):
         out, root = _one(outputs, "scatter"), opts.rootRank
@@ -349,7 +362,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.scatter(buf, src, root, self.group, timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, outputs)
+        return _completed(run, outputs, "scatter")
 
     def alltoall_base(self, out, inp, out_splits, in_splits, opts=c10d.AllToAllOptions()):
         def run():
@@ -358,7 +371,7 @@ class ProcessGroup(dist.ProcessGroup):
                                 list(in_splits) or None, self.group, timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, [out])
+        return _completed(run, [out], "all_to_all_single")
 
     def alltoall(self, outs, ins, opts=c10d.AllToAllOptions()):
         def run():
@@ -368,10 +381,10 @@ class ProcessGroup(dist.ProcessGroup):
             for _, back in dense:
                 if back:
                     back()
-        return _completed(run, outs)
+        return _completed(run, outs, "all_to_all")
 
     def barrier(self, opts=c10d.BarrierOptions()):
-        return _completed(lambda: C.barrier(self.group, timeout=_timeout(opts)), [])
+        return _completed(lambda: C.barrier(self.group, timeout=_timeout(opts)), [], "barrier")
 
     # torch 2.13's Python API calls these names; C++ callers (DDP, functional
     # collectives) the older ones above.
@@ -386,17 +399,17 @@ class ProcessGroup(dist.ProcessGroup):
         pass
 
     def _end_coalescing(self, device):
-        return _completed(lambda: None, [])
+        return _completed(lambda: None, [], None)
 
     # point-to-point
     def send(self, tensors, dst, tag):
         t = _one(tensors, "send")
-        return _p2p(runtime.isend(t.contiguous(), dst, self.group, tag), t)
+        return _p2p("send", runtime.isend(t.contiguous(), dst, self.group, tag), t)
 
     def recv(self, tensors, src, tag):
         t = _one(tensors, "recv")
         buf, back = _dense(t)
-        return _p2p(runtime.irecv(buf, src, self.group, tag), t, back)
+        return _p2p("recv", runtime.irecv(buf, src, self.group, tag), t, back)
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("the ringlet backend receives from a named rank only: "

@@ -452,3 +452,45 @@ def test_bench_bfloat16(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "bfloat16" in line]
     assert len(rows) == 10 and all(line.split()[-1] == "0" for line in rows), proc.stdout
+
+
+# -- torch.profiler shows ringlet's rows ---------------------------------------------------------
+def _profiled_step(rank, n):
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    t = torch.ones(1000)
+    dist.all_reduce(t)                                  # before: no profiler, no rows
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(3):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        dist.all_gather_into_tensor(torch.empty(n * 1000), t)
+        if rank == 0:
+            dist.send(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+    rows = {e.key: e for e in prof.key_averages()}
+    # the seed's table: one row per communication call beside compute
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+    assert "ringlet:all_reduce" in table and "ringlet:all_gather" in table
+    ar = rows["ringlet:all_reduce"]
+    assert ar.count >= 3 and ar.cpu_time_total > 0       # DDP's bucket all-reduces, each step
+    assert rows["ringlet:all_gather"].count == 1
+    p2p = {0: "ringlet:send", 1: "ringlet:recv"}.get(rank)
+    if p2p:
+        assert rows[p2p].count == 1
+    assert not any(k.startswith("ringlet:") for k in rows if k not in (
+        "ringlet:all_reduce", "ringlet:all_gather", "ringlet:send", "ringlet:recv",
+        "ringlet:broadcast"))
+    with profile(activities=[ProfilerActivity.CPU]) as quiet:
+        pass
+    dist.all_reduce(t)                                  # after: not recorded anywhere
+    assert not any(e.key.startswith("ringlet:") for e in quiet.key_averages())
+
+
+def test_torch_profiler_table_shows_ringlet_rows():
+    launch(_profiled_step, 2)

@@ -22,8 +22,8 @@ __all__ = ["naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner",
 
 
 def naive_ring(p, count, *, itemsize=4):
-    """Seed 000, Code 4.2.2: a running sum walks the ring 0 → 1 → … → p−1 (each rank adds
-    its own), then the total keeps walking around (p−1 → 0 → … → p−2).
+    """The textbook's first all-reduce: a running sum walks the ring 0 → 1 → … → p−1
+    (each rank adds its own), then the total keeps walking around (p−1 → 0 → … → p−2).
 
     2(p−1) full-size messages in 2(p−1) rounds:  T = 2(p−1)α + 2(p−1)nβ + (p−1)nγ.
     """
@@ -59,7 +59,7 @@ def direct(p, count, *, itemsize=4):
 
 
 def ring(p, count, *, itemsize=4):
-    """Ring all-reduce (seed 004): reduce-scatter then all-gather around the ring, the
+    """Ring all-reduce: reduce-scatter then all-gather around the ring, the
     buffer cut into p chunks with ``chunks(count, p)``. In reduce-scatter step k rank i
     sends chunk (i−k) mod p to rank i+1, which adds it to its own; after p−1 steps rank i
     owns the reduced chunk (i+1) mod p, and the all-gather circulates the owned chunks.

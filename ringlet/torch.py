@@ -160,6 +160,14 @@ class ProcessGroup(dist.ProcessGroup):
     def __init__(self, group, rank: int, size: int, owns_world: bool = False):
         super().__init__(rank, size)
         self.group, self.owns_world = group, owns_world
+        # From three ranks on, a float sum's bits depend on how its additions are grouped:
+        # reduce as Gloo does, so a job gets the same bits on either backend.
+        self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
+
+    def _algorithm(self, t: torch.Tensor) -> str:
+        """The all_reduce algorithm for ``t``: Gloo's ring for floats when ordered as Gloo."""
+        return "gloo_ring" if self.gloo_order and (t.is_floating_point() or t.is_complex()) \
+            else "auto"
 
     def shutdown(self):
         """dist.destroy_process_group: leave ringlet if torch's world started it."""
@@ -208,7 +216,7 @@ class ProcessGroup(dist.ProcessGroup):
         def run():
             buf, back = _dense(t)
             C.all_reduce(_reducible(_premul(buf, factor, False)), op, self.group,
-                         timeout=_timeout(opts))
+                         algorithm=self._algorithm(t), timeout=_timeout(opts))
             if back:
                 back()
         return _completed(run, tensors)
@@ -218,7 +226,8 @@ class ProcessGroup(dist.ProcessGroup):
 
         def run():
             flat = _premul(_flatten(tensors), factor, False)
-            C.all_reduce(_reducible(flat), op, self.group, timeout=_timeout(opts))
+            C.all_reduce(_reducible(flat), op, self.group, algorithm=self._algorithm(flat),
+                         timeout=_timeout(opts))
             _unflatten_into(flat, tensors)
         return _completed(run, tensors)
 
@@ -235,17 +244,29 @@ class ProcessGroup(dist.ProcessGroup):
                 back()
         return _completed(run, tensors)
 
+    def _reduce_scatter(self, out, src, op, opts, owned=True):
+        """``out`` = this rank's block of op over every rank's ``src`` (p blocks, contiguous;
+        ``owned``: ours to overwrite). Ordered as Gloo, it is Gloo's algorithm: the whole of
+        ``src`` all-reduced by ``gloo_ring``, this rank's block kept."""
+        buf, back = _dense(out)
+        if self._algorithm(src) == "gloo_ring":
+            src = src if owned else src.clone()
+            C.all_reduce(_reducible(src), op, self.group, algorithm="gloo_ring",
+                         timeout=_timeout(opts))
+            buf.copy_(src.view(self.size(), -1)[self.group.rank].view(buf.shape))
+        else:
+            C.reduce_scatter(_reducible(buf), _reducible(src), op, self.group,
+                             timeout=_timeout(opts))
+        if back:
+            back()
+
     def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
 
         def run():
             flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
-            buf, back = _dense(out)
-            C.reduce_scatter(_reducible(buf), _reducible(flat), op, self.group,
-                             timeout=_timeout(opts))
-            if back:
-                back()
+            self._reduce_scatter(out, flat, op, opts)
         return _completed(run, outputs)
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
@@ -253,11 +274,7 @@ class ProcessGroup(dist.ProcessGroup):
 
         def run():
             src = _premul(inp.contiguous(), factor, True)
-            buf, back = _dense(out)
-            C.reduce_scatter(_reducible(buf), _reducible(src), op, self.group,
-                             timeout=_timeout(opts))
-            if back:
-                back()
+            self._reduce_scatter(out, src, op, opts, owned=factor is not None)
         return _completed(run, [out])
 
     def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
@@ -267,8 +284,7 @@ class ProcessGroup(dist.ProcessGroup):
         def run():   # one call: rank i's block of the concatenation is its blocks of each
             flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
             res = torch.empty(flat.shape[1], dtype=flat.dtype)
-            C.reduce_scatter(_reducible(res), _reducible(flat.contiguous()), op, self.group,
-                             timeout=_timeout(opts))
+            self._reduce_scatter(res, flat.contiguous(), op, opts)
             _unflatten_into(res, outs)
         return _completed(run, outs)
 

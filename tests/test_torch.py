@@ -390,22 +390,58 @@ KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "fsdp2"]
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_training_matches_gloo(kind, n, tmp_path):
-    """20 steps on Gloo and on ringlet. At p = 2 every parameter has the same bits (a sum
-    of two is one rounding, whatever the algorithm). At p = 4 a float sum's bits depend on
-    its order, which Gloo's algorithms and ringlet's do not share: equal to float32's
-    rounding over 20 steps (float16's with the fp16 hook)."""
+    """20 steps on Gloo and on ringlet: every parameter has the same bits. At p = 2 a sum is
+    one rounding whatever the algorithm; from p = 3 on the backend reduces floats in Gloo's
+    order (the gloo_ring all-reduce), so the bits are the same again."""
     launch(_train, n, kind, str(tmp_path), backend="gloo")
     launch(_train, n, kind, str(tmp_path), backend="ringlet")
     gloo = torch.load(tmp_path / "gloo.pt")
     ours = torch.load(tmp_path / "ringlet.pt")
     assert gloo.keys() == ours.keys()
     for k in gloo:
-        if n == 2:
-            assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
-        else:   # float16 gradients (the fp16 hook) round at 2**-11, float32 at 2**-24
-            tol = 1e-2 if kind == "fp16" else 1e-4
-            torch.testing.assert_close(ours[k], gloo[k], rtol=tol, atol=tol / 10,
-                                       msg=f"{kind} p={n}: parameter {k} strays from Gloo")
+        assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
+
+
+def _sums(rank, n, out_dir):
+    """all_reduce and reduce_scatter_tensor of floats whose sum depends on its grouping."""
+    res = {}
+    for count in (1, 5, 33, 1000, 70001, 300007):
+        g = torch.Generator().manual_seed(count * 31 + rank)
+        for dtype in (torch.float32, torch.float16, torch.float64):
+            x = (torch.randn(count, generator=g) * torch.randn(count, generator=g).exp() * 4)
+            t = x.to(dtype)
+            dist.all_reduce(t)
+            res[f"all_reduce {count} {dtype}"] = t
+        inp = torch.randn(count * n, generator=g) * torch.randn(count * n, generator=g).exp()
+        out = torch.empty(count)
+        dist.reduce_scatter_tensor(out, inp)
+        res[f"reduce_scatter {count}"] = out
+    torch.save(res, os.path.join(out_dir, f"{dist.get_backend()}-{rank}.pt"))
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_float_sums_have_gloos_bits(n, tmp_path):
+    """Sums whose bits depend on their order: the same bits as Gloo, on every rank."""
+    launch(_sums, n, str(tmp_path), backend="gloo")
+    launch(_sums, n, str(tmp_path), backend="ringlet")
+    for r in range(n):
+        gloo = torch.load(tmp_path / f"gloo-{r}.pt")
+        ours = torch.load(tmp_path / f"ringlet-{r}.pt")
+        for k in gloo:
+            assert torch.equal(gloo[k], ours[k]), f"p={n} rank {r}: {k} differs from Gloo"
+
+
+def _order_unchanged_by_opt_out(rank, n):
+    pg = dist.group.WORLD
+    assert not pg.gloo_order and pg._algorithm(torch.ones(1)) == "auto"
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    _same(t, torch.full((3,), float(n)), "all_reduce with RINGLET_TORCH_ORDER=auto")
+
+
+def test_order_opt_out(monkeypatch):
+    monkeypatch.setenv("RINGLET_TORCH_ORDER", "auto")
+    launch(_order_unchanged_by_opt_out, 3)
 
 
 # -- bfloat16 in ringlet's own calls (no torch.distributed) --------------------------------------

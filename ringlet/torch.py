@@ -9,10 +9,17 @@ bfloat16 reduces as torch does, in float32 rounded back; non-contiguous tensors 
 through a contiguous copy). The world joins on the store torch hands the backend, with
 every value ringlet writes there signed by the job token; each subgroup is known by its
 rank list, so members may create groups in different orders.
+
+From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (the
+``gloo_ring`` algorithm), so a job has the same bits on either backend;
+``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
+``async_op=True`` returns while in flight and ringlet's progress thread finishes it, except
+inside a backward pass, where it completes before returning (see ``_async``).
 """
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -21,7 +28,7 @@ from torch._C import _distributed_c10d as c10d
 from . import collectives as C
 from . import runtime
 from .errors import RingletError
-from .ops import ReduceOp
+from .ops import ReduceOp, tensor_array
 from .rendezvous import SignedStore, derive_token, job_token, torch_env
 
 NAME = "ringlet"
@@ -37,10 +44,9 @@ _PREMUL = _RED.PREMUL_SUM.value
 
 # -- completion: the one place that decides when a torch Work is done ------------------------
 class _Work(dist.Work):
-    """A torch Work over ringlet calls: ``wait()`` runs ``finish`` (ringlet's own waits)
-    once and raises what it raised; ``get_future()`` (what DDP waits on) does the same and
-    hands the outcome to the future. torch 2.13's future-wrapping Work drops a failed
-    future's exception in ``wait()``, so errors must not travel that way alone."""
+    """A torch Work whose ringlet calls ran (or run) in ``finish``: ``wait()`` runs it
+    once and raises what it raised; ``get_future()`` does the same and hands the outcome
+    to the future."""
 
     def __init__(self, finish, result):
         super().__init__()
@@ -78,15 +84,80 @@ class _Work(dist.Work):
 
 
 def _completed(run, result):
-    """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
-    future yields). ringlet progresses a call only inside its calls, so ``run`` completes
-    it here, before returning: DDP waits on the future without calling ``wait()``, and must
-    never hang. An error (a dead peer, a mismatch) is raised right here, from the torch
-    call: in torch 2.13 a failed future reaching DDP's C++ crashes the process (SIGSEGV)
-    and a future-wrapping Work's ``wait()`` drops the error."""
+    """A torch Work for ``run()`` (which issues blocking ringlet calls), completed here: an
+    error (a dead peer, a mismatch) is raised from the torch call itself."""
     work = _Work(run, result)
     work.wait()
     return work
+
+
+class _Pending(dist.Work):
+    """A torch Work over one ringlet call in flight, moved by ringlet's progress thread:
+    ``wait()`` blocks until it is done and raises its error; ``get_future()`` is completed
+    (its result ``result``, or the error) by whichever thread sees the call finish. ``then``
+    (a copy back, a slice kept) runs once, after the call and before either reports."""
+
+    def __init__(self, work, result, then=None):
+        super().__init__()
+        self.work, self.result, self.then = work, result, then
+        self.lock = threading.Lock()
+        self.done, self.error, self.fut = False, None, None
+
+    def _complete(self):
+        """Once the ringlet call has finished: run ``then``; the error, if any."""
+        with self.lock:
+            if not self.done:
+                try:
+                    self.work.wait()   # finished: returns, or raises its error, at once
+                    if self.then is not None:
+                        self.then()
+                except Exception as exc:   # noqa: BLE001 - reported by wait and the future
+                    self.error = exc
+                self.done = True
+        return self.error
+
+    def wait(self, timeout=None):
+        seconds = timeout.total_seconds() if timeout is not None else 0
+        self.work.wait(seconds if seconds > 0 else None)   # a timeout raises; the call goes on
+        if self._complete() is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+    def is_success(self):
+        return self.is_completed() and self._complete() is None
+
+    def exception(self):
+        return self._complete() if self.is_completed() else None
+
+    def get_future(self):
+        if self.fut is None:
+            fut = self.fut = torch.futures.Future()
+
+            def settle(_):
+                if self._complete() is None:
+                    fut.set_result(self.result)
+                else:
+                    fut.set_exception(self.error)
+            self.work.get_future().add_done_callback(settle)
+        return self.fut
+
+
+def _async(opts) -> bool:
+    """Whether a call may return before it completes. Not when the caller waits at once
+    (torch's Python collectives with ``async_op=False``), and not inside a backward pass:
+    DDP's reducer reads a failed future's value without checking it and crashes (torch
+    2.13, ``parseCppCommHookResult``), so there errors must rise from the call itself."""
+    return opts.asyncOp and runtime.engine().background.on and \
+        torch._C._current_graph_task_id() == -1
+
+
+def _done(opts, result):
+    """What a call that completed returns: nothing to a caller that waits at once (torch's
+    Python collectives accept None), a completed Work to the rest."""
+    return _Work(None, result) if opts.asyncOp else None
 
 
 def _p2p(request, tensor, copy_back=None):
@@ -116,8 +187,18 @@ def _reducible(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+def _array(t: torch.Tensor):
+    """A CPU, contiguous tensor's memory as an ndarray (what ringlet's calls take fastest)."""
+    return tensor_array(t.detach() if t.requires_grad else t)
+
+
+_SUM = dist.ReduceOp.SUM
+
+
 def _op(redop):
     """(ringlet op, premultiply factor or None) of a torch ReduceOp."""
+    if redop == _SUM:   # the common case, without reading pybind11 attributes
+        return ReduceOp.SUM, None
     kind = (redop.op if isinstance(redop, dist.ReduceOp) else redop).value
     if kind not in _OPS:
         raise ValueError(f"the ringlet backend has no reduce op {redop}")
@@ -131,9 +212,8 @@ def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
 
 
 def _timeout(opts):
-    t = getattr(opts, "timeout", None)
-    seconds = t.total_seconds() if t is not None else -1
-    return seconds if seconds > 0 else None
+    t = getattr(opts, "timeout", None)   # -1 ms unless the caller set one
+    return t.total_seconds() if t is not None and t.days >= 0 and t else None
 
 
 def _one(tensors, what):
@@ -208,18 +288,33 @@ class ProcessGroup(dist.ProcessGroup):
     group_name = property(getGroupName)
     group_desc = property(getGroupDesc)
 
-    # reductions
-    def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
-        op, factor = _op(opts.reduceOp)
-        t = _one(tensors, "allreduce")
+    def _issue(self, opts, result, call, then=None):
+        """Run ``call(async_op)`` - one ringlet call - the way the caller can take it: to the
+        end, for a caller that waits at once (it gets None) or inside a backward pass (a
+        completed Work, or the error raised here); in flight otherwise (a pending Work)."""
+        if not opts.asyncOp:
+            call(False)
+            if then is not None:
+                then()
+            return None
+        if _async(opts):
+            return _Pending(call(True), result, then)
 
         def run():
-            buf, back = _dense(t)
-            C.all_reduce(_reducible(_premul(buf, factor, False)), op, self.group,
-                         algorithm=self._algorithm(t), timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, tensors)
+            call(False)
+            if then is not None:
+                then()
+        return _completed(run, result)
+
+    # reductions
+    def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
+        t = _one(tensors, "allreduce")
+        op, factor = _op(opts.reduceOp)
+        buf, back = _dense(t)
+        arr = _array(_reducible(_premul(buf, factor, False)))
+        algorithm, timeout = self._algorithm(t), _timeout(opts)
+        return self._issue(opts, tensors, lambda a: C.all_reduce(
+            arr, op, self.group, async_op=a, algorithm=algorithm, timeout=timeout), back)
 
     def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
         op, factor = _op(opts.reduceOp)
@@ -234,89 +329,83 @@ class ProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
         op, factor = _op(opts.reduceOp)
         t = _one(tensors, "reduce")
-        root = opts.rootRank
+        root, mine = opts.rootRank, self.group.rank == opts.rootRank
+        buf, back = _dense(t)
+        buf = _premul(buf, factor, not mine)
+        timeout = _timeout(opts)
+        return self._issue(opts, tensors, lambda a: C.reduce(
+            _reducible(buf), root, op, self.group, async_op=a, timeout=timeout),
+            back if mine else None)
 
-        def run():
-            buf, back = _dense(t)
-            buf = _premul(buf, factor, self.group.rank != root)
-            C.reduce(_reducible(buf), root, op, self.group, timeout=_timeout(opts))
-            if back and self.group.rank == root:
-                back()
-        return _completed(run, tensors)
-
-    def _reduce_scatter(self, out, src, op, opts, owned=True):
+    def _reduce_scatter(self, out, src, op, opts, result, owned=True, after=None):
         """``out`` = this rank's block of op over every rank's ``src`` (p blocks, contiguous;
-        ``owned``: ours to overwrite). Ordered as Gloo, it is Gloo's algorithm: the whole of
-        ``src`` all-reduced by ``gloo_ring``, this rank's block kept."""
+        ``owned``: ours to overwrite), then ``after()``. Ordered as Gloo, it is Gloo's
+        algorithm: the whole of ``src`` all-reduced by ``gloo_ring``, this rank's block kept."""
         buf, back = _dense(out)
-        if self._algorithm(src) == "gloo_ring":
-            src = src if owned else src.clone()
-            C.all_reduce(_reducible(src), op, self.group, algorithm="gloo_ring",
-                         timeout=_timeout(opts))
-            buf.copy_(src.view(self.size(), -1)[self.group.rank].view(buf.shape))
+        timeout = _timeout(opts)
+        gloo = self._algorithm(src) == "gloo_ring"
+        if gloo and not owned:
+            src = src.clone()
+
+        def then():
+            if gloo:
+                buf.copy_(src.view(self.size(), -1)[self.group.rank].view(buf.shape))
+            if back:
+                back()
+            if after:
+                after()
+        if gloo:
+            call = lambda a: C.all_reduce(_reducible(src), op, self.group,  # noqa: E731
+                                          async_op=a, algorithm="gloo_ring", timeout=timeout)
         else:
-            C.reduce_scatter(_reducible(buf), _reducible(src), op, self.group,
-                             timeout=_timeout(opts))
-        if back:
-            back()
+            call = lambda a: C.reduce_scatter(_reducible(buf), _reducible(src),  # noqa: E731
+                                              op, self.group, async_op=a, timeout=timeout)
+        return self._issue(opts, result, call, then if gloo or back or after else None)
 
     def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
-
-        def run():
-            flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
-            self._reduce_scatter(out, flat, op, opts)
-        return _completed(run, outputs)
+        flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
+        return self._reduce_scatter(out, flat, op, opts, outputs)
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
-
-        def run():
-            src = _premul(inp.contiguous(), factor, True)
-            self._reduce_scatter(out, src, op, opts, owned=factor is not None)
-        return _completed(run, [out])
+        src = _premul(inp.contiguous(), factor, True)
+        return self._reduce_scatter(out, src, op, opts, [out], owned=factor is not None)
 
     def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         p = self.size()
-
-        def run():   # one call: rank i's block of the concatenation is its blocks of each
-            flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
-            res = torch.empty(flat.shape[1], dtype=flat.dtype)
-            self._reduce_scatter(res, flat.contiguous(), op, opts)
-            _unflatten_into(res, outs)
-        return _completed(run, outs)
+        # one call: rank i's block of the concatenation is its blocks of each
+        flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
+        res = torch.empty(flat.shape[1], dtype=flat.dtype)
+        return self._reduce_scatter(res, flat.contiguous(), op, opts, outs,
+                                    after=lambda: _unflatten_into(res, outs))
 
     # copies
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
         t = _one(tensors, "broadcast")
-
-        def run():
-            buf, back = _dense(t)
-            C.broadcast(buf, opts.rootRank, self.group, timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, tensors)
+        buf, back = _dense(t)
+        root, timeout = opts.rootRank, _timeout(opts)
+        return self._issue(opts, tensors, lambda a: C.broadcast(
+            buf, root, self.group, async_op=a, timeout=timeout), back)
 
     def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
         outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
+        res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+        src, timeout = inp.contiguous(), _timeout(opts)
 
-        def run():
-            res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-            C.all_gather(res, inp.contiguous(), self.group, timeout=_timeout(opts))
+        def spread():
             for o, r in zip(outs, res):
                 o.copy_(r.view(o.shape))
-        return _completed(run, outputs)
+        return self._issue(opts, outputs, lambda a: C.all_gather(
+            res, src, self.group, async_op=a, timeout=timeout), spread)
 
     def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
-        def run():
-            buf, back = _dense(out)
-            C.all_gather(buf, inp if inp.is_contiguous() else inp.contiguous(), self.group,
-                         timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, [out])
+        buf, back = _dense(out)
+        src, timeout = inp if inp.is_contiguous() else inp.contiguous(), _timeout(opts)
+        return self._issue(opts, [out], lambda a: C.all_gather(
+            buf, src, self.group, async_op=a, timeout=timeout), back)
 
     def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
         def run():

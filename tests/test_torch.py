@@ -326,6 +326,159 @@ def test_rank_dying_under_ddp_raises(tmp_path):
     assert "rank 1" in text and ("PeerFailure" in text or "died" in text or "closed" in text), text
 
 
+# -- asynchronous work: pending until done, moved by ringlet's progress thread ---------------
+def _until(check, what, limit=30.0):
+    import time
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not complete by itself"
+        time.sleep(0.002)
+
+
+def _async_work(rank, n):
+    import time
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t.clone())   # connected, and the call planned
+    if rank == 1:
+        time.sleep(0.5)   # rank 0's call cannot finish before this rank posts its own
+    t0 = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    assert time.monotonic() - t0 < 0.3, "an async_op call returned only once it was done"
+    fut = work.get_future()
+    if rank == 0:
+        assert not work.is_completed() and not fut.done()
+    seen = []
+    chained = fut.then(lambda f: seen.append(f.value()[0].sum().item()) or len(seen))
+    _until(fut.done, "all_reduce's future")   # nobody waits: the progress thread finishes it
+    _same(t, torch.full((1000,), float(n * (n + 1) // 2)), "async all_reduce")
+    assert chained.wait() == 1 and seen == [1000.0 * n * (n + 1) // 2]
+    assert work.wait() and work.is_completed() and work.is_success()
+    # the calls FSDP2 makes asynchronously, waited on as it does
+    full = torch.empty(4 * n)
+    w1 = dist.all_gather_into_tensor(full, torch.full((4,), float(rank)), async_op=True)
+    shard = torch.empty(4)
+    w2 = dist.reduce_scatter_tensor(shard, torch.arange(4.0 * n), async_op=True)
+    col = torch.zeros(3, 2)[:, 1]            # non-contiguous: copied back once done
+    col.fill_(rank)
+    w3 = dist.broadcast(col, src=1, async_op=True)
+    for w in (w1, w2, w3):
+        w.wait()
+    _same(full, torch.arange(n).float().repeat_interleave(4), "async all_gather_into_tensor")
+    _same(shard, torch.arange(4.0 * rank, 4.0 * rank + 4) * n, "async reduce_scatter_tensor")
+    _same(col, torch.ones(3), "async broadcast into a non-contiguous tensor")
+    # inside a backward pass a call completes before it returns (DDP's reducer must never
+    # see a failed future: it crashes on one)
+    x = torch.ones(3, requires_grad=True)
+    works = []
+
+    def hook(g):
+        g = g.clone()
+        works.append((dist.all_reduce(g, async_op=True), g))
+        return g
+    x.register_hook(hook)
+    (x * 2).sum().backward()
+    w, g = works[0]
+    assert w.is_completed(), "an async call inside backward returned before completing"
+    _same(g, torch.full((3,), 2.0 * n), "all_reduce in a backward hook")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_async_work_is_pending_and_completes_by_itself(n):
+    launch(_async_work, n)
+
+
+def _dies_under_async(rank, n, path):
+    import time
+    t = torch.ones(100_000)
+    if rank == 1:
+        dist.all_reduce(t)
+        os._exit(3)
+    dist.all_reduce(t)
+    time.sleep(0.5)   # rank 1 is gone before this call is posted
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    _until(fut.done, "the future of a call whose peer died", limit=60.0)
+    try:
+        fut.wait()
+    except Exception as exc:   # noqa: BLE001
+        first = f"{type(exc).__name__}: {exc}"
+    else:
+        raise AssertionError("the future of a call whose peer died succeeded")
+    try:
+        work.wait()
+    except Exception as exc:   # noqa: BLE001
+        second = f"{type(exc).__name__}: {exc}"
+    else:
+        raise AssertionError("wait() on a call whose peer died returned")
+    with open(path, "w") as f:
+        f.write(first + "\n" + second)
+    os._exit(0)
+
+
+def test_a_dead_peer_fails_async_work_and_its_future(tmp_path):
+    path = str(tmp_path / "error.txt")
+    launch(_dies_under_async, 2, path, expect_fail=(1,))
+    first, second = open(path).read().split("\n")
+    for text in (first, second):
+        assert "rank 1" in text and ("PeerFailure" in text or "died" in text), text
+
+
+_FAILED_FUTURE_UNDER_DDP = """
+import torch, torch.distributed as dist, torch.nn as nn
+
+class Done(dist.Work):
+    def __init__(self, fut):
+        super().__init__()
+        self.fut = fut
+    def wait(self, timeout=None):
+        return True
+    def get_future(self):
+        return self.fut
+
+class PG(dist.ProcessGroup):   # a Python process group, no ringlet: torch's own behaviour
+    calls = 0
+    def getBackendName(self):
+        return "fails"
+    def _done(self, value, error=None):
+        f = torch.futures.Future()
+        f.set_exception(error) if error else f.set_result(value)
+        return Done(f)
+    def broadcast(self, tensors, opts=None):
+        return self._done(tensors)
+    def allgather(self, outs, ins, opts=None):
+        for o in outs[0]:
+            o.copy_(ins[0])
+        return self._done(outs)
+    def allreduce(self, tensors, opts=None):
+        PG.calls += 1
+        return self._done(tensors, RuntimeError("peer died") if PG.calls == 2 else None)
+
+dist.Backend.register_backend("fails", lambda o, *_: PG(o.group_rank, o.group_size),
+                              extended_api=True, devices=["cpu"])
+dist.init_process_group("fails", store=dist.HashStore(), rank=0, world_size=2)
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+for step in range(2):
+    try:
+        model(torch.randn(2, 4)).sum().backward()
+    except Exception as exc:
+        print("raised", exc)
+        raise SystemExit(0)
+"""
+
+
+def test_torch_ddp_crashes_on_a_failed_future(tmp_path):
+    """Why a call inside a backward pass completes before it returns: torch 2.13's DDP
+    reducer reads a failed gradient future's value without checking it and the process
+    dies of SIGSEGV (in c10d::detail::parseCppCommHookResult). If this starts raising
+    instead, async works can stay pending inside backward too (ringlet.torch._async)."""
+    import subprocess
+    script = tmp_path / "failed_future.py"
+    script.write_text(_FAILED_FUTURE_UNDER_DDP)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -11, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+
+
 # -- DDP and FSDP2: every parameter bit-identical to Gloo ----------------------------------------
 def _model():
     torch.manual_seed(0)

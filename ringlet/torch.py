@@ -13,8 +13,8 @@ rank list, so members may create groups in different orders.
 From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (the
 ``gloo_ring`` algorithm), so a job has the same bits on either backend;
 ``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
-``async_op=True`` returns while in flight and ringlet's progress thread finishes it, except
-inside a backward pass, where it completes before returning (see ``_async``).
+``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
+finishes it; a backward pass ends only once its calls have (see ``_async``, ``_join``).
 """
 from __future__ import annotations
 
@@ -146,12 +146,42 @@ class _Pending(dist.Work):
 
 
 def _async(opts) -> bool:
-    """Whether a call may return before it completes. Not when the caller waits at once
-    (torch's Python collectives with ``async_op=False``), and not inside a backward pass:
-    DDP's reducer reads a failed future's value without checking it and crashes (torch
-    2.13, ``parseCppCommHookResult``), so there errors must rise from the call itself."""
-    return opts.asyncOp and runtime.engine().background.on and \
-        torch._C._current_graph_task_id() == -1
+    """Whether a call may return in flight: not when its caller waits at once (torch's
+    Python collectives with ``async_op=False``), nor without a progress thread, nor from a
+    callback that runs as a backward pass ends (DDP's reducer reads its futures right after,
+    and crashes on a failed one: torch 2.13, ``parseCppCommHookResult``). From a hook inside
+    backward it may: ``_join`` makes the pass end on it first."""
+    if not opts.asyncOp or not runtime.engine().background.on:
+        return False
+    return torch._C._current_graph_task_id() == -1 or \
+        torch._C._current_autograd_node() is not None
+
+
+_joining = {"task": None, "works": []}   # the backward pass whose works _join waits for
+
+
+def _join(work):
+    """Make the running backward pass wait for ``work`` before it ends: the first call of a
+    pass queues a callback, which runs before DDP's own (callbacks run in the order queued,
+    and DDP queues its one after its first call) and raises the first error among the
+    pass's works - so DDP never reads a failed future, and the error rises from backward."""
+    task = torch._C._current_graph_task_id()
+    if _joining["task"] != task:
+        _joining["task"], _joining["works"] = task, []
+        torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
+    _joining["works"].append(work)
+
+
+def _end_of_backward():
+    works, _joining["task"], _joining["works"] = _joining["works"], None, []
+    error = None
+    for w in works:
+        try:
+            w.wait()
+        except Exception as exc:   # noqa: BLE001 - every work waited for, the first error raised
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def _done(opts, result):
@@ -298,7 +328,10 @@ class ProcessGroup(dist.ProcessGroup):
                 then()
             return None
         if _async(opts):
-            return _Pending(call(True), result, then)
+            work = _Pending(call(True), result, then)
+            if torch._C._current_graph_task_id() != -1:
+                _join(work)
+            return work
 
         def run():
             call(False)

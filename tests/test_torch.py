@@ -302,12 +302,17 @@ def test_device_mesh_groups():
 
 
 # -- a rank dying under DDP ---------------------------------------------------------------------
-def _dies(rank, n, path):
-    model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
+def _dies(rank, n, path, inside_backward):
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)), bucket_cap_mb=0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = 0
+    if rank == 1 and inside_backward:   # the first layer's gradient comes last: the later
+        # layer's bucket is in flight on rank 0 when this rank dies
+        model.module[0].weight.register_hook(lambda g: os._exit(3) if step == 3 else g)
     try:
         for step in range(50):
-            if rank == 1 and step == 3:
+            if rank == 1 and step == 3 and not inside_backward:
                 os._exit(3)
             model(torch.randn(8, 64)).sum().backward()
             opt.step()
@@ -319,9 +324,10 @@ def _dies(rank, n, path):
     os._exit(5)   # the survivor trained on: wrong
 
 
-def test_rank_dying_under_ddp_raises(tmp_path):
+@pytest.mark.parametrize("inside_backward", [False, True])
+def test_rank_dying_under_ddp_raises(tmp_path, inside_backward):
     path = str(tmp_path / "error.txt")
-    launch(_dies, 2, path, expect_fail=(1,))
+    launch(_dies, 2, path, inside_backward, expect_fail=(1,))
     text = open(path).read()
     assert "rank 1" in text and ("PeerFailure" in text or "died" in text or "closed" in text), text
 
@@ -366,20 +372,27 @@ def _async_work(rank, n):
     _same(full, torch.arange(n).float().repeat_interleave(4), "async all_gather_into_tensor")
     _same(shard, torch.arange(4.0 * rank, 4.0 * rank + 4) * n, "async reduce_scatter_tensor")
     _same(col, torch.ones(3), "async broadcast into a non-contiguous tensor")
-    # inside a backward pass a call completes before it returns (DDP's reducer must never
-    # see a failed future: it crashes on one)
+    # a backward pass ends only once the calls its hooks made have (DDP's reducer must
+    # never see a failed future: it crashes on one); from its final callbacks, where DDP
+    # reads the futures right away, a call completes before it returns
     x = torch.ones(3, requires_grad=True)
     works = []
+
+    def late():
+        g = torch.ones(2)
+        works.append((dist.all_reduce(g, async_op=True), g))
+        assert works[-1][0].is_completed(), "a call from backward's final callback returned early"
 
     def hook(g):
         g = g.clone()
         works.append((dist.all_reduce(g, async_op=True), g))
+        torch.autograd.Variable._execution_engine.queue_callback(late)
         return g
     x.register_hook(hook)
     (x * 2).sum().backward()
-    w, g = works[0]
-    assert w.is_completed(), "an async call inside backward returned before completing"
-    _same(g, torch.full((3,), 2.0 * n), "all_reduce in a backward hook")
+    assert all(w.is_completed() for w, _ in works), "backward ended before its calls"
+    _same(works[0][1], torch.full((3,), 2.0 * n), "all_reduce in a backward hook")
+    _same(works[1][1], torch.full((2,), float(n)), "all_reduce in backward's final callback")
 
 
 @pytest.mark.parametrize("n", [2, 3])

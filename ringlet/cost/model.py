@@ -219,7 +219,7 @@ def _ar_direct(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) * n, (p - 1) * n, a, b, g)
 
 
-@_form("all_reduce", "ring")
+@_form("all_reduce", "ring", "gloo_ring")
 def _ar_ring(p, n, a, b, g, **kw):
     """Patarasuk-Yuan: reduce-scatter + all-gather on a ring, 2(p-1) steps of n/p."""
     return _t(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n, a, b, g)

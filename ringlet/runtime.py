@@ -16,7 +16,7 @@ from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
 from .transport.engine import Engine
-from .work import RequestWork
+from .work import RequestWork, TracedRequestWork
 from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
@@ -415,22 +415,26 @@ def _tag(g: Group, tag: int) -> int:
 
 @profiled("isend", blocking=False)
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return track(_post(*_p2p("send", buf, dst, group, tag)))
+    args = _p2p("send", buf, dst, group, tag)
+    return track(_post(*args, tr=_traced("isend", args, group, tag) if tracing.ON else None))
 
 
 @profiled("irecv", blocking=False)
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return track(_post(*_p2p("recv", buf, src, group, tag)))
+    args = _p2p("recv", buf, src, group, tag)
+    return track(_post(*args, tr=_traced("irecv", args, group, tag) if tracing.ON else None))
 
 
 @profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
-    _blocking(_p2p("send", buf, dst, group, tag), timeout)
+    args = _p2p("send", buf, dst, group, tag)
+    _blocking(args, timeout, _traced("send", args, group, tag) if tracing.ON else None)
 
 
 @profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
-    _blocking(_p2p("recv", buf, src, group, tag), timeout)
+    args = _p2p("recv", buf, src, group, tag)
+    _blocking(args, timeout, _traced("recv", args, group, tag) if tracing.ON else None)
     return src
 
 
@@ -448,7 +452,13 @@ def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
     return kind, world, _tag(g, tag), flat, what
 
 
-def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True) -> RequestWork:
+def _traced(op: str, args: tuple, group, tag: int):
+    kind, world, wire, flat, _ = args
+    return tracing.P2P(op, kind, world, wire, flat.nbytes, resolve(group).name, int(tag))
+
+
+def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
+          tr=None) -> RequestWork:
     eng = engine()
     eng.enter()
     try:
@@ -458,13 +468,18 @@ def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True)
             req = eng.irecv(world, wire, flat)
     finally:
         eng.leave()
-    work = RequestWork(eng, req, what)
+    if tr is None:
+        work = RequestWork(eng, req, what)
+    else:
+        if kind == "send":
+            tr.sent(tracing.path_of(eng.peers[world], flat, 0, flat.size), req.done)
+        work = TracedRequestWork(eng, req, what, tr)
     if watch and not req.done:
         eng.background.watch(work)
     return work
 
 
-def _blocking(args: tuple, timeout) -> None:
+def _blocking(args: tuple, timeout, tr=None) -> None:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
     waited for."""
@@ -478,8 +493,10 @@ def _blocking(args: tuple, timeout) -> None:
         finally:
             eng.leave()
         if done:
+            if tr is not None:
+                tr.ran_in_c()
             return
-    work = _post(*args, watch=False)
+    work = _post(*args, watch=False, tr=tr)
     work._spun = spun
     work.wait(timeout)
 

@@ -160,6 +160,24 @@ class CallId(NamedTuple):
         return f"{self.collective} #{self.seq} of group {self.group} ({self.algorithm})"
 
 
+class TracedRequestWork(RequestWork):
+    """A point-to-point operation while tracing is on: ends its trace record
+    (:class:`ringlet.tracing.P2P`) the first time anyone sees it done - its waiter or the
+    progress thread."""
+
+    def __init__(self, engine, req, what: str, tr):
+        super().__init__(engine, req, what)
+        self.tr = tr
+
+    def _done(self) -> bool:
+        if not self.req.done:
+            return False
+        tr, self.tr = self.tr, None
+        if tr is not None:
+            tr.end(error=self.req.error)
+        return True
+
+
 class CollectiveWork(Work):
     """Runs one rank's plan of a schedule: per round, local steps, then post all receives
     and sends; the next round starts when they are all done. ``what`` is a CallId."""

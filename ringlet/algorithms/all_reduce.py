@@ -17,13 +17,14 @@ import numpy as np
 from ._common import (at, binomial_rounds, chain_reduce, chunks, fold, host_groups, new,
                       optimal_segments, pairs, ring_all_gather, ring_reduce_scatter)
 
-__all__ = ["naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner", "tree",
-           "double_tree", "hierarchical", "tree_segments", "btree_parents", "dtree_parents"]
+__all__ = ["naive_ring", "direct", "ring", "gloo_ring", "recursive_doubling", "rabenseifner",
+           "tree", "double_tree", "hierarchical", "tree_segments", "btree_parents",
+           "dtree_parents", "gloo_blocks"]
 
 
 def naive_ring(p, count, *, itemsize=4):
-    """Seed 000, Code 4.2.2: a running sum walks the ring 0 → 1 → … → p−1 (each rank adds
-    its own), then the total keeps walking around (p−1 → 0 → … → p−2).
+    """The textbook's first all-reduce: a running sum walks the ring 0 → 1 → … → p−1
+    (each rank adds its own), then the total keeps walking around (p−1 → 0 → … → p−2).
 
     2(p−1) full-size messages in 2(p−1) rounds:  T = 2(p−1)α + 2(p−1)nβ + (p−1)nγ.
     """
@@ -59,7 +60,7 @@ def direct(p, count, *, itemsize=4):
 
 
 def ring(p, count, *, itemsize=4):
-    """Ring all-reduce (seed 004): reduce-scatter then all-gather around the ring, the
+    """Ring all-reduce: reduce-scatter then all-gather around the ring, the
     buffer cut into p chunks with ``chunks(count, p)``. In reduce-scatter step k rank i
     sends chunk (i−k) mod p to rank i+1, which adds it to its own; after p−1 steps rank i
     owns the reduced chunk (i+1) mod p, and the all-gather circulates the owned chunks.
@@ -78,6 +79,41 @@ def ring(p, count, *, itemsize=4):
     for k in range(p - 1):
         c = (r + 1 - k) % p
         s.round().copy(src=r, dst=(r + 1) % p, n=size[c], buf="buf", off=off[c])
+    return s
+
+
+#: Gloo's largest pipeline segment (its ring's default), in bytes
+GLOO_SEGMENT = 1 << 20
+
+
+def gloo_blocks(p: int, count: int, itemsize: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) of the p blocks Gloo's ring all-reduce gives ranks 0..p−1: the
+    buffer is cut into S segments of ceil(count / S) elements, S the least multiple of p
+    that is at least 2p and keeps segments within 1 MiB, and rank b gets segments
+    b·S/p … (b+1)·S/p − 1 (so the last blocks may be short or empty)."""
+    per = max(1, GLOO_SEGMENT // itemsize)
+    segments = max(-(-count // per), 2 * p)
+    segments = -(-segments // p) * p
+    block = segments // p * -(-count // segments)
+    edge = np.minimum(np.arange(p + 1, dtype=np.int64) * block, count)
+    return edge[:-1], np.diff(edge)
+
+
+def gloo_ring(p, count, *, itemsize=4):
+    """The ring all-reduce with Gloo's per-element order of operations, so a float sum has
+    the bits torch's Gloo backend gives it: blocks as ``gloo_blocks``, the ring running
+    toward lower ranks, and block b's partial sum starting at rank b−1 and ending at b:
+    x_b + (x_{b+1} + (… + (x_{b−2} + x_{b−1}))). Gloo's own segment pipelining does not
+    change that order, so it is left to the transport.
+
+    As ``ring`` (blocks a little less even):
+    T = 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ.
+    """
+    s = new("all_reduce", "gloo_ring", p, count, itemsize, buf=count)
+    off, size = gloo_blocks(p, count, itemsize)
+    down = np.arange(p - 1, -1, -1)     # position l of the ring is rank p−1−l
+    end = ring_reduce_scatter(s, 0, down, off[down], size[down])
+    ring_all_gather(s, end, down, off[down], size[down])
     return s
 
 

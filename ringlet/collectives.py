@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import NamedTuple
 
 import numpy as np
 
@@ -60,16 +59,19 @@ def _shared(bufs: dict) -> tuple:
     return tuple(name for name, arr in bufs.items() if locate(arr) is not None)
 
 
-class Prepared(NamedTuple):
+class Prepared:
     """What a call needs that does not depend on its buffers' addresses."""
-    algorithm: str
-    plan: tuple          # this rank's compiled plan (work.compile_plan)
-    tmp: int             # elements of scratch ("tmp") it needs
-    pool: list           # free scratch arrays of that size and dtype
-    ufunc: object        # the reduction, or None
-    fp: tuple            # the call's fingerprint
-    why: str             # why this algorithm (RINGLET_DEBUG=algo)
-    fast: object         # its fast.FastCall, or None when C cannot run it
+    __slots__ = ("algorithm", "plan", "tmp", "pool", "ufunc", "fp", "why", "fast")
+
+    def __init__(self, algorithm, plan, tmp, pool, ufunc, fp, why, fast):
+        self.algorithm = algorithm
+        self.plan = plan        # this rank's compiled plan (work.compile_plan)
+        self.tmp = tmp          # elements of scratch ("tmp") it needs
+        self.pool = pool        # free scratch arrays of that size and dtype
+        self.ufunc = ufunc      # the reduction, or None
+        self.fp = fp            # the call's fingerprint
+        self.why = why          # why this algorithm (RINGLET_DEBUG=algo)
+        self.fast = fast        # its fast.FastCall, or None when C cannot run it
 
 
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
@@ -114,10 +116,10 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     pool, fc = call.pool, call.fast
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(call.tmp, dtype)
     seq, tag = g.next_collective_tag()
-    what = CallId(collective, seq, g.name, call.algorithm)
-    tr = (tracing.Call(what, tag, count * dtype.itemsize, g.size, call.plan, eng.peers)
-          if tracing.ON else None)
-    resume = None
+    what = tr = resume = None
+    if tracing.ON:
+        what = CallId(collective, seq, g.name, call.algorithm)
+        tr = tracing.Call(what, tag, count * dtype.itemsize, g.size, call.plan, eng.peers)
     # Only a progress thread can drive the engine beside this caller, and only this caller
     # can start one (after this call is posted): without one, the engine needs no lock.
     locked = eng.background.thread is not None
@@ -126,15 +128,21 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
         if fc is not None and not async_op and not eng.works and not eng.aborts:
-            resume = fast.run(eng, fc, bufs, tag, call.fp)
-            if tr is not None and resume is not None:
-                tr.ran_in_c(resume, fc.rounds, bufs)
-            if resume is not None and resume.rounds == fc.rounds:
-                if finish is not None:
-                    finish()
-                pool.append(scratch)
-                record_call(eng, what, resume.waited, resume.waited_on, fast=True)
-                return None
+            ran = fast.run(eng, fc, bufs, tag, call.fp)
+            if ran is not None:
+                rounds, _mask, waited, last, _stalled = ran
+                if tr is not None:
+                    tr.ran_in_c(fast.FastRun.of(ran, fc), fc.rounds, bufs)
+                if rounds == fc.rounds:
+                    if finish is not None:
+                        finish()
+                    pool.append(scratch)
+                    record_call(eng, collective, call.algorithm, waited,
+                                fc.peers[last].rank if last >= 0 else None, fast=True)
+                    return None
+                resume = fast.FastRun.of(ran, fc)
+        if what is None:
+            what = CallId(collective, seq, g.name, call.algorithm)
         work = CollectiveWork(eng, call.plan, bufs, call.ufunc, g.ranks, tag, what, call.fp,
                               finish, (pool, scratch), resume, tr)
     finally:

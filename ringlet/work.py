@@ -278,61 +278,63 @@ class CollectiveWork(Work):
         except ValueError:
             pass
         eng.end_collective(self)
-        record_call(eng, self._what, self.waited, self.last_peer, handed_over=self.handed_over)
+        record_call(eng, self._what.collective, self._what.algorithm, self.waited, self.last_peer,
+                    handed_over=self.handed_over)
         if self.tr is not None:
             self.tr.end(self.waited, self.last_peer, error)
 
+    # The steps are unpacked whole, in their types' field order: a small call's time is
+    # mostly this bookkeeping, and one unpack costs less than reading fields one by one.
     def _post(self, rnd: PlanRound) -> None:
         bufs, ufunc = self.bufs, self.ufunc
-        for t in rnd.local:
-            dst = bufs[t.dbuf][t.d0:t.d1]
-            if t.reduce:
+        local, sends, recvs = rnd
+        for reduce, sbuf, s0, s1, dbuf, d0, d1, abuf, a0, a1 in local:     # LocalStep
+            dst = bufs[dbuf][d0:d1]
+            if reduce:
                 # The accumulator is usually the destination: one view for both keeps
                 # NumPy off its overlap check (a third of a small call's reduce time).
-                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
-                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
+                ufunc(dst if abuf is None else bufs[abuf][a0:a1], bufs[sbuf][s0:s1], out=dst)
             else:
-                dst[...] = bufs[t.sbuf][t.s0:t.s1]
-        reqs = self._post_recvs(rnd.recvs)
+                dst[...] = bufs[sbuf][s0:s1]
+        reqs = self._post_recvs(recvs)
         peers, tag, fp = self.engine.peers, self.tag, self.fp
-        for t in rnd.sends:
-            data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
-            peer = peers[t.dst]
+        for to, sbuf, s0, s1 in sends:                                      # SendStep
+            data = bufs[sbuf][s0:s1].view(np.uint8)
+            peer = peers[to]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
-                req = SendRequest(t.dst, tag, data, fp)
+                req = SendRequest(to, tag, data, fp)
                 reqs.append(req)
                 peer.post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd.sends, bufs)
+            self.tr.posted(sends, bufs)
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
-        for k, t in enumerate(recvs):
+        for k, (src, reduce, dbuf, d0, d1, abuf, a0, a1) in enumerate(recvs):   # RecvStep
             if skip >> k & 1:
                 continue
-            dst = bufs[t.dbuf][t.d0:t.d1]
-            if t.reduce:
-                acc = None if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
-                req = RecvRequest(t.src, tag, dst, ufunc, acc, fp)
+            dst = bufs[dbuf][d0:d1]
+            if reduce:
+                req = RecvRequest(src, tag, dst, ufunc, None if abuf is None else bufs[abuf][a0:a1], fp)
             else:
-                req = RecvRequest(t.src, tag, dst, None, None, fp)
+                req = RecvRequest(src, tag, dst, None, None, fp)
             reqs.append(req)
-            peers[t.src].post_recv(req)
+            peers[src].post_recv(req)
         return reqs
 
 
-def record_call(engine, what: CallId, waited: float, last_peer, fast: bool = False,
-                handed_over: bool = False) -> None:
+def record_call(engine, collective: str, algorithm: str, waited: float, last_peer,
+                fast: bool = False, handed_over: bool = False) -> None:
     """Count one finished call (``fast``: run wholly by the C fast path; ``handed_over``:
     begun in C, finished in Python)."""
-    st = engine.coll_stats.get(what.collective)
+    st = engine.coll_stats.get(collective)
     if st is None:
-        st = engine.coll_stats[what.collective] = CallStats()
-    st.add(what.algorithm, waited, last_peer)
+        st = engine.coll_stats[collective] = CallStats()
+    st.add(algorithm, waited, last_peer)
     st.fast_calls += fast
     st.handovers += handed_over
 

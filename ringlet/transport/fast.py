@@ -158,8 +158,21 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
         engine.fast_p2p[key] = fc
     if fc is None or engine.works:
         return False, 0.0
-    res = run(engine, fc, {"buf": data}, tag, (0, 0))
-    return (res is not None and res.rounds == 1), (res.stalled if res is not None else 0.0)
+    ran = run(engine, fc, {"buf": data}, tag, (0, 0))
+    if ran is None:
+        return False, 0.0
+    rounds, _mask, _waited, _last, stalled = ran
+    return rounds == 1, stalled
+
+
+def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
+    """Run the plan in C as far as it goes: None if it did not start, else C's own tuple
+    (rounds done, receives done of the next round as a bit mask or -1, seconds waited,
+    position in ``fc.peers`` of the peer waited on last or -1, seconds of the wait C gave
+    up on); ``FastRun.of`` names it for a caller that keeps it."""
+    return _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
+                         fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
+                         _wake)
 
 
 class FastRun(NamedTuple):
@@ -170,16 +183,11 @@ class FastRun(NamedTuple):
     stalled: float       # seconds of the wait C gave up on
     waited_on: int | None   # the world rank waited on last
 
-
-def run(engine, fc: FastCall, bufs: dict, tag: int, fp) -> FastRun | None:
-    """Run the plan in C as far as it goes: None if it did not start."""
-    res = _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
-                        fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
-                        _wake)
-    if res is None:
-        return None
-    rounds, mask, waited, last, stalled = res
-    return FastRun(rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None)
+    @classmethod
+    def of(cls, ran: tuple, fc: FastCall) -> "FastRun":
+        """The named form of ``run``'s result."""
+        rounds, mask, waited, last, stalled = ran
+        return cls(rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None)
 
 
 def _wake(peer: ShmPeer) -> None:

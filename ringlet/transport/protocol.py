@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import NamedTuple
 
 import numpy as np
 
@@ -138,15 +137,16 @@ class _Parked:
         pass  # nobody waits on it
 
 
-class Unasked(NamedTuple):
-    """A message that arrived before its receive was posted (kept per tag, in order)."""
-    fp: tuple                        # the sender's collective fingerprint
-    held: int                        # bytes it counts against MAX_UNEXPECTED
-    payload: bytes | None = None     # EAGER: the message
-    parked: _Parked | None = None    # streamed RTS: its fragments so far
-    msgid: int = -1                  # RTS: the message's id, size, and where it lies
-    length: int = 0                  # (where: in the sender's rl.empty buffer, or None)
-    where: tuple | None = None
+class Unasked:
+    """A message that arrived before its receive was posted (kept per tag, in order): an
+    EAGER one's ``payload``, a streamed one's ``parked`` fragments so far, or a large one's
+    ``announced`` RTS (message id, bytes, where it lies in the sender's rl.empty buffer or
+    None). ``held``: the bytes it counts against MAX_UNEXPECTED."""
+    __slots__ = ("fp", "held", "payload", "parked", "announced")
+
+    def __init__(self, fp, held: int, payload=None, parked=None, announced=None):
+        self.fp, self.held = fp, held
+        self.payload, self.parked, self.announced = payload, parked, announced
 
 
 class Peer:
@@ -227,7 +227,7 @@ class Peer:
             elif item.parked is not None:
                 self._claim_parked(req, item.parked)
             else:
-                self._accept(req, item.msgid, item.length, item.where)
+                self._accept(req, *item.announced)
             return
         _push(self.posted, req.tag, req)
 
@@ -336,12 +336,12 @@ class Peer:
                                     f"nobody has asked for")
         if kind == EAGER:
             data = bytes(payload)
-            item = Unasked(fp, len(data), payload=data)
+            item = Unasked(fp, len(data), data)
         elif stream:
             parked = self.incoming[msgid] = _Parked(msgid, length, tag)
-            item = Unasked(fp, length, parked=parked)
+            item = Unasked(fp, length, None, parked)
         else:
-            item = Unasked(fp, 0, msgid=msgid, length=length, where=where)
+            item = Unasked(fp, 0, None, None, (msgid, length, where))
         _push(self.unexpected, tag, item)
         if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
             self.engine.check_fingerprint(tag, fp, self.rank)

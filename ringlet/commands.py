@@ -440,7 +440,7 @@ def _explain_main(argv) -> int:
         else:
             prof = load_profile()
             topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
-                                prof.link("tcp"), prof.gamma("shm") if a.gamma is None else a.gamma,
+                                prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
                                 prof.delta("shm"))
         where = str(topology)
         gamma = topology.gamma

@@ -166,6 +166,9 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
         mine = load_profile().to_dict()
         for name, params in default_profile().to_dict()["transports"].items():
             mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        rate = os.environ.get("RINGLET_LINK_RATE")
+        if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
+            mine = Profile.from_dict(mine, "rank 0").with_link_rate(rate).to_dict()
         if world_size == 1:
             return Profile.from_dict(mine, "rank 0")
         store.set(f"g{gen}/profile", json.dumps(mine).encode())

@@ -269,7 +269,7 @@ class Topology:
         model = prof.host_model(intra) if hosts == 1 else None
         if model is not None:
             return cls.on_host(ranks_per_host, model)
-        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "tcp"),
+        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "inter"),
                    prof.gamma(intra), prof.delta(intra))
 
     @property

@@ -1,0 +1,234 @@
+"""Collectives on emulated hosts (ringlet.hosts: network namespaces with their own hostname
+and /dev/shm, joined by tbf-shaped links): measured against the cost model's prediction.
+
+    sudo .venv/bin/python bench/hosts.py [--layouts 2x2,2x4] [--rates 1gbit,10gbit]
+        [--sizes 64K,1M,16M,64M] [--collectives all_reduce,all_gather,...] [--json out.json]
+
+For every layout (hosts x ranks per host) and link rate it builds the hosts, launches
+``ringlet run --nnodes H --node-rank i --master-addr <host 0> --link-rate RATE`` inside each
+namespace (one job: shared memory inside a host, TCP between) and times every algorithm of
+every collective at every size, forced and under ``auto``: each cell is the slowest rank's
+time of one call, best of ``--reps`` after a warm-up. Beside it: the time the cost model
+predicts for the very schedule (the job's profile with the link rate, as ``auto`` sees it),
+the link utilisation (bus bandwidth / link rate) and, per cell group, the measured and the
+predicted winner. Hosts are always torn down.
+
+On a 2-core machine 2 x 4 ranks are 8 processes on 2 cores: oversubscribed, and the table
+says so. Sizes are per-rank buffers (all_gather / reduce_scatter: the gathered array, as in
+ringlet.cost.model); bus bandwidth is nccl-tests' (bytes a rank must move, over time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+#: algorithms left out: they only exist to be beaten (each moves p-1 times the data)
+SLOW = {("all_reduce", "naive_ring"), ("all_reduce", "direct")}
+
+
+# ---------------------------------------------------------------- the job (each rank)
+
+def _call(rl, collective, bufs, algorithm):
+    if collective == "all_reduce":
+        rl.all_reduce(bufs[0], algorithm=algorithm)
+    elif collective == "broadcast":
+        rl.broadcast(bufs[0], 0, algorithm=algorithm)
+    elif collective == "all_gather":
+        rl.all_gather(bufs[0], bufs[1], algorithm=algorithm)
+    elif collective == "reduce_scatter":
+        rl.reduce_scatter(bufs[0], bufs[1], algorithm=algorithm)
+    else:
+        rl.all_to_all(bufs[0], bufs[1], algorithm=algorithm)
+
+
+def _buffers(np, collective, p, nbytes):
+    n = max(1, nbytes // 4)
+    if collective in ("all_gather", "reduce_scatter"):
+        block = max(1, n // p)
+        big, small = np.ones((p, block), np.float32), np.ones(block, np.float32)
+        return (big, small) if collective == "all_gather" else (small, big)
+    if collective == "all_to_all":
+        block = max(1, n // p)
+        return np.ones((p, block), np.float32), np.ones((p, block), np.float32)
+    return (np.ones(n, np.float32),)
+
+
+def job(spec_path: str) -> None:
+    import numpy as np
+    import ringlet as rl
+    from ringlet import cost
+    from ringlet.runtime import job_profile
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rl.init()
+    r, p = rl.get_rank(), rl.get_world_size()
+    hosts = rl.runtime._S.world.host_indices()
+    for collective, algorithms, nbytes, reps in spec["cells"]:
+        bufs = _buffers(np, collective, p, nbytes)
+        nb = max(b.nbytes for b in bufs)     # the size convention of ringlet.cost.model
+        chosen = cost.choose(collective, nb, p, topology=job_profile(), hosts=hosts)[0]
+        for algorithm in algorithms:
+            times = []
+            for i in range(reps + 1):
+                rl.barrier()
+                t = time.perf_counter()
+                _call(rl, collective, bufs, algorithm)
+                if i:
+                    times.append(time.perf_counter() - t)
+            slowest = np.array(times)
+            rl.all_reduce(slowest, op=rl.ReduceOp.MAX)
+            if r == 0:
+                print("CELL " + json.dumps({"collective": collective, "algorithm": algorithm,
+                                            "nbytes": nb, "times": slowest.tolist(),
+                                            "auto": chosen}), flush=True)
+    rl.destroy()
+
+
+# ---------------------------------------------------------------- the driver
+
+def cells(collectives, sizes, reps_small, reps_large):
+    from ringlet.cost.model import ALGORITHMS
+    out = []
+    for collective in collectives:
+        algs = [a for a in ALGORITHMS[collective] if (collective, a) not in SLOW] + ["auto"]
+        for nb in sizes:
+            out.append((collective, algs, nb, reps_small if nb < (4 << 20) else reps_large))
+    return out
+
+
+def measure(layout, rate, spec, timeout):
+    """Run the job on fresh hosts; the CELL records rank 0 printed."""
+    from ringlet.hosts import Hosts
+    h, m = layout
+    spec_path = f"/tmp/ringlet-bench-hosts-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    try:
+        with Hosts(h, rate=rate) as hosts:
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "RINGLET_LINK_RATE": rate}     # as `ringlet run --link-rate` sets it
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+    out = []
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+        out += [json.loads(line.split("CELL ", 1)[1]) for line in o.splitlines() if "CELL " in line]
+    return out
+
+
+def predict(collective, algorithm, nbytes, layout, rate, profile):
+    from ringlet.cost import tune
+    h, m = layout
+    hosts = tuple(r // m for r in range(h * m))
+    prof = profile.with_link_rate(rate)
+    env = tune.environment(h * m, prof, hosts)
+    return tune.predict_terms(collective, nbytes, h * m, algorithm, env).total
+
+
+def bus_factor(collective, p):
+    """nccl-tests' bus bandwidth factor: bytes a rank moves per byte of the size."""
+    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
+            "reduce_scatter": (p - 1) / p, "broadcast": 1.0, "all_to_all": (p - 1) / p}[collective]
+
+
+def report(rows, layout, rate):
+    """Print one layout x rate table; returns the per-cell-group summaries."""
+    from ringlet.cost import format_size
+    from ringlet.cost.profile import parse_rate
+    h, m = layout
+    p = h * m
+    link = parse_rate(rate)
+    over = " (oversubscribed: %d ranks on %d cores)" % (p, os.cpu_count()) if p > (os.cpu_count() or 1) else ""
+    print(f"\n== {h} hosts x {m} ranks, link {rate}{over}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'collective':<15}{'size':>8}  {'algorithm':<19}{'measured ms':>12}{'predicted':>10}"
+          f"{'error':>8}{'link util':>10}")
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["collective"], row["nbytes"]), []).append(row)
+    summary = []
+    for (collective, nb), group in groups.items():
+        forced = [g for g in group if g["algorithm"] != "auto"]
+        for g in group:
+            t = min(g["times"])
+            util = nb * bus_factor(collective, p) / t / link if t > 0 else 0.0
+            pred = g.get("predicted")
+            err = f"{(pred - t) / t * 100:+.0f}%" if pred else ""
+            name = g["algorithm"] + (f" ({g['auto']})" if g["algorithm"] == "auto" else "")
+            print(f"{collective:<15}{format_size(nb):>8}  {name:<19}{t * 1e3:>12.3f}"
+                  f"{(pred or 0) * 1e3:>10.3f}{err:>8}{util:>9.0%}")
+        best = min(forced, key=lambda g: min(g["times"]))
+        pbest = min(forced, key=lambda g: g["predicted"])
+        t_best = min(best["times"])
+        t_pbest = min(pbest["times"])
+        auto = next((g for g in group if g["algorithm"] == "auto"), None)
+        ok = t_pbest <= 1.10 * t_best
+        auto_ok = auto is not None and min(auto["times"]) <= 1.10 * t_best
+        flat = [g for g in forced if g["algorithm"] in ("ring", "pipeline", "pairwise")]
+        hier = [g for g in forced if g["algorithm"] == "hierarchical"]
+        ratio = (min(flat[0]["times"]) / min(hier[0]["times"]), flat[0]["predicted"] / hier[0]["predicted"]) \
+            if flat and hier else None
+        print(f"{'':<15}{'':>8}  winner measured {best['algorithm']}, predicted {pbest['algorithm']}"
+              f" ({t_pbest / t_best:.2f}x the best: {'ok' if ok else 'WRONG'}); auto picked "
+              f"{auto['auto'] if auto else '-'} ({'ok' if auto_ok else 'WRONG'})"
+              + (f"; flat/hierarchical measured {ratio[0]:.2f}, predicted {ratio[1]:.2f}" if ratio else ""))
+        summary.append({"collective": collective, "nbytes": nb, "winner_ok": ok, "auto_ok": auto_ok,
+                        "errors": [abs(g["predicted"] - min(g["times"])) / min(g["times"])
+                                   for g in forced]})
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--layouts", default="2x2,2x4", help="hosts x ranks per host (default 2x2,2x4)")
+    ap.add_argument("--rates", default="1gbit,10gbit", help="link rates, tc form")
+    ap.add_argument("--sizes", default="64K,1M,16M,64M")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
+    ap.add_argument("--reps", default="3,2", help="timed repetitions below 4 MiB, from 4 MiB")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per layout and rate")
+    ap.add_argument("--json", help="also write every cell here")
+    a = ap.parse_args(argv)
+    if a.job:
+        job(a.job)
+        return 0
+    from ringlet.cost import load_profile, parse_size
+    profile = load_profile()
+    reps = [int(x) for x in a.reps.split(",")]
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    spec = {"cells": cells(a.collectives.split(","), sizes, *reps)}
+    print(f"profile: {profile.source}; load before: {os.getloadavg()}")
+    everything, summary = [], []
+    for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
+        for rate in a.rates.split(","):
+            rows = measure(layout, rate, spec, a.timeout)
+            for row in rows:
+                row["predicted"] = predict(row["collective"], row["auto"] if row["algorithm"] == "auto"
+                                           else row["algorithm"], row["nbytes"], layout, rate, profile)
+                row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0])
+            summary += report(rows, layout, rate)
+            everything += rows
+    errors = [e for s in summary for e in s["errors"]]
+    print(f"\nmedian |error| {statistics.median(errors):.0%} over {len(errors)} cells; predicted "
+          f"winner within 10% in {sum(s['winner_ok'] for s in summary)}/{len(summary)} groups; "
+          f"auto within 10% in {sum(s['auto_ok'] for s in summary)}/{len(summary)}; "
+          f"load after {os.getloadavg()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

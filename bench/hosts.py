@@ -91,6 +91,154 @@ def job(spec_path: str) -> None:
     rl.destroy()
 
 
+def place_job(spec: dict) -> None:
+    """Time one training step's communication (every comm's groups at once, kind after
+    kind, algorithm auto) under each mapping of logical ranks to hosts, turn by turn."""
+    import numpy as np
+    import ringlet as rl
+    rl.init()
+    r, m = rl.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
+    plans = {}
+    for name, host_of in spec["mappings"].items():
+        slots: dict = {}      # host -> its world ranks not yet given out
+        world = [next(slots.setdefault(h, iter(range(h * m, (h + 1) * m)))) for h in host_of]
+        mine = []
+        for comm in spec["comms"]:
+            for group in comm["groups"]:
+                g = rl.new_group(sorted(world[x] for x in group))   # every rank, same order
+                if r in g.ranks:
+                    mine.append((g, np.ones(comm["nbytes"] // 4, np.float32)))
+        plans[name] = mine
+    times = {name: [] for name in plans}
+    for turn in range(spec["turns"] + 1):
+        for name, mine in plans.items():
+            rl.barrier()
+            t = time.perf_counter()
+            for g, buf in mine:
+                rl.all_reduce(buf, group=g)
+            dt = np.array([time.perf_counter() - t])
+            rl.all_reduce(dt, op=rl.ReduceOp.MAX)
+            if turn:
+                times[name].append(float(dt[0]))
+    if r == 0:
+        print("PLACE " + json.dumps(times), flush=True)
+    rl.destroy()
+
+
+def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
+    """``ringlet place``'s proposal for tensor x data parallel on the hosts, measured."""
+    from ringlet import cost
+    from ringlet.cost.place import place, tensor_data_parallel
+    from ringlet.hosts import Hosts
+    h, m = layout
+    prof = cost.load_profile().with_link_rate(rate)
+    comms = tensor_data_parallel(tp, h * m // tp, tp_bytes, dp_bytes)
+    plan = place(comms, h, m, intra=prof.link("shm"), inter=prof.link("inter"),
+                 gamma=prof.gamma("shm"))
+    print(f"\n== placement: tp {tp} x dp {h * m // tp}, tp all_reduce {cost.format_size(tp_bytes)}, "
+          f"dp all_reduce {cost.format_size(dp_bytes)}, {h} hosts x {m} ranks, link {rate}")
+    print(plan)
+    spec = {"mappings": {"naive": plan.naive_hosts, "proposed": plan.hosts}, "turns": turns,
+            "comms": [{"groups": c.groups, "nbytes": c.nbytes} for c in comms]}
+    spec_path = f"/tmp/ringlet-bench-place-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    try:
+        with Hosts(h, rate=rate) as hosts:
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "RINGLET_LINK_RATE": rate}
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--place-job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+    times = next(json.loads(line.split("PLACE ", 1)[1]) for _, o, _ in results
+                 for line in o.splitlines() if "PLACE " in line)
+    for name, pred in (("naive", plan.naive_time), ("proposed", plan.time)):
+        t = times[name]
+        print(f"{name:<9} predicted {pred * 1e3:9.2f} ms   measured best {min(t) * 1e3:9.2f} ms, "
+              f"median {statistics.median(t) * 1e3:9.2f} ms over {len(t)} turns")
+    order = min(times["naive"]) > min(times["proposed"])
+    print(f"measured in the predicted order: {'yes' if order else 'NO'}; load {os.getloadavg()[0]:.1f}")
+
+
+def gloo_job(spec: dict) -> None:
+    """ringlet's all_reduce (auto) against torch's Gloo, turn by turn, on the same ranks."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import ringlet as rl
+    rl.init()
+    dist.init_process_group("gloo")
+    r = rl.get_rank()
+    out = {}
+    for nbytes in spec["sizes"]:
+        x = np.ones(nbytes // 4, np.float32)
+        y = torch.ones(nbytes // 4)
+        runs = {"ringlet": lambda: rl.all_reduce(x), "gloo": lambda: dist.all_reduce(y)}
+        times = {k: [] for k in runs}
+        for turn in range(spec["turns"] + 1):
+            for name, fn in runs.items():
+                rl.barrier()
+                t = time.perf_counter()
+                fn()
+                dt = np.array([time.perf_counter() - t])
+                rl.all_reduce(dt, op=rl.ReduceOp.MAX)
+                if turn:
+                    times[name].append(float(dt[0]))
+        out[nbytes] = times
+    if r == 0:
+        print("GLOO " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+    rl.destroy()
+
+
+def versus_gloo(rate, layout, sizes, turns, timeout):
+    from ringlet.cost import format_size
+    from ringlet.hosts import Hosts
+    h, m = layout
+    p = h * m
+    spec_path = f"/tmp/ringlet-bench-gloo-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump({"sizes": sizes, "turns": turns}, f)
+    shaped = rate not in ("none", "unshaped")
+    try:
+        with Hosts(h, rate=rate if shaped else None) as hosts:
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "GLOO_SOCKET_IFNAME": "eth0"}
+            if shaped:
+                env["RINGLET_LINK_RATE"] = rate
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--gloo-job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+    out = next(json.loads(line.split("GLOO ", 1)[1]) for _, o, _ in results
+               for line in o.splitlines() if "GLOO " in line)
+    print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn: {h} hosts x {m} ranks, "
+          f"link {rate if shaped else 'unshaped veth'}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'size':>8}{'ringlet ms':>12}{'Gloo ms':>10}{'Gloo/ringlet':>14}{'ringlet busbw':>15}"
+          + ("  of the link" if shaped else ""))
+    for nb, times in out.items():
+        nb = int(nb)
+        ours, theirs = statistics.median(times["ringlet"]), statistics.median(times["gloo"])
+        bus = nb * 2 * (p - 1) / p / min(times["ringlet"])
+        util = ""
+        if shaped:
+            from ringlet.cost.profile import parse_rate
+            util = f"{bus / parse_rate(rate):>13.0%}"
+        print(f"{format_size(nb):>8}{ours * 1e3:>12.2f}{theirs * 1e3:>10.2f}{theirs / ours:>14.2f}"
+              f"{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
+
+
 # ---------------------------------------------------------------- the driver
 
 def cells(collectives, sizes, reps_small, reps_large):
@@ -192,6 +340,14 @@ def report(rows, layout, rate):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--place-job", help=argparse.SUPPRESS)
+    ap.add_argument("--gloo-job", help=argparse.SUPPRESS)
+    ap.add_argument("--gloo", action="store_true",
+                    help="instead: all_reduce against torch's Gloo on the first layout, at "
+                         "each rate ('unshaped': plain veth), sizes from --sizes")
+    ap.add_argument("--place", metavar="TP,TP_BYTES,DP_BYTES",
+                    help="instead: verify ringlet place for tensor x data parallel on the "
+                         "first layout and rate (e.g. 2,1M,16M)")
     ap.add_argument("--layouts", default="2x2,2x4", help="hosts x ranks per host (default 2x2,2x4)")
     ap.add_argument("--rates", default="1gbit,10gbit", help="link rates, tc form")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
@@ -203,7 +359,26 @@ def main(argv=None) -> int:
     if a.job:
         job(a.job)
         return 0
+    if a.place_job:
+        with open(a.place_job) as f:
+            place_job(json.load(f))
+        return 0
+    if a.gloo_job:
+        with open(a.gloo_job) as f:
+            gloo_job(json.load(f))
+        return 0
     from ringlet.cost import load_profile, parse_size
+    if a.place:
+        tp, tp_bytes, dp_bytes = a.place.split(",")
+        layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
+        placement(a.rates.split(",")[0], layout, int(tp), parse_size(tp_bytes),
+                  parse_size(dp_bytes), 5, a.timeout)
+        return 0
+    if a.gloo:
+        layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
+        for rate in a.rates.split(","):
+            versus_gloo(rate, layout, [parse_size(x) for x in a.sizes.split(",")], 5, a.timeout)
+        return 0
     profile = load_profile()
     reps = [int(x) for x in a.reps.split(",")]
     sizes = [parse_size(s) for s in a.sizes.split(",")]

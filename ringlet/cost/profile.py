@@ -105,7 +105,7 @@ class Profile:
 
     @property
     def calibrated(self) -> bool:
-        return self.source != "default"
+        return not self.source.startswith("default")
 
     def params(self, transport: str = "shm") -> dict:
         if transport == "inter" and "inter" not in self.transports:

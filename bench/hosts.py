@@ -126,25 +126,28 @@ def place_job(spec: dict) -> None:
 
 
 def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
-    """``ringlet place``'s proposal for tensor x data parallel on the hosts, measured."""
+    """``ringlet place``'s proposal for tensor x data parallel on the hosts (their link
+    calibrated first), measured."""
     from ringlet import cost
     from ringlet.cost.place import place, tensor_data_parallel
     from ringlet.hosts import Hosts
     h, m = layout
-    prof = cost.load_profile().with_link_rate(rate)
     comms = tensor_data_parallel(tp, h * m // tp, tp_bytes, dp_bytes)
-    plan = place(comms, h, m, intra=prof.link("shm"), inter=prof.link("inter"),
-                 gamma=prof.gamma("shm"))
-    print(f"\n== placement: tp {tp} x dp {h * m // tp}, tp all_reduce {cost.format_size(tp_bytes)}, "
-          f"dp all_reduce {cost.format_size(dp_bytes)}, {h} hosts x {m} ranks, link {rate}")
-    print(plan)
-    spec = {"mappings": {"naive": plan.naive_hosts, "proposed": plan.hosts}, "turns": turns,
-            "comms": [{"groups": c.groups, "nbytes": c.nbytes} for c in comms]}
     spec_path = f"/tmp/ringlet-bench-place-{os.getpid()}.json"
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
     try:
         with Hosts(h, rate=rate) as hosts:
+            prof = calibrate_link(hosts, m, rate, cost.load_profile())
+            plan = place(comms, h, m, intra=prof.link("shm"), inter=prof.link("inter"),
+                         gamma=prof.gamma("shm"), shared=prof.shared())
+            print(f"\n== placement: tp {tp} x dp {h * m // tp}, tp all_reduce "
+                  f"{cost.format_size(tp_bytes)}, dp all_reduce {cost.format_size(dp_bytes)}, "
+                  f"{h} hosts x {m} ranks, link {rate}")
+            print(plan)
+            spec = {"mappings": {"naive": plan.naive_hosts, "proposed": plan.hosts},
+                    "turns": turns, "comms": [{"groups": c.groups, "nbytes": c.nbytes}
+                                              for c in comms]}
+            with open(spec_path, "w") as f:
+                json.dump(spec, f)
             env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    "RINGLET_LINK_RATE": rate}
             procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
@@ -152,7 +155,8 @@ def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             results = hosts.wait(procs, timeout)
     finally:
-        os.unlink(spec_path)
+        if os.path.exists(spec_path):
+            os.unlink(spec_path)
     for i, (code, o, e) in enumerate(results):
         if code:
             raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
@@ -162,7 +166,7 @@ def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
         t = times[name]
         print(f"{name:<9} predicted {pred * 1e3:9.2f} ms   measured best {min(t) * 1e3:9.2f} ms, "
               f"median {statistics.median(t) * 1e3:9.2f} ms over {len(t)} turns")
-    order = min(times["naive"]) > min(times["proposed"])
+    order = (min(times["naive"]) > min(times["proposed"])) == (plan.naive_time > plan.time)
     print(f"measured in the predicted order: {'yes' if order else 'NO'}; load {os.getloadavg()[0]:.1f}")
 
 
@@ -251,37 +255,95 @@ def cells(collectives, sizes, reps_small, reps_large):
     return out
 
 
-def measure(layout, rate, spec, timeout):
-    """Run the job on fresh hosts; the CELL records rank 0 printed."""
+_SINK = """
+import socket, sys
+srv = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+conn, _ = srv.accept()
+buf = bytearray(1 << 20)
+while conn.recv_into(buf):
+    pass
+conn.sendall(b"!")
+"""
+_SOURCE = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+t = time.perf_counter()
+s.sendall(bytes(int(sys.argv[3])))
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print(time.perf_counter() - t)
+"""
+
+
+def link_rate(hosts, flows: int, nbytes: int) -> float:
+    """Payload bytes/s per direction that ``flows`` TCP streams each way between hosts 0
+    and 1 reach together (each direction's data meets the other's ACKs, as in a ring)."""
+    sinks, sources = [], []
+    for f in range(2 * flows):
+        sinks.append(hosts.popen(f % 2, [sys.executable, "-c", _SINK, str(30100 + f)]))
+    time.sleep(0.5)
+    for f in range(2 * flows):
+        dst = f % 2
+        sources.append(hosts.popen(1 - dst, [sys.executable, "-c", _SOURCE, hosts.addrs[dst],
+                                             str(30100 + f), str(nbytes)],
+                                   stdout=subprocess.PIPE, text=True))
+    seconds = max(float(p.communicate(timeout=120)[0]) for p in sources)
+    for p in sinks:
+        p.wait(30)
+    return flows * nbytes / seconds
+
+
+def calibrate_link(hosts, m, rate, base):
+    """The profile for these hosts: the payload rate one TCP stream each way reaches on the
+    link, and the fraction of it m streams each way reach together (best of 2 each)."""
+    from ringlet.cost.profile import parse_rate
+    nbytes = int(min(64 << 20, max(16 << 20, parse_rate(rate) * 0.25)))
+    one = max(link_rate(hosts, 1, nbytes) for _ in range(2))
+    many = max(link_rate(hosts, m, nbytes // m) for _ in range(2)) if m > 1 else one
+    shared = min(1.0, many / one)
+    print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
+          f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    return base.with_link_rate(rate, shared=shared, payload=one)
+
+
+def measure(layout, rate, spec, timeout, base, calibrate=True):
+    """Run the job on fresh hosts (their link calibrated first, unless not ``calibrate``:
+    then the link rate alone); the CELL records rank 0 printed, and the profile."""
     from ringlet.hosts import Hosts
     h, m = layout
     spec_path = f"/tmp/ringlet-bench-hosts-{os.getpid()}.json"
+    prof_path = f"/tmp/ringlet-bench-profile-{os.getpid()}.json"
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     try:
         with Hosts(h, rate=rate) as hosts:
+            profile = calibrate_link(hosts, m, rate, base) if calibrate else base.with_link_rate(rate)
+            with open(prof_path, "w") as f:
+                json.dump(profile.to_dict(), f)
             env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   "RINGLET_LINK_RATE": rate}     # as `ringlet run --link-rate` sets it
+                   "RINGLET_PROFILE": prof_path}  # every rank prices with the measured link
             procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
                                       args=["--job", spec_path], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             results = hosts.wait(procs, timeout)
     finally:
         os.unlink(spec_path)
+        if os.path.exists(prof_path):
+            os.unlink(prof_path)
     out = []
     for i, (code, o, e) in enumerate(results):
         if code:
             raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
         out += [json.loads(line.split("CELL ", 1)[1]) for line in o.splitlines() if "CELL " in line]
-    return out
+    return out, profile
 
 
-def predict(collective, algorithm, nbytes, layout, rate, profile):
+def predict(collective, algorithm, nbytes, layout, profile):
     from ringlet.cost import tune
     h, m = layout
     hosts = tuple(r // m for r in range(h * m))
-    prof = profile.with_link_rate(rate)
-    env = tune.environment(h * m, prof, hosts)
+    env = tune.environment(h * m, profile, hosts)
     return tune.predict_terms(collective, nbytes, h * m, algorithm, env).total
 
 
@@ -355,6 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", default="3,2", help="timed repetitions below 4 MiB, from 4 MiB")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds per layout and rate")
     ap.add_argument("--json", help="also write every cell here")
+    ap.add_argument("--rate-only", action="store_true",
+                    help="price the link from its rate alone (no calibration on the hosts)")
     a = ap.parse_args(argv)
     if a.job:
         job(a.job)
@@ -387,10 +451,10 @@ def main(argv=None) -> int:
     everything, summary = [], []
     for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
         for rate in a.rates.split(","):
-            rows = measure(layout, rate, spec, a.timeout)
+            rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only)
             for row in rows:
                 row["predicted"] = predict(row["collective"], row["auto"] if row["algorithm"] == "auto"
-                                           else row["algorithm"], row["nbytes"], layout, rate, profile)
+                                           else row["algorithm"], row["nbytes"], layout, prof)
                 row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0])
             summary += report(rows, layout, rate)
             everything += rows

@@ -168,7 +168,8 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
             mine["transports"].setdefault(name, params)   # a partial calibration is still usable
         rate = os.environ.get("RINGLET_LINK_RATE")
         if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
-            mine = Profile.from_dict(mine, "rank 0").with_link_rate(rate).to_dict()
+            prof = Profile.from_dict(mine, "rank 0")
+            mine = prof.with_link_rate(rate, shared=prof.shared()).to_dict()
         if world_size == 1:
             return Profile.from_dict(mine, "rank 0")
         store.set(f"g{gen}/profile", json.dumps(mine).encode())

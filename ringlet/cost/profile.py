@@ -131,17 +131,26 @@ class Profile:
                                   2 * float(t["beta"]), name=label)
         return Link.from_beta(float(t["alpha"]), float(t["beta"]), name=label)
 
-    def with_link_rate(self, rate) -> "Profile":
+    def with_link_rate(self, rate, shared: float = 1.0, payload=None) -> "Profile":
         """This profile with hosts joined by a link of ``rate`` (bytes/s, or tc's form:
         "1gbit"): TCP as calibrated here, but never faster per byte than the link's payload
-        rate (TCP_GOODPUT of its rate); the per-message cost stays TCP's."""
+        rate (``payload`` bytes/s as measured, else TCP_GOODPUT of its rate); ``shared``:
+        the fraction of that rate several flows sharing the link reach together (see
+        ``Topology.shared``). The per-message cost stays TCP's."""
         rate = parse_rate(rate)
+        if not 0 < shared <= 1:
+            raise ValueError(f"shared must be in (0, 1], got {shared!r}")
         tcp = self.link("tcp")
-        inter = {"alpha": tcp.alpha, "beta": max(tcp.beta, 1 / (rate * TCP_GOODPUT)),
-                 "gamma": self.gamma("tcp"), "rate": rate}
+        wire = payload if payload else rate * TCP_GOODPUT
+        inter = {"alpha": tcp.alpha, "beta": max(tcp.beta, 1 / wire),
+                 "gamma": self.gamma("tcp"), "rate": rate, "shared": float(shared)}
         return Profile({**copy.deepcopy(self.transports), "inter": inter},
                        f"{self.source} + link {rate * 8 / 1e9:g} Gbit/s", self.host,
                        self.created, dict(self.extra))
+
+    def shared(self) -> float:
+        """Of the inter-host link's rate, what several flows sharing it reach together."""
+        return float(self.params("inter").get("shared", 1.0))
 
     def gamma(self, transport: str = "shm") -> float:
         return float(self.params(transport).get("gamma", 0.0))

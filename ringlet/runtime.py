@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 from urllib.parse import urlparse
 
 import numpy as np
@@ -16,6 +15,7 @@ from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
 from .transport.engine import Engine
+from .transport.shm import detect_host_id
 from .work import RequestWork, TracedRequestWork
 from . import tracing
 
@@ -116,7 +116,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
          master_port: int = 0, server: StoreServer | None = None) -> Group:
     """Start the engine on a store every rank reaches (init's second half; the torch
     backend calls it with the store torch hands it). The store is closed on failure."""
-    host_id = os.environ.get("RINGLET_HOST_ID") or socket.gethostname()
+    host_id = os.environ.get("RINGLET_HOST_ID") or detect_host_id()
     job = hashlib.sha256(token.encode()).hexdigest()[:12]
     try:
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
@@ -165,6 +165,10 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
         mine = load_profile().to_dict()
         for name, params in default_profile().to_dict()["transports"].items():
             mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        rate = os.environ.get("RINGLET_LINK_RATE")
+        if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
+            prof = Profile.from_dict(mine, "rank 0")
+            mine = prof.with_link_rate(rate, shared=prof.shared()).to_dict()
         if world_size == 1:
             return Profile.from_dict(mine, "rank 0")
         store.set(f"g{gen}/profile", json.dumps(mine).encode())

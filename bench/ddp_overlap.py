@@ -19,12 +19,13 @@ pass hid (0: none, 1: all); speed-up = after / ddp.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import on_hosts  # noqa: E402  (bench/on_hosts.py)
 
 
 def rank_main(a) -> None:
@@ -83,7 +84,7 @@ def rank_main(a) -> None:
             times[name].append(timed(f))
     med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
     if rank == 0:
-        print("RESULT " + json.dumps({**med, "bytes": flat.numel() * 4}), flush=True)
+        on_hosts.report({**med, "bytes": flat.numel() * 4})
     dist.destroy_process_group()
 
 
@@ -100,25 +101,9 @@ def main() -> int:
     if a.rank:
         rank_main(a)
         return 0
-    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from ringlet.hosts import Hosts, HostsUnavailable
-
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     args = ["--rank", "--caps", a.caps, "--layers", str(a.layers), "-d", str(a.d),
             "--batch", str(a.batch), "--reps", str(a.reps)]
-    try:
-        with Hosts(2, a.rate) as hosts:
-            procs = hosts.ringlet_run(HERE, 1, args, env=env, stdout=-1, stderr=-1, text=True)
-            results = hosts.wait(procs, 1800)
-    except HostsUnavailable as exc:
-        print(f"skipped: {exc}")
-        return 1
-    lines = [x.split("RESULT ", 1)[1] for _, o, _ in results for x in o.splitlines()
-             if "RESULT " in x]
-    if not lines:
-        print("the job failed:\n" + "\n".join(f"exit {c}: {o}{e}" for c, o, e in results))
-        return 1
-    r = json.loads(lines[0])
+    r = on_hosts.run(HERE, args, a.rate, timeout=1800)
     print(f"2 emulated hosts x 1 rank, {a.rate} tbf link; DDP on ringlet, {a.layers} x "
           f"Linear({a.d}, {a.d}), gradient {r['bytes'] / 2**20:.0f} MiB, batch {a.batch}; "
           f"medians of {a.reps} steps (ms)")

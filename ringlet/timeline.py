@@ -132,9 +132,11 @@ def merge(directory: str) -> dict:
 # ------------------------------------------------------------------------------ summary
 
 def summary(directory: str, top: int = 20) -> str:
-    """Per collective call, who arrived last and who waited on whom; per pair of ranks,
-    their point-to-point messages and the time waited; then the ranks everyone waited for
-    most, summed over the job (a straggler leads that list)."""
+    """Per collective call, who arrived last and who waited on whom: a rank's wait is on
+    the last rank in as far as that rank came in after it (its entry explains the wait,
+    even when the message that ended it came through another rank), else on the rank it
+    heard from last; per pair of ranks, their point-to-point messages and the time waited;
+    then the ranks waited on most, summed over the job (a straggler leads that list)."""
     ranks = load(directory)
     calls = defaultdict(dict)          # (group, seq) -> {rank: call}
     p2p = defaultdict(list)            # (rank, peer, send or recv) -> its point-to-point calls
@@ -154,11 +156,21 @@ def summary(directory: str, top: int = 20) -> str:
         first_in = min(c["start_us"] for c in by_rank.values())
         waits = []
         for r, c in sorted(by_rank.items()):
+            # The part of r's wait the last rank's late entry explains is on the last rank,
+            # whoever r heard from last: in a ring, rank 1 waits for rank 0, which waits for
+            # the straggler, and the straggler is the one to name.
             w = c["waited"] * 1e6
-            if c["waited_on"] is not None and w >= 1.0:
-                blame[c["waited_on"]] += w
-                blamed_calls[c["waited_on"]] += 1
-                waits.append(f"rank {r} waited on rank {c['waited_on']} for {_us(w)}")
+            late = by_rank[last]["start_us"] - c["start_us"] if r != last else 0.0
+            on_last = min(w, max(late, 0.0))
+            via = c["waited_on"]
+            if on_last >= 1.0:
+                blame[last] += on_last
+                blamed_calls[last] += 1
+                waits.append(f"rank {r} waited on rank {last} for {_us(on_last)}"
+                             + (f" (its last message from rank {via})"
+                                if via is not None and via != last else ""))
+            elif via is not None and w >= 1.0:
+                waits.append(f"rank {r} waited on rank {via} for {_us(w)}")
         pred = any_c.get("predicted")
         took = max(c["end_us"] for c in by_rank.values()) - first_in
         lines.append(f"{any_c['coll']} #{seq} of {group} ({any_c['algo']}, "
@@ -185,7 +197,8 @@ def summary(directory: str, top: int = 20) -> str:
                    f"waited on rank {peer} for {_us(total)} (longest {_us(max(w))})")
     if blame:
         out.append("")
-        out.append("waited on, summed over the job (a straggler leads):")
+        out.append("waited on, summed over the job (late entries and point-to-point peers; "
+                   "a straggler leads):")
         for r, t in sorted(blame.items(), key=lambda kv: -kv[1]):
             out.append(f"  rank {r}: {_us(t)} in {blamed_calls[r]} waits")
     return "\n".join(out)

@@ -85,6 +85,11 @@ def test_summary_names_the_straggler(tmp_path):
     assert re.search(r"rank 1 waited on rank 2 for", text)
     lead = text.split("a straggler leads):\n")[1].splitlines()[0]
     assert lead.startswith("  rank 2:")
+    # the ring call: rank 1 hears from rank 0, which waits for rank 2 - both wait on rank 2
+    ring = text.split("all_reduce #2 of world (ring")[1].split("\nall_reduce #3")[0]
+    assert re.search(r"rank 0 waited on rank 2 for", ring), ring
+    assert re.search(r"rank 1 waited on rank 2 for [\d.]+ ms( \(its last message from "
+                     r"rank 0\))?", ring), ring
 
 
 def _block_job(rank, d):

@@ -127,6 +127,13 @@ def test_ringlet_run_trace_and_cli(tmp_path):
     p = subprocess.run(cli + ["trace", "summary", str(d)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and "all_reduce #1 of world" in p.stdout
+    png = tmp_path / "timeline.png"
+    p = subprocess.run(cli + ["trace", "plot", str(d), "-o", str(png)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "2 ranks, 2 calls, 2 messages" in p.stdout, p.stdout + p.stderr
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 150 and img.shape[1] > 600 and img[..., :3].std() > 0.05
     p = subprocess.run(cli + ["trace", "summary", str(tmp_path / "nothing")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no rank*.jsonl" in p.stderr

@@ -156,11 +156,13 @@ def main() -> int:
         except HostsUnavailable as exc:
             print(f"skipped: {exc}")
             return 1
-        lines = [x for _, o, _ in results for x in o.splitlines() if x.startswith("RESULT ")]
+        # rank 0's line, after the launcher's "[0] " tag
+        lines = [x.split("RESULT ", 1)[1] for _, o, _ in results for x in o.splitlines()
+                 if "RESULT " in x]
         if not lines:
             print(f"{rate}: the job failed:\n" + "\n".join(e for _, _, e in results))
             return 1
-        for row in json.loads(lines[0][7:]):
+        for row in json.loads(lines[0]):
             ms = {k: v * 1e3 for k, v in row.items() if k not in ("MiB", "eff")}
             steps.append(f"{rate:>7} {row['MiB']:>4}   compute {ms['step_comp']:7.1f} = "
                          f"on CPU {ms['cpu']:7.1f} + preempted {ms['queued']:6.1f} + "

@@ -10,7 +10,7 @@ ranks outnumber the cores), in several passes that are separate jobs spread over
 (passes slowed down by other processes are left out or run again). Each job first
 sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 
-:func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
+:func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.host.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
 (per-message CPU alpha on each side - alpha_fast in calls run in C -, latency per hop, rendezvous latency, latency when
 ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte
@@ -352,7 +352,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
     ``retries``: times a pass they disturbed runs again; ``fit``: how thoroughly to fit
     (keyword arguments of ``fit_host``, default :data:`FULL_FIT`). ``verbose``: show
     progress (each pass, then each transport's fit, is a step)."""
-    from .cost.simulate import HostModel
+    from .cost.host import HostModel
     ranks = [p] if isinstance(p, int) else list(p)
     mc = machine()
     fits, all_samples = {}, {}

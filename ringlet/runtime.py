@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 from urllib.parse import urlparse
 
 import numpy as np
 
 from .errors import AuthenticationError, RingletError
-from .group import MAX_USER_TAG, Group
+from .group import MAX_USER_TAG, Group, group_of
 from .ops import as_array
 from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
 from .transport.engine import Engine
+from .transport.shm import detect_host_id
 from .work import RequestWork, TracedRequestWork
 from . import tracing
 
@@ -116,7 +116,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
          master_port: int = 0, server: StoreServer | None = None) -> Group:
     """Start the engine on a store every rank reaches (init's second half; the torch
     backend calls it with the store torch hands it). The store is closed on failure."""
-    host_id = os.environ.get("RINGLET_HOST_ID") or socket.gethostname()
+    host_id = os.environ.get("RINGLET_HOST_ID") or detect_host_id()
     job = hashlib.sha256(token.encode()).hexdigest()[:12]
     try:
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
@@ -130,7 +130,6 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
-    engine.coll_stats = {}
     engine.describe_fp = _describe_fp
     engine.on_long_wait = _publish_state
     engine.hang_report = _hang_report
@@ -166,6 +165,10 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
         mine = load_profile().to_dict()
         for name, params in default_profile().to_dict()["transports"].items():
             mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        rate = os.environ.get("RINGLET_LINK_RATE")
+        if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
+            prof = Profile.from_dict(mine, "rank 0")
+            mine = prof.with_link_rate(rate, shared=prof.shared()).to_dict()
         if world_size == 1:
             return Profile.from_dict(mine, "rank 0")
         store.set(f"g{gen}/profile", json.dumps(mine).encode())
@@ -202,7 +205,7 @@ def _hang_report(tag: int, what) -> str:
     import json
     import time
     collective, seq, group_name, _ = what
-    g = next((x for x in _S.groups if x.id == tag >> 48), None)
+    g = next((x for x in _S.groups if x.id == group_of(tag)), None)
     if g is None or _S.store is None:
         return ""
     _S.published = 0.0
@@ -511,7 +514,7 @@ def stats() -> dict:
         for r, p in sorted(eng.peers.items()):
             out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
             out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
-        out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
+        out["collectives"] = {k: v.as_dict() for k, v in eng.coll_stats.items()}
     return out
 
 
@@ -520,5 +523,4 @@ def reset_stats() -> None:
     with eng.lock:
         for p in eng.peers.values():
             p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
-        if hasattr(eng, "coll_stats"):
-            eng.coll_stats.clear()
+        eng.coll_stats.clear()

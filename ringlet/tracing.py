@@ -148,13 +148,13 @@ def c_messages(runs) -> list:
     sends if C sent them (its receives finish in Python, which records them)."""
     out = []
     for plan, done, mask, isz, t0, t1, tag, seq in runs:
-        for _local, recvs, sends in plan[:done]:
-            for dst, _sb, s0, s1 in sends:
+        for rnd in plan[:done]:
+            for dst, _sb, s0, s1 in rnd.sends:
                 out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
-            for src, _red, _db, d0, d1, _ab, _a0, _a1 in recvs:
+            for src, _red, _db, d0, d1, _ab, _a0, _a1 in rnd.recvs:
                 out.append(("recv", src, (d1 - d0) * isz, "C fast path", t1, tag, seq))
         if mask >= 0:
-            for dst, _sb, s0, s1 in plan[done][2]:
+            for dst, _sb, s0, s1 in plan[done].sends:
                 out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
     return out
 
@@ -173,29 +173,29 @@ class Call:
 
     def posted(self, sends, bufs) -> None:
         """A round's sends went out (or were queued): one event each, with its path."""
-        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what[1], self.peers
+        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq, self.peers
         for dst, sb, s0, s1 in sends:
             b = bufs[sb]
             msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
                          now, tag, seq))
 
     def round_done(self, recvs, bufs) -> None:
-        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what[1]
+        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq
         for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
             msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
-        """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
-        ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
+        """The C fast path ran ``resume.rounds`` of the plan's ``rounds`` rounds (a
+        ``fast.FastRun``): their sends are stamped at the call's start, receives at now (C keeps
         no clock). Their records are made when the file is written (:func:`c_messages`);
         a call C finished ends here."""
-        done, mask = resume[0], resume[1]
+        done, mask = resume.rounds, resume.recv_mask
         now = time.perf_counter()
         self.rec.c_msgs.append((self.plan, done, mask, bufs["tmp"].itemsize, self.start, now,
-                                self.tag, self.what[1]))
+                                self.tag, self.what.seq))
         if done == rounds:
             self.path = "C"
-            self.end(resume[2], resume[4], now=now)
+            self.end(resume.waited, resume.waited_on, now=now)
         else:
             self.path = "C, then python"
 

@@ -5,7 +5,6 @@ import itertools
 import json
 import math
 import re
-import time
 import warnings
 
 import numpy as np
@@ -341,18 +340,14 @@ def test_topology_from_host_ids():
         Topology(0, 4, nv)
 
 
-def test_simulate_4096_rank_ring_quickly():
-    """The issue's bound: build + price a 4096-rank ring all-reduce in <= 10 s."""
-    t0 = time.perf_counter()
+def test_simulate_4096_rank_ring():
+    """A 4096-rank ring all-reduce builds and prices as its closed form says. (How fast:
+    bench/targets.py, section 5: issue 4 bounds it at 10 s.)"""
     s = algs.build("all_reduce", "ring", 4096, 4096 * 256, itemsize=4)
-    t1 = time.perf_counter()
     res = simulate(s, Topology.uniform(4096, IB, gamma=1e-10))
-    t2 = time.perf_counter()
     assert len(s.rounds) == 8190
     assert res.time == pytest.approx(predict("all_reduce", 4096 * 1024, 4096, "ring", IB, 1e-10),
                                      rel=0.01)
-    assert t2 - t1 < 6.0, f"simulate took {t2 - t1:.1f}s"
-    assert t2 - t0 < 10.0 * 1.5, f"build + simulate took {t2 - t0:.1f}s"  # noisy 2-core host
 
 
 # ----------------------------------------------- simulator vs closed forms, every algorithm
@@ -676,7 +671,8 @@ def test_explain_every_collective(capsys):
 
 # ------------------------------------------------------------------ host model (shm)
 
-from ringlet.cost.simulate import HOST_TERMS, HostModel, working_set  # noqa: E402
+from ringlet.cost.host import HOST_TERMS, HostModel  # noqa: E402
+from ringlet.cost.simulate import working_set  # noqa: E402
 from ringlet.schedule import BUFFER_NAMES  # noqa: E402
 
 NO_CACHE = dict(l2_bytes=1 << 40, l3_bytes=1 << 40)   # working sets always fit: no memory term

@@ -12,15 +12,14 @@ import numpy as np
 
 import ringlet as rl
 from ringlet import timeline
-from conftest import run
+from conftest import run, until_asleep
 
 
 def _mixed_job(rank, straggler):
-    import time
     pair = rl.new_group([0, 1])
     for size, algo in ((8, "auto"), (2 << 20, "ring")):   # C fast path; streamed by RTS
-        if rank == straggler:
-            time.sleep(0.3)      # the slow rank of the job (well above a loaded host's noise)
+        if rank == straggler:                        # the slow rank of the job: it comes
+            until_asleep([r for r in range(3) if r != rank])    # once the others wait
         x = np.ones(size // 4, np.float32)
         rl.all_reduce(x, algorithm=algo)
         assert x[0] == 3

@@ -16,7 +16,9 @@ How time is modelled (the alpha-beta-gamma model, applied round by round):
 * The ranks of a host share its NIC for inter-host traffic: in each round, an inter-host
   message's bandwidth is the inter link's divided by the number of distinct ranks of its
   host sending (or, at the destination host, receiving) across hosts in that round,
-  whichever is larger.
+  whichever is larger; and when several share it, together they reach only
+  ``Topology.shared`` of the link's rate (1 for an ideal NIC; less where competing TCP
+  flows lose some of it, as ``ringlet.hosts``' shaped links measure).
 
 The simulator also follows the critical path: for every rank it keeps how much of its
 finish time is latency (alpha), bandwidth (beta, including NIC sharing and local copies)
@@ -35,166 +37,8 @@ import numpy as np
 from ..algorithms import build
 from ..schedule import BUFFER_NAMES
 from ..transport import shm
+from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel
 from .model import Link, Terms, _form, tier
-
-
-#: the named terms of :class:`HostModel`, in the order of its feature vectors
-HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
-              "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
-              "beta_lag")
-_LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
-                  "alpha_crowd")
-_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
-_MEMORY_TERMS = ("mem_l2", "mem_l3")
-
-
-@dataclass(frozen=True)
-class HostModel:
-    """How the ranks of ONE host really spend time on a schedule (``ringlet calibrate``
-    fits it to timings). Every rank is a single thread that does all the work of its own
-    messages - there is no NIC, copying IS the transfer - and the ranks share the host's
-    cores. Named terms (seconds per message, or per byte):
-
-    ``alpha``        CPU per message, on each side (post, headers, matching, progress)
-    ``alpha_fast``   the same for a call whose every message is an EAGER packet of at most
-                     ``fast_bytes``: it runs in C (ringlet/transport/fast.py), not the
-                     Python engine
-    ``alpha_fast_call``  CPU per such call on each rank, before its first message: its
-                     Python entry (checks, the cached plan, the call into C). At p = 2 an
-                     8 B all_reduce costs about the same with one message per side as with
-                     two; this is most of it
-    ``beta``         CPU per byte, on each side: the sender copies into the shared ring,
-                     the receiver copies out of it. A rank's sends and receives add up
-                     (one thread, in order of when each can start). A message of more
-                     than ``eager`` bytes is done no sooner than its slower side
-                     (fragments pipeline through the ring, and the sender waits for the
-                     receiver); an eager one is a single fragment, store-and-forward: the
-                     sender copies it in and moves on, the receiver copies it out after
-    ``gamma``        extra CPU per byte the receiver reduces out of the ring (over a copy)
-    ``delta``        CPU per byte of a local copy; a local reduce costs delta + gamma
-    ``alpha_hop``    latency per message that takes no CPU: from the sender's store to the
-                     receiver seeing it (cache lines crossing cores, the receiver's next
-                     poll). Ranks that exchange overlap it; a chain pays it on every hop
-    ``alpha_rdv``    latency per message larger than ``rendezvous`` bytes: the RTS/CTS
-                     round trip before data flows (up to it, a message larger than
-                     ``eager`` streams its fragments right behind its RTS)
-    ``alpha_crowd``  latency per message when the job has more ranks than ``cores``
-                     (waiting ranks yield and sleep, and must be scheduled again)
-    ``mem_l2``, ``mem_l3``  extra CPU per byte once the job's working set W (all ranks'
-                     buffers and the ring space their messages use) no longer fits the L2
-                     caches (``l2_bytes``, all cores) / the L3 (``l3_bytes``): a fraction
-                     1 - C/W of the bytes then streams from the next level - except
-                     bytes the rank touched in the previous round, still cached if that
-                     round's bytes fit (pipelined segments; see ``_cache_hits``)
-    ``beta_share``   extra CPU per byte for each busy rank beyond the cores (context
-                     switches evict caches): it adds (k - 1) * beta_share per byte
-    ``beta_crowd``   extra CPU per byte moved when the job has more ranks than cores, even
-                     in rounds where few are busy (a sender that fills the ring yields and
-                     sleeps instead of spinning, and is woken again for every refill)
-    ``beta_lag``     delay per byte by which a message ends after its slower side: a one-way
-                     stream through the ring does not overlap the two copies perfectly (the
-                     receiver trails, a sender that fills the ring waits). It takes no CPU,
-                     so in an exchange, where each rank copies both ways, it hides under
-                     the ranks' own work; a chain (tree, naive ring, broadcast) pays it
-
-    Sharing cores: in a round where A ranks are busy, all CPU work of the round is
-    stretched by k = max(1, (A + idle_share * (p - A)) / cores + imbalance * (ceil(A /
-    cores) - A / cores)): the idle ranks of the job still take ``idle_share`` of a core
-    each (they poll, yield and wake), and when the busy ranks do not divide evenly over
-    the cores (3 on 2) the ranks sharing a core hold everyone up - for short rounds the
-    scheduler does not rebalance, ``imbalance`` = 1 means the round runs at the pace of
-    the most crowded core. A term's share of a prediction is its parameter times its
-    count on the critical path; what sharing cores adds is reported apart
-    (``SimResult.sharing``).
-
-    Memory and cores are what the plain alpha-beta-gamma model misses on this kind of
-    host: the same bytes cost 2-4x more at 64 MiB than at 1 MiB, and 4 ranks on 2 cores
-    take twice as long or more as 2 ranks for the same per-rank work.
-    """
-    alpha: float
-    beta: float
-    gamma: float = 0.0
-    delta: float = 0.0
-    alpha_fast: float = 0.0
-    alpha_fast_call: float = 0.0
-    alpha_hop: float = 0.0
-    alpha_rdv: float = 0.0
-    alpha_crowd: float = 0.0
-    mem_l2: float = 0.0
-    mem_l3: float = 0.0
-    beta_share: float = 0.0
-    beta_crowd: float = 0.0
-    beta_lag: float = 0.0
-    idle_share: float = 0.5
-    imbalance: float = 0.0
-    l2_bytes: int = 1 << 20
-    l3_bytes: int = 32 << 20
-    cores: int = 1
-    eager: int = shm.EAGER_BYTES
-    rendezvous: int = shm.STREAM_BYTES
-    ring_bytes: int = shm.RING_BYTES
-    # a larger message from a buffer in shared memory (rl.empty) is read in place by its
-    # receiver; -1: this transport never does that
-    zero_copy_min: int = shm.ZERO_COPY_MIN
-    # a call whose messages have at most this many bytes (EAGER packets) runs in C
-    # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
-    # there was one)
-    fast_bytes: int = 0
-
-    def __post_init__(self):
-        for name in HOST_TERMS:
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"HostModel {name} must be a finite number >= 0, got {v!r}")
-        for name in ("l2_bytes", "l3_bytes", "cores", "ring_bytes"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"HostModel {name} must be >= 1")
-        if not 0.0 <= self.idle_share <= 1.0:
-            raise ValueError("HostModel idle_share must be between 0 and 1")
-        if not 0.0 <= self.imbalance <= 1.0:
-            raise ValueError("HostModel imbalance must be between 0 and 1")
-        if self.eager < 0 or self.rendezvous < 0 or self.fast_bytes < 0:
-            raise ValueError("HostModel eager, rendezvous and fast_bytes must be >= 0 bytes")
-
-    @property
-    def theta(self) -> np.ndarray:
-        return np.array([float(getattr(self, k)) for k in HOST_TERMS])
-
-    @property
-    def link(self) -> Link:
-        """The plain alpha-beta link closest to this model (for closed forms): one message
-        between two otherwise idle ranks costs 2 alpha + alpha_rdv and 2 beta per byte."""
-        a = 2 * self.alpha + self.alpha_rdv
-        return Link.from_beta(a, 2 * self.beta, "host") if self.beta > 0 else Link(a, 1e300, "host")
-
-    @classmethod
-    def from_params(cls, params: dict) -> "HostModel":
-        keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
-                                  "ring_bytes", "zero_copy_min", "fast_bytes", "idle_share",
-                                  "imbalance"}
-        kw = {k: params[k] for k in keys if k in params}
-        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min", "fast_bytes"):
-            if k in kw:
-                kw[k] = int(kw[k])
-        return cls(**kw)
-
-    def with_theta(self, theta) -> "HostModel":
-        from dataclasses import replace
-        return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
-
-    def __str__(self) -> str:
-        fast = (f" ({self.alpha_fast * 1e6:.3g} us, and {self.alpha_fast_call * 1e6:.3g} us per "
-                f"call, in calls of messages <= {self.fast_bytes} B)" if self.fast_bytes else "")
-        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side{fast} + "
-                f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
-                f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
-                f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
-                f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
-                f"{self.cores} cores, +{self.beta_share:.3g} s/B per extra rank per core, "
-                f"+{self.beta_crowd:.3g} s/B when crowded; one-way streams trail "
-                f"{self.beta_lag:.3g} s/B; "
-                f"idle ranks take {self.idle_share:g} core")
 
 
 @dataclass(frozen=True)
@@ -203,7 +47,8 @@ class Topology:
 
     ``intra`` prices messages inside a host, ``inter`` messages between hosts (default:
     ``intra``); ``gamma`` is seconds per byte reduced, ``delta`` seconds per byte of a
-    local copy. With ``nic_sharing`` the ranks of a host share one NIC across hosts."""
+    local copy. With ``nic_sharing`` the ranks of a host share one NIC across hosts, and
+    ``shared`` is the fraction of its rate several flows reach together."""
     hosts: int
     ranks_per_host: int
     intra: Link
@@ -213,6 +58,7 @@ class Topology:
     nic_sharing: bool = True
     host_ids: tuple | None = None    # explicit host of each rank (see from_host_ids)
     host: HostModel | None = None    # one host priced by its calibrated HostModel
+    shared: float = 1.0              # of the inter link's rate, when flows share it
 
     def __post_init__(self):
         for name in ("hosts", "ranks_per_host"):
@@ -223,6 +69,8 @@ class Topology:
         object.__setattr__(self, "inter", tier(self.inter) if self.inter is not None else self.intra)
         if self.gamma < 0 or self.delta < 0:
             raise ValueError("Topology gamma and delta must be >= 0 seconds per byte")
+        if not 0 < self.shared <= 1:
+            raise ValueError(f"Topology shared must be in (0, 1], got {self.shared!r}")
         if self.host is not None and self.hosts != 1:
             raise ValueError("a HostModel prices the ranks of one host (hosts=1)")
         if self.host_ids is not None:
@@ -233,7 +81,8 @@ class Topology:
 
     @classmethod
     def from_host_ids(cls, host_ids, intra, inter=None, gamma: float = 0.0,
-                      delta: float = 0.0, nic_sharing: bool = True) -> "Topology":
+                      delta: float = 0.0, nic_sharing: bool = True,
+                      shared: float = 1.0) -> "Topology":
         """Rank r on host ``host_ids[r]`` (any hashable labels; hosts need not be
         contiguous or equal in size). ``ranks_per_host`` becomes the largest host's."""
         ids = list(host_ids)
@@ -244,10 +93,12 @@ class Topology:
         counts = np.bincount(norm)
         if len(labels) > 1 and all(norm[r] == r // counts[0] for r in range(len(norm))) \
                 and (counts == counts[0]).all():
-            return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing)
+            return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing,
+                       shared=shared)
         if len(labels) == 1:
-            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing)
-        return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm)
+            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared)
+        return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm,
+                   shared=shared)
 
     @classmethod
     def uniform(cls, p: int, link: Link | str, gamma: float = 0.0, delta: float = 0.0) -> "Topology":
@@ -269,7 +120,7 @@ class Topology:
         model = prof.host_model(intra) if hosts == 1 else None
         if model is not None:
             return cls.on_host(ranks_per_host, model)
-        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "tcp"),
+        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "inter"),
                    prof.gamma(intra), prof.delta(intra))
 
     @property
@@ -441,6 +292,7 @@ class _Sim:
                         kout = np.bincount(host, kout, self.H)
                         kin = np.bincount(host, kin, self.H)
                         share = np.maximum(kout[hs], kin[hd])
+                        share = np.where(share > 1, share / topo.shared, share)
                         bcost = np.where(x, nb * be * share, nb * bi)
                     else:
                         bcost = np.where(x, nb * be, nb * bi)
@@ -852,7 +704,7 @@ class _HostSim:
                          parts, {k: float(v) for k, v in zip(HOST_TERMS, feats)}, sharing)
 
 
-__all__ = ["Topology", "SimResult", "simulate", "HostModel", "HOST_TERMS", "working_set"]
+__all__ = ["Topology", "SimResult", "simulate", "working_set"]
 
 
 @_form("all_reduce", "double_tree")

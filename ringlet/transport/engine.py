@@ -29,12 +29,13 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
-from ..group import TAG_COLLECTIVE
+from ..group import TAG_COLLECTIVE, call_number, group_of
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
-from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
+from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
+                  segment_size)
 from .tcp import TcpPeer
 
 log = logging.getLogger("ringlet")
@@ -67,6 +68,27 @@ def _refusal(exc, earlier: int) -> tuple:
     return (earlier, 0), STALE
 
 
+def host_labels(keys: list, shared: set) -> tuple:
+    """Each rank's host: its detected (or declared) host key, split where ranks with one
+    key could not share memory (the pairs not in ``shared``): then each set of ranks
+    joined by shared memory is a host of its own."""
+    parent = list(range(len(keys)))
+
+    def root(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+    for r, q in shared:
+        parent[root(q)] = root(r)
+    labels = []
+    for r, key in enumerate(keys):
+        same_key = [q for q in range(len(keys)) if keys[q] == key]
+        whole = all(root(q) == root(r) for q in same_key)
+        labels.append(key if whole else f"{key}#{min(q for q in same_key if root(q) == root(r))}")
+    return tuple(labels)
+
+
 class Engine:
     def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
                  host_id: str, backend: str, master_addr: str, master_port: int,
@@ -83,8 +105,11 @@ class Engine:
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
         self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
         self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
-        self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
-        self.on_long_wait = None    # set by the runtime: publish this rank's state
+        # What the runtime adds, for the collectives it runs on this engine:
+        self.describe_fp = None     # fingerprint -> dict of fields (for mismatch errors)
+        self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
+        self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
+        self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None
@@ -120,10 +145,9 @@ class Engine:
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
-            name = f"ringlet-{self.job}-{gen}-{self.rank}".encode()
-            self.doorbell = make_doorbell(name)
+            self.doorbell = Doorbell()
             self.sel.register(self.doorbell, selectors.EVENT_READ, None)
-            me.update(seg=self.seg_fd, doorbell=name.decode())
+            me.update(seg=self.seg_fd, doorbell=self.doorbell.fileno())
         listener = None
         if self.world_size > 1:
             bind = local_address_towards(master_addr, master_port)
@@ -133,20 +157,23 @@ class Engine:
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in
                  wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
-        self.hosts = tuple(info["host"] for info in infos)   # host identity of every rank
+        opened = self._open_local(infos) if use_shm and self.world_size > 1 else {}
+        shared = self._agree_on_shm(prefix, opened) if use_shm and self.world_size > 1 else set()
+        self.hosts = host_labels([info["host"] for info in infos], shared)
         remote = []
         for info in infos:
             r = info["rank"]
             if r == self.rank:
                 continue
-            if use_shm and info["host"] == self.host_id:
-                theirs = open_segment(info["pid"], info["seg"],
-                                      segment_size(self.world_size, self.capacity))
+            if (min(r, self.rank), max(r, self.rank)) in shared:
+                theirs, bell = opened.pop(r)
                 self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
-                                        Ring(theirs, self.rank, self.capacity),
-                                        info["doorbell"].encode(), info["pid"])
+                                        Ring(theirs, self.rank, self.capacity), bell, info["pid"])
             else:
                 remote.append(info)
+        for theirs, bell in opened.values():   # they could not open ours: TCP after all
+            theirs.close()
+            bell.close()
         # Touch both rings of every local pair now, before any traffic can flow: their first
         # lap would otherwise pay a page fault every 4 KiB inside the first collectives.
         for peer in self.peers.values():
@@ -161,6 +188,35 @@ class Engine:
         self.store.add(f"{prefix}mapped", 1)
         self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
         self._close_seg_fd()
+
+    def _open_local(self, infos: list) -> dict:
+        """Rings and doorbells of the ranks that look like this host: {rank: (segment,
+        bell)} for those that opened; the others are told in the agreement after this."""
+        opened = {}
+        for info in infos:
+            r = info["rank"]
+            if r == self.rank or info["host"] != self.host_id:
+                continue
+            theirs = None
+            try:
+                theirs = open_segment(info["pid"], info["seg"],
+                                      segment_size(self.world_size, self.capacity))
+                opened[r] = (theirs, Bell(info["pid"], info["doorbell"]))
+            except OSError as exc:
+                if theirs is not None:
+                    theirs.close()
+                log.warning("ringlet rank %d: rank %d looks local (host %s) but its shared "
+                            "memory does not open here, so TCP carries that pair: %s",
+                            self.rank, r, self.host_id, exc)
+        return opened
+
+    def _agree_on_shm(self, prefix: str, opened: dict) -> set:
+        """The pairs (low rank, high rank) where each opened the other's shared memory:
+        every rank learns every rank's result, so all agree on which pairs use it."""
+        self.store.set(f"{prefix}shm/{self.rank}", json.dumps(sorted(opened)).encode())
+        lists = wait_for_ranks(self.store, f"{prefix}shm/", self.world_size, self.timeout, self.rank)
+        could = {(r, q) for r, v in enumerate(lists) for q in json.loads(v)}
+        return {(r, q) for r, q in could if r < q and (q, r) in could}
 
     def _close_seg_fd(self) -> None:
         if self.seg_fd is not None:
@@ -246,8 +302,8 @@ class Engine:
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
-            group = tag >> 48
-            earlier = [t for t in self.aborts if t >> 48 == group and t < tag]
+            group = group_of(tag)
+            earlier = [t for t in self.aborts if group_of(t) == group and t < tag]
             if earlier:
                 exc = self.aborts.pop(min(earlier))
                 for t in earlier:
@@ -269,8 +325,8 @@ class Engine:
             return
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None
-            if q and q[0][-1] != work.fp:
-                self.mismatch(tag, work.fp, q[0][-1], peer.rank)
+            if q and q[0].fp != work.fp:
+                self.mismatch(tag, work.fp, q[0].fp, peer.rank)
                 return
 
     def end_collective(self, work) -> None:
@@ -285,7 +341,7 @@ class Engine:
     def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
         from ..fingerprint import diff
         work = self.active.get(tag)
-        call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+        call = work.what if work is not None else f"collective #{call_number(tag)}"
         text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
         via = f" (reported by rank {reporter})" if reporter is not None else ""
         return CollectiveMismatch(f"{call}: ranks disagree: {text}{via}")
@@ -303,7 +359,7 @@ class Engine:
         self._fail_collective(tag, exc)
 
     def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed or tag >> 48 < self.retired_below:
+        if tag in self.failed or group_of(tag) < self.retired_below:
             return
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
@@ -317,10 +373,10 @@ class Engine:
                 return
         elif culprit == STALE:
             work = self.active.get(tag)
-            call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+            call = work.what if work is not None else f"collective #{call_number(tag)}"
             exc = CollectiveMismatch(
                 f"{call}: rank {sender} refused it because collective "
-                f"#{culprit_fp[0] & ((1 << 47) - 1)} of this group was mismatched across ranks")
+                f"#{call_number(culprit_fp[0])} of this group was mismatched across ranks")
         else:
             exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
         if tag in self.active:
@@ -333,9 +389,9 @@ class Engine:
         """A call of this group that this rank finished (as a pure sender, a broadcast's
         root) was aborted: the group's later calls in flight here cannot complete, nor
         (after a mismatch) can receives from the rank that gave up on it."""
-        group = tag >> 48
+        group = group_of(tag)
         theirs, why = _refusal(exc, tag)
-        for t in [t for t in self.active if t >> 48 == group and t > tag]:
+        for t in [t for t in self.active if group_of(t) == group and t > tag]:
             work = self.active[t]
             for r in work.world_of:    # peers in it would wait for us: abort it for them too
                 peer = self.peers.get(r)
@@ -344,7 +400,7 @@ class Engine:
             self._fail_collective(t, exc)
         peer = self.peers.get(sender)
         if peer is not None and why == STALE:
-            for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
+            for t in [t for t in peer.posted if group_of(t) == group and not t & TAG_COLLECTIVE]:
                 peer.fail_tag(t, exc)
 
     def _remember_abort(self, tag: int, exc) -> None:
@@ -376,7 +432,7 @@ class Engine:
         for work in self.works[:]:
             work.fail(exc)
         for tags in (self.active, self.aborts, self.failed):
-            for tag in [t for t in tags if t >> 48 < below]:
+            for tag in [t for t in tags if group_of(t) < below]:
                 del tags[tag]
         for peer in self.peers.values():
             if not peer.dead:
@@ -501,17 +557,10 @@ class Engine:
             self._nap(-1)
 
     def drain_doorbell(self) -> None:
-        try:
-            while self.doorbell.recv(64):
-                pass
-        except (BlockingIOError, InterruptedError, OSError):
-            pass
+        self.doorbell.drain()
 
-    def ring_doorbell(self, name: bytes) -> None:
-        try:
-            self.doorbell.sendto(b"!", b"\0" + name)
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
-            pass  # the peer is awake already, or gone (its liveness check will tell)
+    def ring_doorbell(self, bell: Bell) -> None:
+        bell.ring()
 
     def check_liveness(self) -> None:
         for peer in self.peers.values():

@@ -432,13 +432,18 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWor
 @profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
     args = _p2p("send", buf, dst, group, tag)
-    _blocking(args, timeout, _traced("send", args, group, tag) if tracing.ON else None)
+    if tracing.ON:
+        return _traced_blocking("send", args, group, tag, timeout)
+    _blocking(args, timeout)
 
 
 @profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
     args = _p2p("recv", buf, src, group, tag)
-    _blocking(args, timeout, _traced("recv", args, group, tag) if tracing.ON else None)
+    if tracing.ON:
+        _traced_blocking("recv", args, group, tag, timeout)
+    else:
+        _blocking(args, timeout)
     return src
 
 
@@ -459,6 +464,12 @@ def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
 def _traced(op: str, args: tuple, group, tag: int):
     kind, world, wire, flat, _ = args
     return tracing.P2P(op, kind, world, wire, flat.nbytes, resolve(group).name, int(tag))
+
+
+def _traced_blocking(op: str, args: tuple, group, tag: int, timeout) -> None:
+    tr = _traced(op, args, group, tag)
+    if _blocking(args, timeout, tr):
+        tr.ran_in_c()
 
 
 def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
@@ -483,10 +494,10 @@ def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
     return work
 
 
-def _blocking(args: tuple, timeout, tr=None) -> None:
+def _blocking(args: tuple, timeout, tr=None) -> bool:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
-    waited for."""
+    waited for (traced by ``tr``, if given). True if C did it."""
     eng = engine()
     spun = 0.0
     if eng.fast:
@@ -497,12 +508,11 @@ def _blocking(args: tuple, timeout, tr=None) -> None:
         finally:
             eng.leave()
         if done:
-            if tr is not None:
-                tr.ran_in_c()
-            return
+            return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
     work.wait(timeout)
+    return False
 
 
 # -- counters ----------------------------------------------------------------------------

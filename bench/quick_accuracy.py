@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     q = cal.QUICK
     t0 = time.monotonic()
     quick, _ = cal.calibrate(trs, q["ranks"], q["sizes"], q["budget"], passes=q["passes"],
-                             quiet=q["quiet"], retries=q["retries"])
+                             quiet=q["quiet"], retries=q["retries"], fit=q["fit"])
     t_quick = time.monotonic() - t0
     print(f"full calibration {t_full:.0f} s, quick {t_quick:.0f} s")
     for tr in trs:

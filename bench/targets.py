@@ -112,6 +112,17 @@ def by_size(rows, report, what):
     return {r["bytes"]: r for r in rows}
 
 
+def price_4096_ring() -> float:
+    """Seconds to build the 4096-rank ring all_reduce schedule and simulate it."""
+    import time
+    from ringlet import algorithms
+    from ringlet.cost import TIERS, Topology, simulate
+    t0 = time.perf_counter()
+    s = algorithms.build("all_reduce", "ring", 4096, 4096 * 256, itemsize=4)
+    simulate(s, Topology.uniform(4096, TIERS["infiniband"], gamma=1e-10))
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -177,6 +188,13 @@ def main(argv=None) -> int:
             rep.ratio(f"all_reduce TCP 2 hosts {r['bytes'] // MiB} MiB vs Gloo", r,
                       gloo[r["bytes"]], 2, 1.5)
     rep.bound("all_reduce TCP 2 hosts 8 B", lat, 60.0)
+
+    # 5. The cost model at scale: build and price a 4096-rank ring all_reduce (issue 4's
+    # bound, 10 s), best of REPEATS.
+    runs = [price_4096_ring() for _ in range(REPEATS)]
+    row = {"time_us": min(runs) * 1e6, "median_us": float(np.median(runs)) * 1e6}
+    dump.append(dict(row, what="build + simulate 4096-rank ring all_reduce"))
+    rep.bound("build + simulate a 4096-rank ring all_reduce", row, 10e6)
 
     rep.print()
     if a.json:

@@ -3,9 +3,11 @@ side in turns, and - with --baseline - off against a checkout without the tracin
 
     .venv/bin/python bench/trace_overhead.py [-n 2] [--turns 5] [--baseline /path/to/tree]
 
-Rows: 8 B all_reduce (the C fast path: the hooks' cost per call) and 64 KiB all_reduce
-with the fast path off (the Python engine: on-cost per message = (on - off) / messages a
-rank sends and receives per call). Medians of each turn; compare within one run only.
+Rows: 8 B all_reduce on one rank (the hooks' cost per call, with no other rank to wait
+for: the steadiest on a busy host), on -n ranks (the C fast path), an 8 B send/recv round
+trip (point-to-point hooks) and 64 KiB all_reduce with the fast path off (the Python
+engine). On-cost per message = (on - off) / messages a rank sends and receives per call.
+Each turn's median and 10th percentile, the slowest rank's; compare within one run only.
 """
 from __future__ import annotations
 
@@ -21,20 +23,32 @@ import json, sys, time, numpy as np, ringlet as rl
 nbytes, iters, algo, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def job(rank):
     x = np.zeros(max(nbytes // 4, 2), np.float32)   # sums stay 0: no overflow
+    if algo == "p2p":       # a round trip: rank 0 sends and receives, rank 1 the reverse
+        peer = 1 - rank
+        def step():
+            if rank == 0:
+                rl.send(x, peer); rl.recv(x, peer)
+            elif rank == 1:
+                rl.recv(x, peer); rl.send(x, peer)
+    else:
+        def step():
+            rl.all_reduce(x, algorithm=algo)
     for _ in range(200):
-        rl.all_reduce(x, algorithm=algo)
+        step()
     ts = np.empty(iters)
     for i in range(iters):
-        t0 = time.perf_counter(); rl.all_reduce(x, algorithm=algo); ts[i] = time.perf_counter() - t0
-    t = np.array([np.median(ts)])
-    rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
+        t0 = time.perf_counter(); step(); ts[i] = time.perf_counter() - t0
+    t = np.array([np.median(ts), np.percentile(ts, 10)])
+    if rl.get_world_size() > 1:
+        rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
     if rank == 0:
-        open(out, "w").write(json.dumps(float(t[0])))
+        open(out, "w").write(json.dumps([float(x) for x in t]))
 rl.spawn(job, int(sys.argv[5]))
 """
 
 
-def measure(tree, n, nbytes, iters, algo, trace_dir=None, no_fast=False) -> float:
+def measure(tree, n, nbytes, iters, algo, trace_dir=None, no_fast=False) -> list:
+    """[median, 10th percentile] of the per-call microseconds, the slowest rank's."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "t.json")
         env = dict(os.environ, PYTHONPATH=tree)
@@ -45,7 +59,7 @@ def measure(tree, n, nbytes, iters, algo, trace_dir=None, no_fast=False) -> floa
             env["RINGLET_NO_FASTPATH"] = "1"
         subprocess.run([sys.executable, "-c", WORKER, str(nbytes), str(iters), algo, out, str(n)],
                        env=env, check=True, cwd=d)
-        return json.load(open(out)) * 1e6
+        return [x * 1e6 for x in json.load(open(out))]
 
 
 def main(argv=None) -> int:
@@ -55,40 +69,47 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--baseline", default=None, help="a ringlet tree without the hooks")
+    ap.add_argument("--cases", default=None, help="comma-separated case numbers (0-3)")
     a = ap.parse_args(argv)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cases = [("8 B, C fast path", 8, "auto", False), ("64 KiB ring, Python engine", 64 << 10,
-                                                     "ring", True)]
-    for name, nbytes, algo, no_fast in cases:
-        msgs = 2 * (2 * (a.n - 1)) if algo == "ring" else None   # sends + receives per rank
+    cases = [("8 B all_reduce, 1 rank (no other rank's noise)", 1, 8, "auto", False),
+             ("8 B all_reduce, C fast path", a.n, 8, "auto", False),
+             ("8 B send + recv round trip, C fast path", 2, 8, "p2p", False),
+             ("64 KiB ring all_reduce, Python engine", a.n, 64 << 10, "ring", True)]
+    if a.cases:
+        cases = [cases[int(i)] for i in a.cases.split(",")]
+    for name, n, nbytes, algo, no_fast in cases:
+        msgs = {"ring": 2 * (2 * (n - 1)), "p2p": 2, "auto": 2 * (n - 1)}[algo]  # per rank and call
         rows = {"off": [], "on": []} | ({"baseline": []} if a.baseline else {})
         for _ in range(a.turns):
             with tempfile.TemporaryDirectory() as tdir:
                 if a.baseline:
-                    rows["baseline"].append(measure(a.baseline, a.n, nbytes, a.iters, algo,
+                    rows["baseline"].append(measure(a.baseline, n, nbytes, a.iters, algo,
                                                     no_fast=no_fast))
-                rows["off"].append(measure(here, a.n, nbytes, a.iters, algo, no_fast=no_fast))
-                rows["on"].append(measure(here, a.n, nbytes, a.iters, algo, tdir, no_fast))
-        print(f"{name}, p = {a.n}: per-call median us, {a.turns} turns")
+                rows["off"].append(measure(here, n, nbytes, a.iters, algo, no_fast=no_fast))
+                rows["on"].append(measure(here, n, nbytes, a.iters, algo, tdir, no_fast))
+        print(f"{name}, p = {n}: per-call us, {a.turns} turns (median / 10th percentile)")
         for k, v in rows.items():
-            print(f"  {k:<9}" + " ".join(f"{x:7.2f}" for x in v))
-        diffs = [on - off for on, off in zip(rows["on"], rows["off"])]
-        line = f"  on - off per call: " + " ".join(f"{d:+.2f}" for d in diffs) + " us"
-        if msgs:
-            line += f"; per message ({msgs} per rank per call): " + " ".join(
-                f"{d / msgs:+.2f}" for d in diffs) + " us"
-        print(line)
-        if a.baseline:
-            print("  off - baseline per call: " + " ".join(
-                f"{o - b:+.2f}" for o, b in zip(rows["off"], rows["baseline"])) + " us")
+            print(f"  {k:<9}" + " ".join(f"{m:7.2f}/{q:<7.2f}" for m, q in v))
+        for stat, i in (("median", 0), ("10th pct", 1)):
+            diffs = [on[i] - off[i] for on, off in zip(rows["on"], rows["off"])]
+            line = f"  on - off, {stat}: " + " ".join(f"{d:+.2f}" for d in diffs) + " us"
+            if msgs:
+                line += f"; per message ({msgs} per rank and call): " + " ".join(
+                    f"{d / msgs:+.2f}" for d in diffs) + " us"
+            print(line)
+            if a.baseline:
+                print(f"  off - baseline, {stat}: " + " ".join(
+                    f"{o[i] - b[i]:+.2f}" for o, b in zip(rows["off"], rows["baseline"])) + " us")
     print(hook_cost())
     return 0
 
 
-def hook_cost(reps: int = 20000) -> str:
-    """The recording itself, in one process (no other rank's noise): what a round's
-    hooks cost per message, for a send and a receive of a plain array."""
-    import time
+def hook_cost(reps: int = 2000, repeat: int = 31) -> str:
+    """The recording itself, in one process (no other rank's noise), the best of
+    ``repeat`` runs: a call's record (made, then ended), and a round's hooks per message
+    for a send and a receive of a plain array."""
+    import timeit
 
     import numpy as np
 
@@ -104,15 +125,28 @@ def hook_cost(reps: int = 20000) -> str:
         bufs = {"buf": np.zeros(1 << 14, np.float32)}
         sends = ((1, "buf", 0, 4096),)
         recvs = ((1, True, "buf", 4096, 8192, None, 0, 0),)
-        call = tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2,
-                            ((), recvs, sends), {1: Peer()})
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            call.posted(sends, bufs)
-            call.round_done(recvs, bufs)
-        per = (time.perf_counter() - t0) / (2 * reps)
+        plan = ((), recvs, sends)
+
+        def call():
+            tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, plan,
+                         {1: Peer()}).end(0.0, None)
+        c = tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, plan, {1: Peer()})
+
+        def messages():
+            c.posted(sends, bufs)
+            c.round_done(recvs, bufs)
+        cbufs = dict(bufs, tmp=np.zeros(0, np.float32))
+
+        def c_call():      # a call of one round the C fast path ran: 1 send, 1 receive
+            tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, (plan,),
+                         {1: Peer()}).ran_in_c((1, -1, 0.0, 0.0, 1), 1, cbufs)
+        per_call = min(timeit.repeat(call, number=reps, repeat=repeat)) / reps
+        per_msg = min(timeit.repeat(messages, number=reps, repeat=repeat)) / (2 * reps)
+        per_c = min(timeit.repeat(c_call, number=reps, repeat=repeat)) / reps
         tracing.stop()
-    return f"recording, in one process: {per * 1e6:.2f} us per message (send or receive)"
+    return (f"recording, in one process (best of {repeat}): {per_call * 1e6:.2f} us per call, "
+            f"{per_msg * 1e6:.2f} us per message (send or receive) in Python; a call of 2 "
+            f"messages in C {per_c * 1e6:.2f} us in all")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ ranks outnumber the cores), in several passes that are separate jobs spread over
 (passes slowed down by other processes are left out or run again). Each job first
 sends 8 MiB through every shared-memory ring, whose first lap page-faults.
 
-:func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.simulate.HostModel` to
+:func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.host.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
 (per-message CPU alpha on each side - alpha_fast in calls run in C -, latency per hop, rendezvous latency, latency when
 ranks outnumber cores, per-byte beta on each side, gamma per byte reduced, delta per byte
@@ -265,33 +265,58 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
     return load
 
 
-#: ``ringlet calibrate --quick``: fewer sizes, group sizes and passes, a shorter budget,
-#: and no waiting for a quiet host - about a minute instead of five
+#: the full calibration's fit (see :func:`ringlet.cost.fit_host`): three starts, every
+#: idle share and imbalance from two of them, and the L3 the job really gets
+FULL_FIT = {"l3_fractions": L3_FRACTIONS}
+#: ``ringlet calibrate --quick``: fewer sizes, group sizes and passes, a shorter budget, no
+#: waiting for a quiet host, and a fit that tries one start, a 2 x 2 grid of idle share
+#: and imbalance, and the L3 sysfs reports - the fit was most of the time (on 2 busy cores,
+#: 84 s of shm's alone against 11 s for this one, on the same timings)
 QUICK = {"sizes": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "ranks": (2, 3), "passes": 1,
-         "budget": 0.04, "quiet": 3.0, "retries": 0}
+         "budget": 0.04, "quiet": 0.0, "retries": 0,
+         "fit": {"starts": (1.0,), "idle_shares": (0.0, 0.5), "imbalances": (0.0, 1.0),
+                 "iterations": 6}}
+#: seconds the simulator takes to price one calibration sample (a quiet core), for estimates
+SIMULATE_SECONDS = 1e-3
 
 
-def estimate_seconds(transports, ranks, sizes, budget, passes) -> float:
+def fit_seconds(n_samples: int, fit: dict) -> float:
+    """A rough duration of one transport's fit: samples x fits tried x iterations."""
+    starts = len(fit.get("starts", (1.0, 0.3, 3.0)))
+    grid = len(fit.get("idle_shares", (0.0, 0.25, 0.5, 0.75, 1.0))) * len(
+        fit.get("imbalances", (0.0, 0.5, 1.0))) * (2 if starts > 1 else 1)
+    tries = starts + 1 + grid + len(fit.get("l3_fractions", (1.0,))) - 1
+    return n_samples * tries * fit.get("iterations", 12) * 0.6 * SIMULATE_SECONDS
+
+
+def estimate_seconds(transports, ranks, sizes, budget, passes, fit=None) -> float:
     """A rough duration of a calibration before it starts: each experiment spends about
-    its budget (twice it, with warm-up and checks), each pass a few seconds starting ranks."""
-    per_pass = (len(EXPERIMENTS) + len(ZERO_COPY_EXPERIMENTS)) * len(sizes) * budget * 2 + 3.0
-    return len(transports) * len(ranks) * passes * per_pass
+    its budget (twice it, with warm-up and checks), each pass a few seconds starting ranks,
+    then each transport's fit."""
+    n_exp = len(EXPERIMENTS) + len(ZERO_COPY_EXPERIMENTS)
+    per_pass = n_exp * len(sizes) * budget * 2 + 3.0
+    samples = len(ranks) * (1 + n_exp * len(sizes))
+    return len(transports) * (len(ranks) * passes * per_pass
+                              + fit_seconds(samples, FULL_FIT if fit is None else fit))
 
 
 class Progress:
-    """Progress of the passes: a bar with time left on a terminal (tqdm, if installed),
-    else one plain line per pass with the time so far and left (a log stays readable)."""
+    """Progress of the steps (passes, then fits): a bar with time left on a terminal (tqdm,
+    if installed), else one plain line per step with the time so far and left (a log stays
+    readable). ``weights``: each step's expected share of the time (default equal); time
+    left is the remaining steps' share at the pace the finished ones went."""
 
-    def __init__(self, steps: int, estimate: float, stream=None):
+    def __init__(self, steps: int, estimate: float, stream=None, weights=None):
         self.stream = stream if stream is not None else sys.stdout
         self.steps, self.done, self.estimate = steps, 0, estimate
+        self.weights = list(weights) if weights is not None else [1.0] * steps
         self.t0 = time.monotonic()
         self.bar = None
         if self.stream.isatty():
             try:
                 from tqdm import tqdm
-                self.bar = tqdm(total=steps, file=self.stream, unit="pass", leave=False,
-                                bar_format="{desc} {bar} {n}/{total} passes "
+                self.bar = tqdm(total=steps, file=self.stream, unit="step", leave=False,
+                                bar_format="{desc} {bar} {n}/{total} steps "
                                            "[{elapsed} so far, {remaining} left]")
             except ImportError:
                 pass
@@ -301,7 +326,8 @@ class Progress:
             self.bar.set_description_str(label)
         else:
             spent = time.monotonic() - self.t0
-            left = (spent / self.done * (self.steps - self.done) if self.done
+            done_w = sum(self.weights[:self.done])
+            left = (spent / done_w * sum(self.weights[self.done:]) if done_w > 0
                     else self.estimate)
             print(f"[{self.done + 1}/{self.steps}] {label} ({spent:.0f} s so far, "
                   f"about {left:.0f} s left)", file=self.stream, flush=True)
@@ -318,19 +344,24 @@ class Progress:
 
 def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
               budget: float = 0.1, verbose: bool = True, passes: int = 3,
-              quiet: float = 30.0, retries: int = 2) -> tuple[Profile, dict]:
+              quiet: float = 30.0, retries: int = 2, fit=None) -> tuple[Profile, dict]:
     """Measure every transport with each group size in ``p`` (an int or a list) and fit
     its host model; returns (profile, samples by transport). The passes alternate
     between the group sizes, so a slow spell of the host does not hit one size only.
     ``quiet``: seconds a pass may wait for other processes to leave the cores;
-    ``retries``: times a pass they disturbed runs again. ``verbose``: show progress."""
-    from .cost.simulate import HostModel
+    ``retries``: times a pass they disturbed runs again; ``fit``: how thoroughly to fit
+    (keyword arguments of ``fit_host``, default :data:`FULL_FIT`). ``verbose``: show
+    progress (each pass, then each transport's fit, is a step)."""
+    from .cost.host import HostModel
     ranks = [p] if isinstance(p, int) else list(p)
     mc = machine()
     fits, all_samples = {}, {}
-    steps = len(transports) * passes * len(ranks)
-    prog = Progress(steps, estimate_seconds(transports, ranks, sizes, budget, passes)) \
-        if verbose else None
+    fit = FULL_FIT if fit is None else fit
+    per_pass = estimate_seconds(["shm"], [2], sizes, budget, 1, {"iterations": 0})
+    per_fit = estimate_seconds(["shm"], ranks, sizes, budget, 0, fit)
+    weights = ([per_pass] * (passes * len(ranks)) + [per_fit]) * len(transports)
+    prog = Progress(len(weights), estimate_seconds(transports, ranks, sizes, budget, passes, fit),
+                    weights=weights) if verbose else None
     for tr in transports:
         runs = {n: {} for n in ranks}
         for i in range(passes):
@@ -342,9 +373,13 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
                 if prog is not None:
                     prog.finish_step()
         samples = [s for n in ranks for s in _samples(n, runs[n])]
+        if prog is not None:
+            prog.start(f"{tr}, fitting the model to {len(samples)} timings")
         base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
                          cores=mc["cores"], **limits.facts()[tr])
-        f = fit_host(samples, base, l3_fractions=L3_FRACTIONS)
+        f = fit_host(samples, base, **fit)
+        if prog is not None:
+            prog.finish_step()
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred
         f["ranks"] = ranks
@@ -420,7 +455,7 @@ def report(profile: Profile, samples: dict, verbose: bool = True) -> str:
         if tr not in samples:
             continue
         res = t.get("residuals", {})
-        lines.append(f"{tr}: {'host model' if t.get('model') == 'host' else 'alpha-beta-gamma'}"
+        lines.append(f"{tr}: {'host model' if t.get('model') == 'host' else 'alpha-beta model'}"
                      f" fitted to {t.get('samples', 0)} timings (p = "
                      f"{', '.join(map(str, t.get('ranks', [t.get('p', '?')])))});"
                      f" residuals: median {res.get('median_rel', 0) * 100:.1f}%,"
@@ -447,7 +482,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet calibrate",
         description="Measure how this host's transports spend time - per message (alpha, "
-                    "rendezvous, wake-ups), per byte (beta each side, gamma reduced, delta "
+                    "rendezvous, wake-ups), per byte (beta each side, the reduce cost, delta "
                     "copied, memory-hierarchy stalls), cores shared - by timing small "
                     "collectives with local ranks, fit the host model by least squares, and "
                     "save the profile predictions use by default.")
@@ -464,9 +499,9 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help=f"profile path (default {profile_path()})")
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     ap.add_argument("--quick", action="store_true",
-                    help="about a minute instead of five: sizes 4K,64K,1M,4M, 2 and 3 "
-                         "ranks, one pass, no waiting for a quiet host; less accurate - "
-                         "fewer sizes and passes, noise not retried - and bench/"
+                    help="under a minute instead of several: sizes 4K,64K,1M,4M, 2 and 3 "
+                         "ranks, one pass, no waiting for a quiet host, a shorter fit; less "
+                         "accurate (fewer sizes and passes, noise not retried); bench/"
                          "quick_accuracy.py measures by how much on your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
@@ -490,11 +525,11 @@ def main(argv=None) -> int:
         ranks = ranks if a.nranks != ap.get_default("nranks") else list(QUICK["ranks"])
         budget = QUICK["budget"] if a.budget == ap.get_default("budget") else a.budget
         kw = {"passes": QUICK["passes"] if a.passes == ap.get_default("passes") else a.passes,
-              "quiet": QUICK["quiet"], "retries": QUICK["retries"]}
-    est = estimate_seconds(transports, ranks, sizes, budget, kw["passes"])
+              "quiet": QUICK["quiet"], "retries": QUICK["retries"], "fit": QUICK["fit"]}
+    est = estimate_seconds(transports, ranks, sizes, budget, kw["passes"], kw.get("fit"))
     print(f"calibrating {', '.join(transports)} with {', '.join(map(str, ranks))} ranks, "
           f"{len(sizes)} sizes, {kw['passes']} pass(es): about {_minutes(est)}"
-          + ("" if a.quick else " (--quick: about a minute)"), flush=True)
+          + ("" if a.quick else " (--quick: under a minute)"), flush=True)
     t0 = time.monotonic()
     prof, samples = calibrate(transports, ranks, sizes, budget, **kw)
     print(report(prof, samples, verbose=a.verbose))

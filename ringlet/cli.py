@@ -1,6 +1,7 @@
 """The ``ringlet`` command: run, bench, plan, tiers, explain, place, calibrate, draw, trace."""
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: ringlet COMMAND [args]
@@ -12,14 +13,25 @@ commands:
   tiers      price one transfer on every interconnect tier: ringlet tiers --bytes 256MiB
   explain    predicted time of every algorithm, the winner and crossovers
   place      which host each rank should run on (TP x DP, expert parallel), beside the naive order
-  calibrate  measure this host's alpha, beta, gamma and save the profile
+  calibrate  measure this host's per-message, per-byte and reduce costs; save the profile
   draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
   trace      a traced job (ringlet run --trace DIR): ringlet trace merge DIR -o job.json | summary DIR
 """
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _command(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (`ringlet tiers | head`): stop quietly, as `yes | head`
+        # does. Point stdout at /dev/null so the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141          # 128 + SIGPIPE, what a shell reports for a tool it stopped
+
+
+def _command(argv) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0

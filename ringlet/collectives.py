@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .runtime import engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
 from . import tracing
-from .work import CollectiveWork, compile_plan, record_call
+from .work import CallId, CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
@@ -59,8 +60,20 @@ def _shared(bufs: dict) -> tuple:
     return tuple(name for name, arr in bufs.items() if locate(arr) is not None)
 
 
+class Prepared(NamedTuple):
+    """What a call needs that does not depend on its buffers' addresses."""
+    algorithm: str
+    plan: tuple          # this rank's compiled plan (work.compile_plan)
+    tmp: int             # elements of scratch ("tmp") it needs
+    pool: list           # free scratch arrays of that size and dtype
+    ufunc: object        # the reduction, or None
+    fp: tuple            # the call's fingerprint
+    why: str             # why this algorithm (RINGLET_DEBUG=algo)
+    fast: object         # its fast.FastCall, or None when C cannot run it
+
+
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
-_CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> prepared call
+_CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> Prepared
 
 
 def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()):
@@ -83,7 +96,7 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()
         pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
         plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
         ufunc = reducer(op, dtype) if op is not None else None
-        hit = (name, plan, tmp, pool, ufunc, fp, why, fast.prepare(engine(), plan, ufunc, dtype))
+        hit = Prepared(name, plan, tmp, pool, ufunc, fp, why, fast.prepare(engine(), plan, ufunc, dtype))
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
@@ -94,15 +107,16 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
          op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
     # rl.empty buffers can change auto's pick, once some message may be read in place
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
-    name, plan, tmp, pool, ufunc, fp, why, fc = _prepare(collective, algorithm, g, count, dtype,
-                                                         op, root, splits, shared)
+    call = _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared)
     eng = engine()
     if _DEBUG_ALGO:
-        log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, why)
-    bufs["tmp"] = scratch = pool.pop() if pool else np.empty(tmp, dtype)
+        log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, call.why)
+    pool, fc = call.pool, call.fast
+    bufs["tmp"] = scratch = pool.pop() if pool else np.empty(call.tmp, dtype)
     seq, tag = g.next_collective_tag()
-    what = (collective, seq, g.name, name)
-    tr = tracing.Call(what, tag, count * dtype.itemsize, g.size, plan, eng.peers) if tracing.ON else None
+    what = CallId(collective, seq, g.name, call.algorithm)
+    tr = (tracing.Call(what, tag, count * dtype.itemsize, g.size, call.plan, eng.peers)
+          if tracing.ON else None)
     resume = None
     # Only a progress thread can drive the engine beside this caller, and only this caller
     # can start one (after this call is posted): without one, the engine needs no lock.
@@ -112,17 +126,17 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
         if fc is not None and not async_op and not eng.works and not eng.aborts:
-            resume = fast.run(eng, fc, bufs, tag, fp)
+            resume = fast.run(eng, fc, bufs, tag, call.fp)
             if tr is not None and resume is not None:
                 tr.ran_in_c(resume, fc.rounds, bufs)
-            if resume is not None and resume[0] == fc.rounds:
+            if resume is not None and resume.rounds == fc.rounds:
                 if finish is not None:
                     finish()
                 pool.append(scratch)
-                record_call(eng, what, resume[2], resume[4], fast=True)
+                record_call(eng, what, resume.waited, resume.waited_on, fast=True)
                 return None
-        work = CollectiveWork(eng, plan, bufs, ufunc, g.ranks, tag, what, fp, finish,
-                              (pool, scratch), resume and resume[:4], tr)
+        work = CollectiveWork(eng, call.plan, bufs, call.ufunc, g.ranks, tag, what, call.fp,
+                              finish, (pool, scratch), resume, tr)
     finally:
         if locked:
             eng.leave()

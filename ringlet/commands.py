@@ -98,7 +98,7 @@ def _pyplot():
 
 def plan_main(argv=None) -> int:
     """``ringlet plan``: T_comp, T_comm and gamma = T_comm/T_comp for data-parallel steps.
-    With no arguments it prints seed 002's worked example (Output 4.1.1)."""
+    With no arguments it prints the textbook's worked example."""
     return _run(_plan_main, argv)
 
 
@@ -135,7 +135,8 @@ def _plan_main(argv) -> int:
     ap.add_argument("--models", action="store_true",
                     help="grow the model at a fixed cluster shape (default K=64 workers, b=32 examples "
                          "each: the textbook's model-size table)")
-    ap.add_argument("--plot", metavar="FILE.png", default=None, help="plot gamma vs K")
+    ap.add_argument("--plot", metavar="FILE.png", default=None,
+                    help="plot gamma vs K, strong and weak scaling from the same step")
     a = ap.parse_args(argv)
 
     B = a.bandwidth if a.bandwidth is not None else (a.tier.bandwidth if a.tier else s["B"])
@@ -208,7 +209,7 @@ def _plan_main(argv) -> int:
 
 
 def _latency_note(rows, alpha, B, g) -> str:
-    """Exercise 4.1.2: how much of T_comm the 2(K-1)alpha floor is at the largest K, and
+    """How much of T_comm the 2(K-1)alpha floor is at the largest K, and
     below which model size it is at least 1% there (alpha/(gP/(KB) + alpha) >= 1%)."""
     r = max(rows, key=lambda r: r.K)
     share = r.t_latency / r.t_comm if r.t_comm else 0.0
@@ -219,24 +220,47 @@ def _latency_note(rows, alpha, B, g) -> str:
 
 
 def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
+    """gamma vs K for the asked scaling (the table's rows marked) and the other one from the
+    same step at the table's smallest K > 1: strong scaling (G fixed) against weak (b
+    fixed), each with its break-even K*."""
     plt = _pyplot()
     kind, P, batch, K_star = series
     Kmax = max(max(r.K for r in rows), 2)
+    K0 = min((r.K for r in rows if r.K > 1), default=2)
     Ks = sorted({int(round(2 ** (i / 8))) for i in range(0, int(8 * (Kmax.bit_length() + 1)))})
-    Ks = [k for k in Ks if 1 <= k <= Kmax * 2]
+    Ks = [k for k in Ks if 2 <= k <= Kmax * 2]
     if kind == "strong":
-        pts = _plan.strong_scaling(P, batch, R, B, Ks, g, alpha, fppe)
-        how = f"strong scaling: global batch G = {batch} split as b = G // K"
+        G, b = batch, max(batch // K0, 1)
     else:
-        pts = _plan.weak_scaling(P, batch, R, B, Ks, g, alpha, fppe)
-        how = f"weak scaling: b = {batch} examples per worker"
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    xs, ys = [r.K for r in pts if r.K > 1], [r.gamma for r in pts if r.K > 1]
-    ax.plot(xs, ys, color="tab:blue", label="γ(K)")
-    ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o",
-            color="tab:blue", label="the table's rows")
+        G, b = batch * K0, batch
+    curves = {"strong": (_plan.strong_scaling(P, G, R, B, Ks, g, alpha, fppe),
+                         f"strong scaling: global batch G = {G} split as b = G // K",
+                         _plan.break_even(R, B, G=G, g=g, alpha=alpha, P=P, fppe=fppe),
+                         "tab:blue"),
+              "weak": (_plan.weak_scaling(P, b, R, B, Ks, g, alpha, fppe),
+                       f"weak scaling: b = {b} examples per worker, G = b*K",
+                       _plan.break_even(R, B, b=b, g=g, alpha=alpha, P=P, fppe=fppe),
+                       "tab:purple")}
+    other = "weak" if kind == "strong" else "strong"
+    fig, ax = plt.subplots(figsize=(8, 6))
+    ys_all = []
+    for name in (kind, other):
+        pts, how, k_star, colour = curves[name]
+        ys = [r.gamma for r in pts]
+        ys_all += ys
+        mine = name == kind
+        ax.plot([r.K for r in pts], ys, color=colour, ls="-" if mine else "--",
+                label=how + ("" if mine else f" (the same step at K = {K0})"))
+        if mine:
+            ax.plot([r.K for r in rows if r.K > 1], [r.gamma for r in rows if r.K > 1], "o",
+                    color=colour, label="the table's rows")
+        if k_star != float("inf"):
+            ax.axvline(k_star, color=colour, ls=":", lw=1,
+                       label=f"{name} scaling's break-even K* = {k_star:.2f}")
+        else:
+            ax.plot([], [], " ", label=f"{name} scaling: no break-even (γ stays below 1)")
     ax.axhline(1.0, color="0.3", ls="--", lw=1, label="break-even γ = 1")
-    lo, hi = min(ys + [0.5]) / 2, max(ys + [2]) * 2
+    lo, hi = min(ys_all + [0.5]) / 2, max(ys_all + [2]) * 4
     ax.set_ylim(lo, hi)
     ax.axhspan(1.0, hi, color="tab:red", alpha=0.06)
     ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
@@ -244,8 +268,6 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
             ha="right", fontsize=8, color="tab:red")
     ax.text(0.99, 0.03, "compute-bound (γ < 1)", transform=ax.transAxes, ha="right",
             fontsize=8, color="tab:green")
-    if K_star != float("inf"):
-        ax.axvline(K_star, color="tab:red", ls=":", lw=1, label=f"break-even K* = {K_star:.2f}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_yscale("log")
@@ -253,12 +275,10 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     ax.set_ylabel("γ = T_comm / T_comp")
     lat = f", α = {alpha * 1e6:g} us" if alpha else ""
     ax.set_title(f"Is a data-parallel step communication-bound? P = {_plan.sci(P)} parameters, "
-                 f"{g:g} B each\n{how}; R = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}",
-                 fontsize=9)
-    if kind == "strong":
-        ax.text(0.99, 0.12, "steps: b = G // K is a whole number of examples", ha="right",
-                transform=ax.transAxes, fontsize=7, color="0.4")
-    ax.legend(fontsize=8, loc="upper left" if kind == "strong" else "center right")
+                 f"{g:g} B each\nR = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}; "
+                 f"strong scaling steps where b = G // K is a whole number", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
+              frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -267,13 +287,13 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
 # ------------------------------------------------------------------------------ tiers
 
 def tiers_main(argv=None) -> int:
-    """``ringlet tiers``: one transfer priced on every tier (Output 4.2.3), and each
-    tier's latency/bandwidth crossover n = alpha/beta (Exercise 4.2.2)."""
+    """``ringlet tiers``: one transfer priced on every tier , and each tier's
+    latency/bandwidth crossover n = alpha/beta."""
     return _run(_tiers_main, argv)
 
 
 def tiers_table(nbytes: int, links: list[Link]) -> str:
-    """Output 4.2.3 for ``nbytes`` over ``links`` (the first is the reference)."""
+    """The tiers table for ``nbytes`` over ``links`` (the first is the reference)."""
     ref_name = links[0].name.split()[0] if links[0].name else "first"
     lines = [f"alpha-beta transfer time of a {format_size(nbytes)} buffer across tiers:",
              f"{'tier':<24}{'alpha(us)':>10}{'BW(GB/s)':>10}{'time(ms)':>10}{'vs ' + ref_name:>11}"]
@@ -396,8 +416,9 @@ def _explain_main(argv) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet explain",
         description="Which algorithm would run, and why: predicted time of every candidate "
-                    "split into latency (alpha), bandwidth (beta) and reduction (gamma) "
-                    "terms, the winner, and the sizes where the winner changes.")
+                    "split into latency (alpha), bandwidth (beta) and reduction (the "
+                    "reduce cost per byte) terms, the winner, and the sizes where the "
+                    "winner changes.")
     ap.add_argument("collective", help=f"one of: {', '.join(COLLECTIVES)}")
     ap.add_argument("--size", "-s", type=_size, default=64 * 1024 ** 2,
                     help="bytes (nccl-tests convention: per-rank buffer for all_reduce, "
@@ -412,7 +433,7 @@ def _explain_main(argv) -> int:
     ap.add_argument("--intra", type=_link_arg, default=None,
                     help="intra-host link with --hosts (default: nvlink with --tier, "
                          "else this host's shm)")
-    ap.add_argument("--reduce-cost", "--gamma", dest="gamma", type=float, default=None,
+    ap.add_argument("--reduce-cost", dest="gamma", type=float, default=None,
                     help="seconds per byte reduced (default: the profile's; 0 with --tier)")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
     ap.add_argument("--algorithms", type=lambda t: [x for x in t.split(",") if x], default=None,
@@ -507,21 +528,16 @@ def _explain_main(argv) -> int:
     cells = [[r.total, r.latency, r.bandwidth, r.reduction] + (
         [r.memory, r.sharing] if host is not None else
         [r.latency + r.bandwidth - r.inter, r.inter] if hosts else []) for r in rows]
-    text = [[f"{v * scale:.2f}" for v in c] for c in cells]
-    widths = [max(len(h), *(len(t[i]) for t in text)) + 2 for i, h in enumerate(heads)]
-    first = f"algorithm ({unit})"
-    aw = max(len(first), *(len(r.algorithm) for r in rows))
-    print(f"{first:<{aw}}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
-    for r, t in zip(rows, text):
-        mark = "  <- winner" if r.algorithm == winner else ""
-        print(f"{r.algorithm:<{aw}}" + "".join(f"{x:>{w}}" for x, w in zip(t, widths)) + mark)
+    text = [[f"{v * scale + 0.0:.2f}".replace("-0.00", "0.00") for v in c] for c in cells]
+    print(_table(f"algorithm ({unit})", [r.algorithm for r in rows], heads, text,
+                 [r.algorithm == winner for r in rows]))
     if host is not None and rows[0].parts:
         parts = ", ".join(f"{'reduce' if k == 'gamma' else k} {v * scale:.4g}"
                           for k, v in rows[0].parts if v > 0)
         print(_fit(f"{winner}'s critical path by term ({unit}): {parts}"))
     if len(rows) > 1 and rows[1].total > 0:
-        print(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x faster than "
-              f"the runner-up, {rows[1].algorithm})")
+        print(_fit(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x "
+                   f"faster than the runner-up, {rows[1].algorithm})"))
     else:
         print(f"winner: {winner}")
 
@@ -541,11 +557,11 @@ def _explain_main(argv) -> int:
                                   points_per_octave=ppo, shared=shared)
         lo_eff = sweep[0][0] if sweep else lo
         hi_eff = sweep[-1][0] if sweep else hi
-        print(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "
-              f"{format_size(hi_eff)}):")
+        print(_fit(f"crossovers (where the winner changes, {format_size(lo_eff)} .. "
+                   f"{format_size(hi_eff)}):"))
         if not cross:
             first = min(sweep[0][1], key=sweep[0][1].get) if sweep else winner
-            print(f"  none: {first} wins over the whole range")
+            print(_fit(f"  none: {first} wins over the whole range"))
         else:
             segs = []
             start_w = cross[0][1]
@@ -656,6 +672,33 @@ def _place_main(argv) -> int:
     return 0
 
 
+def _table(first: str, names, heads, text, marked, mark: str = "  <- winner") -> str:
+    """Rows named ``names`` with columns ``heads`` (cells ``text``), ``mark`` after the
+    ``marked`` rows; columns that would run past the terminal go to a second table below
+    (each repeats the names), so no line is longer than the terminal."""
+    import shutil
+    width = shutil.get_terminal_size((100, 24)).columns
+    widths = [max(len(h), *(len(t[i]) for t in text)) + 2 for i, h in enumerate(heads)]
+    aw = max(len(first), *(len(n) for n in names))
+    parts, cur, used = [], [], aw + len(mark)
+    for i, w in enumerate(widths):
+        if cur and used + w > width:
+            parts.append(cur)
+            cur, used = [], aw
+        cur.append(i)
+        used += w
+    parts.append(cur)
+    out = []
+    for k, cols in enumerate(parts):
+        if k:
+            out.append("")
+        out.append(f"{first:<{aw}}" + "".join(f"{heads[i]:>{widths[i]}}" for i in cols))
+        for n, t, m in zip(names, text, marked):
+            out.append(f"{n:<{aw}}" + "".join(f"{t[i]:>{widths[i]}}" for i in cols)
+                       + (mark if m and k == 0 else ""))
+    return "\n".join(out)
+
+
 def _fit(line: str, indent: str = "      ") -> str:
     """``line`` wrapped to the terminal (continuations indented)."""
     import shutil
@@ -698,7 +741,8 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     ax.set_title(textwrap.fill(f"{coll}, p = {p}: predicted time of every algorithm "
                                f"(circles: where the fastest changes) - {where}", 110),
                  fontsize=8)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
+              frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

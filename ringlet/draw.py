@@ -10,7 +10,8 @@ Each message is labelled with the chunk it carries and whether the receiver copi
 ("c2") or reduces it into what it holds ("c2+"). Chunks are the pieces between the
 offsets where some message of the schedule starts or ends, numbered from the start of
 the buffer, so a ring over p ranks shows chunks c0..c(p-1) and a message of two of them
-"c2-3". Under each round: the cost model's time of that round alone (the
+"c2-3"; a message of no bytes (a rooted call's ranks agreeing on the call) is "sync".
+Under each round ("round time"): the cost model's time of that round alone (the
 slowest rank's part, every rank starting it together); rounds of a real call overlap, so
 the whole call's prediction is printed too and is usually less than their sum.
 """
@@ -24,6 +25,13 @@ from .cost.model import Link, count_of, format_size
 from .cost.simulate import Topology, simulate
 from .cost.profile import load_profile
 from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
+
+
+#: collectives whose schedule counts one rank's block (the others: one rank's buffer)
+_BLOCKS = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
+           "all_to_all_single")
+#: the label under each round
+ROUND_TIME = "round time"
 
 
 @dataclass
@@ -41,7 +49,8 @@ class Drawing:
     def title(self) -> str:
         s = self.schedule
         size = format_size(s.count * s.itemsize)
-        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} per rank block, "
+        what = "blocks" if s.collective in _BLOCKS else "buffer"
+        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} {what}, "
                 f"{len(s.rounds)} rounds, {s.messages} messages; predicted "
                 f"{_fmt_time(self.total)} on {self.where}")
 
@@ -140,12 +149,14 @@ def text(d: Drawing, width: int | None = None) -> str:
     colw = [max(len(h), len(f), *(len(c) for c in col)) for h, f, col in zip(heads, foot, cells)]
     lane = [f"rank {r}" + (f" (host {d.hosts[i]})" if d.hosts else "")
             for i, r in enumerate(d.lanes)]
-    lw = max(len(x) for x in lane + ["time alone"])
+    lw = max(len(x) for x in lane + [ROUND_TIME])
     import textwrap
     out = textwrap.wrap(d.title, width) + textwrap.wrap(
         f"a cell: ->DST CHUNK, the messages a rank sends in that round; CHUNK+ = the "
         f"receiver reduces it, else copies; chunks are numbered by offset in the "
-        f"buffer they leave from; '.' = no message", width)
+        f"buffer they leave from; sync = a message of no bytes (rooted calls first agree "
+        f"on the call); '.' = no message; {ROUND_TIME}: the model's time of that round "
+        f"on its own", width)
     i = 0
     while i < len(s.rounds):
         j, used = i, lw
@@ -161,7 +172,7 @@ def text(d: Drawing, width: int | None = None) -> str:
             if d.hosts and r and d.hosts[r] != d.hosts[r - 1]:
                 out.append("-" * min(used, width))
             out.append(row(lane[r], [cells[k][r] for k in range(i, j)]))
-        out.append(row("time alone", foot[i:j]))
+        out.append(row(ROUND_TIME, foot[i:j]))
         i = j
     return "\n".join(out)
 
@@ -189,7 +200,11 @@ def picture(d: Drawing, path: str) -> None:
     for k in range(1, R):
         ax.axvline(k, color="0.85", lw=0.6, ls=":", zorder=1)
     small = p <= 16
-    colours = {REDUCE: "tab:orange", "copy": "tab:blue"}
+    colours = {REDUCE: "tab:orange", "copy": "tab:blue", "sync": "0.6"}
+
+    def colour(t):
+        return colours["sync"] if t.n == 0 else colours[t.op]
+    syncs = False
     for k, rnd in enumerate(s.rounds):
         rows = list(rnd)
         msgs = [t for t in rows if not t.local]
@@ -201,8 +216,9 @@ def picture(d: Drawing, path: str) -> None:
         if msgs:        # one artist per round: thousands of arrows draw in a second
             ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
                       [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
-                      scale=1, color=[colours[t.op] for t in msgs], width=0.0018,
+                      scale=1, color=[colour(t) for t in msgs], width=0.0018,
                       headwidth=5, headlength=7, headaxislength=6, zorder=3)
+        syncs = syncs or any(t.n == 0 for t in msgs)
         for t in msgs:
             if small and len(msgs) <= p:
                 # label near the sender: a lane sends few messages a round, so labels
@@ -214,7 +230,7 @@ def picture(d: Drawing, path: str) -> None:
                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
         ax.text(k + 0.5, -0.9, _fmt_time(d.round_times[k]) if d.round_times else "",
                 ha="center", va="top", fontsize=7, color="0.25")
-    ax.text(-0.05, -0.9, "time alone", ha="right", va="top", fontsize=8, color="0.25")
+    ax.text(-0.05, -0.9, ROUND_TIME, ha="right", va="top", fontsize=8, color="0.25")
     ax.set_xlim(0, R)
     ax.set_ylim(-1.3, p - 0.4)
     ax.set_yticks([y[r] for r in range(p)])
@@ -230,11 +246,15 @@ def picture(d: Drawing, path: str) -> None:
                Line2D([], [], color=colours[REDUCE], label="reduce (cN+)"),
                Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
                       label="local copy/reduce\n(round start, no message)")]
+    if syncs:
+        handles.insert(2, Line2D([], [], color=colours["sync"],
+                                 label="sync: no bytes\n(ranks agree on the call)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap
-    ax.set_title(textwrap.fill(d.title, 110) + f"\nbelow each round: its time alone; "
-                 f"chunks numbered by offset", fontsize=8, pad=18)
+    ax.set_title(textwrap.fill(d.title, 110) + f"\n{ROUND_TIME} (below each round): the "
+                 f"model's time of that round on its own; chunks numbered by offset",
+                 fontsize=8, pad=18)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -262,7 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("collective", help=f"one of: {', '.join(algorithms.CATALOG)}")
     ap.add_argument("-n", "--nranks", type=int, default=4, help="group size (default 4)")
     ap.add_argument("--algo", "--algorithm", default=None,
-                    help="algorithm from the catalogue (default: what the size rule picks)")
+                    help="algorithm from the catalogue (default: the one algorithm=\"auto\" "
+                         "would run, the least predicted time on the same link)")
     ap.add_argument("--size", "-s", type=_size, default=1 << 20,
                     help="bytes priced, as in `ringlet explain` (per-rank buffer for "
                          "all_reduce, broadcast, reduce, all_to_all; total for all_gather, "
@@ -300,15 +321,20 @@ def main(argv=None) -> int:
                 raise ValueError(f"--hosts {a.hosts} must divide the {p} ranks")
             hosts = tuple(r // (p // a.hosts) for r in range(p))
         nbytes = max(a.size, 0)
-        algo = a.algo or algorithms.choose(coll, p, nbytes, hosts)
-        count = count_of(coll, p, nbytes, a.itemsize)
-        splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
-        s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,
-                             hosts=hosts, splits=splits)
         topology = a.tier
         if a.tier is not None and hosts is not None:    # as `ringlet explain` prices it
             from .cost.model import TIERS
             topology = Topology.from_host_ids(hosts, TIERS["nvlink"], a.tier)
+        if a.algo is None:      # what algorithm="auto" would run: the least predicted time
+            from .cost import choose
+            algo = choose(coll, nbytes, p, topology=topology,
+                          hosts=hosts if topology is None else None, itemsize=a.itemsize)[0]
+        else:
+            algo = a.algo
+        count = count_of(coll, p, nbytes, a.itemsize)
+        splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
+        s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,
+                             hosts=hosts, splits=splits)
         d = prepare(s, topology, ranks)
         if a.output:
             picture(d, a.output)

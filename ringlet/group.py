@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# A wire tag: the group's id from bit TAG_GROUP_SHIFT up; below it, a collective call sets
+# TAG_COLLECTIVE and its sequence number, a point-to-point message the user's tag.
 TAG_GROUP_SHIFT = 48
 TAG_COLLECTIVE = 1 << 47
 MAX_USER_TAG = 1 << 40
+
+
+def group_of(tag: int) -> int:
+    """The id of the group a wire tag belongs to."""
+    return tag >> TAG_GROUP_SHIFT
+
+
+def call_number(tag: int) -> int:
+    """The sequence number of the collective call a wire tag names."""
+    return tag & (TAG_COLLECTIVE - 1)
 
 
 @dataclass(eq=False)

@@ -127,7 +127,7 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
                 raise TypeError(f"{name}: only CPU torch tensors are supported, got device {arr.device}")
             if not arr.is_contiguous():
                 raise ValueError(f"{name}: torch tensor must be contiguous (call .contiguous())")
-            arr = _torch_numpy(arr.detach() if arr.requires_grad else arr)
+            arr = tensor_array(arr.detach() if arr.requires_grad else arr)
         else:
             raise TypeError(f"{name}: expected a NumPy array or CPU torch tensor, got {type(buf).__name__}")
     if not arr.flags.c_contiguous:
@@ -139,7 +139,7 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     return arr
 
 
-def _torch_numpy(t) -> np.ndarray:
+def tensor_array(t) -> np.ndarray:
     """A CPU tensor's memory as an ndarray; bfloat16 (which NumPy lacks) as BFLOAT16 words."""
     import torch  # only ever reached with a torch tensor in hand
     if t.dtype == torch.bfloat16:

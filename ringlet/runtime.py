@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .errors import AuthenticationError, RingletError
-from .group import MAX_USER_TAG, Group
+from .group import MAX_USER_TAG, Group, group_of
 from .ops import as_array
 from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
@@ -16,7 +16,7 @@ from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree
 from .transport import fast
 from .transport.engine import Engine
 from .transport.shm import detect_host_id
-from .work import RequestWork
+from .work import RequestWork, TracedRequestWork
 from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
@@ -130,7 +130,6 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
-    engine.coll_stats = {}
     engine.describe_fp = _describe_fp
     engine.on_long_wait = _publish_state
     engine.hang_report = _hang_report
@@ -206,7 +205,7 @@ def _hang_report(tag: int, what) -> str:
     import json
     import time
     collective, seq, group_name, _ = what
-    g = next((x for x in _S.groups if x.id == tag >> 48), None)
+    g = next((x for x in _S.groups if x.id == group_of(tag)), None)
     if g is None or _S.store is None:
         return ""
     _S.published = 0.0
@@ -408,22 +407,26 @@ def _tag(g: Group, tag: int) -> int:
 
 @profiled("isend", blocking=False)
 def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return track(_post(*_p2p("send", buf, dst, group, tag)))
+    args = _p2p("send", buf, dst, group, tag)
+    return track(_post(*args, tr=_traced("isend", args, group, tag) if tracing.ON else None))
 
 
 @profiled("irecv", blocking=False)
 def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
-    return track(_post(*_p2p("recv", buf, src, group, tag)))
+    args = _p2p("recv", buf, src, group, tag)
+    return track(_post(*args, tr=_traced("irecv", args, group, tag) if tracing.ON else None))
 
 
 @profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
-    _blocking(_p2p("send", buf, dst, group, tag), timeout)
+    args = _p2p("send", buf, dst, group, tag)
+    _blocking(args, timeout, _traced("send", args, group, tag) if tracing.ON else None)
 
 
 @profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
-    _blocking(_p2p("recv", buf, src, group, tag), timeout)
+    args = _p2p("recv", buf, src, group, tag)
+    _blocking(args, timeout, _traced("recv", args, group, tag) if tracing.ON else None)
     return src
 
 
@@ -441,7 +444,13 @@ def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
     return kind, world, _tag(g, tag), flat, what
 
 
-def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True) -> RequestWork:
+def _traced(op: str, args: tuple, group, tag: int):
+    kind, world, wire, flat, _ = args
+    return tracing.P2P(op, kind, world, wire, flat.nbytes, resolve(group).name, int(tag))
+
+
+def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
+          tr=None) -> RequestWork:
     eng = engine()
     eng.enter()
     try:
@@ -451,13 +460,18 @@ def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True)
             req = eng.irecv(world, wire, flat)
     finally:
         eng.leave()
-    work = RequestWork(eng, req, what)
+    if tr is None:
+        work = RequestWork(eng, req, what)
+    else:
+        if kind == "send":
+            tr.sent(tracing.path_of(eng.peers[world], flat, 0, flat.size), req.done)
+        work = TracedRequestWork(eng, req, what, tr)
     if watch and not req.done:
         eng.background.watch(work)
     return work
 
 
-def _blocking(args: tuple, timeout) -> None:
+def _blocking(args: tuple, timeout, tr=None) -> None:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
     waited for."""
@@ -471,8 +485,10 @@ def _blocking(args: tuple, timeout) -> None:
         finally:
             eng.leave()
         if done:
+            if tr is not None:
+                tr.ran_in_c()
             return
-    work = _post(*args, watch=False)
+    work = _post(*args, watch=False, tr=tr)
     work._spun = spun
     work.wait(timeout)
 
@@ -488,7 +504,7 @@ def stats() -> dict:
         for r, p in sorted(eng.peers.items()):
             out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
             out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
-        out["collectives"] = {k: v.as_dict() for k, v in getattr(eng, "coll_stats", {}).items()}
+        out["collectives"] = {k: v.as_dict() for k, v in eng.coll_stats.items()}
     return out
 
 
@@ -497,5 +513,4 @@ def reset_stats() -> None:
     with eng.lock:
         for p in eng.peers.values():
             p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
-        if hasattr(eng, "coll_stats"):
-            eng.coll_stats.clear()
+        eng.coll_stats.clear()

@@ -94,14 +94,21 @@ class Round:
         self._cols: dict[str, np.ndarray] | None = None
 
     # -- building ----------------------------------------------------------------------
-    def copy(self, src, dst, n, sbuf, soff, dbuf, doff) -> "Round":
+    def copy(self, src, dst, n, sbuf=None, soff=0, dbuf=None, doff=0, *, buf=None,
+             off=0) -> "Round":
         """Add transfers ``dst.dbuf[doff:+n] = src.sbuf[soff:+n]``; every argument may be
-        a scalar or an array (broadcast together, one transfer per element)."""
+        a scalar or an array (broadcast together, one transfer per element). ``buf`` and
+        ``off`` instead name a region that is the same on both ranks (a chunk passed on):
+        ``copy(src=r, dst=r + 1, n=size, buf="buf", off=o)`` is rank r sending its chunk
+        ``buf[o:o+size]`` to rank r + 1's same chunk."""
+        sbuf, soff, dbuf, doff = _regions(sbuf, soff, dbuf, doff, buf, off)
         return self._add(src, dst, n, sbuf, soff, dbuf, doff, False, None, 0)
 
-    def reduce(self, src, dst, n, sbuf, soff, dbuf, doff, abuf=None, aoff=0) -> "Round":
+    def reduce(self, src, dst, n, sbuf=None, soff=0, dbuf=None, doff=0, abuf=None, aoff=0,
+               *, buf=None, off=0) -> "Round":
         """Add transfers ``dst.dbuf[doff:+n] = op(dst.abuf[aoff:+n], src.sbuf[soff:+n])``
-        (accumulator defaults to the destination)."""
+        (accumulator defaults to the destination); ``buf``/``off`` as in :meth:`copy`."""
+        sbuf, soff, dbuf, doff = _regions(sbuf, soff, dbuf, doff, buf, off)
         return self._add(src, dst, n, sbuf, soff, dbuf, doff, True, abuf, aoff)
 
     def _add(self, src, dst, n, sbuf, soff, dbuf, doff, red, abuf, aoff) -> "Round":
@@ -150,11 +157,70 @@ class Round:
         return iter(self.rows())
 
 
+def _regions(sbuf, soff, dbuf, doff, buf, off) -> tuple:
+    """(sbuf, soff, dbuf, doff) of a transfer given either both sides or ``buf``/``off``."""
+    if buf is None:
+        if sbuf is None or dbuf is None:
+            raise TypeError("a transfer needs sbuf= and dbuf=, or buf= for the same region "
+                            "on both ranks")
+        return sbuf, soff, dbuf, doff
+    if sbuf is not None or dbuf is not None:
+        raise TypeError("buf= names the same region on both ranks: pass it or sbuf=/dbuf=, "
+                        "not both")
+    return buf, off, buf, off
+
+
 class RankRound(NamedTuple):
     """One rank's part of one round: local steps, then messages out and in."""
     local: tuple[Transfer, ...]
     sends: tuple[Transfer, ...]
     recvs: tuple[Transfer, ...]
+
+
+# -- the executor's form of a rank's plan (``ringlet.work.compile_plan``): the same
+# transfers with group ranks turned into world ranks and offsets into slice bounds, read
+# by the Python executor and encoded for the C fast path. Rounds keep RankRound's order.
+class LocalStep(NamedTuple):
+    """``dbuf[d0:d1] = sbuf[s0:s1]``, or ``= ufunc(abuf[a0:a1], sbuf[s0:s1])`` when
+    ``reduce`` (``abuf`` None: the accumulator is the destination)."""
+    reduce: bool
+    sbuf: str
+    s0: int
+    s1: int
+    dbuf: str
+    d0: int
+    d1: int
+    abuf: str | None
+    a0: int
+    a1: int
+
+
+class SendStep(NamedTuple):
+    """Send ``sbuf[s0:s1]`` to world rank ``dst``."""
+    dst: int
+    sbuf: str
+    s0: int
+    s1: int
+
+
+class RecvStep(NamedTuple):
+    """Receive from world rank ``src`` into ``dbuf[d0:d1]``, reducing with the
+    accumulator ``abuf[a0:a1]`` when ``reduce`` (``abuf`` None: the destination)."""
+    src: int
+    reduce: bool
+    dbuf: str
+    d0: int
+    d1: int
+    abuf: str | None
+    a0: int
+    a1: int
+
+
+class PlanRound(NamedTuple):
+    """One round of a compiled plan: local steps, then messages out and in."""
+    local: tuple[LocalStep, ...]
+    sends: tuple[SendStep, ...]
+    recvs: tuple[RecvStep, ...]
 
 
 @dataclass(eq=False)

@@ -88,11 +88,17 @@ def merge(directory: str) -> dict:
                        "args": {"name": name}})
         for c in d["calls"]:
             dur = c["end_us"] - c["start_us"]
-            title = f"{c['coll']} #{c['seq']} ({c['algo']}, {format_size(c['bytes'])})"
-            args = {"algorithm": c["algo"], "bytes": c["bytes"], "group": c["group"],
-                    "seq": c["seq"], "ranks": c["p"], "path": c["path"],
-                    "measured_us": round(dur, 2), "waited_us": round(c["waited"] * 1e6, 2),
-                    "waited_on_rank": c["waited_on"]}
+            if c["seq"] is None:           # point-to-point
+                title = (f"{c['coll']} {'->' if 'send' in c['coll'] else '<-'} r{c['peer']} "
+                         f"({format_size(c['bytes'])}, tag {c['user_tag']})")
+                args = {"peer": c["peer"], "tag": c["user_tag"], "bytes": c["bytes"],
+                        "group": c["group"]}
+            else:
+                title = f"{c['coll']} #{c['seq']} ({c['algo']}, {format_size(c['bytes'])})"
+                args = {"algorithm": c["algo"], "bytes": c["bytes"], "group": c["group"],
+                        "seq": c["seq"], "ranks": c["p"]}
+            args.update(path=c["path"], measured_us=round(dur, 2),
+                        waited_us=round(c["waited"] * 1e6, 2), waited_on_rank=c["waited_on"])
             if c.get("predicted") is not None:
                 args["predicted_us"] = round(c["predicted"] * 1e6, 2)
             if "error" in c:
@@ -100,7 +106,7 @@ def merge(directory: str) -> dict:
             ev.append({"ph": "X", "name": title, "cat": "call", "pid": r, "tid": 1,
                        "ts": c["start_us"], "dur": dur, "args": args})
             if c.get("predicted") is not None:
-                ev.append({"ph": "X", "name": f"{c['coll']} #{c['seq']} predicted",
+                ev.append({"ph": "X", "name": f"{title.split(' (')[0]} predicted",
                            "cat": "predicted", "pid": r, "tid": 2, "ts": c["start_us"],
                            "dur": c["predicted"] * 1e6, "args": {"measured_us": round(dur, 2)}})
     pairs = _pairs(ranks)
@@ -126,13 +132,18 @@ def merge(directory: str) -> dict:
 # ------------------------------------------------------------------------------ summary
 
 def summary(directory: str, top: int = 20) -> str:
-    """Per call, who arrived last and who waited on whom; then the ranks everyone waited
-    for most, summed over the job (a straggler leads that list)."""
+    """Per collective call, who arrived last and who waited on whom; per pair of ranks,
+    their point-to-point messages and the time waited; then the ranks everyone waited for
+    most, summed over the job (a straggler leads that list)."""
     ranks = load(directory)
     calls = defaultdict(dict)          # (group, seq) -> {rank: call}
+    p2p = defaultdict(list)            # (rank, peer, send or recv) -> its point-to-point calls
     for r, d in ranks.items():
         for c in d["calls"]:
-            calls[(c["group"], c["seq"])][r] = c
+            if c["seq"] is None:
+                p2p[(r, c["peer"], "send" if "send" in c["coll"] else "recv")].append(c)
+            else:
+                calls[(c["group"], c["seq"])][r] = c
     blame = defaultdict(float)         # rank waited on -> microseconds others waited
     blamed_calls = defaultdict(int)
     lines = []
@@ -158,8 +169,20 @@ def summary(directory: str, top: int = 20) -> str:
         lines.extend(f"    {w}" for w in waits)
     n = len(order)
     shown = lines if n <= top else _first_calls(lines, top)
-    out = [f"{n} calls on {len(ranks)} ranks (" + (f"first {top} shown; " if n > top else "")
-           + "times in us, ms or s)"] + shown
+    out = [f"{n} collective calls on {len(ranks)} ranks ("
+           + (f"first {top} shown; " if n > top else "") + "times in us, ms or s)"] + shown
+    if p2p:
+        out.append("")
+        out.append(f"point-to-point, per rank and peer ({sum(map(len, p2p.values()))} calls):")
+    for (r, peer, kind), cs in sorted(p2p.items()):
+        w = [c["waited"] * 1e6 for c in cs]
+        total = sum(w)
+        if total >= 1.0:
+            blame[peer] += total
+            blamed_calls[peer] += sum(x >= 1.0 for x in w)
+        out.append(f"  rank {r} {'sent to' if kind == 'send' else 'received from'} rank {peer}: "
+                   f"{len(cs)} messages, {format_size(sum(c['bytes'] for c in cs))}; "
+                   f"waited on rank {peer} for {_us(total)} (longest {_us(max(w))})")
     if blame:
         out.append("")
         out.append("waited on, summed over the job (a straggler leads):")
@@ -211,6 +234,8 @@ def main(argv=None) -> int:
                   f"https://ui.perfetto.dev or chrome://tracing")
         else:
             print(summary(a.dir, a.calls))
+    except BrokenPipeError:
+        raise                       # the reader went away: ringlet.cli stops quietly
     except (ValueError, OSError) as exc:
         print(f"ringlet trace: error: {exc}", file=sys.stderr)
         return 2

@@ -9,19 +9,33 @@ bfloat16 reduces as torch does, in float32 rounded back; non-contiguous tensors 
 through a contiguous copy). The world joins on the store torch hands the backend, with
 every value ringlet writes there signed by the job token; each subgroup is known by its
 rank list, so members may create groups in different orders.
+
+From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (the
+``gloo_ring`` algorithm), so a job has the same bits on either backend;
+``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
+``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
+finishes it; a backward pass ends only once its calls have (see ``_async``, ``_join``).
+
+Inside ``torch.profiler.profile()`` each operation is a ``record_function`` range named
+after ringlet's call - "ringlet:all_reduce", "ringlet:send", ... - so the profiler's table
+shows communication beside compute as it shows "gloo:" or "nccl:" rows.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
+from torch.autograd import _profiler_enabled as _profiling   # a C call: ~50 ns
+from torch.profiler import record_function
 
 from . import collectives as C
 from . import runtime
 from .errors import RingletError
-from .ops import ReduceOp
+from .ops import ReduceOp, tensor_array
 from .rendezvous import SignedStore, derive_token, job_token, torch_env
 
 NAME = "ringlet"
@@ -36,21 +50,31 @@ _PREMUL = _RED.PREMUL_SUM.value
 
 
 # -- completion: the one place that decides when a torch Work is done ------------------------
-class _Work(dist.Work):
-    """A torch Work over ringlet calls: ``wait()`` runs ``finish`` (ringlet's own waits)
-    once and raises what it raised; ``get_future()`` (what DDP waits on) does the same and
-    hands the outcome to the future. torch 2.13's future-wrapping Work drops a failed
-    future's exception in ``wait()``, so errors must not travel that way alone."""
+_NO_ROW = contextlib.nullcontext()
 
-    def __init__(self, finish, result):
+
+def _row(name: str | None):
+    """While torch.profiler records, a range "ringlet:<name>" - a row of its table beside
+    compute, as "gloo:all_reduce" is for Gloo; otherwise nothing (one ~50 ns check). A call
+    left in flight (``_Pending``) is timed from its start to its return."""
+    return record_function(f"ringlet:{name}") if name is not None and _profiling() else _NO_ROW
+
+
+class _Work(dist.Work):
+    """A torch Work whose ringlet calls ran (or run) in ``finish``: ``wait()`` runs it
+    once and raises what it raised; ``get_future()`` does the same and hands the outcome
+    to the future. ``name``: the ringlet call, for torch.profiler's table (:func:`_row`)."""
+
+    def __init__(self, finish, result, name: str | None = None):
         super().__init__()
-        self.finish, self.result, self.error = finish, result, None
+        self.finish, self.result, self.error, self.name = finish, result, None, name
 
     def wait(self, timeout=None):
         if self.finish is not None:
             finish, self.finish = self.finish, None
             try:
-                finish()
+                with _row(self.name):
+                    finish()
             except Exception as exc:   # noqa: BLE001 - kept for every later wait
                 self.error = exc
         if self.error is not None:
@@ -77,26 +101,122 @@ class _Work(dist.Work):
         return fut
 
 
-def _completed(run, result):
-    """A torch Work for ``run()`` (which issues ringlet calls) and ``result`` (what its
-    future yields). ringlet progresses a call only inside its calls, so ``run`` completes
-    it here, before returning: DDP waits on the future without calling ``wait()``, and must
-    never hang. An error (a dead peer, a mismatch) is raised right here, from the torch
-    call: in torch 2.13 a failed future reaching DDP's C++ crashes the process (SIGSEGV)
-    and a future-wrapping Work's ``wait()`` drops the error."""
-    work = _Work(run, result)
+def _completed(name: str | None, run, result):
+    """A torch Work for ``run()`` (which issues blocking ringlet calls of collective
+    ``name``), completed here: an error (a dead peer, a mismatch) is raised from the torch
+    call itself."""
+    work = _Work(run, result, name)
     work.wait()
     return work
 
 
-def _p2p(request, tensor, copy_back=None):
+class _Pending(dist.Work):
+    """A torch Work over one ringlet call in flight, moved by ringlet's progress thread:
+    ``wait()`` blocks until it is done and raises its error; ``get_future()`` is completed
+    (its result ``result``, or the error) by whichever thread sees the call finish. ``then``
+    (a copy back, a slice kept) runs once, after the call and before either reports."""
+
+    def __init__(self, work, result, then=None):
+        super().__init__()
+        self.work, self.result, self.then = work, result, then
+        self.lock = threading.Lock()
+        self.done, self.error, self.fut = False, None, None
+
+    def _complete(self):
+        """Once the ringlet call has finished: run ``then``; the error, if any."""
+        with self.lock:
+            if not self.done:
+                try:
+                    self.work.wait()   # finished: returns, or raises its error, at once
+                    if self.then is not None:
+                        self.then()
+                except Exception as exc:   # noqa: BLE001 - reported by wait and the future
+                    self.error = exc
+                self.done = True
+        return self.error
+
+    def wait(self, timeout=None):
+        seconds = timeout.total_seconds() if timeout is not None else 0
+        self.work.wait(seconds if seconds > 0 else None)   # a timeout raises; the call goes on
+        if self._complete() is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+    def is_success(self):
+        return self.is_completed() and self._complete() is None
+
+    def exception(self):
+        return self._complete() if self.is_completed() else None
+
+    def get_future(self):
+        if self.fut is None:
+            fut = self.fut = torch.futures.Future()
+
+            def settle(_):
+                if self._complete() is None:
+                    fut.set_result(self.result)
+                else:
+                    fut.set_exception(self.error)
+            self.work.get_future().add_done_callback(settle)
+        return self.fut
+
+
+def _async(opts) -> bool:
+    """Whether a call may return in flight: not when its caller waits at once (torch's
+    Python collectives with ``async_op=False``), nor without a progress thread, nor from a
+    callback that runs as a backward pass ends (DDP's reducer reads its futures right after,
+    and crashes on a failed one: torch 2.13, ``parseCppCommHookResult``). From a hook inside
+    backward it may: ``_join`` makes the pass end on it first."""
+    if not opts.asyncOp or not runtime.engine().background.on:
+        return False
+    return torch._C._current_graph_task_id() == -1 or \
+        torch._C._current_autograd_node() is not None
+
+
+_joining = {"task": None, "works": []}   # the backward pass whose works _join waits for
+
+
+def _join(work):
+    """Make the running backward pass wait for ``work`` before it ends: the first call of a
+    pass queues a callback, which runs before DDP's own (callbacks run in the order queued,
+    and DDP queues its one after its first call) and raises the first error among the
+    pass's works - so DDP never reads a failed future, and the error rises from backward."""
+    task = torch._C._current_graph_task_id()
+    if _joining["task"] != task:
+        _joining["task"], _joining["works"] = task, []
+        torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
+    _joining["works"].append(work)
+
+
+def _end_of_backward():
+    works, _joining["task"], _joining["works"] = _joining["works"], None, []
+    error = None
+    for w in works:
+        try:
+            w.wait()
+        except Exception as exc:   # noqa: BLE001 - every work waited for, the first error raised
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def _done(opts, result):
+    """What a call that completed returns: nothing to a caller that waits at once (torch's
+    Python collectives accept None), a completed Work to the rest."""
+    return _Work(None, result) if opts.asyncOp else None
+
+
+def _p2p(name: str, request, tensor, copy_back=None):
     """A send or receive in flight: ``wait()`` drives it (torch waits on every p2p work,
     and a ring of isend/irecv needs every one posted before any completes)."""
     def finish():
         request.wait()
         if copy_back is not None:
             copy_back()
-    return _Work(finish, [tensor])
+    return _Work(finish, [tensor], name)
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -116,8 +236,18 @@ def _reducible(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+def _array(t: torch.Tensor):
+    """A CPU, contiguous tensor's memory as an ndarray (what ringlet's calls take fastest)."""
+    return tensor_array(t.detach() if t.requires_grad else t)
+
+
+_SUM = dist.ReduceOp.SUM
+
+
 def _op(redop):
     """(ringlet op, premultiply factor or None) of a torch ReduceOp."""
+    if redop == _SUM:   # the common case, without reading pybind11 attributes
+        return ReduceOp.SUM, None
     kind = (redop.op if isinstance(redop, dist.ReduceOp) else redop).value
     if kind not in _OPS:
         raise ValueError(f"the ringlet backend has no reduce op {redop}")
@@ -131,9 +261,8 @@ def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
 
 
 def _timeout(opts):
-    t = getattr(opts, "timeout", None)
-    seconds = t.total_seconds() if t is not None else -1
-    return seconds if seconds > 0 else None
+    t = getattr(opts, "timeout", None)   # -1 ms unless the caller set one
+    return t.total_seconds() if t is not None and t.days >= 0 and t else None
 
 
 def _one(tensors, what):
@@ -160,6 +289,14 @@ class ProcessGroup(dist.ProcessGroup):
     def __init__(self, group, rank: int, size: int, owns_world: bool = False):
         super().__init__(rank, size)
         self.group, self.owns_world = group, owns_world
+        # From three ranks on, a float sum's bits depend on how its additions are grouped:
+        # reduce as Gloo does, so a job gets the same bits on either backend.
+        self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
+
+    def _algorithm(self, t: torch.Tensor) -> str:
+        """The all_reduce algorithm for ``t``: Gloo's ring for floats when ordered as Gloo."""
+        return "gloo_ring" if self.gloo_order and (t.is_floating_point() or t.is_complex()) \
+            else "auto"
 
     def shutdown(self):
         """dist.destroy_process_group: leave ringlet if torch's world started it."""
@@ -200,107 +337,128 @@ class ProcessGroup(dist.ProcessGroup):
     group_name = property(getGroupName)
     group_desc = property(getGroupDesc)
 
+    def _issue(self, name, opts, result, call, then=None):
+        """Run ``call(async_op)`` - one ringlet call of collective ``name`` - the way the
+        caller can take it: to the end, for a caller that waits at once (it gets None) or
+        inside a backward pass (a completed Work, or the error raised here); in flight
+        otherwise (a pending Work)."""
+        def run():
+            call(False)
+            if then is not None:
+                then()
+        if not opts.asyncOp:
+            with _row(name):
+                run()
+            return None
+        if _async(opts):
+            with _row(name):
+                work = _Pending(call(True), result, then)
+            if torch._C._current_graph_task_id() != -1:
+                _join(work)
+            return work
+        return _completed(name, run, result)
+
     # reductions
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
-        op, factor = _op(opts.reduceOp)
         t = _one(tensors, "allreduce")
-
-        def run():
-            buf, back = _dense(t)
-            C.all_reduce(_reducible(_premul(buf, factor, False)), op, self.group,
-                         timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, tensors)
+        op, factor = _op(opts.reduceOp)
+        buf, back = _dense(t)
+        arr = _array(_reducible(_premul(buf, factor, False)))
+        algorithm, timeout = self._algorithm(t), _timeout(opts)
+        return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
+            arr, op, self.group, async_op=a, algorithm=algorithm, timeout=timeout), back)
 
     def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
         op, factor = _op(opts.reduceOp)
 
         def run():
             flat = _premul(_flatten(tensors), factor, False)
-            C.all_reduce(_reducible(flat), op, self.group, timeout=_timeout(opts))
+            C.all_reduce(_reducible(flat), op, self.group, algorithm=self._algorithm(flat),
+                         timeout=_timeout(opts))
             _unflatten_into(flat, tensors)
-        return _completed(run, tensors)
+        return _completed("all_reduce", run, tensors)
 
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
         op, factor = _op(opts.reduceOp)
         t = _one(tensors, "reduce")
-        root = opts.rootRank
+        root, mine = opts.rootRank, self.group.rank == opts.rootRank
+        buf, back = _dense(t)
+        buf = _premul(buf, factor, not mine)
+        timeout = _timeout(opts)
+        return self._issue("reduce", opts, tensors, lambda a: C.reduce(
+            _reducible(buf), root, op, self.group, async_op=a, timeout=timeout),
+            back if mine else None)
 
-        def run():
-            buf, back = _dense(t)
-            buf = _premul(buf, factor, self.group.rank != root)
-            C.reduce(_reducible(buf), root, op, self.group, timeout=_timeout(opts))
-            if back and self.group.rank == root:
+    def _reduce_scatter(self, out, src, op, opts, result, owned=True, after=None):
+        """``out`` = this rank's block of op over every rank's ``src`` (p blocks, contiguous;
+        ``owned``: ours to overwrite), then ``after()``. Ordered as Gloo, it is Gloo's
+        algorithm: the whole of ``src`` all-reduced by ``gloo_ring``, this rank's block kept."""
+        buf, back = _dense(out)
+        timeout = _timeout(opts)
+        gloo = self._algorithm(src) == "gloo_ring"
+        if gloo and not owned:
+            src = src.clone()
+
+        def then():
+            if gloo:
+                buf.copy_(src.view(self.size(), -1)[self.group.rank].view(buf.shape))
+            if back:
                 back()
-        return _completed(run, tensors)
+            if after:
+                after()
+        if gloo:
+            call = lambda a: C.all_reduce(_reducible(src), op, self.group,  # noqa: E731
+                                          async_op=a, algorithm="gloo_ring", timeout=timeout)
+        else:
+            call = lambda a: C.reduce_scatter(_reducible(buf), _reducible(src),  # noqa: E731
+                                              op, self.group, async_op=a, timeout=timeout)
+        return self._issue("reduce_scatter", opts, result, call,
+                           then if gloo or back or after else None)
 
     def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
-
-        def run():
-            flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
-            buf, back = _dense(out)
-            C.reduce_scatter(_reducible(buf), _reducible(flat), op, self.group,
-                             timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, outputs)
+        flat = _premul(torch.stack([t.reshape(out.shape) for t in ins]), factor, False)
+        return self._reduce_scatter(out, flat, op, opts, outputs)
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
-
-        def run():
-            src = _premul(inp.contiguous(), factor, True)
-            buf, back = _dense(out)
-            C.reduce_scatter(_reducible(buf), _reducible(src), op, self.group,
-                             timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, [out])
+        src = _premul(inp.contiguous(), factor, True)
+        return self._reduce_scatter(out, src, op, opts, [out], owned=factor is not None)
 
     def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         p = self.size()
-
-        def run():   # one call: rank i's block of the concatenation is its blocks of each
-            flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
-            res = torch.empty(flat.shape[1], dtype=flat.dtype)
-            C.reduce_scatter(_reducible(res), _reducible(flat.contiguous()), op, self.group,
-                             timeout=_timeout(opts))
-            _unflatten_into(res, outs)
-        return _completed(run, outs)
+        # one call: rank i's block of the concatenation is its blocks of each
+        flat = torch.cat([_premul(i.reshape(p, -1), factor, True) for i in ins], dim=1)
+        res = torch.empty(flat.shape[1], dtype=flat.dtype)
+        return self._reduce_scatter(res, flat.contiguous(), op, opts, outs,
+                                    after=lambda: _unflatten_into(res, outs))
 
     # copies
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
         t = _one(tensors, "broadcast")
-
-        def run():
-            buf, back = _dense(t)
-            C.broadcast(buf, opts.rootRank, self.group, timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, tensors)
+        buf, back = _dense(t)
+        root, timeout = opts.rootRank, _timeout(opts)
+        return self._issue("broadcast", opts, tensors, lambda a: C.broadcast(
+            buf, root, self.group, async_op=a, timeout=timeout), back)
 
     def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
         outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
+        res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+        src, timeout = inp.contiguous(), _timeout(opts)
 
-        def run():
-            res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-            C.all_gather(res, inp.contiguous(), self.group, timeout=_timeout(opts))
+        def spread():
             for o, r in zip(outs, res):
                 o.copy_(r.view(o.shape))
-        return _completed(run, outputs)
+        return self._issue("all_gather", opts, outputs, lambda a: C.all_gather(
+            res, src, self.group, async_op=a, timeout=timeout), spread)
 
     def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
-        def run():
-            buf, back = _dense(out)
-            C.all_gather(buf, inp if inp.is_contiguous() else inp.contiguous(), self.group,
-                         timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed(run, [out])
+        buf, back = _dense(out)
+        src, timeout = inp if inp.is_contiguous() else inp.contiguous(), _timeout(opts)
+        return self._issue("all_gather", opts, [out], lambda a: C.all_gather(
+            buf, src, self.group, async_op=a, timeout=timeout), back)
 
     def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
         def run():
@@ -309,7 +467,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.all_gather(res, flat, self.group, timeout=_timeout(opts))
             for outs, row in zip(output_lists, res):
                 _unflatten_into(row, outs)
-        return _completed(run, output_lists)
+        return _completed("all_gather", run, output_lists)
 
     def allgather_into_tensor_coalesced(self, outs, ins, opts=c10d.AllgatherOptions()):
         p = self.size()
@@ -322,7 +480,7 @@ class ProcessGroup(dist.ProcessGroup):
             for o, i in zip(outs, ins):
                 o.view(p, -1).copy_(res[:, off:off + i.numel()])
                 off += i.numel()
-        return _completed(run, outs)
+        return _completed("all_gather", run, outs)
 
     def gather(self, outputs, inputs, opts=c10d.GatherOptions()):
         inp, root = _one(inputs, "gather"), opts.rootRank
@@ -336,7 +494,7 @@ class ProcessGroup(dist.ProcessGroup):
                     o.copy_(r.view(o.shape))
             else:
                 C.gather(inp.contiguous(), None, root, self.group, timeout=_timeout(opts))
-        return _completed(run, outputs)
+        return _completed("gather", run, outputs)
 
     def scatter(self, outputs, inputs, opts=c10d.ScatterOptions()):
         out, root = _one(outputs, "scatter"), opts.rootRank
@@ -349,7 +507,7 @@ class ProcessGroup(dist.ProcessGroup):
             C.scatter(buf, src, root, self.group, timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, outputs)
+        return _completed("scatter", run, outputs)
 
     def alltoall_base(self, out, inp, out_splits, in_splits, opts=c10d.AllToAllOptions()):
         def run():
@@ -358,7 +516,7 @@ class ProcessGroup(dist.ProcessGroup):
                                 list(in_splits) or None, self.group, timeout=_timeout(opts))
             if back:
                 back()
-        return _completed(run, [out])
+        return _completed("all_to_all_single", run, [out])
 
     def alltoall(self, outs, ins, opts=c10d.AllToAllOptions()):
         def run():
@@ -368,10 +526,10 @@ class ProcessGroup(dist.ProcessGroup):
             for _, back in dense:
                 if back:
                     back()
-        return _completed(run, outs)
+        return _completed("all_to_all", run, outs)
 
     def barrier(self, opts=c10d.BarrierOptions()):
-        return _completed(lambda: C.barrier(self.group, timeout=_timeout(opts)), [])
+        return _completed("barrier", lambda: C.barrier(self.group, timeout=_timeout(opts)), [])
 
     # torch 2.13's Python API calls these names; C++ callers (DDP, functional
     # collectives) the older ones above.
@@ -386,17 +544,17 @@ class ProcessGroup(dist.ProcessGroup):
         pass
 
     def _end_coalescing(self, device):
-        return _completed(lambda: None, [])
+        return _completed(None, lambda: None, [])
 
     # point-to-point
     def send(self, tensors, dst, tag):
         t = _one(tensors, "send")
-        return _p2p(runtime.isend(t.contiguous(), dst, self.group, tag), t)
+        return _p2p("send", runtime.isend(t.contiguous(), dst, self.group, tag), t)
 
     def recv(self, tensors, src, tag):
         t = _one(tensors, "recv")
         buf, back = _dense(t)
-        return _p2p(runtime.irecv(buf, src, self.group, tag), t, back)
+        return _p2p("recv", runtime.irecv(buf, src, self.group, tag), t, back)
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("the ringlet backend receives from a named rank only: "

@@ -9,8 +9,10 @@ line — a header (rank, host, clocks), then per call::
      "bytes": 4096, "start": t, "end": t, "waited": s, "waited_on": r, "predicted": s,
      "path": "python" | "C" | "C, then python", "tag": tag}
 
-and per message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
-"seq": 12}``, where P is how it travelled: "C fast path" (the whole call ran in C: its
+per point-to-point operation the same kind of record with "coll" send, recv, isend or
+irecv, "algo" "point-to-point", "seq" null, "peer" (world rank) and "user_tag"; and per
+message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
+"seq": 12}`` (a point-to-point message: the wire tag, seq null), where P is how it travelled: "C fast path" (the whole call ran in C: its
 messages are stamped at the call's start and end, C keeps no clock), "eager" (one packet,
 copied in and out of the ring or socket), "streamed" (RTS with its data right behind),
 "rendezvous" (RTS, wait for CTS, then data) or "read in place" (the receiver copies
@@ -22,7 +24,8 @@ monotonic clock; the header pairs it with the wall clock so ranks of several hos
 ``ringlet trace summary DIR`` says who everyone waited for (:mod:`ringlet.timeline`).
 
 Cost: the runtime checks the module flag :data:`ON` once per call; while it is off nothing
-else runs. While on, a message costs one tuple appended to a list.
+else runs. While on, a call and each message cost a tuple appended to a list; the JSON and
+the model's predictions are made when the file is written.
 """
 from __future__ import annotations
 
@@ -40,14 +43,18 @@ _REC = None         # the Recorder while ON
 
 
 class Recorder:
-    """One rank's events, kept in memory and written out once at :meth:`close`."""
+    """One rank's events, kept in memory as tuples (cheap to make) and written out, as
+    JSON and with the model's predictions, once at :meth:`close`."""
 
     def __init__(self, directory: str, rank: int, world_size: int):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"rank{rank}.jsonl")
         self.rank, self.world_size = rank, world_size
+        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p): what is
+        # (collective, seq, group, algorithm); p2p None, or (peer, user tag)
         self.calls: list = []
-        self.msgs: list = []
+        self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
+        self.c_msgs: list = []     # what the C fast path sent and received, see c_messages
         self._predicted: dict = {}
         self.mono0, self.wall0 = time.perf_counter(), time.time()
 
@@ -64,6 +71,20 @@ class Recorder:
             self._predicted[key] = t
         return t
 
+    def call_record(self, c) -> dict:
+        (coll, seq, group, algo), p, nbytes, tag, t0, t1, waited, waited_on, path, err, pp = c
+        out = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq, "p": p,
+               "bytes": nbytes, "tag": tag, "start": t0, "end": t1, "waited": waited,
+               "waited_on": waited_on, "path": path}
+        if pp is None:
+            out["predicted"] = self.predicted(coll, algo, p, nbytes)
+        else:       # one message between two ranks: a two-rank broadcast's price
+            out.update(peer=pp[0], user_tag=pp[1],
+                       predicted=self.predicted("broadcast", "binomial", 2, nbytes))
+        if err is not None:
+            out["error"] = err
+        return out
+
     def close(self) -> str:
         head = {"ev": "header", "rank": self.rank, "world_size": self.world_size,
                 "host": socket.gethostname(), "pid": os.getpid(),
@@ -71,8 +92,8 @@ class Recorder:
         with open(self.path, "w") as f:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:
-                f.write(json.dumps(c) + "\n")
-            for kind, peer, nbytes, path, ts, tag, seq in self.msgs:
+                f.write(json.dumps(self.call_record(c)) + "\n")
+            for kind, peer, nbytes, path, ts, tag, seq in self.msgs + c_messages(self.c_msgs):
                 f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
                                     "ts": ts, "tag": tag, "seq": seq}) + "\n")
         return self.path
@@ -118,58 +139,119 @@ def trace(directory: str):
 
 # ------------------------------------------------------------------- runtime's hooks
 
+def c_messages(runs) -> list:
+    """Message records of calls the C fast path ran: per (plan, rounds done, receives
+    done of the next round or -1, itemsize, start, end, tag, seq), the sends of the
+    rounds done stamped at the start and their receives at the end, and the next round's
+    sends if C sent them (its receives finish in Python, which records them)."""
+    out = []
+    for plan, done, mask, isz, t0, t1, tag, seq in runs:
+        for rnd in plan[:done]:
+            for dst, _sb, s0, s1 in rnd.sends:
+                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
+            for src, _red, _db, d0, d1, _ab, _a0, _a1 in rnd.recvs:
+                out.append(("recv", src, (d1 - d0) * isz, "C fast path", t1, tag, seq))
+        if mask >= 0:
+            for dst, _sb, s0, s1 in plan[done].sends:
+                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
+    return out
+
+
 class Call:
-    """One traced call; the runtime makes it only when :data:`ON` (see collectives._run)."""
-    __slots__ = ("rec", "rec_call", "tag", "seq", "plan", "peers", "path")
+    """One traced collective call; the runtime makes it only when :data:`ON` (see
+    collectives._run). It stamps and keeps what it needs; the record is made at close."""
+    __slots__ = ("rec", "what", "tag", "nbytes", "p", "plan", "peers", "path", "start")
 
     def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers):
-        coll, seq, group, algo = what
-        rec = self.rec = _REC
-        self.tag, self.seq, self.plan, self.peers = tag, seq, plan, peers
+        self.rec = _REC
+        self.what, self.tag, self.nbytes, self.p, self.plan, self.peers = \
+            what, tag, nbytes, p, plan, peers
         self.path = "python"
-        self.rec_call = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq,
-                         "p": p, "bytes": nbytes, "tag": tag, "start": time.perf_counter(),
-                         "predicted": rec.predicted(coll, algo, p, nbytes)}
+        self.start = time.perf_counter()
 
     def posted(self, sends, bufs) -> None:
         """A round's sends went out (or were queued): one event each, with its path."""
-        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.seq, self.peers
+        now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq, self.peers
         for dst, sb, s0, s1 in sends:
             b = bufs[sb]
             msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
                          now, tag, seq))
 
     def round_done(self, recvs, bufs) -> None:
-        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.seq
-        for src, _red, db, d0, d1, *_ in recvs:
+        now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq
+        for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
             msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
-        """The C fast path ran ``resume[0]`` of the plan's ``rounds`` rounds (see
-        ``fast.run``): their sends are stamped at the call's start, receives at now (C keeps
-        no clock); a call C finished ends here."""
-        done, mask, waited, waited_on = resume[0], resume[1], resume[2], resume[4]
-        t0, now = self.rec_call["start"], time.perf_counter()
-        msgs, tag, seq = self.rec.msgs, self.tag, self.seq
-        for _local, recvs, sends in self.plan[:done]:
-            for dst, sb, s0, s1 in sends:
-                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
-            for src, _red, db, d0, d1, *_ in recvs:
-                msgs.append(("recv", src, bufs[db][d0:d1].nbytes, "C fast path", now, tag, seq))
-        if mask >= 0:       # C also sent the next round (its receives finish in Python)
-            for dst, sb, s0, s1 in self.plan[done][2]:
-                msgs.append(("send", dst, bufs[sb][s0:s1].nbytes, "C fast path", t0, tag, seq))
-        self.path = "C" if done == rounds else "C, then python"
+        """The C fast path ran ``resume.rounds`` of the plan's ``rounds`` rounds (a
+        ``fast.FastRun``): their sends are stamped at the call's start, receives at now (C keeps
+        no clock). Their records are made when the file is written (:func:`c_messages`);
+        a call C finished ends here."""
+        done, mask = resume.rounds, resume.recv_mask
+        now = time.perf_counter()
+        self.rec.c_msgs.append((self.plan, done, mask, bufs["tmp"].itemsize, self.start, now,
+                                self.tag, self.what.seq))
         if done == rounds:
-            self.end(waited, waited_on)
+            self.path = "C"
+            self.end(resume.waited, resume.waited_on, now=now)
+        else:
+            self.path = "C, then python"
 
-    def end(self, waited: float, waited_on, error=None) -> None:
-        c = self.rec_call
-        c.update(end=time.perf_counter(), waited=waited, waited_on=waited_on, path=self.path)
-        if error is not None:
-            c["error"] = f"{type(error).__name__}: {error}"
-        if self.rec is _REC:          # not a call that outlived its trace
-            self.rec.calls.append(c)
+    def end(self, waited: float, waited_on, error=None, now=None) -> None:
+        rec = self.rec
+        if rec is _REC:          # not a call that outlived its trace
+            rec.calls.append((self.what, self.p, self.nbytes, self.tag, self.start,
+                              now or time.perf_counter(), waited, waited_on, self.path,
+                              None if error is None else f"{type(error).__name__}: {error}",
+                              None))
+
+
+class P2P:
+    """One traced point-to-point operation (send, recv, isend, irecv); the runtime makes it
+    only when :data:`ON`. Its call spans posting to completion (a blocking one: the whole
+    call); its message is a send stamped when posted, or a receive stamped when done, with
+    the wire tag both sides use, so the merge draws the arrow between them. ``waited``: a
+    receive's whole span (it waits for its sender); a send's time after it was posted if it
+    could not go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
+    __slots__ = ("rec", "what", "kind", "peer", "wire", "nbytes", "user_tag", "start", "posted")
+
+    def __init__(self, op: str, kind: str, world: int, wire: int, nbytes: int, group: str,
+                 user_tag: int):
+        self.rec = _REC
+        self.what = (op, None, group, "point-to-point")
+        self.kind, self.peer, self.wire, self.nbytes, self.user_tag = \
+            kind, world, wire, nbytes, user_tag
+        self.posted = None
+        self.start = time.perf_counter()
+
+    def sent(self, path: str, done: bool) -> None:
+        """The send went out (``done``) or was posted to go when it can."""
+        now = time.perf_counter()
+        self.posted = None if done else now
+        self.rec.msgs.append(("send", self.peer, self.nbytes, path, now, self.wire, None))
+
+    def ran_in_c(self) -> None:
+        """C did the whole blocking call (its send is stamped at the start, as in
+        :meth:`Call.ran_in_c`; C does not tell waiting from copying: all of it is waited)."""
+        if self.kind == "send":
+            self.rec.msgs.append(("send", self.peer, self.nbytes, "C fast path", self.start,
+                                  self.wire, None))
+            self.posted = self.start
+        self.end(in_c=True)
+
+    def end(self, in_c: bool = False, error=None) -> None:
+        now, rec = time.perf_counter(), self.rec
+        if self.kind == "recv":
+            rec.msgs.append(("recv", self.peer, self.nbytes, "C fast path" if in_c else None,
+                             now, self.wire, None))
+            waited = now - self.start
+        else:
+            waited = 0.0 if self.posted is None else now - self.posted
+        if rec is _REC:
+            rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
+                              self.peer, "C" if in_c else "python",
+                              None if error is None else f"{type(error).__name__}: {error}",
+                              (self.peer, self.user_tag)))
 
 
 def path_of(peer, buf, start: int, stop: int) -> str:
@@ -184,4 +266,4 @@ def path_of(peer, buf, start: int, stop: int) -> str:
     return "streamed" if n <= peer.stream_max else "rendezvous"
 
 
-__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "path_of"]
+__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "P2P", "path_of"]

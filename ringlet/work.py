@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, InvalidStateError
+from typing import NamedTuple
 
 import numpy as np
 
 from .errors import PeerFailure
 from .profiling import profiled
-from .schedule import REDUCE
+from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
 from .transport.protocol import RecvRequest, SendRequest
 
 
@@ -148,21 +149,47 @@ class RequestWork(Work):
         return () if self.req.done else (self.req.peer,)
 
 
+class CallId(NamedTuple):
+    """Which collective call a work is: its n-th call (``seq``) on a group."""
+    collective: str
+    seq: int
+    group: str
+    algorithm: str
+
+    def __str__(self) -> str:
+        return f"{self.collective} #{self.seq} of group {self.group} ({self.algorithm})"
+
+
+class TracedRequestWork(RequestWork):
+    """A point-to-point operation while tracing is on: ends its trace record
+    (:class:`ringlet.tracing.P2P`) the first time anyone sees it done - its waiter or the
+    progress thread."""
+
+    def __init__(self, engine, req, what: str, tr):
+        super().__init__(engine, req, what)
+        self.tr = tr
+
+    def _done(self) -> bool:
+        if not self.req.done:
+            return False
+        tr, self.tr = self.tr, None
+        if tr is not None:
+            tr.end(error=self.req.error)
+        return True
+
+
 class CollectiveWork(Work):
     """Runs one rank's plan of a schedule: per round, local steps, then post all receives
-    and sends; the next round starts when they are all done. ``what`` is (collective,
-    sequence number, group name, algorithm)."""
+    and sends; the next round starts when they are all done. ``what`` is a CallId."""
 
     @property
     def what(self) -> str:
-        coll, seq, group, algo = self._what
-        return f"{coll} #{seq} of group {group} ({algo})"
+        return str(self._what)
 
     def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
                  finish=None, scratch=None, resume=None, tr=None):
-        """``resume``: (rounds done, receives done of the next round as a bit mask or -1
-        if it has not started, seconds waited, seconds of the wait C gave up on) when the
-        C fast path ran the plan that far."""
+        """``resume``: how far the C fast path ran the plan (a ``fast.FastRun``), if it
+        began it."""
         self.engine, self._what, self.error = engine, what, None   # (Work.__init__, inlined)
         self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
         self.world_of = world_of          # group rank -> world rank
@@ -181,9 +208,10 @@ class CollectiveWork(Work):
         if self.done:
             return
         if resume is not None:
-            self.i, mask, self.waited, self._spun = resume
+            self.i, mask = resume.rounds, resume.recv_mask
+            self.waited, self._spun = resume.waited, resume.stalled
             if mask >= 0:   # its local steps and sends are done, and these receives
-                self.reqs = self._post_recvs(plan[self.i][1], mask)
+                self.reqs = self._post_recvs(plan[self.i].recvs, mask)
                 self._posted_at = time.perf_counter()
                 self.i += 1
         self.advance()
@@ -207,7 +235,7 @@ class CollectiveWork(Work):
             if reqs:
                 self.waited += time.perf_counter() - self._posted_at
                 if self.tr is not None:
-                    self.tr.round_done(self.plan[self.i - 1][1], self.bufs)
+                    self.tr.round_done(self.plan[self.i - 1].recvs, self.bufs)
                 for r in reqs:
                     if r.error is not None:
                         if isinstance(r.error, PeerFailure):
@@ -233,7 +261,7 @@ class CollectiveWork(Work):
 
     def _describe_timeout(self, limit: float) -> str:
         text = super()._describe_timeout(limit)
-        report = getattr(self.engine, "hang_report", None)
+        report = self.engine.hang_report
         if report is not None:
             text += report(self.tag, self._what)
         return text
@@ -254,55 +282,57 @@ class CollectiveWork(Work):
         if self.tr is not None:
             self.tr.end(self.waited, self.last_peer, error)
 
-    def _post(self, rnd) -> None:
+    def _post(self, rnd: PlanRound) -> None:
         bufs, ufunc = self.bufs, self.ufunc
-        for reduce, sb, s0, s1, db, d0, d1, ab, a0, a1 in rnd[0]:
-            dst = bufs[db][d0:d1]
-            if reduce:
+        for t in rnd.local:
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
                 # The accumulator is usually the destination: one view for both keeps
                 # NumPy off its overlap check (a third of a small call's reduce time).
-                ufunc(dst if ab is None else bufs[ab][a0:a1], bufs[sb][s0:s1], out=dst)
+                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
             else:
-                dst[...] = bufs[sb][s0:s1]
-        reqs = self._post_recvs(rnd[1])
+                dst[...] = bufs[t.sbuf][t.s0:t.s1]
+        reqs = self._post_recvs(rnd.recvs)
         peers, tag, fp = self.engine.peers, self.tag, self.fp
-        for dst, sb, s0, s1 in rnd[2]:
-            data = bufs[sb][s0:s1].view(np.uint8)
-            peer = peers[dst]
+        for t in rnd.sends:
+            data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
+            peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
-                req = SendRequest(dst, tag, data, fp)
+                req = SendRequest(t.dst, tag, data, fp)
                 reqs.append(req)
                 peer.post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd[2], bufs)
+            self.tr.posted(rnd.sends, bufs)
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
-        for k, (src, reduce, db, d0, d1, ab, a0, a1) in enumerate(recvs):
+        for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
-            dst = bufs[db][d0:d1]
-            if reduce:
-                req = RecvRequest(src, tag, dst, ufunc, None if ab is None else bufs[ab][a0:a1], fp)
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
+                acc = None if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                req = RecvRequest(t.src, tag, dst, ufunc, acc, fp)
             else:
-                req = RecvRequest(src, tag, dst, None, None, fp)
+                req = RecvRequest(t.src, tag, dst, None, None, fp)
             reqs.append(req)
-            peers[src].post_recv(req)
+            peers[t.src].post_recv(req)
         return reqs
 
 
-def record_call(engine, what, waited: float, last_peer, fast: bool = False,
+def record_call(engine, what: CallId, waited: float, last_peer, fast: bool = False,
                 handed_over: bool = False) -> None:
-    """Count one finished call of collective ``what[0]`` (run by algorithm ``what[3]``;
-    ``fast``: wholly by the C fast path; ``handed_over``: begun in C, finished in Python)."""
-    st = engine.coll_stats.get(what[0])
+    """Count one finished call (``fast``: run wholly by the C fast path; ``handed_over``:
+    begun in C, finished in Python)."""
+    st = engine.coll_stats.get(what.collective)
     if st is None:
-        st = engine.coll_stats[what[0]] = CallStats()
-    st.add(what[3], waited, last_peer)
+        st = engine.coll_stats[what.collective] = CallStats()
+    st.add(what.algorithm, waited, last_peer)
     st.fast_calls += fast
     st.handovers += handed_over
 
@@ -329,22 +359,19 @@ class CallStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def compile_plan(plan, world_of) -> tuple:
-    """A rank's plan (``Schedule.rank_plan``) as plain tuples the executor unpacks in one
-    step — the same transfers, with group ranks turned into world ranks and offsets into
-    slice bounds, so a small call spends no time on attribute lookups and arithmetic.
-    Per round: (local steps, receives, sends); an accumulator equal to the destination
-    is None."""
+def compile_plan(plan, world_of) -> tuple[PlanRound, ...]:
+    """A rank's plan (``Schedule.rank_plan``) in the executor's form (``PlanRound``) — the
+    same transfers, with group ranks turned into world ranks and offsets into slice
+    bounds, so a small call spends no time on arithmetic. An accumulator equal to the
+    destination is None."""
     def acc(t):
         ab, ao = t.acc
         return (None, 0, 0) if (ab, ao) == (t.dbuf, t.doff) else (ab, ao, ao + t.n)
 
-    out = []
-    for rnd in plan:
-        local = tuple((t.op == REDUCE, t.sbuf, t.soff, t.soff + t.n, t.dbuf, t.doff,
-                       t.doff + t.n) + acc(t) for t in rnd.local)
-        recvs = tuple((world_of[t.src], t.op == REDUCE, t.dbuf, t.doff, t.doff + t.n) + acc(t)
-                      for t in rnd.recvs)
-        sends = tuple((world_of[t.dst], t.sbuf, t.soff, t.soff + t.n) for t in rnd.sends)
-        out.append((local, recvs, sends))
-    return tuple(out)
+    return tuple(PlanRound(
+        tuple(LocalStep(t.op == REDUCE, t.sbuf, t.soff, t.soff + t.n, t.dbuf, t.doff,
+                        t.doff + t.n, *acc(t)) for t in rnd.local),
+        tuple(SendStep(world_of[t.dst], t.sbuf, t.soff, t.soff + t.n) for t in rnd.sends),
+        tuple(RecvStep(world_of[t.src], t.op == REDUCE, t.dbuf, t.doff, t.doff + t.n, *acc(t))
+              for t in rnd.recvs))
+        for rnd in plan)

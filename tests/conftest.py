@@ -64,6 +64,25 @@ def ringlet_run(tmp_path, source: str, n: int = 3):
     return proc, time.monotonic() - t
 
 
+def until_asleep(ranks, steady=0.05, limit=30.0):
+    """Inside a rank: until the sleep flags of local ``ranks`` have stayed up for
+    ``steady`` seconds, i.e. each sleeps in its engine waiting for a message (a flag still
+    up from an earlier wait falls when that wait's message wakes it)."""
+    from ringlet.runtime import engine
+    flags = [engine().peers[r].outbox.asleep for r in ranks]
+    deadline, since = time.monotonic() + limit, None
+    while True:
+        now = time.monotonic()
+        assert now < deadline, f"ranks {list(ranks)} never slept waiting for {rl.get_rank()}"
+        if all(flag[0] for flag in flags):
+            since = since or now
+            if now - since >= steady:
+                return
+        else:
+            since = None
+        time.sleep(0.002)
+
+
 def two_hosts(n):
     """Environment that makes ranks [0, n/2) host A and the rest host B."""
     return {"RINGLET_HOST_ID_SPLIT": str(n // 2)}

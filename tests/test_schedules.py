@@ -222,6 +222,37 @@ def test_all_reduce_bit_identical_floats(algorithm, p, count, dtype, op, zeros, 
         assert np.array_equal(bufs[0]["buf"].astype(np.float64), ref)
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), count=st.one_of(st.integers(0, 300), st.integers(262_000, 800_000)),
+       seed=st.integers(0, 2**32 - 1))
+def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
+    """Block b (``gloo_blocks``: segments of ceil(count / S), S/p of them per rank) sums
+    as x_b + (x_{b+1} + (… + x_{b−1})), ranks mod p: Gloo's ring, on every rank."""
+    rng = np.random.default_rng(seed)
+    x = [(rng.standard_normal(count) * np.exp(4 * rng.standard_normal(count))).astype(np.float32)
+         for _ in range(p)]
+    bufs = run(build("all_reduce", "gloo_ring", p, count), [{"buf": a.copy()} for a in x], np.add)
+    off, size = ar.gloo_blocks(p, count, 4)
+    assert size.sum() == count and (size[:-1] >= size[1:]).all()
+    want = np.empty(count, np.float32)
+    for b in range(p):
+        part = slice(off[b], off[b] + size[b])
+        acc = x[(b - 1) % p][part]
+        for k in range(2, p + 1):
+            acc = x[(b - k) % p][part] + acc
+        want[part] = acc
+    assert all(r["buf"].tobytes() == want.tobytes() for r in bufs)
+
+
+def test_gloo_blocks():
+    """Whole segments of ceil(count / S) per rank, S >= 2p a multiple of p, segments <= 1 MiB."""
+    assert [s.tolist() for s in ar.gloo_blocks(4, 10)] == [[0, 4, 8, 10], [4, 4, 2, 0]]
+    assert ar.gloo_blocks(4, 100)[1].tolist() == [26, 26, 26, 22]
+    off, size = ar.gloo_blocks(2, 6_250_000, 4)        # 25 MB: 24 segments of 1 MiB or less
+    assert size.tolist() == [12 * 260_417, 6_250_000 - 12 * 260_417]
+    assert ar.gloo_blocks(3, 0)[1].tolist() == [0, 0, 0]
+
+
 def test_seed_000_code_4_2_2():
     """Output 4.2.2: four ranks, 2(K−1) = 6 messages, every rank holds [20 16 17]."""
     local = [np.array(v) for v in ([8, 6, 5], [3, 3, 1], [1, 1, 2], [8, 6, 9])]
@@ -532,8 +563,9 @@ def test_single_rank_sends_nothing(collective, algorithm):
 
 # -- the catalog API ------------------------------------------------------------------------
 def test_catalog_names():
-    assert set(CATALOG["all_reduce"]) == {"naive_ring", "direct", "ring", "recursive_doubling",
-                                          "rabenseifner", "tree", "double_tree", "hierarchical"}
+    assert set(CATALOG["all_reduce"]) == {"naive_ring", "direct", "ring", "gloo_ring",
+                                          "recursive_doubling", "rabenseifner", "tree",
+                                          "double_tree", "hierarchical"}
     assert set(CATALOG["broadcast"]) == {"direct", "binomial", "pipeline", "scatter_allgather",
                                          "hierarchical"}
     assert set(CATALOG["reduce"]) == {"direct", "binomial", "rabenseifner"}

@@ -3,12 +3,12 @@ with rl.shrink() and go on, without restarting a process."""
 import json
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 
 import ringlet as rl
+from ringlet import runtime
 from conftest import run, two_hosts
 
 
@@ -69,14 +69,11 @@ def _disagree(rank, path):
     trio = rl.new_group([0, 1, 3])
     x = np.ones(100)
     if rank == 2:
-        with open(path + ".joining", "w"):
-            pass
         world = rl.shrink(timeout=30)
     else:
-        if rank == 3:
-            while not os.path.exists(path + ".joining"):
-                time.sleep(0.01)
-            time.sleep(0.2)                 # (rank 2 is inside shrink by now)
+        if rank == 3:                       # dies once rank 2 has joined the shrink
+            S = runtime._S
+            S.store.get(f"g{S.generation - 1}/shrink/{S.world.id}/join/2", timeout=30)
             os.kill(os.getpid(), signal.SIGKILL)
         with pytest.raises(rl.PeerFailure):
             while True:

@@ -12,15 +12,14 @@ import numpy as np
 
 import ringlet as rl
 from ringlet import timeline
-from conftest import run
+from conftest import run, until_asleep
 
 
 def _mixed_job(rank, straggler):
-    import time
     pair = rl.new_group([0, 1])
     for size, algo in ((8, "auto"), (2 << 20, "ring")):   # C fast path; streamed by RTS
-        if rank == straggler:
-            time.sleep(0.05)                         # the slow rank of the job
+        if rank == straggler:                        # the slow rank of the job: it comes
+            until_asleep([r for r in range(3) if r != rank])    # once the others wait
         x = np.ones(size // 4, np.float32)
         rl.all_reduce(x, algorithm=algo)
         assert x[0] == 3
@@ -130,3 +129,64 @@ def test_ringlet_run_trace_and_cli(tmp_path):
 def test_tracing_off_by_default():
     from ringlet import tracing
     assert tracing.ON is False and callable(rl.trace)
+
+
+def _p2p_job(rank, slow):
+    import time
+    n = rl.get_world_size()
+    small, big = np.full(10, rank, np.float64), np.full(1 << 20, rank, np.float32)
+    got = np.empty_like(small)
+    if rank == 0:                                    # blocking: C fast path, then rendezvous
+        rl.send(small, 1, tag=1)
+        rl.send(big, 1, tag=2)
+    elif rank == 1:
+        rl.recv(got, 0, tag=1)
+        b = np.empty_like(big)
+        rl.recv(b, 0, tag=2)
+        assert got[0] == 0 and b[-1] == 0
+    right, left = (rank + 1) % n, (rank - 1) % n
+    if rank == slow:
+        time.sleep(0.5)                              # its right neighbour waits for it
+    reqs = [rl.irecv(got, left, tag=7), rl.isend(small, right, tag=7)]   # a ring of isend/irecv
+    for w in reqs:
+        w.wait()
+    assert got[0] == left
+
+
+def test_point_to_point_is_traced_with_arrows(tmp_path):
+    out = tmp_path / "p2p"
+    run(_p2p_job, 3, 2, env={"RINGLET_TRACE": str(out)})
+    ranks = _read(out)
+    ops = {r: [(c["coll"], c["peer"], c["user_tag"], c["bytes"]) for c in d["calls"]]
+           for r, d in ranks.items()}
+    assert sorted(ops[0]) == sorted([("irecv", 2, 7, 80), ("isend", 1, 7, 80),
+                                     ("send", 1, 1, 80), ("send", 1, 2, 4 << 20)])
+    assert sorted(ops[1]) == sorted([("irecv", 0, 7, 80), ("isend", 2, 7, 80),
+                                     ("recv", 0, 1, 80), ("recv", 0, 2, 4 << 20)])
+    assert sorted(ops[2]) == sorted([("irecv", 1, 7, 80), ("isend", 0, 7, 80)])
+    for d in ranks.values():
+        for c in d["calls"]:
+            assert c["algo"] == "point-to-point" and c["seq"] is None and c["predicted"] > 0
+            assert c["end_us"] >= c["start_us"] and c["waited"] >= 0
+    sends = sorted((r, m["peer"], m["bytes"], m["path"]) for r, d in ranks.items()
+                   for m in d["msgs"] if m["ev"] == "send")
+    assert [s[:3] for s in sends] == [(0, 1, 80), (0, 1, 80), (0, 1, 4 << 20), (1, 2, 80),
+                                      (2, 0, 80)]
+    assert sends[2][3] in ("rendezvous", "streamed") and "C fast path" in {s[3] for s in sends}
+    doc = timeline.merge(str(out))
+    ev = doc["traceEvents"]
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert len(starts) == len(ends) == 5 and starts.keys() == ends.keys()
+    ring = sorted((starts[i]["pid"], ends[i]["pid"]) for i in starts)
+    assert ring == [(0, 1), (0, 1), (0, 1), (1, 2), (2, 0)]    # each arrow from sender to receiver
+    assert all(ends[i]["ts"] >= starts[i]["ts"] for i in starts)
+    names = [e["name"] for e in ev if e.get("cat") == "call"]
+    assert "send -> r1 (4 MiB, tag 2)" in names and "irecv <- r2 (80 B, tag 7)" in names
+    assert not any("(?)" in e.get("name", "") for e in ev)
+    text = timeline.summary(str(out))
+    assert "point-to-point, per rank and peer (10 calls):" in text
+    assert re.search(r"rank 0 received from rank 2: 1 messages, 80 B; waited on rank 2 for "
+                     r"[\d.]+ ms", text)
+    lead = text.split("a straggler leads):\n")[1].splitlines()[0]
+    assert lead.startswith("  rank 2:")               # the late rank leads

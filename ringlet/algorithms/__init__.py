@@ -30,7 +30,7 @@ def _table(module, *names):
 
 
 CATALOG: dict[str, dict] = {
-    "all_reduce": _table(all_reduce, "naive_ring", "direct", "ring", "recursive_doubling",
+    "all_reduce": _table(all_reduce, "naive_ring", "direct", "ring", "gloo_ring", "recursive_doubling",
                          "rabenseifner", "tree", "double_tree", "hierarchical"),
     "broadcast": _table(broadcast, "direct", "binomial", "pipeline", "scatter_allgather",
                         "hierarchical"),

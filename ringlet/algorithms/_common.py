@@ -88,7 +88,7 @@ def ring_reduce_scatter(s: Schedule, start: int, ranks, off, size, buf: str = "b
     for k in range(m - 1):
         c = (l - k - 1) % m
         at(s, start + k).reduce(src=ranks, dst=ranks[(l + 1) % m], n=size[c],
-                                sbuf=buf, soff=off[c], dbuf=buf, doff=off[c])
+                                buf=buf, off=off[c])
     return start + max(m - 1, 0)
 
 
@@ -100,8 +100,7 @@ def ring_all_gather(s: Schedule, start: int, ranks, off, size, buf: str = "buf")
     l = np.arange(m)
     for k in range(m - 1):
         c = (l - k) % m
-        at(s, start + k).copy(src=ranks, dst=ranks[(l + 1) % m], n=size[c],
-                              sbuf=buf, soff=off[c], dbuf=buf, doff=off[c])
+        at(s, start + k).copy(src=ranks, dst=ranks[(l + 1) % m], n=size[c], buf=buf, off=off[c])
     return start + max(m - 1, 0)
 
 

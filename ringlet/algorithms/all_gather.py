@@ -31,7 +31,7 @@ def ring(p, count, *, itemsize=4):
         if k:
             rnd = s.round()
         c = (r - k) % p
-        rnd.copy(src=r, dst=(r + 1) % p, n=count, sbuf="out", soff=c * count, dbuf="out", doff=c * count)
+        rnd.copy(src=r, dst=(r + 1) % p, n=count, buf="out", off=c * count)
     return s
 
 
@@ -58,10 +58,10 @@ def recursive_doubling(p, count, *, itemsize=4):
             rnd = s.round()
         first = u & ~(d - 1)
         rnd.copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
-                 sbuf="out", soff=edge[first], dbuf="out", doff=edge[first])
+                 buf="out", off=edge[first])
         d *= 2
     if rem:                                     # fold out
-        s.round().copy(src=extra - 1, dst=extra, n=p * count, sbuf="out", soff=0, dbuf="out", doff=0)
+        s.round().copy(src=extra - 1, dst=extra, n=p * count, buf="out")
     return s
 
 

@@ -17,24 +17,25 @@ import numpy as np
 from ._common import (at, binomial_rounds, chain_reduce, chunks, fold, host_groups, new,
                       optimal_segments, pairs, ring_all_gather, ring_reduce_scatter)
 
-__all__ = ["naive_ring", "direct", "ring", "recursive_doubling", "rabenseifner", "tree",
-           "double_tree", "hierarchical", "tree_segments", "btree_parents", "dtree_parents"]
+__all__ = ["naive_ring", "direct", "ring", "gloo_ring", "recursive_doubling", "rabenseifner",
+           "tree", "double_tree", "hierarchical", "tree_segments", "btree_parents",
+           "dtree_parents", "gloo_blocks"]
 
 
 def naive_ring(p, count, *, itemsize=4):
-    """Seed 000, Code 4.2.2: a running sum walks the ring 0 → 1 → … → p−1 (each rank adds
-    its own), then the total keeps walking around (p−1 → 0 → … → p−2).
+    """The textbook's first all-reduce: a running sum walks the ring 0 → 1 → … → p−1
+    (each rank adds its own), then the total keeps walking around (p−1 → 0 → … → p−2).
 
     2(p−1) full-size messages in 2(p−1) rounds:  T = 2(p−1)α + 2(p−1)nβ + (p−1)nγ.
     """
     s = new("all_reduce", "naive_ring", p, count, itemsize, buf=count)
     # Phase 1: rank i+1 folds the running sum of ranks 0..i into its own buffer.
     for i in range(p - 1):
-        s.round().reduce(src=i, dst=i + 1, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().reduce(src=i, dst=i + 1, n=count, buf="buf")
     # Phase 2: the total walks on around the ring until every rank holds it.
     for i in range(p - 1):
         src = (p - 1 + i) % p
-        s.round().copy(src=src, dst=(src + 1) % p, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().copy(src=src, dst=(src + 1) % p, n=count, buf="buf")
     return s
 
 
@@ -59,7 +60,7 @@ def direct(p, count, *, itemsize=4):
 
 
 def ring(p, count, *, itemsize=4):
-    """Ring all-reduce (seed 004): reduce-scatter then all-gather around the ring, the
+    """Ring all-reduce: reduce-scatter then all-gather around the ring, the
     buffer cut into p chunks with ``chunks(count, p)``. In reduce-scatter step k rank i
     sends chunk (i−k) mod p to rank i+1, which adds it to its own; after p−1 steps rank i
     owns the reduced chunk (i+1) mod p, and the all-gather circulates the owned chunks.
@@ -73,13 +74,46 @@ def ring(p, count, *, itemsize=4):
     # Phase 1: reduce-scatter.
     for k in range(p - 1):
         c = (r - k) % p
-        s.round().reduce(src=r, dst=(r + 1) % p, n=size[c],
-                         sbuf="buf", soff=off[c], dbuf="buf", doff=off[c])
+        s.round().reduce(src=r, dst=(r + 1) % p, n=size[c], buf="buf", off=off[c])
     # Phase 2: all-gather; rank i starts by passing on the chunk it owns, (i+1) mod p.
     for k in range(p - 1):
         c = (r + 1 - k) % p
-        s.round().copy(src=r, dst=(r + 1) % p, n=size[c],
-                       sbuf="buf", soff=off[c], dbuf="buf", doff=off[c])
+        s.round().copy(src=r, dst=(r + 1) % p, n=size[c], buf="buf", off=off[c])
+    return s
+
+
+#: Gloo's largest pipeline segment (its ring's default), in bytes
+GLOO_SEGMENT = 1 << 20
+
+
+def gloo_blocks(p: int, count: int, itemsize: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) of the p blocks Gloo's ring all-reduce gives ranks 0..p−1: the
+    buffer is cut into S segments of ceil(count / S) elements, S the least multiple of p
+    that is at least 2p and keeps segments within 1 MiB, and rank b gets segments
+    b·S/p … (b+1)·S/p − 1 (so the last blocks may be short or empty)."""
+    per = max(1, GLOO_SEGMENT // itemsize)
+    segments = max(-(-count // per), 2 * p)
+    segments = -(-segments // p) * p
+    block = segments // p * -(-count // segments)
+    edge = np.minimum(np.arange(p + 1, dtype=np.int64) * block, count)
+    return edge[:-1], np.diff(edge)
+
+
+def gloo_ring(p, count, *, itemsize=4):
+    """The ring all-reduce with Gloo's per-element order of operations, so a float sum has
+    the bits torch's Gloo backend gives it: blocks as ``gloo_blocks``, the ring running
+    toward lower ranks, and block b's partial sum starting at rank b−1 and ending at b:
+    x_b + (x_{b+1} + (… + (x_{b−2} + x_{b−1}))). Gloo's own segment pipelining does not
+    change that order, so it is left to the transport.
+
+    As ``ring`` (blocks a little less even):
+    T = 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ.
+    """
+    s = new("all_reduce", "gloo_ring", p, count, itemsize, buf=count)
+    off, size = gloo_blocks(p, count, itemsize)
+    down = np.arange(p - 1, -1, -1)     # position l of the ring is rank p−1−l
+    end = ring_reduce_scatter(s, 0, down, off[down], size[down])
+    ring_all_gather(s, end, down, off[down], size[down])
     return s
 
 
@@ -88,7 +122,7 @@ def _combine(rnd, ranks, lower, count):
     in that operand order on both, from their own buf and the partner's copy in tmp."""
     lo, hi = ranks[lower], ranks[~lower]
     rnd.reduce(src=lo, dst=lo, n=count, sbuf="tmp", soff=0, dbuf="buf", doff=0)
-    rnd.reduce(src=hi, dst=hi, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0, abuf="tmp", aoff=0)
+    rnd.reduce(src=hi, dst=hi, n=count, buf="buf", abuf="tmp", aoff=0)
 
 
 def recursive_doubling(p, count, *, itemsize=4):
@@ -109,7 +143,7 @@ def recursive_doubling(p, count, *, itemsize=4):
     u = np.arange(p2)
     # Fold in: the extra ranks add their vector into their partner's.
     if len(extra):
-        s.round().reduce(src=extra, dst=extra - 1, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().reduce(src=extra, dst=extra - 1, n=count, buf="buf")
     # Recursive doubling among the p2 core ranks; what arrives in round t is combined by
     # local steps at the start of round t+1, before that round's sends read buf.
     d, rnd = 1, None
@@ -123,7 +157,7 @@ def recursive_doubling(p, count, *, itemsize=4):
     _combine(last, core, (u & (p2 // 2)) == 0, count)
     # Fold out: partners hand the result back to the extra ranks.
     if len(extra):
-        last.copy(src=extra - 1, dst=extra, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        last.copy(src=extra - 1, dst=extra, n=count, buf="buf")
     return s
 
 
@@ -144,7 +178,7 @@ def rabenseifner(p, count, *, itemsize=4):
     edge = np.append(off, count)          # chunk c is buf[edge[c]:edge[c+1]]
     u = np.arange(p2)
     if len(extra):                        # fold in
-        s.round().reduce(src=extra, dst=extra - 1, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().reduce(src=extra, dst=extra - 1, n=count, buf="buf")
     # Phase 1: recursive halving. At distance d, u's chunks are lo..lo+2d−1; it keeps the
     # half holding chunk u and hands the other half to u XOR d, which adds it to its own.
     d = p2 // 2
@@ -152,7 +186,7 @@ def rabenseifner(p, count, *, itemsize=4):
         lo = u & ~(2 * d - 1)
         give = np.where(u & d, lo, lo + d)
         s.round().reduce(src=core, dst=core[u ^ d], n=edge[give + d] - edge[give],
-                         sbuf="buf", soff=edge[give], dbuf="buf", doff=edge[give])
+                         buf="buf", off=edge[give])
         d //= 2
     # Phase 2: recursive doubling. At distance d, u holds chunks first..first+d−1 and
     # swaps them with u XOR d.
@@ -160,10 +194,10 @@ def rabenseifner(p, count, *, itemsize=4):
     while d < p2:
         first = u & ~(d - 1)
         s.round().copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
-                       sbuf="buf", soff=edge[first], dbuf="buf", doff=edge[first])
+                       buf="buf", off=edge[first])
         d *= 2
     if len(extra):                        # fold out
-        s.round().copy(src=extra - 1, dst=extra, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().copy(src=extra - 1, dst=extra, n=count, buf="buf")
     return s
 
 
@@ -175,9 +209,9 @@ def tree(p, count, *, itemsize=4):
     """
     s = new("all_reduce", "tree", p, count, itemsize, buf=count)
     for _, child, parent in binomial_rounds(p):            # reduce, leaves first
-        s.round().reduce(src=child, dst=parent, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().reduce(src=child, dst=parent, n=count, buf="buf")
     for _, child, parent in reversed(list(binomial_rounds(p))):   # broadcast, root first
-        s.round().copy(src=parent, dst=child, n=count, sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().copy(src=parent, dst=child, n=count, buf="buf")
     return s
 
 
@@ -253,11 +287,9 @@ def _pipelined_tree(s, parent, base, n, segments):
             m = t == r
             c, q, g = node[m], parent[node[m]], seg[m]
             if kind == "up":
-                at(s, r).reduce(src=c, dst=q, n=size[g], sbuf="buf", soff=base + off[g],
-                                dbuf="buf", doff=base + off[g])
+                at(s, r).reduce(src=c, dst=q, n=size[g], buf="buf", off=base + off[g])
             else:
-                at(s, r).copy(src=q, dst=c, n=size[g], sbuf="buf", soff=base + off[g],
-                              dbuf="buf", doff=base + off[g])
+                at(s, r).copy(src=q, dst=c, n=size[g], buf="buf", off=base + off[g])
 
 
 def tree_segments(p: int, count: int, itemsize: int = 4) -> int:

@@ -20,5 +20,5 @@ def dissemination(p, count=0, *, itemsize=4):
     s = new("barrier", "dissemination", p, count, itemsize)
     r = np.arange(p)
     for k in range(lg(p)):
-        s.round().copy(src=r, dst=(r + (1 << k)) % p, n=0, sbuf="tmp", soff=0, dbuf="tmp", doff=0)
+        s.round().copy(src=r, dst=(r + (1 << k)) % p, n=0, buf="tmp")
     return s

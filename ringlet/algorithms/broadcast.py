@@ -26,8 +26,7 @@ def direct(p, count, *, itemsize=4, root=0):
     """
     s, real = _new("direct", p, count, itemsize, root)
     if p > 1:
-        s.round().copy(src=root, dst=real(np.arange(1, p)), n=count,
-                       sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().copy(src=root, dst=real(np.arange(1, p)), n=count, buf="buf")
     return s
 
 
@@ -39,8 +38,7 @@ def binomial(p, count, *, itemsize=4, root=0):
     """
     s, real = _new("binomial", p, count, itemsize, root)
     for _, child, parent in reversed(list(binomial_rounds(p))):
-        s.round().copy(src=real(parent), dst=real(child), n=count,
-                       sbuf="buf", soff=0, dbuf="buf", doff=0)
+        s.round().copy(src=real(parent), dst=real(child), n=count, buf="buf")
     return s
 
 
@@ -77,7 +75,7 @@ def _chain(s, start, chain, count, itemsize):
         j = t - v
         ok = (j >= 0) & (j < segments)
         at(s, start + t).copy(src=chain[v[ok]], dst=chain[v[ok] + 1], n=size[j[ok]],
-                              sbuf="buf", soff=off[j[ok]], dbuf="buf", doff=off[j[ok]])
+                              buf="buf", off=off[j[ok]])
     return start + steps, segments
 
 
@@ -94,7 +92,7 @@ def scatter_allgather(p, count, *, itemsize=4, root=0):
     for _, child, parent in reversed(list(binomial_rounds(p))):
         end = child + subtree(p, child)
         s.round().copy(src=real(parent), dst=real(child), n=edge[end] - edge[child],
-                       sbuf="buf", soff=edge[child], dbuf="buf", doff=edge[child])
+                       buf="buf", off=edge[child])
     # Phase 2: ring all-gather among virtual ranks 0..p−1.
     ring_all_gather(s, len(s.rounds), real(np.arange(p)), off, size)
     return s

@@ -3,7 +3,8 @@
 * :mod:`.model` - links, the seeds' tiers, closed forms for every (collective, algorithm)
   and the size convention;
 * :mod:`.simulate` - price the very Schedule the runtime runs on a hosts x ranks topology;
-* :mod:`.plan` - seed 002's communication-to-computation ratio and break-even K;
+* :mod:`.host` - ``HostModel``: how the ranks of one host spend time (the calibrated terms);
+* :mod:`.plan` - the communication-to-computation ratio gamma and break-even K;
 * :mod:`.profile` - this host's calibrated alpha/beta/gamma, and the least-squares fit;
 * :mod:`.tune` - ``breakdown`` / ``predict`` (on a link, a topology or this host) and
   ``choose``: the least predicted time, explained;

@@ -1,6 +1,6 @@
 """Links, tiers and the closed-form alpha-beta-gamma cost of every collective algorithm.
 
-The model (seed 000 Section 6, Thakur-Rabenseifner-Gropp 2005, Patarasuk-Yuan 2009):
+The model (the textbook's alpha-beta model, Thakur-Rabenseifner-Gropp 2005, Patarasuk-Yuan 2009):
 one message of ``n`` bytes over a link costs ``alpha + n*beta`` (``beta = 1/bandwidth``),
 reducing ``n`` bytes costs ``n*gamma`` at the receiver. A rank sends one message and
 receives one message at a time (full duplex, single port): messages a rank posts together
@@ -77,7 +77,7 @@ class Link:
         return f"{label}alpha {self.alpha * 1e6:.3g} us, {self.bandwidth / 1e9:.4g} GB/s"
 
 
-# Seed 000, Output 4.2.3 / Figure 4.2.1 (representative orders of magnitude).
+# The textbook's interconnect tiers (representative orders of magnitude).
 TIERS: dict[str, Link] = {
     "nvlink": Link(1.0e-6, 300e9, "NVLink (intra-node)"),
     "pcie": Link(2.0e-6, 25e9, "PCIe   (intra-node)"),
@@ -219,7 +219,7 @@ def _ar_direct(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) * n, (p - 1) * n, a, b, g)
 
 
-@_form("all_reduce", "ring")
+@_form("all_reduce", "ring", "gloo_ring")
 def _ar_ring(p, n, a, b, g, **kw):
     """Patarasuk-Yuan: reduce-scatter + all-gather on a ring, 2(p-1) steps of n/p."""
     return _t(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n, a, b, g)

@@ -1,19 +1,19 @@
-"""The planner of seed 002 (Section 4.1): is a data-parallel step communication-bound?
+"""The planner: is a data-parallel step communication-bound?
 
     T_comp = fppe * P * b / R                  (fppe = 6 FLOPs per parameter per example)
     T_comm = 2(K-1)/K * g*P / B  [+ 2(K-1) alpha]   (ring all-reduce of the gradient)
     gamma  = T_comm / T_comp
 
 P parameters, b local batch, R sustained FLOP/s, B bytes/s per worker, K workers, g bytes
-per parameter, alpha seconds per message (the optional latency floor of Exercise 4.1.2).
+per parameter, alpha seconds per message (an optional latency floor).
 
-Break-even (Exercise 4.1.1). Strong scaling holds the global batch G fixed, b = G/K, so
+Break-even. Strong scaling holds the global batch G fixed, b = G/K, so
 
     gamma(K) = 2(K-1)/K * g R / (fppe (G/K) B) = 2 (K-1) g R / (fppe G B)
 
 and gamma = 1 at  K* = 1 + fppe G B / (2 g R).  P cancels: both T_comm and T_comp are
-proportional to it. With the seed's numbers (G=2048, g=2, R=312e12, B=600e9) K* = 6.91,
-between the K=4 and K=16 rows of Output 4.1.1 (the printed table floors b = G // K and
+proportional to it. With the textbook's worked example (G=2048, g=2, R=312e12, B=600e9) K* = 6.91,
+between the K=4 and K=16 rows of its table (the printed table floors b = G // K and
 goes comm-bound from K = 7 on). With a latency term the equation is the quadratic
 alpha K^2 + (c - alpha) K - c - fppe P G / (2R) = 0 with c = gP/B (then P matters).
 Weak scaling holds b fixed: gamma(K) = 2(K-1)/K * c1 (+ 2(K-1) c2) with c1 = gR/(fppe b B),
@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-# Code 4.1.1's worked example
+# the textbook's worked example: a 7B-parameter model on A100-class workers
 SEED = dict(P=7e9, G=2048, R=312e12, B=600e9, g=2.0, fppe=6.0,
             workers=(1, 4, 16, 64, 256, 1024))
-# Table 4.1.1
+# the textbook's model-size table
 SEED_MODELS = dict(params=(1e8, 7e8, 7e9, 7e10), K=64, b=32)
 
 
@@ -75,7 +75,7 @@ def step_ratio(P, b, R, B, K, g=2, alpha=0.0, fppe=6) -> StepRatio:
 
 
 def strong_scaling(P, G, R, B, workers, g=2, alpha=0.0, fppe=6) -> list[StepRatio]:
-    """Fixed global batch G split over K workers: b = max(G // K, 1) (as Code 4.1.1)."""
+    """Fixed global batch G split over K workers: b = max(G // K, 1) (as the textbook's example)."""
     G = int(G)
     if G < 1:
         raise ValueError(f"global batch must be >= 1, got {G}")
@@ -142,7 +142,7 @@ def sci(x: float) -> str:
 
 
 def format_strong(rows, P, G) -> str:
-    """Output 4.1.1, character for character for the seed's inputs."""
+    """The strong-scaling table, character for character as the textbook prints it."""
     return _scaling_table(
         f"Strong scaling: P = {sci(P)} params, global batch = {int(G)} split across K workers",
         "local batch", rows, lambda r: r.b)
@@ -165,7 +165,7 @@ def _scaling_table(title, batch_header, rows, batch) -> str:
 
 
 def format_models(rows, K, b) -> str:
-    """Table 4.1.1: growing the model at a fixed cluster shape."""
+    """The model-size table: growing the model at a fixed cluster shape."""
     lines = [f"Model size at a fixed cluster shape: K = {int(K)} workers, local batch = {int(b)}",
              f"{'parameters P':>12} {'compute (ms)':>13} {'all-reduce (ms)':>16} {'gamma':>9}"]
     for r in rows:
@@ -175,14 +175,14 @@ def format_models(rows, K, b) -> str:
 
 
 def seed_output() -> str:
-    """Output 4.1.1 exactly (header and table rows)."""
+    """The textbook's worked example exactly (header and table rows)."""
     s = SEED
     rows = strong_scaling(s["P"], s["G"], s["R"], s["B"], s["workers"], s["g"], 0.0, s["fppe"])
     return format_strong(rows, s["P"], s["G"])
 
 
 def seed_models() -> list[StepRatio]:
-    """Table 4.1.1's rows."""
+    """The textbook's model-size table's rows."""
     s, t = SEED, SEED_MODELS
     return [step_ratio(P, t["b"], s["R"], s["B"], t["K"], s["g"], 0.0, s["fppe"])
             for P in t["params"]]

@@ -159,7 +159,7 @@ class Profile:
         return float(self.params(transport).get("delta", 0.0))
 
     def host_model(self, transport: str = "shm"):
-        """The transport's :class:`ringlet.cost.simulate.HostModel` (how ranks of one host
+        """The transport's :class:`ringlet.cost.host.HostModel` (how ranks of one host
         spend time: per-side work, rendezvous, wake-ups, memory hierarchy, shared cores),
         or None for a plain alpha-beta-gamma entry (``"model": "host"`` marks one)."""
         t = self.transports.get(transport)
@@ -167,7 +167,7 @@ class Profile:
             return None
         hit = self._models.get(transport)
         if hit is None:
-            from .simulate import HostModel
+            from .host import HostModel
             # what the transport does and an older profile did not record: as it does now,
             # except the rendezvous limit: its alpha_rdv was fitted when every message
             # above the eager limit waited for CTS (stale_reasons says so)
@@ -209,7 +209,7 @@ class Profile:
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")
             if t.get("model") == "host":
-                from .simulate import HostModel
+                from .host import HostModel
                 try:
                     HostModel.from_params(t)
                 except (TypeError, ValueError) as exc:
@@ -379,8 +379,8 @@ FIT_START = dict(alpha=5e-6, alpha_fast=1e-6, alpha_fast_call=2e-6, alpha_hop=2e
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
              imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None,
-             l3_fractions=(1.0,)) -> dict:
-    """Fit a :class:`ringlet.cost.simulate.HostModel` to timed schedules.
+             l3_fractions=(1.0,), starts=(1.0, 0.3, 3.0)) -> dict:
+    """Fit a :class:`ringlet.cost.host.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
     ``seconds`` (one timed call each; ``itemsize`` optional, default 4; ``shared``
@@ -395,10 +395,11 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     (messages, rendezvous messages, bytes, ...), counts the simulator reports. So the
     fit alternates: simulate every sample with the current parameters to get its counts,
     solve the non-negative least squares (relative error) for the parameters, repeat
-    until they settle; the best iterate (by the re-simulated log error) wins, over three
-    starting points. The two non-linear parameters, ``idle_share`` (how much of a core a
+    until they settle; the best iterate (by the re-simulated log error) wins, over the
+    starting points ``starts`` (the base terms scaled by each). The two non-linear parameters, ``idle_share`` (how much of a core a
     rank waiting for its turn still takes) and ``imbalance``, are chosen from
-    ``idle_shares`` x ``imbalances`` by the same error, and so is the L3 the job really
+    ``idle_shares`` x ``imbalances`` by the same error (each pair tried from the best
+    model so far, and from ``base`` too when there are several starts), and so is the L3 the job really
     has: ``l3_fractions`` of ``base.l3_bytes`` (on a virtual machine the L3 that sysfs
     reports is shared with other tenants). With ``robust``, samples the
     first fit misses by more than max(50%, 3x the median) - at most a quarter - are set
@@ -410,7 +411,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     from ringlet.algorithms import build
 
     from .model import count_of
-    from .simulate import HOST_TERMS, HostModel, Topology, simulate
+    from .host import HOST_TERMS, HostModel
+    from .simulate import Topology, simulate
 
     if base is None:
         base = HostModel(**FIT_START)
@@ -472,7 +474,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     # several starts (the critical paths, hence the fixed point, depend on where we start)
     mid = replace(base, idle_share=float(np.median(idle_shares)),
                   imbalance=float(np.median(imbalances)))
-    best = min((alternate(mid.with_theta(mid.theta * f), keep) for f in (1.0, 0.3, 3.0)),
+    best = min((alternate(mid.with_theta(mid.theta * f), keep) for f in starts),
                key=lambda b: b[0])
     if robust and len(y) >= 8:
         pred = best[2]
@@ -484,7 +486,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         best = alternate(best[1], keep)
     for share in idle_shares:
         for imb in imbalances:
-            for start in (best[1], base):
+            for start in (best[1], base) if len(starts) > 1 else (best[1],):
                 got = alternate(replace(start, idle_share=float(share), imbalance=float(imb)),
                                 keep)
                 if got[0] < best[0]:

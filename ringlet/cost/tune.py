@@ -30,7 +30,7 @@ class Row(NamedTuple):
     """One candidate's prediction (seconds). ``total`` = latency + bandwidth + reduction
     + memory; ``memory`` (memory-hierarchy stalls) and ``sharing`` (how much of the total
     comes from ranks sharing cores, spread over the other terms) are non-zero only for a
-    calibrated host model (:class:`ringlet.cost.simulate.HostModel`); ``parts`` then
+    calibrated host model (:class:`ringlet.cost.host.HostModel`); ``parts`` then
     holds the seconds of every named term on the critical path. ``inter`` (several
     hosts, simulated) is how much of latency + bandwidth the critical path spends on
     inter-host messages; the rest is on the intra-host link (and local copies)."""
@@ -230,7 +230,7 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
     with the simulator instead (``nbytes`` rounded down to whole elements); on one host it
     is the same as ``link=topology.intra``. With ``link=None`` and a calibrated profile
     that has a host model (``ringlet calibrate``), the schedule is priced by that model
-    (:class:`ringlet.cost.simulate.HostModel`); its memory stalls count as bandwidth here
+    (:class:`ringlet.cost.host.HostModel`); its memory stalls count as bandwidth here
     (``choose``'s rows show them apart).
     """
     check_collective(collective)

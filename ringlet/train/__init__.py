@@ -1,4 +1,4 @@
-"""ringlet.train: the training patterns of seed 002's Table 4.1.2 on ringlet's collectives.
+"""ringlet.train: the training patterns that call for each collective, on ringlet's.
 
 One module per pattern, each able to price its step before it runs (``.price(topology)``)
 and measured with ``rl.profile()``:
@@ -10,7 +10,8 @@ and measured with ``rl.profile()``:
 * :mod:`.tensor`   - Megatron's column- and row-parallel linear layers;
 * :mod:`.pipeline` - pipeline stages over micro-batches, GPipe and 1F1B, by isend/irecv;
 * :mod:`.ps`       - parameter server / actor-learner, synchronous or bounded-staleness;
-* :mod:`.pricing`  - a step's calls priced on a topology, and seed 002's gamma.
+* :mod:`.pricing`  - a step's calls priced on a topology, and its gamma
+  (communication over computation time).
 """
 from .buckets import GradBuckets
 from .moe import Routing, combine, dispatch

@@ -1,4 +1,4 @@
-"""Data parallelism with gradient buckets (seed 004: DDP's bucketing with overlap).
+"""Data parallelism with gradient buckets (DDP's bucketing, with overlap).
 
     buckets = rl.train.GradBuckets(params, bucket_cap_mb=25)
     for i in reversed(range(len(params))):      # as backward produces them
@@ -48,7 +48,7 @@ class GradBuckets:
     """Average gradients across ``group`` in buckets that start communicating as soon as
     they fill. ``comm_hook``: None, or a narrower float dtype (``"float16"``) in which
     buckets travel: each rank divides by the group size, casts, sums in that dtype and
-    casts back (seed 002's "compression lowers g": half the bytes, fp16's precision).
+    casts back ("compression lowers g": half the bytes, fp16's precision).
     ``"bfloat16"``: each rank rounds its bucket to bfloat16 words, all_gathers the words and
     sums them in float32 in rank order - exact and bit-identical on every rank, bf16's
     range (no overflow), (p-1)*n*2 bytes sent per rank: fewer than a float32 ring

@@ -1,4 +1,4 @@
-"""Mixture-of-experts routing by all-to-all (seed 004: "tokens assigned to expert E on rank
+"""Mixture-of-experts routing by all-to-all ("tokens assigned to expert E on rank
 R must be physically shipped to rank R before the expert forward pass. One all-to-all
 sends them there; a second brings results back").
 
@@ -157,7 +157,7 @@ def price_moe(tokens: int, row_elements: int, k: int, num_experts: int, p: int,
     """One MoE layer's routing per forward step on ``topology``: the all_to_all of per-expert
     counts, then the tokens out (dispatch) and back (combine), priced at the capacity's
     worst case (every expert's queue full, spread evenly over the ranks). Per rank that is
-    about constant in p; the job's all-to-all volume, p times it, is seed 004's
+    about constant in p; the job's all-to-all volume, p times it, is the textbook's
     "O(batch * P)"."""
     rows = min(tokens * k, num_experts * capacity(tokens, k, num_experts, capacity_factor))
     nb = rows * row_elements * itemsize

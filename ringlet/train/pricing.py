@@ -2,8 +2,8 @@
 each priced by the cost model as ``algorithm="auto"`` would choose it, and the bytes each
 rank sends counted on the very schedule that algorithm builds.
 
-Seed 002's ratio, generalised to any pattern: gamma = T_comm / T_comp, with T_comm the sum
-of the step's calls (none overlapped: the upper bound a profile's blocked time can only
+The communication-to-computation ratio, generalised to any pattern: gamma = T_comm / T_comp,
+with T_comm the sum of the step's calls (none overlapped: the upper bound a profile's blocked time can only
 undercut) and T_comp a compute estimate (:func:`compute_seconds`, or measured).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class StepPrice(NamedTuple):
         return sum(c.sent_bytes * c.call.times for c in self.calls)
 
     def gamma(self, compute_seconds: float) -> float:
-        """Seed 002's ratio for this step: comm_seconds / compute_seconds."""
+        """The communication-to-computation ratio of this step: comm_seconds / compute_seconds."""
         if compute_seconds <= 0:
             raise ValueError(f"compute_seconds must be > 0, got {compute_seconds!r}")
         return self.comm_seconds / compute_seconds
@@ -117,7 +117,7 @@ def _host_ids(hosts, p, algorithm):
 
 def compute_seconds(flops: float, flop_rate: float | None = None) -> float:
     """Seconds to run ``flops`` at ``flop_rate`` FLOP/s (None: :func:`measure_flop_rate`).
-    Seed 002's estimate of a step is 6 * parameters * local batch FLOPs."""
+    The textbook's estimate of a step is 6 * parameters * local batch FLOPs."""
     return flops / (flop_rate or measure_flop_rate())
 
 
@@ -126,7 +126,7 @@ _RATE: dict = {}
 
 def measure_flop_rate(n: int = 192, dtype=np.float32, seconds: float = 0.05) -> float:
     """This process's sustained FLOP/s on an n x n matrix product (measured once, cached):
-    the R of seed 002 for a model of small dense layers on this CPU."""
+    the R of the planner for a model of small dense layers on this CPU."""
     key = (n, np.dtype(dtype).str)
     if key not in _RATE:
         rng = np.random.default_rng(0)

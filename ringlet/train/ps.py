@@ -1,5 +1,5 @@
-"""Parameter server / actor-learner (seed 002, Table 4.1.2: broadcast and gather; seed 004:
-stale-synchronous SGD against stragglers).
+"""Parameter server / actor-learner (broadcast and gather; stale-synchronous SGD against
+stragglers).
 
 The learner (group rank ``learner``) owns the weights; every other rank is an actor that
 generates experience (rows of ``width`` numbers, any number of rows) with a copy of them.

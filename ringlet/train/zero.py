@@ -1,4 +1,4 @@
-"""ZeRO stages 1, 2 and 3 (seed 004: "reduce-scatter the gradients, update the shard you
+"""ZeRO stages 1, 2 and 3 ("reduce-scatter the gradients, update the shard you
 own, then gather the updated parameters").
 
 Parameters come in units (a layer: one array or a list of arrays). Each unit is one flat

@@ -29,7 +29,7 @@ import time
 from ..buffers import RemoteMaps
 from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
                       TimeoutError)
-from ..group import TAG_COLLECTIVE
+from ..group import TAG_COLLECTIVE, call_number, group_of
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .progress import Progress
@@ -105,8 +105,11 @@ class Engine:
         self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
         self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
         self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
-        self.describe_fp = None     # set by the runtime: fingerprint -> dict of fields
-        self.on_long_wait = None    # set by the runtime: publish this rank's state
+        # What the runtime adds, for the collectives it runs on this engine:
+        self.describe_fp = None     # fingerprint -> dict of fields (for mismatch errors)
+        self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
+        self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
+        self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None
@@ -308,8 +311,8 @@ class Engine:
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
-            group = tag >> 48
-            earlier = [t for t in self.aborts if t >> 48 == group and t < tag]
+            group = group_of(tag)
+            earlier = [t for t in self.aborts if group_of(t) == group and t < tag]
             if earlier:
                 exc = self.aborts.pop(min(earlier))
                 for t in earlier:
@@ -331,8 +334,8 @@ class Engine:
             return
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None
-            if q and q[0][-1] != work.fp:
-                self.mismatch(tag, work.fp, q[0][-1], peer.rank)
+            if q and q[0].fp != work.fp:
+                self.mismatch(tag, work.fp, q[0].fp, peer.rank)
                 return
 
     def end_collective(self, work) -> None:
@@ -347,7 +350,7 @@ class Engine:
     def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
         from ..fingerprint import diff
         work = self.active.get(tag)
-        call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+        call = work.what if work is not None else f"collective #{call_number(tag)}"
         text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
         via = f" (reported by rank {reporter})" if reporter is not None else ""
         return CollectiveMismatch(f"{call}: ranks disagree: {text}{via}")
@@ -365,7 +368,7 @@ class Engine:
         self._fail_collective(tag, exc)
 
     def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed or tag >> 48 < self.retired_below:
+        if tag in self.failed or group_of(tag) < self.retired_below:
             return
         if culprit == DEAD:
             exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
@@ -379,10 +382,10 @@ class Engine:
                 return
         elif culprit == STALE:
             work = self.active.get(tag)
-            call = work.what if work is not None else f"collective #{tag & ((1 << 47) - 1)}"
+            call = work.what if work is not None else f"collective #{call_number(tag)}"
             exc = CollectiveMismatch(
                 f"{call}: rank {sender} refused it because collective "
-                f"#{culprit_fp[0] & ((1 << 47) - 1)} of this group was mismatched across ranks")
+                f"#{call_number(culprit_fp[0])} of this group was mismatched across ranks")
         else:
             exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
         if tag in self.active:
@@ -395,9 +398,9 @@ class Engine:
         """A call of this group that this rank finished (as a pure sender, a broadcast's
         root) was aborted: the group's later calls in flight here cannot complete, nor
         (after a mismatch) can receives from the rank that gave up on it."""
-        group = tag >> 48
+        group = group_of(tag)
         theirs, why = _refusal(exc, tag)
-        for t in [t for t in self.active if t >> 48 == group and t > tag]:
+        for t in [t for t in self.active if group_of(t) == group and t > tag]:
             work = self.active[t]
             for r in work.world_of:    # peers in it would wait for us: abort it for them too
                 peer = self.peers.get(r)
@@ -406,7 +409,7 @@ class Engine:
             self._fail_collective(t, exc)
         peer = self.peers.get(sender)
         if peer is not None and why == STALE:
-            for t in [t for t in peer.posted if t >> 48 == group and not t & TAG_COLLECTIVE]:
+            for t in [t for t in peer.posted if group_of(t) == group and not t & TAG_COLLECTIVE]:
                 peer.fail_tag(t, exc)
 
     def _remember_abort(self, tag: int, exc) -> None:
@@ -438,7 +441,7 @@ class Engine:
         for work in self.works[:]:
             work.fail(exc)
         for tags in (self.active, self.aborts, self.failed):
-            for tag in [t for t in tags if t >> 48 < below]:
+            for tag in [t for t in tags if group_of(t) < below]:
                 del tags[tag]
         for peer in self.peers.values():
             if not peer.dead:

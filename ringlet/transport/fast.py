@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
+from ..schedule import PlanRound, RecvStep, SendStep
 from . import limits
 from .shm import SLOT_CTRL, ShmPeer
 
@@ -103,28 +105,30 @@ def encode(plan: tuple, itemsize: int, peer) -> tuple:
     receive (peer, reduce, dst buf, offset, bytes, acc buf or -1, offset),
     send (peer, src buf, offset, bytes). ``peer(world rank, bytes)`` numbers the peers
     (LookupError: not one C may talk to)."""
-    names = tuple(sorted({t[i] for local, recvs, sends in plan for i, steps in
-                          ((1, local), (4, local), (7, local), (2, recvs), (5, recvs), (1, sends))
-                          for t in steps} - {None}))
+    names = tuple(sorted({name for rnd in plan for name in (
+        *(b for t in rnd.local for b in (t.sbuf, t.dbuf, t.abuf)),
+        *(b for t in rnd.recvs for b in (t.dbuf, t.abuf)),
+        *(t.sbuf for t in rnd.sends))} - {None}))
     if len(names) > MAX_BUFFERS:
         raise LookupError
     index = {n: i for i, n in enumerate(names)}
     size = itemsize
     words = [len(plan), size]
-    for local, recvs, sends in plan:
-        if len(recvs) > MAX_RECVS:
+    for rnd in plan:
+        if len(rnd.recvs) > MAX_RECVS:
             raise LookupError
-        words += [len(local), len(recvs), len(sends)]
-        for reduce, sb, s0, s1, db, d0, d1, ab, a0, a1 in local:
-            words += [int(reduce), index[sb], s0 * size, (s1 - s0) * size, index[db],
-                      d0 * size, -1 if ab is None else index[ab], a0 * size]
-        for src, reduce, db, d0, d1, ab, a0, a1 in recvs:
-            n = (d1 - d0) * size
-            words += [peer(src, n), int(reduce), index[db], d0 * size, n,
-                      -1 if ab is None else index[ab], a0 * size]
-        for dst, sb, s0, s1 in sends:
-            n = (s1 - s0) * size
-            words += [peer(dst, n), index[sb], s0 * size, n]
+        words += [len(rnd.local), len(rnd.recvs), len(rnd.sends)]
+        for t in rnd.local:
+            words += [int(t.reduce), index[t.sbuf], t.s0 * size, (t.s1 - t.s0) * size,
+                      index[t.dbuf], t.d0 * size, -1 if t.abuf is None else index[t.abuf],
+                      t.a0 * size]
+        for t in rnd.recvs:
+            n = (t.d1 - t.d0) * size
+            words += [peer(t.src, n), int(t.reduce), index[t.dbuf], t.d0 * size, n,
+                      -1 if t.abuf is None else index[t.abuf], t.a0 * size]
+        for t in rnd.sends:
+            n = (t.s1 - t.s0) * size
+            words += [peer(t.dst, n), index[t.sbuf], t.s0 * size, n]
     return names, struct.pack(f"<{len(words)}q", *words)
 
 
@@ -146,8 +150,8 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     fc = engine.fast_p2p.get(key, False)
     if fc is False:
         n = data.nbytes
-        plan = ((((), (), ((peer, "buf", 0, n),)),) if kind == "send" else
-                (((), ((peer, False, "buf", 0, n, None, 0, 0),), ()),))
+        plan = ((PlanRound((), (SendStep(peer, "buf", 0, n),), ()),) if kind == "send" else
+                (PlanRound((), (), (RecvStep(peer, False, "buf", 0, n, None, 0, 0),)),))
         fc = prepare(engine, plan, None, np.dtype(np.uint8))
         if len(engine.fast_p2p) > 1024:
             engine.fast_p2p.clear()
@@ -155,20 +159,27 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     if fc is None or engine.works:
         return False, 0.0
     res = run(engine, fc, {"buf": data}, tag, (0, 0))
-    return (res is not None and res[0] == 1), (res[3] if res is not None else 0.0)
+    return (res is not None and res.rounds == 1), (res.stalled if res is not None else 0.0)
 
 
-def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
-    """Run the plan in C as far as it goes: None if it did not start, else (rounds done,
-    receives done of the next round as a mask or -1, seconds waited, seconds of the wait C
-    gave up on - CollectiveWork's ``resume`` - and the world rank waited on last)."""
+class FastRun(NamedTuple):
+    """How far C ran a plan (``CollectiveWork`` resumes from here)."""
+    rounds: int          # rounds done
+    recv_mask: int       # receives done of the next round, as a bit mask (-1: not begun)
+    waited: float        # seconds waited on peers
+    stalled: float       # seconds of the wait C gave up on
+    waited_on: int | None   # the world rank waited on last
+
+
+def run(engine, fc: FastCall, bufs: dict, tag: int, fp) -> FastRun | None:
+    """Run the plan in C as far as it goes: None if it did not start."""
     res = _fastpath.run(fc.plan, tuple(bufs[n] for n in fc.names), fc.peers, fc.links,
                         fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
                         _wake)
     if res is None:
         return None
     rounds, mask, waited, last, stalled = res
-    return rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None
+    return FastRun(rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None)
 
 
 def _wake(peer: ShmPeer) -> None:

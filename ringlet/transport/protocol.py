@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 from ..buffers import locate
 from ..errors import PeerFailure, RingletError
+from ..group import group_of
 
 HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
@@ -136,6 +138,17 @@ class _Parked:
         pass  # nobody waits on it
 
 
+class Unasked(NamedTuple):
+    """A message that arrived before its receive was posted (kept per tag, in order)."""
+    fp: tuple                        # the sender's collective fingerprint
+    held: int                        # bytes it counts against MAX_UNEXPECTED
+    payload: bytes | None = None     # EAGER: the message
+    parked: _Parked | None = None    # streamed RTS: its fragments so far
+    msgid: int = -1                  # RTS: the message's id, size, and where it lies
+    length: int = 0                  # (where: in the sender's rl.empty buffer, or None)
+    where: tuple | None = None
+
+
 class Peer:
     """Matching and flow logic for one remote rank; subclasses move the packets.
 
@@ -203,18 +216,18 @@ class Peer:
             return
         q = self.unexpected.get(req.tag)
         if q:
-            if q[0][-1] != req.fp and CHECK_FINGERPRINTS:
+            if q[0].fp != req.fp and CHECK_FINGERPRINTS:
                 _push(self.posted, req.tag, req)
-                self.engine.mismatch(req.tag, req.fp, q[0][-1], self.rank)
+                self.engine.mismatch(req.tag, req.fp, q[0].fp, self.rank)
                 return
             item = _pop(self.unexpected, req.tag, q)
-            self.unexpected_bytes -= _held(item)
-            if item[0] == "eager":
-                self._finish_eager(req, item[1])
-            elif item[0] == "stream":
-                self._claim_parked(req, item[1])
+            self.unexpected_bytes -= item.held
+            if item.payload is not None:
+                self._finish_eager(req, item.payload)
+            elif item.parked is not None:
+                self._claim_parked(req, item.parked)
             else:
-                self._accept(req, item[1], item[2], item[3])
+                self._accept(req, item.msgid, item.length, item.where)
             return
         _push(self.posted, req.tag, req)
 
@@ -310,7 +323,7 @@ class Peer:
                 else:
                     self._accept(_pop(self.posted, tag, q), msgid, length, where)
                 return
-            if tag >> 48 < self.engine.retired_below:   # a world that shrank away: drop it
+            if group_of(tag) < self.engine.retired_below:   # a world that shrank away: drop it
                 if stream:
                     self.incoming[msgid] = _Discard(msgid, length, 0, tag)
                 return
@@ -320,12 +333,13 @@ class Peer:
                     raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
                                         f"nobody has asked for")
             if kind == EAGER:
-                item = ("eager", bytes(payload), fp)
+                data = bytes(payload)
+                item = Unasked(fp, len(data), payload=data)
             elif stream:
                 parked = self.incoming[msgid] = _Parked(msgid, length, tag)
-                item = ("stream", parked, fp)
+                item = Unasked(fp, length, parked=parked)
             else:
-                item = ("rts", msgid, length, where, fp)
+                item = Unasked(fp, 0, msgid=msgid, length=length, where=where)
             _push(self.unexpected, tag, item)
             if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
                 self.engine.check_fingerprint(tag, fp, self.rank)
@@ -466,7 +480,7 @@ class Peer:
         for req in self.posted.pop(tag, ()):
             req.fail(exc)
         for item in self.unexpected.pop(tag, ()):     # nobody will ask for these now
-            self.unexpected_bytes -= _held(item)
+            self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
             if req.tag == tag and not isinstance(req, _Discard):
                 req.fail(exc)
@@ -476,14 +490,14 @@ class Peer:
     def retire(self, below: int, exc) -> None:
         """Forget the receives and unasked-for messages of every group whose id is below
         ``below`` (a world that shrank away); the rest of their data is drained."""
-        for tag in [t for t in self.posted if t >> 48 < below]:
+        for tag in [t for t in self.posted if group_of(t) < below]:
             for req in self.posted.pop(tag):
                 req.fail(exc)
-        for tag in [t for t in self.unexpected if t >> 48 < below]:
+        for tag in [t for t in self.unexpected if group_of(t) < below]:
             for item in self.unexpected.pop(tag):
-                self.unexpected_bytes -= _held(item)
+                self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
-            if req.tag >> 48 < below and not isinstance(req, _Discard):
+            if group_of(req.tag) < below and not isinstance(req, _Discard):
                 req.fail(exc)
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag)
 
@@ -493,12 +507,6 @@ class Peer:
 
     def close(self) -> None:
         pass
-
-
-def _held(item) -> int:
-    """Bytes an unasked-for message counts against MAX_UNEXPECTED (an RTS holds none)."""
-    kind = item[0]
-    return len(item[1]) if kind == "eager" else item[1].nbytes if kind == "stream" else 0
 
 
 def _push(queues: dict, tag: int, item) -> None:

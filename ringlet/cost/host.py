@@ -1,0 +1,116 @@
+"""The calibrated model of one host (:class:`HostModel`): the named terms ``ringlet
+calibrate`` fits and ``simulate`` prices with. docs/design.md ("The host model") is its
+specification."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..transport import shm
+from .model import Link
+
+
+#: the named terms of :class:`HostModel`, in the order of its feature vectors
+HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
+              "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
+              "beta_lag")
+_LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
+                  "alpha_crowd")
+_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
+_MEMORY_TERMS = ("mem_l2", "mem_l3")
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """How the ranks of ONE host spend time on a schedule, as named terms (seconds per
+    message, or per byte) that ``ringlet calibrate`` fits to timings: every rank is a
+    single thread doing all the work of its own messages (copying IS the transfer), and
+    the ranks share the host's cores. docs/design.md ("The host model") defines each
+    term and how sharing cores stretches a round; ``simulate`` prices with it."""
+    alpha: float                  # CPU per message, each side (Python engine)
+    beta: float                   # CPU per byte, each side (copy into / out of the ring)
+    gamma: float = 0.0            # extra CPU per byte reduced (over a copy)
+    delta: float = 0.0            # CPU per byte of a local copy
+    alpha_fast: float = 0.0       # alpha for a call the C fast path runs
+    alpha_fast_call: float = 0.0  # CPU per such call on each rank, before its first message
+    alpha_hop: float = 0.0        # latency per message that takes no CPU
+    alpha_rdv: float = 0.0        # latency of the RTS/CTS round trip (above ``rendezvous``)
+    alpha_crowd: float = 0.0      # latency per message when ranks outnumber cores
+    mem_l2: float = 0.0           # CPU per byte streamed past the L2 caches
+    mem_l3: float = 0.0           # ... past the L3
+    beta_share: float = 0.0       # CPU per byte per busy rank beyond the cores
+    beta_crowd: float = 0.0       # CPU per byte moved when ranks outnumber cores
+    beta_lag: float = 0.0         # delay per byte a one-way stream trails its slower side
+    idle_share: float = 0.5       # share of a core an idle rank still takes
+    imbalance: float = 0.0        # 1: a round runs at the pace of its most crowded core
+    l2_bytes: int = 1 << 20
+    l3_bytes: int = 32 << 20
+    cores: int = 1
+    eager: int = shm.EAGER_BYTES
+    rendezvous: int = shm.STREAM_BYTES
+    ring_bytes: int = shm.RING_BYTES
+    # a larger message from a buffer in shared memory (rl.empty) is read in place by its
+    # receiver; -1: this transport never does that
+    zero_copy_min: int = shm.ZERO_COPY_MIN
+    # a call whose messages have at most this many bytes (EAGER packets) runs in C
+    # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
+    # there was one)
+    fast_bytes: int = 0
+
+    def __post_init__(self):
+        for name in HOST_TERMS:
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"HostModel {name} must be a finite number >= 0, got {v!r}")
+        for name in ("l2_bytes", "l3_bytes", "cores", "ring_bytes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"HostModel {name} must be >= 1")
+        if not 0.0 <= self.idle_share <= 1.0:
+            raise ValueError("HostModel idle_share must be between 0 and 1")
+        if not 0.0 <= self.imbalance <= 1.0:
+            raise ValueError("HostModel imbalance must be between 0 and 1")
+        if self.eager < 0 or self.rendezvous < 0 or self.fast_bytes < 0:
+            raise ValueError("HostModel eager, rendezvous and fast_bytes must be >= 0 bytes")
+
+    @property
+    def theta(self) -> np.ndarray:
+        return np.array([float(getattr(self, k)) for k in HOST_TERMS])
+
+    @property
+    def link(self) -> Link:
+        """The plain alpha-beta link closest to this model (for closed forms): one message
+        between two otherwise idle ranks costs 2 alpha + alpha_rdv and 2 beta per byte."""
+        a = 2 * self.alpha + self.alpha_rdv
+        return Link.from_beta(a, 2 * self.beta, "host") if self.beta > 0 else Link(a, 1e300, "host")
+
+    @classmethod
+    def from_params(cls, params: dict) -> "HostModel":
+        keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
+                                  "ring_bytes", "zero_copy_min", "fast_bytes", "idle_share",
+                                  "imbalance"}
+        kw = {k: params[k] for k in keys if k in params}
+        for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
+                  "zero_copy_min", "fast_bytes"):
+            if k in kw:
+                kw[k] = int(kw[k])
+        return cls(**kw)
+
+    def with_theta(self, theta) -> "HostModel":
+        return replace(self, **{k: float(max(v, 0.0)) for k, v in zip(HOST_TERMS, theta)})
+
+    def __str__(self) -> str:
+        fast = (f" ({self.alpha_fast * 1e6:.3g} us, and {self.alpha_fast_call * 1e6:.3g} us per "
+                f"call, in calls of messages <= {self.fast_bytes} B)" if self.fast_bytes else "")
+        return (f"host model: alpha {self.alpha * 1e6:.3g} us per side{fast} + "
+                f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
+                f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
+                f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
+                f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
+                f"{self.cores} cores, +{self.beta_share:.3g} s/B per extra rank per core, "
+                f"+{self.beta_crowd:.3g} s/B when crowded; one-way streams trail "
+                f"{self.beta_lag:.3g} s/B; "
+                f"idle ranks take {self.idle_share:g} core")
+
+
+__all__ = ["HostModel", "HOST_TERMS"]

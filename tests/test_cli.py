@@ -1,0 +1,49 @@
+"""The ``ringlet`` command as a shell runs it: every command piped into a reader that
+goes away (``ringlet tiers | head``) stops quietly, without a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = "import ringlet as rl\nrl.init()\nfor i in range(20000):\n    print(rl.get_rank(), i)\nrl.destroy()\n"
+
+COMMANDS = [["--help"], ["tiers"], ["tiers", "--help"], ["plan"], ["plan", "--models"],
+            ["explain", "all_reduce", "--size", "1M", "-n", "4"],
+            ["place", "--hosts", "2", "--ranks-per-host", "2", "--tp", "2", "--tp-bytes", "1M"],
+            ["draw", "all_reduce", "-n", "8", "--algo", "ring"],
+            ["bench", "-n", "2", "--sizes", "8:64K", "--iters", "5"],
+            ["calibrate", "--help"], ["trace", "--help"], ["run", "--help"],
+            ["run", "-n", "2", "{script}"], ["trace", "summary", "{traces}"],
+            ["trace", "merge", "--help"]]
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    script = d / "job.py"
+    script.write_text("import numpy as np, ringlet as rl\nrl.init()\nx = np.ones(4)\n"
+                      "for _ in range(100):\n    rl.all_reduce(x)\nrl.destroy()\n")
+    subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--trace",
+                    str(d / "tr"), str(script)], check=True, timeout=120, capture_output=True)
+    return d
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a)[:40])
+def test_reader_going_away_is_not_an_error(args, traces):
+    spam = traces / "spam.py"
+    spam.write_text(SCRIPT)
+    argv = [a.format(script=spam, traces=traces / "tr") for a in args]
+    p = subprocess.Popen([sys.executable, "-m", "ringlet.cli", *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()              # the reader is gone before the first line
+    try:
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert rc in (0, 141), (rc, err)

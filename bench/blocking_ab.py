@@ -1,6 +1,9 @@
 """Blocking calls side by side: this tree against another checkout, in turns, in one run.
 
-    .venv/bin/python bench/blocking_ab.py --base /work/main/.venv/bin/python [--turns 3]
+    .venv/bin/python bench/blocking_ab.py --base OTHER_CHECKOUT [--turns 3]
+
+OTHER_CHECKOUT is a directory holding another ringlet tree (built in place:
+``python setup.py build_ext --inplace``), run by this interpreter; or that checkout's python.
 
 Each side runs the same job in its own interpreter (its own ringlet): 8 B all_reduce at
 p = 2 and p = 4 (microseconds per call in the best of 12 blocks of 500 calls) and 64 MiB
@@ -55,10 +58,12 @@ CASES = [("8 B all_reduce p=2 (us)", "small", 2), ("8 B all_reduce p=4 (us)", "s
          ("64 MiB all_reduce p=2 (us)", "big", 2)]
 
 
-def measure(python: str, kind: str, p: int) -> float:
+def measure(side: tuple, kind: str, p: int) -> float:
+    python, tree = side
     path = f"/tmp/blocking_ab.{os.getpid()}.json"
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
     subprocess.run([python, "-c", JOB, kind, str(p), path], check=True, timeout=600,
-                   cwd="/", stderr=subprocess.DEVNULL)
+                   cwd="/", stderr=subprocess.DEVNULL, env=env)
     with open(path) as f:
         value = json.load(f)
     os.unlink(path)
@@ -67,10 +72,13 @@ def measure(python: str, kind: str, p: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", required=True, help="python of the checkout to compare against")
+    ap.add_argument("--base", required=True,
+                    help="the checkout to compare against: its directory, or its python")
     ap.add_argument("--turns", type=int, default=3)
     a = ap.parse_args()
-    sides = {"base": a.base, "this": sys.executable}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = (sys.executable, a.base) if os.path.isdir(a.base) else (a.base, None)
+    sides = {"base": base, "this": (sys.executable, here)}
     got = {(c, s): [] for c, _, _ in CASES for s in sides}
     for turn in range(a.turns):
         for name, kind, p in CASES:

@@ -23,13 +23,14 @@ compute's time (on CPU, preempted, waiting for the GIL) do not depend on that.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import on_hosts  # noqa: E402  (bench/on_hosts.py)
 
 
 # -- one rank (run by `ringlet run` on each emulated host) ---------------------------------
@@ -117,7 +118,7 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
                      "eff": (med["comm"] + med["comp"] - med["step"])
                      / min(med["comm"], med["comp"])})
     if r == 0:
-        print("RESULT " + json.dumps(rows), flush=True)
+        on_hosts.report(rows)
     rl.destroy()
 
 
@@ -134,10 +135,6 @@ def main() -> int:
     if a.rank:
         rank_main(sizes, a.reps, a.rate_bytes)
         return 0
-    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from ringlet.hosts import Hosts, HostsUnavailable
-
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     print("2 emulated hosts x 1 rank, TCP over one tbf-shaped link; ring all_reduce; "
           "medians in ms")
     print(f"{'rate':>7} {'MiB':>4} {'T_comm':>8} {'T_comp':>8} {'serial':>8} {'T_step':>8} "
@@ -145,24 +142,9 @@ def main() -> int:
           f"{'overlap':>8}")
     steps = []
     for rate in a.rates.split(","):
-        rate_bytes = _rate_bytes(rate)
-        try:
-            with Hosts(2, rate) as hosts:
-                procs = hosts.ringlet_run(HERE, 1, ["--rank", "--sizes", a.sizes, "--reps",
-                                                    str(a.reps), "--rate-bytes",
-                                                    str(rate_bytes)],
-                                          env=env, stdout=-1, stderr=-1, text=True)
-                results = hosts.wait(procs, 900)
-        except HostsUnavailable as exc:
-            print(f"skipped: {exc}")
-            return 1
-        # rank 0's line, after the launcher's "[0] " tag
-        lines = [x.split("RESULT ", 1)[1] for _, o, _ in results for x in o.splitlines()
-                 if "RESULT " in x]
-        if not lines:
-            print(f"{rate}: the job failed:\n" + "\n".join(e for _, _, e in results))
-            return 1
-        for row in json.loads(lines[0]):
+        rows = on_hosts.run(HERE, ["--rank", "--sizes", a.sizes, "--reps", str(a.reps),
+                                   "--rate-bytes", str(on_hosts.rate_bytes(rate))], rate)
+        for row in rows:
             ms = {k: v * 1e3 for k, v in row.items() if k not in ("MiB", "eff")}
             steps.append(f"{rate:>7} {row['MiB']:>4}   compute {ms['step_comp']:7.1f} = "
                          f"on CPU {ms['cpu']:7.1f} + preempted {ms['queued']:6.1f} + "
@@ -178,11 +160,6 @@ def main() -> int:
     print("\n".join(steps))
     return 0
 
-
-def _rate_bytes(rate: str) -> float:
-    import re
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
-    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ experiment, size and group size it measured - with each profile: the median and 
 percentile of |predicted / measured - 1|. Run on a quiet machine; takes the two
 calibrations' time (minutes).
 
-    .venv/bin/python bench/quick_accuracy.py [--transports shm]
+    .venv/bin/python bench/quick_accuracy.py [--transports shm] [--quiet 30]
 """
 from __future__ import annotations
 
@@ -31,11 +31,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--quiet", type=float, default=30.0,
+                    help="seconds each pass of the full calibration waits for a quiet host "
+                         "(as `ringlet calibrate`: 30)")
     a = ap.parse_args(argv)
     from ringlet import calibrate as cal
     trs = [t for t in a.transports.split(",") if t]
     t0 = time.monotonic()
-    full, samples = cal.calibrate(trs, cal.DEFAULT_RANKS, cal.DEFAULT_SIZES, 0.1, passes=3)
+    full, samples = cal.calibrate(trs, cal.DEFAULT_RANKS, cal.DEFAULT_SIZES, 0.1, passes=3,
+                                  quiet=a.quiet)
     t_full = time.monotonic() - t0
     q = cal.QUICK
     t0 = time.monotonic()

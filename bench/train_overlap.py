@@ -18,12 +18,13 @@ backward pass hid (0: none, 1: all).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import on_hosts  # noqa: E402  (bench/on_hosts.py)
 
 
 def rank_main(layers: int, mib: float, reps: int) -> None:
@@ -87,17 +88,11 @@ def rank_main(layers: int, mib: float, reps: int) -> None:
     priced = gb.price(rl.cost.Link(alpha=50e-6, bandwidth=_RATE[0] * 1448 / 1538,
                                    name="shaped")).comm_seconds
     if rl.get_rank() == 0:
-        print("RESULT " + json.dumps({**med, "priced": priced, "k": k}), flush=True)
+        on_hosts.report({**med, "priced": priced, "k": k})
     rl.destroy()
 
 
 _RATE = [0.0]
-
-
-def _rate_bytes(rate: str) -> float:
-    import re
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
-    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
 
 
 def main() -> int:
@@ -108,29 +103,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    _RATE[0] = _rate_bytes(a.rate)
+    _RATE[0] = on_hosts.rate_bytes(a.rate)
     if a.rank:
         rank_main(a.layers, a.mib, a.reps)
         return 0
-    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from ringlet.hosts import Hosts, HostsUnavailable
-
-    env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     args = ["--rank", "--rate", a.rate, "--layers", str(a.layers), "--mib", str(a.mib),
             "--reps", str(a.reps)]
-    try:
-        with Hosts(2, a.rate) as hosts:
-            procs = hosts.ringlet_run(HERE, 1, args, env=env, stdout=-1, stderr=-1, text=True)
-            results = hosts.wait(procs, 900)
-    except HostsUnavailable as exc:
-        print(f"skipped: {exc}")
-        return 1
-    lines = [x.split("RESULT ", 1)[1] for _, o, _ in results for x in o.splitlines()
-             if "RESULT " in x]
-    if not lines:
-        print("the job failed:\n" + "\n".join(f"exit {c}: {o}{e}" for c, o, e in results))
-        return 1
-    r = json.loads(lines[0])
+    r = on_hosts.run(HERE, args, a.rate)
     ms = {key: v * 1e3 for key, v in r.items() if key != "k"}
     hidden = 1 - (r["bucketed"] - r["comp"]) / r["comm"]
     print(f"2 emulated hosts x 1 rank, {a.rate} tbf link; backward of {a.layers} layers, "

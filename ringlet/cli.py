@@ -14,8 +14,8 @@ commands:
   explain    predicted time of every algorithm, the winner and crossovers
   place      which host each rank should run on (TP x DP, expert parallel), beside the naive order
   calibrate  measure this host's per-message, per-byte and reduce costs; save the profile
-  draw       draw an algorithm's schedule:       ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
-  trace      a traced job (ringlet run --trace DIR): ringlet trace merge DIR -o job.json | summary DIR
+  draw       draw a schedule:  ringlet draw all_reduce -n 8 --algo ring [-o ring.svg]
+  trace      a traced job (ringlet run --trace DIR): ringlet trace merge|summary|plot DIR
 """
 
 

@@ -41,12 +41,19 @@ def _size(text: str) -> int:
 
 
 def _link_arg(text: str) -> Link:
-    """A tier name, or ALPHA_US,GBPS (e.g. ``5,12.5``) for a custom link."""
+    """A tier name, ALPHA_US,GBPS (e.g. ``5,12.5``) for a custom link, or a link rate as
+    tc writes it (``1gbit``): this host's TCP held to that rate."""
     if text.lower() in TIERS:
         return TIERS[text.lower()]
     if text.lower() in ("shm", "tcp"):
         from .cost.profile import host_link
         return host_link(text.lower())
+    if text.lower().endswith("bit"):
+        from .cost.profile import load_profile
+        try:
+            return load_profile().with_link_rate(text).link("inter")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     parts = text.split(",")
     try:
         if len(parts) == 2:
@@ -55,7 +62,7 @@ def _link_arg(text: str) -> Link:
         raise argparse.ArgumentTypeError(str(exc)) from None
     raise argparse.ArgumentTypeError(
         f"unknown tier {text!r}; valid tiers: {', '.join(TIERS)}, shm, tcp "
-        f"(calibrated), or ALPHA_US,GBPS for a custom link")
+        f"(calibrated), ALPHA_US,GBPS for a custom link, or a rate such as 1gbit")
 
 
 def _named_link(text: str) -> tuple[str, Link]:
@@ -494,8 +501,8 @@ def _explain_where(a, p: int):
         else:
             prof = load_profile()
             topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
-                                prof.link("tcp"), prof.gamma("shm") if a.gamma is None else a.gamma,
-                                prof.delta("shm"))
+                                prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
+                                prof.delta("shm"), shared=prof.shared())
         where = str(topology)
         gamma = topology.gamma
     elif a.tier is not None:

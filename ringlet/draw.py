@@ -101,7 +101,7 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
 def _profile_links():
     from .cost.profile import load_profile
     prof = load_profile()
-    return prof.link("shm"), prof.link("tcp"), prof.gamma("shm"), prof.delta("shm")
+    return prof.link("shm"), prof.link("inter"), prof.gamma("shm"), prof.delta("shm")
 
 
 def _alone(s: Schedule, rnd) -> Schedule:

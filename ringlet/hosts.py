@@ -12,6 +12,9 @@ tmpfs on /dev/shm and a hostname of its own; commands join all three of its name
 (``nsenter``). Host i is ``10.77.0.<i+1>/24`` on eth0, a veth whose other end is port
 ``h<i>`` of a bridge in a switch namespace; both ends' egress is shaped to ``rate``, so a
 link carries ``rate`` each way. Nothing is created in the caller's namespaces.
+``Hosts(n, isolate=False)`` gives each host only its network: its ranks share the hostname
+and /dev/shm with the others' (containers with one IPC namespace but separate networks),
+and ringlet still tells the hosts apart by their network namespace.
 
 Teardown is always done: on leaving the ``with`` block, on SIGTERM/SIGHUP while inside it
 (turned into SystemExit), at interpreter exit, and for namespaces left by a process that
@@ -83,10 +86,10 @@ class Hosts:
     """``n`` emulated hosts joined by links of ``rate`` (tc form: "1gbit", "10gbit"; None
     leaves them unshaped)."""
 
-    def __init__(self, n: int, rate: str | None = "1gbit"):
+    def __init__(self, n: int, rate: str | None = "1gbit", isolate: bool = True):
         if n < 1:
             raise ValueError("need at least one host")
-        self.n, self.rate = n, rate
+        self.n, self.rate, self.isolate = n, rate, isolate
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
         self.names = [f"{self.tag}-{i}" for i in range(n)]
@@ -134,7 +137,7 @@ class Hosts:
             if self.rate:
                 for where, dev in ((ns, "eth0"), (self.switch, f"h{i}")):
                     self._shape(where, dev)
-            self.holders.append(self._holder(ns, self.hostnames[i]))
+            self.holders.append(self._holder(ns, self.hostnames[i], self.isolate))
 
     def _shape(self, ns: str, dev: str) -> None:
         cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
@@ -144,13 +147,20 @@ class Hosts:
             raise HostsUnavailable(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
 
     @staticmethod
-    def _holder(ns: str, hostname: str) -> subprocess.Popen:
-        """The process whose namespaces are the host's: own hostname, private /dev/shm."""
-        script = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname " + hostname +
-                  " && echo ready && exec sleep 1000000")
-        holder = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
-                                   "--propagation", "private", "sh", "-c", script],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def _holder(ns: str, hostname: str, isolate: bool = True) -> subprocess.Popen:
+        """The process whose namespaces are the host's: own hostname, private /dev/shm
+        (unless not ``isolate``: then only its network is its own, like containers that
+        share the IPC namespace and hostname)."""
+        if not isolate:
+            holder = subprocess.Popen(["ip", "netns", "exec", ns, "sh", "-c",
+                                       "echo ready && exec sleep 1000000"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        else:
+            script = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname " + hostname +
+                      " && echo ready && exec sleep 1000000")
+            holder = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
+                                       "--propagation", "private", "sh", "-c", script],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if holder.stdout.readline().strip() != "ready":
             holder.kill()
             raise HostsUnavailable(f"could not give host {hostname} its own hostname and "

@@ -228,6 +228,9 @@ def run_main(argv) -> int:
                     help="store port (default: a free one; required with --nnodes > 1)")
     ap.add_argument("--backend", choices=("auto", "tcp", "shm"), default=None,
                     help="sets RINGLET_BACKEND for the ranks")
+    ap.add_argument("--link-rate", metavar="RATE", default=None,
+                    help="the link between nodes, e.g. 1gbit or 10gbit (sets RINGLET_LINK_RATE): "
+                         "algorithm=auto then prices inter-node messages at that rate")
     ap.add_argument("--no-tag-output", dest="tag", action="store_false",
                     help="do not prefix each line a rank prints with its rank (as mpirun "
                          "--tag-output does; on by default)")
@@ -262,6 +265,13 @@ def run_main(argv) -> int:
     env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
     if a.backend:
         env["RINGLET_BACKEND"] = a.backend
+    if a.link_rate:
+        from .cost.profile import parse_rate
+        try:
+            parse_rate(a.link_rate)
+        except ValueError as exc:
+            ap.error(str(exc))
+        env["RINGLET_LINK_RATE"] = a.link_rate
     if a.trace:
         env["RINGLET_TRACE"] = os.path.abspath(a.trace)
     first = a.node_rank * a.nproc_per_node

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 from urllib.parse import urlparse
 
 import numpy as np
@@ -16,6 +15,7 @@ from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
 from .transport.engine import Engine
+from .transport.shm import detect_host_id
 from .work import RequestWork, TracedRequestWork
 from . import tracing
 
@@ -128,7 +128,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
          master_port: int = 0, server: StoreServer | None = None) -> Group:
     """Start the engine on a store every rank reaches (init's second half; the torch
     backend calls it with the store torch hands it). The store is closed on failure."""
-    host_id = os.environ.get("RINGLET_HOST_ID") or socket.gethostname()
+    host_id = os.environ.get("RINGLET_HOST_ID") or detect_host_id()
     job = hashlib.sha256(token.encode()).hexdigest()[:12]
     try:
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
@@ -177,6 +177,10 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
         mine = load_profile().to_dict()
         for name, params in default_profile().to_dict()["transports"].items():
             mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        rate = os.environ.get("RINGLET_LINK_RATE")
+        if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
+            prof = Profile.from_dict(mine, "rank 0")
+            mine = prof.with_link_rate(rate, shared=prof.shared()).to_dict()
         if world_size == 1:
             return Profile.from_dict(mine, "rank 0")
         store.set(f"g{gen}/profile", json.dumps(mine).encode())
@@ -428,13 +432,18 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWor
 @profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
     args = _p2p("send", buf, dst, group, tag)
-    _blocking(args, timeout, _traced("send", args, group, tag) if tracing.ON else None)
+    if tracing.ON:
+        return _traced_blocking("send", args, group, tag, timeout)
+    _blocking(args, timeout)
 
 
 @profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
     args = _p2p("recv", buf, src, group, tag)
-    _blocking(args, timeout, _traced("recv", args, group, tag) if tracing.ON else None)
+    if tracing.ON:
+        _traced_blocking("recv", args, group, tag, timeout)
+    else:
+        _blocking(args, timeout)
     return src
 
 
@@ -455,6 +464,12 @@ def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
 def _traced(op: str, args: tuple, group, tag: int):
     kind, world, wire, flat, _ = args
     return tracing.P2P(op, kind, world, wire, flat.nbytes, resolve(group).name, int(tag))
+
+
+def _traced_blocking(op: str, args: tuple, group, tag: int, timeout) -> None:
+    tr = _traced(op, args, group, tag)
+    if _blocking(args, timeout, tr):
+        tr.ran_in_c()
 
 
 def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
@@ -479,10 +494,10 @@ def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
     return work
 
 
-def _blocking(args: tuple, timeout, tr=None) -> None:
+def _blocking(args: tuple, timeout, tr=None) -> bool:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
-    waited for."""
+    waited for (traced by ``tr``, if given). True if C did it."""
     eng = engine()
     spun = 0.0
     if eng.fast:
@@ -493,12 +508,11 @@ def _blocking(args: tuple, timeout, tr=None) -> None:
         finally:
             eng.leave()
         if done:
-            if tr is not None:
-                tr.ran_in_c()
-            return
+            return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
     work.wait(timeout)
+    return False
 
 
 # -- counters ----------------------------------------------------------------------------

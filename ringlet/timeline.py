@@ -1,5 +1,6 @@
-"""``ringlet trace merge|summary DIR``: one job's per-rank traces (:mod:`ringlet.tracing`)
-as a Chrome/Perfetto timeline, or as who-waited-for-whom text.
+"""``ringlet trace merge|summary|plot DIR``: one job's per-rank traces
+(:mod:`ringlet.tracing`) as a Chrome/Perfetto timeline, as who-waited-for-whom text, or as
+a picture.
 
 merge writes the Trace Event Format (JSON; open it at ui.perfetto.dev or chrome://tracing):
 a process per rank with three tracks — "calls" (each collective as measured, its
@@ -132,9 +133,11 @@ def merge(directory: str) -> dict:
 # ------------------------------------------------------------------------------ summary
 
 def summary(directory: str, top: int = 20) -> str:
-    """Per collective call, who arrived last and who waited on whom; per pair of ranks,
-    their point-to-point messages and the time waited; then the ranks everyone waited for
-    most, summed over the job (a straggler leads that list)."""
+    """Per collective call, who arrived last and who waited on whom: a rank's wait is on
+    the last rank in as far as that rank came in after it (its entry explains the wait,
+    even when the message that ended it came through another rank), else on the rank it
+    heard from last; per pair of ranks, their point-to-point messages and the time waited;
+    then the ranks waited on most, summed over the job (a straggler leads that list)."""
     ranks = load(directory)
     calls = defaultdict(dict)          # (group, seq) -> {rank: call}
     p2p = defaultdict(list)            # (rank, peer, send or recv) -> its point-to-point calls
@@ -154,11 +157,21 @@ def summary(directory: str, top: int = 20) -> str:
         first_in = min(c["start_us"] for c in by_rank.values())
         waits = []
         for r, c in sorted(by_rank.items()):
+            # The part of r's wait the last rank's late entry explains is on the last rank,
+            # whoever r heard from last: in a ring, rank 1 waits for rank 0, which waits for
+            # the straggler, and the straggler is the one to name.
             w = c["waited"] * 1e6
-            if c["waited_on"] is not None and w >= 1.0:
-                blame[c["waited_on"]] += w
-                blamed_calls[c["waited_on"]] += 1
-                waits.append(f"rank {r} waited on rank {c['waited_on']} for {_us(w)}")
+            late = by_rank[last]["start_us"] - c["start_us"] if r != last else 0.0
+            on_last = min(w, max(late, 0.0))
+            via = c["waited_on"]
+            if on_last >= 1.0:
+                blame[last] += on_last
+                blamed_calls[last] += 1
+                waits.append(f"rank {r} waited on rank {last} for {_us(on_last)}"
+                             + (f" (its last message from rank {via})"
+                                if via is not None and via != last else ""))
+            elif via is not None and w >= 1.0:
+                waits.append(f"rank {r} waited on rank {via} for {_us(w)}")
         pred = any_c.get("predicted")
         took = max(c["end_us"] for c in by_rank.values()) - first_in
         lines.append(f"{any_c['coll']} #{seq} of {group} ({any_c['algo']}, "
@@ -185,10 +198,70 @@ def summary(directory: str, top: int = 20) -> str:
                    f"waited on rank {peer} for {_us(total)} (longest {_us(max(w))})")
     if blame:
         out.append("")
-        out.append("waited on, summed over the job (a straggler leads):")
+        out.append("waited on, summed over the job (late entries and point-to-point peers; "
+                   "a straggler leads):")
         for r, t in sorted(blame.items(), key=lambda kv: -kv[1]):
             out.append(f"  rank {r}: {_us(t)} in {blamed_calls[r]} waits")
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------- plot
+
+def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
+    """The job's timeline as a picture (for a glance without Perfetto): a lane per rank,
+    each call a bar as measured (collectives coloured by kind, point-to-point grey) with
+    the model's predicted duration as an outline from the same start, and a line from
+    each send to its receive. Returns what it drew, in words."""
+    from .plotting import pyplot
+    plt = pyplot()
+    ranks = load(directory)
+    pairs = _pairs(ranks)
+    order = sorted(ranks)
+    y = {r: len(order) - 1 - i for i, r in enumerate(order)}       # rank 0 on top
+    kinds = sorted({c["coll"] for d in ranks.values() for c in d["calls"] if c["seq"] is not None})
+    cmap = plt.get_cmap("tab10")
+    colour = {k: cmap(i % 10) for i, k in enumerate(kinds)}
+    n_calls = sum(len(d["calls"]) for d in ranks.values())
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(order)))
+    for r, d in ranks.items():
+        for c in d["calls"]:
+            t0, dur = c["start_us"] / 1e3, (c["end_us"] - c["start_us"]) / 1e3
+            col = "0.55" if c["seq"] is None else colour[c["coll"]]
+            ax.broken_barh([(t0, max(dur, 1e-4))], (y[r] - 0.3, 0.6), facecolor=col,
+                           edgecolor="white", lw=0.8, alpha=0.85, zorder=2)   # calls apart
+            if c.get("predicted"):
+                ax.broken_barh([(t0, c["predicted"] * 1e3)], (y[r] - 0.38, 0.76),
+                               facecolor="none", edgecolor="black", lw=0.6, zorder=3)
+            if n_calls <= 60 and c["seq"] is not None:
+                ax.text(t0, y[r] + 0.34, f"#{c['seq']}", fontsize=6, va="bottom", zorder=4)
+    for s, rv, a, b in pairs[:max_arrows]:
+        ax.annotate("", xy=(max(rv["ts_us"], s["ts_us"]) / 1e3, y[b]),
+                    xytext=(s["ts_us"] / 1e3, y[a]), zorder=1,
+                    arrowprops=dict(arrowstyle="-|>", lw=0.5, color="0.35", alpha=0.6,
+                                    shrinkA=0, shrinkB=0, mutation_scale=6))
+    ax.set_yticks([y[r] for r in order])
+    ax.set_yticklabels([f"rank {r}" for r in order], fontsize=8)
+    ax.set_ylim(-0.7, len(order) - 0.3)
+    ax.set_xlabel("ms since the first rank started tracing")
+    from matplotlib.patches import Patch
+    handles = [Patch(color=colour[k], label=k) for k in kinds]
+    if any(c["seq"] is None for d in ranks.values() for c in d["calls"]):
+        handles.append(Patch(color="0.55", label="point-to-point"))
+    handles.append(Patch(facecolor="none", edgecolor="black", label="predicted by the model"))
+    from matplotlib.lines import Line2D
+    handles.append(Line2D([], [], color="0.35", lw=0.8,
+                          label="message, send -> receive" + (
+                              f" (first {max_arrows})" if len(pairs) > max_arrows else "")))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              frameon=False)
+    what = (f"{len(order)} ranks, {n_calls} calls, {len(pairs)} messages: each call a bar as "
+            f"measured, its predicted time outlined from the same start, a line per message")
+    ax.set_title(what, fontsize=9)
+    ax.grid(axis="x", color="0.9", zorder=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return what
 
 
 def _first_calls(lines, top):
@@ -217,6 +290,10 @@ def main(argv=None) -> int:
     m = sub.add_parser("merge", help="one Chrome/Perfetto trace-event JSON for the job")
     m.add_argument("dir")
     m.add_argument("-o", "--output", default="job.json", help="default job.json")
+    pl = sub.add_parser("plot", help="the timeline as a picture (PNG, SVG or PDF; needs "
+                                     "matplotlib)")
+    pl.add_argument("dir")
+    pl.add_argument("-o", "--output", default="timeline.png", help="default timeline.png")
     s = sub.add_parser("summary", help="per call: who arrived last, who waited on whom")
     s.add_argument("dir")
     s.add_argument("--calls", type=int, default=20, help="calls listed (default 20)")
@@ -229,6 +306,8 @@ def main(argv=None) -> int:
             n = doc["otherData"]["ranks"]
             print(f"wrote {a.output}: {n} ranks, {len(doc['traceEvents'])} events; open it at "
                   f"https://ui.perfetto.dev or chrome://tracing")
+        elif a.what == "plot":
+            print(f"wrote {a.output}: {plot(a.dir, a.output)}")
         else:
             print(summary(a.dir, a.calls))
     except BrokenPipeError:
@@ -239,4 +318,4 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["load", "merge", "summary", "main"]
+__all__ = ["load", "merge", "summary", "plot", "main"]

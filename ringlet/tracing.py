@@ -51,7 +51,7 @@ class Recorder:
         self.path = os.path.join(directory, f"rank{rank}.jsonl")
         self.rank, self.world_size = rank, world_size
         # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p): what is
-        # (collective, seq, group, algorithm); p2p None, or (peer, user tag)
+        # (collective, seq, group, algorithm); p2p None, or (peer, user tag, its message)
         self.calls: list = []
         self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
         self.c_msgs: list = []     # what the C fast path sent and received, see c_messages
@@ -93,7 +93,9 @@ class Recorder:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:
                 f.write(json.dumps(self.call_record(c)) + "\n")
-            for kind, peer, nbytes, path, ts, tag, seq in self.msgs + c_messages(self.c_msgs):
+            p2p = [c[-1][2] for c in self.calls if c[-1] is not None]
+            for kind, peer, nbytes, path, ts, tag, seq in (self.msgs + p2p
+                                                           + c_messages(self.c_msgs)):
                 f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
                                     "ts": ts, "tag": tag, "seq": seq}) + "\n")
         return self.path
@@ -210,10 +212,12 @@ class P2P:
     """One traced point-to-point operation (send, recv, isend, irecv); the runtime makes it
     only when :data:`ON`. Its call spans posting to completion (a blocking one: the whole
     call); its message is a send stamped when posted, or a receive stamped when done, with
-    the wire tag both sides use, so the merge draws the arrow between them. ``waited``: a
-    receive's whole span (it waits for its sender); a send's time after it was posted if it
-    could not go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
-    __slots__ = ("rec", "what", "kind", "peer", "wire", "nbytes", "user_tag", "start", "posted")
+    the wire tag both sides use, so the merge draws the arrow between them (both records
+    are made from the call's one tuple when the file is written). ``waited``: a receive's
+    whole span (it waits for its sender); a send's time after it was posted if it could not
+    go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
+    __slots__ = ("rec", "what", "kind", "peer", "wire", "nbytes", "user_tag", "start",
+                 "posted", "sent_at", "path")
 
     def __init__(self, op: str, kind: str, world: int, wire: int, nbytes: int, group: str,
                  user_tag: int):
@@ -221,37 +225,36 @@ class P2P:
         self.what = (op, None, group, "point-to-point")
         self.kind, self.peer, self.wire, self.nbytes, self.user_tag = \
             kind, world, wire, nbytes, user_tag
-        self.posted = None
-        self.start = time.perf_counter()
+        self.posted = self.path = None
+        self.start = self.sent_at = time.perf_counter()
 
     def sent(self, path: str, done: bool) -> None:
         """The send went out (``done``) or was posted to go when it can."""
         now = time.perf_counter()
         self.posted = None if done else now
-        self.rec.msgs.append(("send", self.peer, self.nbytes, path, now, self.wire, None))
+        self.sent_at, self.path = now, path
 
     def ran_in_c(self) -> None:
         """C did the whole blocking call (its send is stamped at the start, as in
         :meth:`Call.ran_in_c`; C does not tell waiting from copying: all of it is waited)."""
-        if self.kind == "send":
-            self.rec.msgs.append(("send", self.peer, self.nbytes, "C fast path", self.start,
-                                  self.wire, None))
-            self.posted = self.start
+        self.path = "C fast path"
+        self.posted = self.start
         self.end(in_c=True)
 
     def end(self, in_c: bool = False, error=None) -> None:
         now, rec = time.perf_counter(), self.rec
         if self.kind == "recv":
-            rec.msgs.append(("recv", self.peer, self.nbytes, "C fast path" if in_c else None,
-                             now, self.wire, None))
             waited = now - self.start
+            msg = ("recv", self.peer, self.nbytes, "C fast path" if in_c else None, now,
+                   self.wire, None)
         else:
             waited = 0.0 if self.posted is None else now - self.posted
+            msg = ("send", self.peer, self.nbytes, self.path, self.sent_at, self.wire, None)
         if rec is _REC:
             rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
                               self.peer, "C" if in_c else "python",
                               None if error is None else f"{type(error).__name__}: {error}",
-                              (self.peer, self.user_tag)))
+                              (self.peer, self.user_tag, msg)))
 
 
 def path_of(peer, buf, start: int, stop: int) -> str:

@@ -1,5 +1,6 @@
 """A real multi-host job on emulated hosts (ringlet.hosts): network namespaces with their
 own hostname and /dev/shm, joined by a shaped link; `ringlet run` on each."""
+import re
 import subprocess
 
 import pytest
@@ -67,3 +68,108 @@ def test_hosts_are_torn_down():
     assert shm == [["x-h0"], ["x-h1"]]     # each host its own /dev/shm
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in left for n in names), left
+
+
+KINDS = """
+import time
+import numpy as np, ringlet as rl
+from ringlet.runtime import engine
+rl.init()
+r, p = rl.get_rank(), rl.get_world_size()
+x = np.full(1 << 18, r + 1.0, np.float32)
+rl.all_reduce(x)
+assert (x == p * (p + 1) / 2).all()
+# rank 0 comes late to each call, so the others are asleep when its data arrives: only a
+# doorbell that reaches them wakes them at once (else they sleep out their nap)
+late = []
+for _ in range(6):
+    if r == 0:
+        time.sleep(0.3)
+    t = time.perf_counter()
+    rl.all_reduce(np.ones(16, np.float32))
+    late.append(time.perf_counter() - t)
+kinds = sorted((q, type(peer).__name__) for q, peer in engine().peers.items())
+print(f"rank {r} hosts {len(set(engine().hosts))} late {sorted(late)[3]:.4f} {kinds}", flush=True)
+rl.destroy()
+"""
+
+
+def _kinds(hosts, tmp_path, env=None):
+    script = tmp_path / "kinds.py"
+    script.write_text(KINDS)
+    results = hosts.wait(hosts.ringlet_run(str(script), nproc=2, env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True), 90)
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0, f"host {i}: {err}"
+    found = (re.search(r"rank (\d+) hosts", line) for _, out, _ in results
+             for line in out.splitlines())
+    return {int(m.group(1)): m.string for m in found if m}
+
+
+def _late(line):
+    """The median time of the calls rank 0 came 0.3 s late to, as this rank saw them: they
+    last 0.3 s and no more only if rank 0's data woke the sleeping ranks at once (else they
+    sleep out their nap, up to 0.2 s more)."""
+    return float(re.search(r" late ([\d.]+)", line).group(1))
+
+
+@pytest.fixture
+def shared_ipc_hosts():
+    """Two network namespaces that share the hostname and /dev/shm (containers with one IPC
+    namespace but separate networks)."""
+    try:
+        with Hosts(2, rate="1gbit", isolate=False) as hosts:
+            yield hosts
+    except HostsUnavailable as exc:
+        pytest.skip(f"no emulated hosts here: {exc}")
+
+
+def test_hosts_are_detected_not_declared(shared_ipc_hosts, tmp_path):
+    """One hostname for all, yet each network namespace is a host: shm inside, TCP across."""
+    lines = _kinds(shared_ipc_hosts, tmp_path)
+    for r, local in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        assert " hosts 2 " in lines[r], lines[r]
+        for q in range(4):
+            if q != r:
+                kind = "ShmPeer" if q == local else "TcpPeer"
+                assert f"({q}, '{kind}')" in lines[r], lines[r]
+    assert max(map(_late, lines.values())) < 0.36, f"a sleeping rank was not woken: {lines}"
+
+
+def test_declared_host_spans_network_namespaces(shared_ipc_hosts, tmp_path):
+    """RINGLET_HOST_ID overrides detection: the four ranks share memory across the two
+    network namespaces, and their doorbells still wake each other (a socket name would not
+    reach across: each call would then wait out a nap)."""
+    lines = _kinds(shared_ipc_hosts, tmp_path, env={"RINGLET_HOST_ID": "one"})
+    for r in range(4):
+        assert " hosts 1 " in lines[r], lines[r]
+        for q in range(4):
+            if q != r:
+                assert f"({q}, 'ShmPeer')" in lines[r], lines[r]
+    assert max(map(_late, lines.values())) < 0.36, f"a sleeping rank was not woken: {lines}"
+
+
+class _Store(dict):
+    def set(self, key, value):
+        self[key] = value
+
+    def get(self, key, timeout=None):
+        return self[key]
+
+    def try_get(self, key):
+        return dict.get(self, key)
+
+
+def test_shared_memory_needs_both_sides_to_open_it():
+    from types import SimpleNamespace
+    from ringlet.transport.engine import Engine, host_labels
+    store = _Store()
+    # rank 0 opened 1's and 2's memory, 1 opened 0's, 2 opened none (another user, say)
+    for r, opened in enumerate(([1, 2], [0], [])):
+        store.set(f"g0/shm/{r}", str(opened).encode())
+    agreed = [Engine._agree_on_shm(SimpleNamespace(store=store, rank=r, world_size=3, timeout=1),
+                                   "g0/", {q: None for q in json_list})
+              for r, json_list in enumerate(([1, 2], [0], []))]
+    assert agreed == [{(0, 1)}] * 3
+    assert host_labels(["a", "a", "a"], {(0, 1)}) == ("a#0", "a#0", "a#2")
+    assert host_labels(["a", "a", "b"], {(0, 1)}) == ("a", "a", "b")

@@ -84,6 +84,11 @@ def test_summary_names_the_straggler(tmp_path):
     assert re.search(r"rank 1 waited on rank 2 for", text)
     lead = text.split("a straggler leads):\n")[1].splitlines()[0]
     assert lead.startswith("  rank 2:")
+    # the ring call: rank 1 hears from rank 0, which waits for rank 2 - both wait on rank 2
+    ring = text.split("all_reduce #2 of world (ring")[1].split("\nall_reduce #3")[0]
+    assert re.search(r"rank 0 waited on rank 2 for", ring), ring
+    assert re.search(r"rank 1 waited on rank 2 for [\d.]+ ms( \(its last message from "
+                     r"rank 0\))?", ring), ring
 
 
 def _block_job(rank, d):
@@ -121,6 +126,13 @@ def test_ringlet_run_trace_and_cli(tmp_path):
     p = subprocess.run(cli + ["trace", "summary", str(d)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and "all_reduce #1 of world" in p.stdout
+    png = tmp_path / "timeline.png"
+    p = subprocess.run(cli + ["trace", "plot", str(d), "-o", str(png)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "2 ranks, 2 calls, 2 messages" in p.stdout, p.stdout + p.stderr
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 150 and img.shape[1] > 600 and img[..., :3].std() > 0.05
     p = subprocess.run(cli + ["trace", "summary", str(tmp_path / "nothing")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no rank*.jsonl" in p.stderr

@@ -355,8 +355,38 @@ def hierarchical(p, count, *, itemsize=4, hosts=None):
     s = new("all_reduce", "hierarchical", p, count, itemsize, buf=count)
     s.hosts = tuple(hosts) if hosts is not None else None
     h = len(groups)
+    pieces = hierarchical_pieces(count * itemsize, h, max(len(g) for g in groups))
+    # Pieces start one inter-host phase apart, so while one crosses hosts the next is
+    # reduced and the previous gathered inside them: the host links stay busy.
+    stagger = 2 * (h - 1)
+    edges = [k * count // pieces for k in range(pieces + 1)]
+    for k in range(pieces):
+        _hierarchical_piece(s, k * stagger, groups, edges[k], edges[k + 1] - edges[k])
+    return s
+
+
+#: below this many bytes hierarchical all-reduce runs in one piece; above, in up to
+#: PIECES_MAX pieces of at least this size
+PIECE_BYTES = 4 << 20
+PIECES_MAX = 4
+
+
+def hierarchical_pieces(nbytes: int, h: int, m: int) -> int:
+    """How many pieces a hierarchical all-reduce pipelines: one unless both levels have
+    work (h, m > 1) and the buffer is large enough that hiding the intra-host phases
+    behind the inter-host one beats the extra rounds."""
+    if h < 2 or m < 2:
+        return 1
+    return int(max(1, min(PIECES_MAX, nbytes // PIECE_BYTES)))
+
+
+def _hierarchical_piece(s, start, groups, base, count) -> int:
+    """The three phases of hierarchical on ``buf[base:base + count]`` from round
+    ``start``; returns the round after them."""
+    h = len(groups)
     # Phase 1: reduce-scatter inside each host, all hosts side by side.
-    start = max(ring_reduce_scatter(s, 0, g, *_shards(count, len(g))) for g in groups)
+    start = max(ring_reduce_scatter(s, start, g, *_piece(_shards(count, len(g)), base))
+                for g in groups)
     # Phase 2: one ring all-reduce across hosts per segment, all segments side by side.
     cuts = sorted({Fraction(l, len(g)) for g in groups for l in range(len(g))} | {Fraction(1)})
     end = start
@@ -364,9 +394,13 @@ def hierarchical(p, count, *, itemsize=4, hosts=None):
         owners = np.array([g[lo.numerator * len(g) // lo.denominator] for g in groups])
         a, b = _edge(lo, count), _edge(hi, count)
         off, size = chunks(b - a, h)
-        mid = ring_reduce_scatter(s, start, owners, a + off, size)
-        end = ring_all_gather(s, mid, owners, a + off, size)
+        mid = ring_reduce_scatter(s, start, owners, base + a + off, size)
+        end = ring_all_gather(s, mid, owners, base + a + off, size)
     # Phase 3: all-gather inside each host.
-    for g in groups:
-        ring_all_gather(s, end, g, *_shards(count, len(g)))
-    return s
+    return max(ring_all_gather(s, end, g, *_piece(_shards(count, len(g)), base))
+               for g in groups)
+
+
+def _piece(shards, base):
+    off, size = shards
+    return off + base, size

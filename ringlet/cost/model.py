@@ -267,7 +267,11 @@ def _ar_tree(p, n, a, b, g, **kw):
 def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=None, **kw):
     """Two levels: ring reduce-scatter inside each host (L ranks), all-reduce of each
     n/L shard across the H hosts (all L ranks of a host share its NIC), ring all-gather
-    inside each host. ``intra``/``inter`` are (alpha, beta) pairs, default (a, b)."""
+    inside each host. ``intra``/``inter`` are (alpha, beta) pairs, default (a, b).
+    A large buffer runs in c pieces started 2(H-1) rounds apart (see
+    ``algorithms.all_reduce.hierarchical_pieces``): a round then lasts as long as the
+    slowest step any piece takes in it, so intra-host steps hide behind inter-host ones."""
+    from ..algorithms.all_reduce import hierarchical_pieces
     H = int(hosts)
     if not 1 <= H <= p:
         raise ValueError(f"hierarchical needs 1 <= hosts <= p, got hosts={hosts} for p={p}")
@@ -275,10 +279,24 @@ def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=No
     ai, bi = intra if intra is not None else (a, b)
     ae, be = inter if inter is not None else (a, b)
     k = L if share is None else share
-    local = _t(2 * (L - 1), 2 * (L - 1) / L * n, (L - 1) / L * n, ai, bi, g)
-    shard = n / L
-    cross = _ar_ring(H, shard, ae, be * k, g) if H > 1 else Terms()
-    return local + cross
+    c = hierarchical_pieces(int(n), H, L)
+    if c == 1:
+        local = _t(2 * (L - 1), 2 * (L - 1) / L * n, (L - 1) / L * n, ai, bi, g)
+        shard = n / L
+        cross = _ar_ring(H, shard, ae, be * k, g) if H > 1 else Terms()
+        return local + cross
+    piece = n / c
+    # one piece's steps in order: L-1 reduce steps inside, 2(H-1) across, L-1 copy steps inside
+    steps = ([_t(1, piece / L, piece / L, ai, bi, g)] * (L - 1)
+             + [_t(1, piece / L / H, piece / L / H, ae, be * k, g)] * (H - 1)
+             + [_t(1, piece / L / H, 0, ae, be * k, g)] * (H - 1)
+             + [_t(1, piece / L, 0, ai, bi, g)] * (L - 1))
+    stagger = 2 * (H - 1)
+    total = Terms()
+    for r in range((c - 1) * stagger + len(steps)):
+        active = [steps[r - j * stagger] for j in range(c) if 0 <= r - j * stagger < len(steps)]
+        total = total + max(active, key=lambda t: t.total)
+    return total
 
 
 def _two_levels(p, hosts, intra, inter, share, a, b):

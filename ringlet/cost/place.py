@@ -93,12 +93,13 @@ class _Merged:
 
 
 class _Pricer:
-    def __init__(self, comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing):
+    def __init__(self, comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing,
+                 shared=1.0):
         self.comms = list(comms)
         self.H, self.R = int(hosts), int(ranks_per_host)
         self.P = self.H * self.R
         self.intra, self.inter = tier(intra), tier(inter)
-        self.gamma, self.nic_sharing = float(gamma), bool(nic_sharing)
+        self.gamma, self.nic_sharing, self.shared = float(gamma), bool(nic_sharing), float(shared)
         for c in self.comms:
             bad = [r for g in c.groups for r in g if not 0 <= r < self.P]
             if bad:
@@ -108,7 +109,7 @@ class _Pricer:
 
     def topology(self, host_ids):
         return Topology.from_host_ids(host_ids, self.intra, self.inter, self.gamma,
-                                      nic_sharing=self.nic_sharing)
+                                      nic_sharing=self.nic_sharing, shared=self.shared)
 
     def comm_time(self, c: Comm, host_of) -> tuple[float, list[str]]:
         merged = _Merged(self.P, 4)
@@ -209,10 +210,11 @@ def _hosts_from_order(order, R):
 
 
 def price(comms, hosts: int, ranks_per_host: int, mapping=None, *, intra="nvlink",
-          inter="ethernet", gamma: float = 0.0, nic_sharing: bool = True) -> tuple[float, dict]:
+          inter="ethernet", gamma: float = 0.0, nic_sharing: bool = True,
+          shared: float = 1.0) -> tuple[float, dict]:
     """Predicted communication seconds per step of ``comms`` with logical rank r on host
     ``mapping[r]`` (default: the naive r // ranks_per_host), and the seconds per kind."""
-    pricer = _Pricer(comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing)
+    pricer = _Pricer(comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing, shared)
     if mapping is None:
         mapping = [r // pricer.R for r in range(pricer.P)]
     _check_mapping(mapping, pricer)
@@ -229,12 +231,13 @@ def _check_mapping(mapping, pricer):
 
 def place(comms, hosts: int, ranks_per_host: int, *, intra="nvlink", inter="ethernet",
           gamma: float = 0.0, nic_sharing: bool = True, max_evaluations: int = 400,
-          seed: int = 0) -> Placement:
+          seed: int = 0, shared: float = 1.0) -> Placement:
     """The rank -> host mapping with the least predicted communication per step found by
     the search in this module's docstring (at most ``max_evaluations`` mappings priced),
     with the naive mapping's prediction beside it. ``intra``/``inter``: links or tier
-    names (``ringlet.cost.TIERS``; a calibrated profile's via ``Profile.link``)."""
-    pricer = _Pricer(comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing)
+    names (``ringlet.cost.TIERS``; a calibrated profile's via ``Profile.link``);
+    ``shared``: see ``Topology.shared``."""
+    pricer = _Pricer(comms, hosts, ranks_per_host, intra, inter, gamma, nic_sharing, shared)
     P, R = pricer.P, pricer.R
     naive = [r // R for r in range(P)]
     n_time, n_per, n_algs = pricer(naive)

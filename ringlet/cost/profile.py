@@ -32,6 +32,7 @@ import copy
 import json
 import math
 import os
+import re
 import socket
 import time
 import warnings
@@ -60,6 +61,29 @@ DEFAULT_PROFILE: dict = {
 }
 
 
+#: payload share of a TCP/IPv4 link's bytes at MTU 1500: 1448 of every 1514 bytes framed
+#: (IP and TCP headers with timestamps, the Ethernet header) - what shapers and NICs count
+TCP_GOODPUT = 1448 / 1514
+
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
+
+
+def parse_rate(text) -> float:
+    """Bytes per second from a link rate as ``tc`` writes it: ``"1gbit"``, ``"10gbit"``,
+    ``"500mbit"`` (a number alone is bytes per second)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        rate = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+        unit = m.group(2).lower() if m else None
+        if unit not in _RATE_UNITS and unit != "":
+            raise ValueError(f"cannot read link rate {text!r}; use e.g. 1gbit, 10gbit, 500mbit")
+        rate = float(m.group(1)) * _RATE_UNITS.get(unit, 1)
+    if not rate > 0 or not math.isfinite(rate):
+        raise ValueError(f"link rate must be > 0, got {text!r}")
+    return rate
+
+
 def profile_path() -> Path:
     """Where the profile lives: $RINGLET_PROFILE, else the user cache directory."""
     env = os.environ.get("RINGLET_PROFILE")
@@ -81,25 +105,52 @@ class Profile:
 
     @property
     def calibrated(self) -> bool:
-        return self.source != "default"
+        return not self.source.startswith("default")
 
     def params(self, transport: str = "shm") -> dict:
+        if transport == "inter" and "inter" not in self.transports:
+            transport = "tcp"      # no inter-host link known: TCP as calibrated here
         if transport not in self.transports:
             raise ValueError(f"profile has no transport {transport!r}; it has: "
                              f"{', '.join(self.transports) or 'none'}")
         return self.transports[transport]
 
     def link(self, transport: str = "shm") -> Link:
-        """The transport as a plain alpha-beta link (closed forms, other hosts). For a host
+        """The transport as a plain alpha-beta link (closed forms, other hosts); "inter" is
+        the link between hosts (:meth:`with_link_rate`; else "tcp"). For a host
         model that is the cost of one message between two otherwise idle ranks:
         alpha = 2*alpha + alpha_rdv (both sides' overhead and the rendezvous), beta = 2*beta
         (the sender's copy and the receiver's)."""
         t = self.params(transport)
+        if "rate" in t:
+            return Link.from_beta(float(t["alpha"]), float(t["beta"]),
+                                  name=f"inter-host link ({float(t['rate']) * 8 / 1e9:g} Gbit/s)")
         label = f"{transport} ({'calibrated' if self.calibrated else 'default'})"
         if t.get("model") == "host":
             return Link.from_beta(2 * float(t["alpha"]) + float(t.get("alpha_rdv", 0.0)),
                                   2 * float(t["beta"]), name=label)
         return Link.from_beta(float(t["alpha"]), float(t["beta"]), name=label)
+
+    def with_link_rate(self, rate, shared: float = 1.0, payload=None) -> "Profile":
+        """This profile with hosts joined by a link of ``rate`` (bytes/s, or tc's form:
+        "1gbit"): TCP as calibrated here, but never faster per byte than the link's payload
+        rate (``payload`` bytes/s as measured, else TCP_GOODPUT of its rate); ``shared``:
+        the fraction of that rate several flows sharing the link reach together (see
+        ``Topology.shared``). The per-message cost stays TCP's."""
+        rate = parse_rate(rate)
+        if not 0 < shared <= 1:
+            raise ValueError(f"shared must be in (0, 1], got {shared!r}")
+        tcp = self.link("tcp")
+        wire = payload if payload else rate * TCP_GOODPUT
+        inter = {"alpha": tcp.alpha, "beta": max(tcp.beta, 1 / wire),
+                 "gamma": self.gamma("tcp"), "rate": rate, "shared": float(shared)}
+        return Profile({**copy.deepcopy(self.transports), "inter": inter},
+                       f"{self.source} + link {rate * 8 / 1e9:g} Gbit/s", self.host,
+                       self.created, dict(self.extra))
+
+    def shared(self) -> float:
+        """Of the inter-host link's rate, what several flows sharing it reach together."""
+        return float(self.params("inter").get("shared", 1.0))
 
     def gamma(self, transport: str = "shm") -> float:
         return float(self.params(transport).get("gamma", 0.0))

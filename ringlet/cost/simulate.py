@@ -16,7 +16,9 @@ How time is modelled (the alpha-beta-gamma model, applied round by round):
 * The ranks of a host share its NIC for inter-host traffic: in each round, an inter-host
   message's bandwidth is the inter link's divided by the number of distinct ranks of its
   host sending (or, at the destination host, receiving) across hosts in that round,
-  whichever is larger.
+  whichever is larger; and when several share it, together they reach only
+  ``Topology.shared`` of the link's rate (1 for an ideal NIC; less where competing TCP
+  flows lose some of it, as ``ringlet.hosts``' shaped links measure).
 
 The simulator also follows the critical path: for every rank it keeps how much of its
 finish time is latency (alpha), bandwidth (beta, including NIC sharing and local copies)
@@ -45,7 +47,8 @@ class Topology:
 
     ``intra`` prices messages inside a host, ``inter`` messages between hosts (default:
     ``intra``); ``gamma`` is seconds per byte reduced, ``delta`` seconds per byte of a
-    local copy. With ``nic_sharing`` the ranks of a host share one NIC across hosts."""
+    local copy. With ``nic_sharing`` the ranks of a host share one NIC across hosts, and
+    ``shared`` is the fraction of its rate several flows reach together."""
     hosts: int
     ranks_per_host: int
     intra: Link
@@ -55,6 +58,7 @@ class Topology:
     nic_sharing: bool = True
     host_ids: tuple | None = None    # explicit host of each rank (see from_host_ids)
     host: HostModel | None = None    # one host priced by its calibrated HostModel
+    shared: float = 1.0              # of the inter link's rate, when flows share it
 
     def __post_init__(self):
         for name in ("hosts", "ranks_per_host"):
@@ -65,6 +69,8 @@ class Topology:
         object.__setattr__(self, "inter", tier(self.inter) if self.inter is not None else self.intra)
         if self.gamma < 0 or self.delta < 0:
             raise ValueError("Topology gamma and delta must be >= 0 seconds per byte")
+        if not 0 < self.shared <= 1:
+            raise ValueError(f"Topology shared must be in (0, 1], got {self.shared!r}")
         if self.host is not None and self.hosts != 1:
             raise ValueError("a HostModel prices the ranks of one host (hosts=1)")
         if self.host_ids is not None:
@@ -75,7 +81,8 @@ class Topology:
 
     @classmethod
     def from_host_ids(cls, host_ids, intra, inter=None, gamma: float = 0.0,
-                      delta: float = 0.0, nic_sharing: bool = True) -> "Topology":
+                      delta: float = 0.0, nic_sharing: bool = True,
+                      shared: float = 1.0) -> "Topology":
         """Rank r on host ``host_ids[r]`` (any hashable labels; hosts need not be
         contiguous or equal in size). ``ranks_per_host`` becomes the largest host's."""
         ids = list(host_ids)
@@ -86,10 +93,12 @@ class Topology:
         counts = np.bincount(norm)
         if len(labels) > 1 and all(norm[r] == r // counts[0] for r in range(len(norm))) \
                 and (counts == counts[0]).all():
-            return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing)
+            return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing,
+                       shared=shared)
         if len(labels) == 1:
-            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing)
-        return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm)
+            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared)
+        return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm,
+                   shared=shared)
 
     @classmethod
     def uniform(cls, p: int, link: Link | str, gamma: float = 0.0, delta: float = 0.0) -> "Topology":
@@ -111,7 +120,7 @@ class Topology:
         model = prof.host_model(intra) if hosts == 1 else None
         if model is not None:
             return cls.on_host(ranks_per_host, model)
-        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "tcp"),
+        return cls(hosts, ranks_per_host, prof.link(intra), prof.link(transport or "inter"),
                    prof.gamma(intra), prof.delta(intra))
 
     @property
@@ -276,6 +285,7 @@ class _Sim:
                     kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)
                     kin = np.bincount(host, np.bincount(dst[x], minlength=p) > 0, self.H)
                     share = np.maximum(kout[hs], kin[hd])
+                    share = np.where(share > 1, share / topo.shared, share)
                     bcost = np.where(x, nb * be * share, nb * bi)
                 else:
                     bcost = np.where(x, nb * be, nb * bi)

@@ -117,7 +117,8 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
                 return _host_env(model, gamma)
             link, d = prof.link("shm"), prof.delta("shm")
             return _Env(link, g, None, ("link", link, g, d), d)
-        topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("tcp"), g, prof.delta("shm"))
+        topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("inter"), g, prof.delta("shm"),
+                                      shared=prof.shared())
         return _Env(None, g, topo, ("topo", topo, g))
     link = tier(topology)
     g = 0.0 if gamma is None else float(gamma)

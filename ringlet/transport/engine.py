@@ -34,7 +34,8 @@ from ..rendezvous import handshake_client, handshake_server, local_address_towar
 from . import fast, protocol
 from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
-from .shm import RING_BYTES, Ring, ShmPeer, create_segment, make_doorbell, open_segment, segment_size
+from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
+                  segment_size)
 from .tcp import TcpPeer
 
 log = logging.getLogger("ringlet")
@@ -64,6 +65,27 @@ def _refusal(exc, earlier: int) -> tuple:
     if isinstance(exc, PeerFailure) and exc.rank is not None:
         return (exc.rank, 0), DEAD
     return (earlier, 0), STALE
+
+
+def host_labels(keys: list, shared: set) -> tuple:
+    """Each rank's host: its detected (or declared) host key, split where ranks with one
+    key could not share memory (the pairs not in ``shared``): then each set of ranks
+    joined by shared memory is a host of its own."""
+    parent = list(range(len(keys)))
+
+    def root(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+    for r, q in shared:
+        parent[root(q)] = root(r)
+    labels = []
+    for r, key in enumerate(keys):
+        same_key = [q for q in range(len(keys)) if keys[q] == key]
+        whole = all(root(q) == root(r) for q in same_key)
+        labels.append(key if whole else f"{key}#{min(q for q in same_key if root(q) == root(r))}")
+    return tuple(labels)
 
 
 class Engine:
@@ -122,10 +144,9 @@ class Engine:
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
-            name = f"ringlet-{self.job}-{gen}-{self.rank}".encode()
-            self.doorbell = make_doorbell(name)
+            self.doorbell = Doorbell()
             self.sel.register(self.doorbell, selectors.EVENT_READ, None)
-            me.update(seg=self.seg_fd, doorbell=name.decode())
+            me.update(seg=self.seg_fd, doorbell=self.doorbell.fileno())
         listener = None
         if self.world_size > 1:
             bind = local_address_towards(master_addr, master_port)
@@ -135,34 +156,75 @@ class Engine:
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in
                  wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
-        self.hosts = tuple(info["host"] for info in infos)   # host identity of every rank
-        remote = []
-        for info in infos:
-            r = info["rank"]
-            if r == self.rank:
-                continue
-            if use_shm and info["host"] == self.host_id:
-                theirs = open_segment(info["pid"], info["seg"],
-                                      segment_size(self.world_size, self.capacity))
-                self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
-                                        Ring(theirs, self.rank, self.capacity),
-                                        info["doorbell"].encode(), info["pid"])
-            else:
-                remote.append(info)
-        # Touch both rings of every local pair now, before any traffic can flow: their first
-        # lap would otherwise pay a page fault every 4 KiB inside the first collectives.
-        for peer in self.peers.values():
-            peer.inbox.data[:] = 0
-            peer.outbox.data[:] = 0
+        local = use_shm and self.world_size > 1
+        opened = self._open_local(infos) if local else {}
+        same = {i["rank"] for i in infos if local and i["host"] == self.host_id} - {self.rank}
+        shared: set = set()
         try:
-            self._connect_tcp(remote, listener)
+            self._connect_tcp([i for i in infos if i["rank"] not in same | {self.rank}], listener)
+            if local:
+                # Touch both rings of every local pair now, before any traffic can flow
+                # (after the agreement below it may): their first lap would otherwise pay a
+                # page fault every 4 KiB inside the first collectives.
+                for r, (theirs, _) in opened.items():
+                    Ring(self.seg, r, self.capacity).data[:] = 0
+                    Ring(theirs, self.rank, self.capacity).data[:] = 0
+                # Every rank has opened what it could (so the fd is no longer needed): agree
+                # on the pairs that share memory; the rest of this host's ranks use TCP.
+                shared = self._agree_on_shm(prefix, opened)
+                fallback = []
+                for info in infos:
+                    r = info["rank"]
+                    if r not in same:
+                        continue
+                    if (min(r, self.rank), max(r, self.rank)) in shared:
+                        theirs, bell = opened.pop(r)
+                        self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
+                                                Ring(theirs, self.rank, self.capacity), bell,
+                                                info["pid"])
+                    else:
+                        fallback.append(info)
+                for theirs, bell in opened.values():   # they could not open ours
+                    theirs.close()
+                    bell.close()
+                self._connect_tcp(fallback, listener)
+            else:
+                self.store.add(f"{prefix}mapped", 1)
+                self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
         finally:
             if listener is not None:
                 listener.close()
-        # Everyone has mapped everything: the fd is no longer needed.
-        self.store.add(f"{prefix}mapped", 1)
-        self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
         self._close_seg_fd()
+        self.hosts = host_labels([info["host"] for info in infos], shared)
+
+    def _open_local(self, infos: list) -> dict:
+        """Rings and doorbells of the ranks that look like this host: {rank: (segment,
+        bell)} for those that opened (whether they opened ours, the agreement tells)."""
+        opened = {}
+        for info in infos:
+            r = info["rank"]
+            if r == self.rank or info["host"] != self.host_id:
+                continue
+            theirs = None
+            try:
+                theirs = open_segment(info["pid"], info["seg"],
+                                      segment_size(self.world_size, self.capacity))
+                opened[r] = (theirs, Bell(info["pid"], info["doorbell"]))
+            except OSError as exc:
+                if theirs is not None:
+                    theirs.close()
+                log.warning("ringlet rank %d: rank %d looks local (host %s) but its shared "
+                            "memory does not open here, so TCP carries that pair: %s",
+                            self.rank, r, self.host_id, exc)
+        return opened
+
+    def _agree_on_shm(self, prefix: str, opened: dict) -> set:
+        """The pairs (low rank, high rank) where each opened the other's shared memory:
+        every rank learns every rank's result, so all agree on which pairs use it."""
+        self.store.set(f"{prefix}shm/{self.rank}", json.dumps(sorted(opened)).encode())
+        lists = wait_for_ranks(self.store, f"{prefix}shm/", self.world_size, self.timeout, self.rank)
+        could = {(r, q) for r, v in enumerate(lists) for q in json.loads(v)}
+        return {(r, q) for r, q in could if r < q and (q, r) in could}
 
     def _close_seg_fd(self) -> None:
         if self.seg_fd is not None:
@@ -503,17 +565,10 @@ class Engine:
             self._nap(-1)
 
     def drain_doorbell(self) -> None:
-        try:
-            while self.doorbell.recv(64):
-                pass
-        except (BlockingIOError, InterruptedError, OSError):
-            pass
+        self.doorbell.drain()
 
-    def ring_doorbell(self, name: bytes) -> None:
-        try:
-            self.doorbell.sendto(b"!", b"\0" + name)
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
-            pass  # the peer is awake already, or gone (its liveness check will tell)
+    def ring_doorbell(self, bell: Bell) -> None:
+        bell.ring()
 
     def check_liveness(self) -> None:
         for peer in self.peers.values():

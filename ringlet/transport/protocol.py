@@ -396,17 +396,26 @@ class Peer:
 
     def _accept(self, req: RecvRequest, msgid: int, length: int, where=None) -> None:
         if length != req.nbytes:
-            self.outq.append(("cts", (msgid, CTS_REJECT, req.nbytes)))
+            self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
         elif where is not None and (src := self.remote_view(where, length)) is not None:
             req.deliver(src)        # one copy (or reduce), straight from the sender's buffer
             self._received(req)
-            self.outq.append(("cts", (msgid, CTS_DONE, 0)))
+            self._queue_cts(msgid, CTS_DONE, 0)
         else:
             req.msgid = msgid
             self.incoming[msgid] = req
-            self.outq.append(("cts", (msgid, CTS_OK, 0)))
+            self._queue_cts(msgid, CTS_OK, 0)
         self.pump_out()
+
+    def _queue_cts(self, msgid: int, flags: int, aux: int) -> None:
+        """A CTS goes ahead of our DATA still queued (after other control packets): queued
+        behind a long message of ours, it would hold the peer's message back until ours
+        is out, and the two directions of a link would take turns instead of both
+        streaming (half the rate of a shaped TCP link). DATA names its message and
+        offset, so a CTS may come between two fragments."""
+        i = next((k for k, (kind, _) in enumerate(self.outq) if kind == "data"), len(self.outq))
+        self.outq.insert(i, ("cts", (msgid, flags, aux)))
 
     def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
         """A streamed message met its receive: its DATA goes straight there."""

@@ -85,7 +85,7 @@ class Ring:
 
 
 class ShmPeer(Peer):
-    def __init__(self, engine, rank: int, inbox: Ring, outbox: Ring, doorbell: bytes, pid: int,
+    def __init__(self, engine, rank: int, inbox: Ring, outbox: Ring, doorbell: Bell, pid: int,
                  eager: int = EAGER_BYTES, frag: int = FRAG_BYTES):
         frag = min(frag, outbox.capacity // 4)
         # an EAGER packet must fit wherever the head is (PAD skips the ring's tail end)
@@ -168,6 +168,7 @@ class ShmPeer(Peer):
 
     def close(self) -> None:
         self.inbox = self.outbox = None    # (their views pin the segments' mappings)
+        self.doorbell.close()
 
     # -- liveness ------------------------------------------------------------------------
     def check_alive(self) -> bool:
@@ -183,10 +184,77 @@ class ShmPeer(Peer):
             return False
 
 
-def make_doorbell(name: bytes) -> socket.socket:
-    """A datagram socket in the abstract namespace (no file, gone with the process) that
-    local senders poke to wake this rank when it sleeps."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(b"\0" + name)
-    s.setblocking(False)
-    return s
+class Doorbell:
+    """A pipe local senders write a byte into to wake this rank while it sleeps. Peers open
+    its read end through ``/proc/<pid>/fd`` for writing, which works across network
+    namespaces (an abstract socket's name would not), and it is gone with the process.
+    This rank keeps a write end open too, so the pipe never reads as hung up before every
+    peer has opened it."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def fileno(self) -> int:
+        return self.r
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.r = self.w = -1
+
+
+class Bell:
+    """A local peer's doorbell, seen from its senders: the write end of its pipe."""
+
+    def __init__(self, pid: int, fd: int):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise OSError(f"cannot open the doorbell of process {pid} ({path}: "
+                          f"{exc.strerror})") from exc
+
+    def ring(self) -> None:
+        try:
+            os.write(self.fd, b"!")
+        except OSError:
+            pass  # full: the peer has a wake-up pending already; gone: liveness will tell
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+
+def _ns_inode(kind: str) -> str:
+    try:
+        return str(os.stat(f"/proc/self/ns/{kind}").st_ino)
+    except OSError:
+        return "?"
+
+
+def detect_host_id() -> str:
+    """This process's host as shared memory sees it: ranks share a host when they run on
+    one boot of one kernel (boot id), in one network namespace and one PID namespace (so
+    ``/proc/<pid>`` names the same process for both and the rings and doorbells open);
+    whether they really can open each other's rings is then tried at init. The hostname
+    leads, for people reading it; it decides nothing."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}/net{_ns_inode('net')}/pid{_ns_inode('pid')}"

@@ -1,0 +1,509 @@
+"""Collectives on emulated hosts (ringlet.hosts: network namespaces with their own hostname
+and /dev/shm, joined by tbf-shaped links): measured against the cost model's prediction.
+Needs root (namespaces, tc).
+
+    .venv/bin/python bench/hosts.py [--layouts 2x2,2x4] [--rates 1gbit,10gbit]
+        [--sizes 64K,1M,16M,64M] [--collectives all_reduce,all_gather,...] [--json out.json]
+    .venv/bin/python bench/hosts.py --layouts 2x2 --rates 1gbit --place 2,1M,16M
+    .venv/bin/python bench/hosts.py --layouts 2x1,2x2 --rates unshaped,1gbit --sizes 8M,64M --gloo
+
+For every layout (hosts x ranks per host) and link rate it builds the hosts, calibrates
+the link between them (the payload rate of one TCP stream each way, and what m streams
+each way reach together: ``Topology.shared``; ``--rate-only`` skips this and prices the
+link from its rate), writes that into the profile every rank reads (RINGLET_PROFILE), then
+launches ``ringlet run --nnodes H --node-rank i --master-addr <host 0>`` inside each
+namespace (one job: shared memory inside a host, TCP between) and times every algorithm
+of every collective at every size, forced and under ``auto``: each cell is the slowest
+rank's time of one call, best of ``--reps`` after a warm-up. Beside it: the time the
+cost model predicts for the very schedule (with the profile ``auto`` used), the link
+utilisation (bus bandwidth / link rate) and, per size, the measured and the predicted
+winner, and flat against hierarchical. Hosts are always torn down.
+
+``--place TP,TP_BYTES,DP_BYTES`` instead measures one ``ringlet place`` case: a
+tensor x data parallel step's communication under the naive and the proposed rank ->
+host mapping, turn by turn. ``--gloo`` instead compares all_reduce with torch's Gloo on
+the same ranks, turn by turn (``unshaped``: plain veth between the namespaces).
+
+On a 2-core machine 2 x 4 ranks are 8 processes on 2 cores: oversubscribed, and the table
+says so. Sizes are per-rank buffers (all_gather / reduce_scatter: the gathered array, as in
+ringlet.cost.model); bus bandwidth is nccl-tests' (bytes a rank must move, over time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+#: algorithms left out: they only exist to be beaten (each moves p-1 times the data)
+SLOW = {("all_reduce", "naive_ring"), ("all_reduce", "direct")}
+
+
+# ---------------------------------------------------------------- the job (each rank)
+
+def _call(rl, collective, bufs, algorithm):
+    if collective == "all_reduce":
+        rl.all_reduce(bufs[0], algorithm=algorithm)
+    elif collective == "broadcast":
+        rl.broadcast(bufs[0], 0, algorithm=algorithm)
+    elif collective == "all_gather":
+        rl.all_gather(bufs[0], bufs[1], algorithm=algorithm)
+    elif collective == "reduce_scatter":
+        rl.reduce_scatter(bufs[0], bufs[1], algorithm=algorithm)
+    else:
+        rl.all_to_all(bufs[0], bufs[1], algorithm=algorithm)
+
+
+def _buffers(np, collective, p, nbytes):
+    n = max(1, nbytes // 4)
+    if collective in ("all_gather", "reduce_scatter"):
+        block = max(1, n // p)
+        big, small = np.ones((p, block), np.float32), np.ones(block, np.float32)
+        return (big, small) if collective == "all_gather" else (small, big)
+    if collective == "all_to_all":
+        block = max(1, n // p)
+        return np.ones((p, block), np.float32), np.ones((p, block), np.float32)
+    return (np.ones(n, np.float32),)
+
+
+def job(spec_path: str) -> None:
+    import numpy as np
+    import ringlet as rl
+    from ringlet import cost
+    from ringlet.runtime import job_profile
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rl.init()
+    r, p = rl.get_rank(), rl.get_world_size()
+    hosts = rl.runtime._S.world.host_indices()
+    for collective, algorithms, nbytes, reps in spec["cells"]:
+        bufs = _buffers(np, collective, p, nbytes)
+        nb = max(b.nbytes for b in bufs)     # the size convention of ringlet.cost.model
+        chosen = cost.choose(collective, nb, p, topology=job_profile(), hosts=hosts)[0]
+        for algorithm in algorithms:
+            times = []
+            for i in range(reps + 1):
+                rl.barrier()
+                t = time.perf_counter()
+                _call(rl, collective, bufs, algorithm)
+                if i:
+                    times.append(time.perf_counter() - t)
+            slowest = np.array(times)
+            rl.all_reduce(slowest, op=rl.ReduceOp.MAX)
+            if r == 0:
+                print("CELL " + json.dumps({"collective": collective, "algorithm": algorithm,
+                                            "nbytes": nb, "times": slowest.tolist(),
+                                            "auto": chosen}), flush=True)
+    rl.destroy()
+
+
+def place_job(spec: dict) -> None:
+    """Time one training step's communication (every comm's groups at once, kind after
+    kind, algorithm auto) under each mapping of logical ranks to hosts, turn by turn."""
+    import numpy as np
+    import ringlet as rl
+    rl.init()
+    r, m = rl.get_rank(), int(os.environ["LOCAL_WORLD_SIZE"])
+    plans = {}
+    for name, host_of in spec["mappings"].items():
+        slots: dict = {}      # host -> its world ranks not yet given out
+        world = [next(slots.setdefault(h, iter(range(h * m, (h + 1) * m)))) for h in host_of]
+        mine = []
+        for comm in spec["comms"]:
+            for group in comm["groups"]:
+                g = rl.new_group(sorted(world[x] for x in group))   # every rank, same order
+                if r in g.ranks:
+                    mine.append((g, np.ones(comm["nbytes"] // 4, np.float32)))
+        plans[name] = mine
+    times = {name: [] for name in plans}
+    for turn in range(spec["turns"] + 1):
+        for name, mine in plans.items():
+            rl.barrier()
+            t = time.perf_counter()
+            for g, buf in mine:
+                rl.all_reduce(buf, group=g)
+            dt = np.array([time.perf_counter() - t])
+            rl.all_reduce(dt, op=rl.ReduceOp.MAX)
+            if turn:
+                times[name].append(float(dt[0]))
+    if r == 0:
+        print("PLACE " + json.dumps(times), flush=True)
+    rl.destroy()
+
+
+def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
+    """``ringlet place``'s proposal for tensor x data parallel on the hosts (their link
+    calibrated first), measured."""
+    from ringlet import cost
+    from ringlet.cost.place import place, tensor_data_parallel
+    from ringlet.hosts import Hosts
+    h, m = layout
+    comms = tensor_data_parallel(tp, h * m // tp, tp_bytes, dp_bytes)
+    spec_path = f"/tmp/ringlet-bench-place-{os.getpid()}.json"
+    try:
+        with Hosts(h, rate=rate) as hosts:
+            prof = calibrate_link(hosts, m, rate, cost.load_profile())
+            plan = place(comms, h, m, intra=prof.link("shm"), inter=prof.link("inter"),
+                         gamma=prof.gamma("shm"), shared=prof.shared())
+            print(f"\n== placement: tp {tp} x dp {h * m // tp}, tp all_reduce "
+                  f"{cost.format_size(tp_bytes)}, dp all_reduce {cost.format_size(dp_bytes)}, "
+                  f"{h} hosts x {m} ranks, link {rate}")
+            print(plan)
+            spec = {"mappings": {"naive": plan.naive_hosts, "proposed": plan.hosts},
+                    "turns": turns, "comms": [{"groups": c.groups, "nbytes": c.nbytes}
+                                              for c in comms]}
+            with open(spec_path, "w") as f:
+                json.dump(spec, f)
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "RINGLET_LINK_RATE": rate}
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--place-job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        if os.path.exists(spec_path):
+            os.unlink(spec_path)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+    times = next(json.loads(line.split("PLACE ", 1)[1]) for _, o, _ in results
+                 for line in o.splitlines() if "PLACE " in line)
+    for name, pred in (("naive", plan.naive_time), ("proposed", plan.time)):
+        t = times[name]
+        print(f"{name:<9} predicted {pred * 1e3:9.2f} ms   measured best {min(t) * 1e3:9.2f} ms, "
+              f"median {statistics.median(t) * 1e3:9.2f} ms over {len(t)} turns")
+    order = (min(times["naive"]) > min(times["proposed"])) == (plan.naive_time > plan.time)
+    print(f"measured in the predicted order: {'yes' if order else 'NO'}; load {os.getloadavg()[0]:.1f}")
+
+
+def gloo_job(spec: dict) -> None:
+    """ringlet's all_reduce (auto) against torch's Gloo, turn by turn, on the same ranks."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import ringlet as rl
+    rl.init()
+    dist.init_process_group("gloo")
+    r = rl.get_rank()
+    out = {}
+    for nbytes in spec["sizes"]:
+        x = np.ones(nbytes // 4, np.float32)
+        y = torch.ones(nbytes // 4)
+        runs = {"ringlet": lambda: rl.all_reduce(x), "gloo": lambda: dist.all_reduce(y)}
+        times = {k: [] for k in runs}
+        for turn in range(spec["turns"] + 1):
+            for name, fn in runs.items():
+                rl.barrier()
+                t = time.perf_counter()
+                fn()
+                dt = np.array([time.perf_counter() - t])
+                rl.all_reduce(dt, op=rl.ReduceOp.MAX)
+                if turn:
+                    times[name].append(float(dt[0]))
+        out[nbytes] = times
+    if r == 0:
+        print("GLOO " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+    rl.destroy()
+
+
+def versus_gloo(rate, layout, sizes, turns, timeout):
+    from ringlet.cost import format_size
+    from ringlet.hosts import Hosts
+    h, m = layout
+    p = h * m
+    spec_path = f"/tmp/ringlet-bench-gloo-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump({"sizes": sizes, "turns": turns}, f)
+    shaped = rate not in ("none", "unshaped")
+    try:
+        with Hosts(h, rate=rate if shaped else None) as hosts:
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "GLOO_SOCKET_IFNAME": "eth0"}
+            if shaped:
+                env["RINGLET_LINK_RATE"] = rate
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--gloo-job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+    out = next(json.loads(line.split("GLOO ", 1)[1]) for _, o, _ in results
+               for line in o.splitlines() if "GLOO " in line)
+    print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn: {h} hosts x {m} ranks, "
+          f"link {rate if shaped else 'unshaped veth'}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'size':>8}{'ringlet ms':>12}{'Gloo ms':>10}{'Gloo/ringlet':>14}{'ringlet busbw':>15}"
+          + ("  of the link" if shaped else ""))
+    for nb, times in out.items():
+        nb = int(nb)
+        ours, theirs = statistics.median(times["ringlet"]), statistics.median(times["gloo"])
+        bus = nb * 2 * (p - 1) / p / min(times["ringlet"])
+        util = ""
+        if shaped:
+            from ringlet.cost.profile import parse_rate
+            util = f"{bus / parse_rate(rate):>13.0%}"
+        print(f"{format_size(nb):>8}{ours * 1e3:>12.2f}{theirs * 1e3:>10.2f}{theirs / ours:>14.2f}"
+              f"{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
+
+
+# ---------------------------------------------------------------- the driver
+
+def cells(collectives, sizes, reps_small, reps_large):
+    from ringlet.cost.model import ALGORITHMS
+    out = []
+    for collective in collectives:
+        algs = [a for a in ALGORITHMS[collective] if (collective, a) not in SLOW] + ["auto"]
+        for nb in sizes:
+            out.append((collective, algs, nb, reps_small if nb < (4 << 20) else reps_large))
+    return out
+
+
+_SINK = """
+import socket, sys
+srv = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+conn, _ = srv.accept()
+buf = bytearray(1 << 20)
+while conn.recv_into(buf):
+    pass
+conn.sendall(b"!")
+"""
+_SOURCE = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+time.sleep(max(0.0, float(sys.argv[4]) - time.time()))     # every stream starts together
+t = time.time()
+s.sendall(bytes(int(sys.argv[3])))
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print(t, time.time())
+"""
+
+
+def link_rate(hosts, flows: int, nbytes: int) -> float:
+    """Payload bytes/s per direction that ``flows`` TCP streams each way between hosts 0
+    and 1 reach together (each direction's data meets the other's ACKs, as in a ring)."""
+    sinks, sources = [], []
+    for f in range(2 * flows):
+        sinks.append(hosts.popen(f % 2, [sys.executable, "-c", _SINK, str(30100 + f)]))
+    time.sleep(0.5)
+    start = time.time() + 1.0 + 0.2 * flows
+    for f in range(2 * flows):
+        dst = f % 2
+        sources.append(hosts.popen(1 - dst, [sys.executable, "-c", _SOURCE, hosts.addrs[dst],
+                                             str(30100 + f), str(nbytes), str(start)],
+                                   stdout=subprocess.PIPE, text=True))
+    spans = [tuple(map(float, p.communicate(timeout=120)[0].split())) for p in sources]
+    for p in sinks:
+        p.wait(30)
+    return flows * nbytes / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def calibrate_link(hosts, m, rate, base):
+    """The profile for these hosts: the payload rate one TCP stream each way reaches on the
+    link, and the fraction of it m streams each way reach together (best of 2 each)."""
+    from ringlet.cost.profile import parse_rate
+    nbytes = int(min(64 << 20, max(16 << 20, parse_rate(rate) * 0.25)))
+    one = max(link_rate(hosts, 1, nbytes) for _ in range(2))
+    many = max(link_rate(hosts, m, nbytes // m) for _ in range(2)) if m > 1 else one
+    shared = min(1.0, many / one)
+    print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
+          f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    return base.with_link_rate(rate, shared=shared, payload=one)
+
+
+def measure(layout, rate, spec, timeout, base, calibrate=True):
+    """Run the job on fresh hosts (their link calibrated first, unless not ``calibrate``:
+    then the link rate alone); the CELL records rank 0 printed, and the profile."""
+    from ringlet.hosts import Hosts
+    h, m = layout
+    spec_path = f"/tmp/ringlet-bench-hosts-{os.getpid()}.json"
+    prof_path = f"/tmp/ringlet-bench-profile-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    try:
+        with Hosts(h, rate=rate) as hosts:
+            profile = calibrate_link(hosts, m, rate, base) if calibrate else base.with_link_rate(rate)
+            with open(prof_path, "w") as f:
+                json.dump(profile.to_dict(), f)
+            env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   "RINGLET_PROFILE": prof_path}  # every rank prices with the measured link
+            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
+                                      args=["--job", spec_path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+        if os.path.exists(prof_path):
+            os.unlink(prof_path)
+    out = []
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
+        out += [json.loads(line.split("CELL ", 1)[1]) for line in o.splitlines() if "CELL " in line]
+    return out, profile
+
+
+def predict(collective, algorithm, nbytes, layout, profile):
+    from ringlet.cost import tune
+    h, m = layout
+    hosts = tuple(r // m for r in range(h * m))
+    env = tune.environment(h * m, profile, hosts)
+    return tune.predict_terms(collective, nbytes, h * m, algorithm, env).total
+
+
+def bus_factor(collective, p):
+    """nccl-tests' bus bandwidth factor: bytes a rank moves per byte of the size."""
+    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
+            "reduce_scatter": (p - 1) / p, "broadcast": 1.0, "all_to_all": (p - 1) / p}[collective]
+
+
+def report(rows, layout, rate):
+    """Print one layout x rate table; returns the per-cell-group summaries."""
+    from ringlet.cost import format_size
+    from ringlet.cost.profile import parse_rate
+    h, m = layout
+    p = h * m
+    link = parse_rate(rate)
+    over = " (oversubscribed: %d ranks on %d cores)" % (p, os.cpu_count()) if p > (os.cpu_count() or 1) else ""
+    print(f"\n== {h} hosts x {m} ranks, link {rate}{over}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'collective':<15}{'size':>8}  {'algorithm':<19}{'measured ms':>12}{'predicted':>10}"
+          f"{'error':>8}{'link util':>10}")
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["collective"], row["nbytes"]), []).append(row)
+    summary = []
+    for (collective, nb), group in groups.items():
+        forced = [g for g in group if g["algorithm"] != "auto"]
+        for g in group:
+            t = min(g["times"])
+            util = nb * bus_factor(collective, p) / t / link if t > 0 else 0.0
+            pred = g.get("predicted")
+            err = f"{(pred - t) / t * 100:+.0f}%" if pred else ""
+            name = g["algorithm"] + (f" ({g['auto']})" if g["algorithm"] == "auto" else "")
+            print(f"{collective:<15}{format_size(nb):>8}  {name:<19}{t * 1e3:>12.3f}"
+                  f"{(pred or 0) * 1e3:>10.3f}{err:>8}{util:>9.0%}")
+        best = min(forced, key=lambda g: min(g["times"]))
+        pbest = min(forced, key=lambda g: g["predicted"])
+        t_best = min(best["times"])
+        t_pbest = min(pbest["times"])
+        auto = next((g for g in group if g["algorithm"] == "auto"), None)
+        ok = t_pbest <= 1.10 * t_best
+        auto_ok = auto is not None and min(auto["times"]) <= 1.10 * t_best
+        flat = [g for g in forced if g["algorithm"] in ("ring", "pipeline", "pairwise")]
+        hier = [g for g in forced if g["algorithm"] == "hierarchical"]
+        ratio = (min(flat[0]["times"]) / min(hier[0]["times"]), flat[0]["predicted"] / hier[0]["predicted"]) \
+            if flat and hier else None
+        print(f"{'':<15}{'':>8}  winner measured {best['algorithm']}, predicted {pbest['algorithm']}"
+              f" ({t_pbest / t_best:.2f}x the best: {'ok' if ok else 'WRONG'}); auto picked "
+              f"{auto['auto'] if auto else '-'} ({'ok' if auto_ok else 'WRONG'})"
+              + (f"; flat/hierarchical measured {ratio[0]:.2f}, predicted {ratio[1]:.2f}" if ratio else ""))
+        summary.append({"collective": collective, "nbytes": nb, "winner_ok": ok, "auto_ok": auto_ok,
+                        "errors": [abs(g["predicted"] - min(g["times"])) / min(g["times"])
+                                   for g in forced]})
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--place-job", help=argparse.SUPPRESS)
+    ap.add_argument("--gloo-job", help=argparse.SUPPRESS)
+    ap.add_argument("--gloo", action="store_true",
+                    help="instead: all_reduce against torch's Gloo on the first layout, at "
+                         "each rate ('unshaped': plain veth), sizes from --sizes")
+    ap.add_argument("--place", metavar="TP,TP_BYTES,DP_BYTES",
+                    help="instead: verify ringlet place for tensor x data parallel on the "
+                         "first layout and rate (e.g. 2,1M,16M)")
+    ap.add_argument("--layouts", default="2x2,2x4", help="hosts x ranks per host (default 2x2,2x4)")
+    ap.add_argument("--rates", default="1gbit,10gbit", help="link rates, tc form")
+    ap.add_argument("--sizes", default="64K,1M,16M,64M")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
+    ap.add_argument("--reps", default="3,2", help="timed repetitions below 4 MiB, from 4 MiB")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per layout and rate")
+    ap.add_argument("--json", help="also write every cell here")
+    ap.add_argument("--reprice", metavar="JSON",
+                    help="measure nothing: price the cells of an earlier --json again")
+    ap.add_argument("--rate-only", action="store_true",
+                    help="price the link from its rate alone (no calibration on the hosts)")
+    a = ap.parse_args(argv)
+    if a.job:
+        job(a.job)
+        return 0
+    if a.place_job:
+        with open(a.place_job) as f:
+            place_job(json.load(f))
+        return 0
+    if a.gloo_job:
+        with open(a.gloo_job) as f:
+            gloo_job(json.load(f))
+        return 0
+    from ringlet.cost import load_profile, parse_size
+    if a.place:
+        tp, tp_bytes, dp_bytes = a.place.split(",")
+        layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
+        placement(a.rates.split(",")[0], layout, int(tp), parse_size(tp_bytes),
+                  parse_size(dp_bytes), 5, a.timeout)
+        return 0
+    if a.gloo:
+        layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
+        for rate in a.rates.split(","):
+            versus_gloo(rate, layout, [parse_size(x) for x in a.sizes.split(",")], 5, a.timeout)
+        return 0
+    profile = load_profile()
+    reps = [int(x) for x in a.reps.split(",")]
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    spec = {"cells": cells(a.collectives.split(","), sizes, *reps)}
+    print(f"profile: {profile.source}; load before: {os.getloadavg()}")
+    everything, summary = [], []
+    if a.reprice:
+        # the measurements of an earlier --json, priced again with this profile
+        with open(a.reprice) as f:
+            old = json.load(f)
+        runs: dict = {}
+        for row in old:
+            runs.setdefault((tuple(row["layout"]), row["rate"]), []).append(row)
+        measured = [(layout, rate, rows, profile.with_link_rate(rate, rows[0]["shared"],
+                                                                 rows[0]["payload"]))
+                    for (layout, rate), rows in runs.items()]
+    else:
+        measured = []
+        for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
+            for rate in a.rates.split(","):
+                rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only)
+                inter = prof.params("inter")
+                for row in rows:
+                    row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0],
+                               shared=inter["shared"], payload=1 / inter["beta"])
+                measured.append((layout, rate, rows, prof))
+    for layout, rate, rows, prof in measured:
+        for row in rows:
+            row["predicted"] = predict(row["collective"], row["auto"] if row["algorithm"] == "auto"
+                                       else row["algorithm"], row["nbytes"], layout, prof)
+        summary += report(rows, layout, rate)
+        everything += rows
+    for label, part in (("all sizes", summary),
+                        ("16 MiB and up", [s for s in summary if s["nbytes"] >= 16 << 20])):
+        errors = [e for s in part for e in s["errors"]]
+        if errors:
+            print(f"\n{label}: median |error| {statistics.median(errors):.0%} over {len(errors)} "
+                  f"cells; predicted winner within 10% in {sum(s['winner_ok'] for s in part)}/"
+                  f"{len(part)} sizes; auto within 10% in {sum(s['auto_ok'] for s in part)}/"
+                  f"{len(part)}")
+    print(f"load after {os.getloadavg()}")
+    if a.json and not a.reprice:
+        with open(a.json, "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,17 +1,28 @@
 """Collectives on emulated hosts (ringlet.hosts: network namespaces with their own hostname
 and /dev/shm, joined by tbf-shaped links): measured against the cost model's prediction.
+Needs root (namespaces, tc).
 
-    sudo .venv/bin/python bench/hosts.py [--layouts 2x2,2x4] [--rates 1gbit,10gbit]
+    .venv/bin/python bench/hosts.py [--layouts 2x2,2x4] [--rates 1gbit,10gbit]
         [--sizes 64K,1M,16M,64M] [--collectives all_reduce,all_gather,...] [--json out.json]
+    .venv/bin/python bench/hosts.py --layouts 2x2 --rates 1gbit --place 2,1M,16M
+    .venv/bin/python bench/hosts.py --layouts 2x1,2x2 --rates unshaped,1gbit --sizes 8M,64M --gloo
 
-For every layout (hosts x ranks per host) and link rate it builds the hosts, launches
-``ringlet run --nnodes H --node-rank i --master-addr <host 0> --link-rate RATE`` inside each
-namespace (one job: shared memory inside a host, TCP between) and times every algorithm of
-every collective at every size, forced and under ``auto``: each cell is the slowest rank's
-time of one call, best of ``--reps`` after a warm-up. Beside it: the time the cost model
-predicts for the very schedule (the job's profile with the link rate, as ``auto`` sees it),
-the link utilisation (bus bandwidth / link rate) and, per cell group, the measured and the
-predicted winner. Hosts are always torn down.
+For every layout (hosts x ranks per host) and link rate it builds the hosts, calibrates
+the link between them (the payload rate of one TCP stream each way, and what m streams
+each way reach together: ``Topology.shared``; ``--rate-only`` skips this and prices the
+link from its rate), writes that into the profile every rank reads (RINGLET_PROFILE), then
+launches ``ringlet run --nnodes H --node-rank i --master-addr <host 0>`` inside each
+namespace (one job: shared memory inside a host, TCP between) and times every algorithm
+of every collective at every size, forced and under ``auto``: each cell is the slowest
+rank's time of one call, best of ``--reps`` after a warm-up. Beside it: the time the
+cost model predicts for the very schedule (with the profile ``auto`` used), the link
+utilisation (bus bandwidth / link rate) and, per size, the measured and the predicted
+winner, and flat against hierarchical. Hosts are always torn down.
+
+``--place TP,TP_BYTES,DP_BYTES`` instead measures one ``ringlet place`` case: a
+tensor x data parallel step's communication under the naive and the proposed rank ->
+host mapping, turn by turn. ``--gloo`` instead compares all_reduce with torch's Gloo on
+the same ranks, turn by turn (``unshaped``: plain veth between the namespaces).
 
 On a 2-core machine 2 x 4 ranks are 8 processes on 2 cores: oversubscribed, and the table
 says so. Sizes are per-rank buffers (all_gather / reduce_scatter: the gathered array, as in
@@ -267,11 +278,12 @@ conn.sendall(b"!")
 _SOURCE = """
 import socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-t = time.perf_counter()
+time.sleep(max(0.0, float(sys.argv[4]) - time.time()))     # every stream starts together
+t = time.time()
 s.sendall(bytes(int(sys.argv[3])))
 s.shutdown(socket.SHUT_WR)
 s.recv(1)
-print(time.perf_counter() - t)
+print(t, time.time())
 """
 
 
@@ -282,15 +294,16 @@ def link_rate(hosts, flows: int, nbytes: int) -> float:
     for f in range(2 * flows):
         sinks.append(hosts.popen(f % 2, [sys.executable, "-c", _SINK, str(30100 + f)]))
     time.sleep(0.5)
+    start = time.time() + 1.0 + 0.2 * flows
     for f in range(2 * flows):
         dst = f % 2
         sources.append(hosts.popen(1 - dst, [sys.executable, "-c", _SOURCE, hosts.addrs[dst],
-                                             str(30100 + f), str(nbytes)],
+                                             str(30100 + f), str(nbytes), str(start)],
                                    stdout=subprocess.PIPE, text=True))
-    seconds = max(float(p.communicate(timeout=120)[0]) for p in sources)
+    spans = [tuple(map(float, p.communicate(timeout=120)[0].split())) for p in sources]
     for p in sinks:
         p.wait(30)
-    return flows * nbytes / seconds
+    return flows * nbytes / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
 def calibrate_link(hosts, m, rate, base):
@@ -417,6 +430,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", default="3,2", help="timed repetitions below 4 MiB, from 4 MiB")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds per layout and rate")
     ap.add_argument("--json", help="also write every cell here")
+    ap.add_argument("--reprice", metavar="JSON",
+                    help="measure nothing: price the cells of an earlier --json again")
     ap.add_argument("--rate-only", action="store_true",
                     help="price the link from its rate alone (no calibration on the hosts)")
     a = ap.parse_args(argv)
@@ -449,21 +464,42 @@ def main(argv=None) -> int:
     spec = {"cells": cells(a.collectives.split(","), sizes, *reps)}
     print(f"profile: {profile.source}; load before: {os.getloadavg()}")
     everything, summary = [], []
-    for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
-        for rate in a.rates.split(","):
-            rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only)
-            for row in rows:
-                row["predicted"] = predict(row["collective"], row["auto"] if row["algorithm"] == "auto"
-                                           else row["algorithm"], row["nbytes"], layout, prof)
-                row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0])
-            summary += report(rows, layout, rate)
-            everything += rows
-    errors = [e for s in summary for e in s["errors"]]
-    print(f"\nmedian |error| {statistics.median(errors):.0%} over {len(errors)} cells; predicted "
-          f"winner within 10% in {sum(s['winner_ok'] for s in summary)}/{len(summary)} groups; "
-          f"auto within 10% in {sum(s['auto_ok'] for s in summary)}/{len(summary)}; "
-          f"load after {os.getloadavg()}")
-    if a.json:
+    if a.reprice:
+        # the measurements of an earlier --json, priced again with this profile
+        with open(a.reprice) as f:
+            old = json.load(f)
+        runs: dict = {}
+        for row in old:
+            runs.setdefault((tuple(row["layout"]), row["rate"]), []).append(row)
+        measured = [(layout, rate, rows, profile.with_link_rate(rate, rows[0]["shared"],
+                                                                 rows[0]["payload"]))
+                    for (layout, rate), rows in runs.items()]
+    else:
+        measured = []
+        for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
+            for rate in a.rates.split(","):
+                rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only)
+                inter = prof.params("inter")
+                for row in rows:
+                    row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0],
+                               shared=inter["shared"], payload=1 / inter["beta"])
+                measured.append((layout, rate, rows, prof))
+    for layout, rate, rows, prof in measured:
+        for row in rows:
+            row["predicted"] = predict(row["collective"], row["auto"] if row["algorithm"] == "auto"
+                                       else row["algorithm"], row["nbytes"], layout, prof)
+        summary += report(rows, layout, rate)
+        everything += rows
+    for label, part in (("all sizes", summary),
+                        ("16 MiB and up", [s for s in summary if s["nbytes"] >= 16 << 20])):
+        errors = [e for s in part for e in s["errors"]]
+        if errors:
+            print(f"\n{label}: median |error| {statistics.median(errors):.0%} over {len(errors)} "
+                  f"cells; predicted winner within 10% in {sum(s['winner_ok'] for s in part)}/"
+                  f"{len(part)} sizes; auto within 10% in {sum(s['auto_ok'] for s in part)}/"
+                  f"{len(part)}")
+    print(f"load after {os.getloadavg()}")
+    if a.json and not a.reprice:
         with open(a.json, "w") as f:
             json.dump(everything, f, indent=1)
     return 0

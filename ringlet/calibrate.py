@@ -36,8 +36,8 @@ from .cost.model import Link, format_size, parse_size
 from .cost.profile import FIT_START, Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
-#: (all_gather's many concurrent messages price what all_reduce's do not: without them
-#: auto ran recursive_doubling at p = 4, 1 MiB, where direct measured 23% faster)
+#: (all_gather's many concurrent messages price what all_reduce's do not; without them
+#: the fit cannot tell direct from recursive doubling at a few ranks and MiB)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),

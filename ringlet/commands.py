@@ -11,8 +11,8 @@ import sys
 
 from .schedule import USER_BUFFERS
 from .cost import plan as _plan
-from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, parse_size,
-                    tier)
+from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, format_time,
+                    parse_size, tier)
 
 
 class _Exit(Exception):
@@ -334,17 +334,9 @@ def sweep_table(links: list[Link], lo: int, hi: int) -> str:
         cells = []
         for link in links:
             t = link.time(n)
-            cells.append(f"{_fmt_t(t):>14} {'B' if n > link.crossover else 'L'}")
+            cells.append(f"{format_time(t):>14} {'B' if n > link.crossover else 'L'}")
         lines.append(f"{format_size(n):>10}" + "".join(cells))
     return "\n".join(lines)
-
-
-def _fmt_t(t: float) -> str:
-    if t < 1e-3:
-        return f"{t * 1e6:.2f} us"
-    if t < 1:
-        return f"{t * 1e3:.2f} ms"
-    return f"{t:.3f} s"
 
 
 def _tiers_main(argv) -> int:
@@ -408,11 +400,7 @@ def explain_main(argv=None) -> int:
     return _run(_explain_main, argv)
 
 
-def _explain_main(argv) -> int:
-    from .cost.profile import load_profile, profile_path
-    from .cost.simulate import Topology
-    from .cost.tune import choose, crossovers, environment
-
+def _explain_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="ringlet explain",
         description="Which algorithm would run, and why: predicted time of every candidate "
@@ -445,7 +433,13 @@ def _explain_main(argv) -> int:
     ap.add_argument("--zero-copy", action="store_true",
                     help="the buffers are rl.empty arrays, whose large sends local receivers "
                          "read in place (as auto prices them)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _explain_main(argv) -> int:
+    from .cost.tune import choose, environment
+
+    a = _explain_parser().parse_args(argv)
     coll = a.collective
     if coll not in ALGORITHMS:
         raise ValueError(f"unknown collective {coll!r}; valid collectives: {', '.join(COLLECTIVES)}")
@@ -455,38 +449,7 @@ def _explain_main(argv) -> int:
     if a.itemsize < 1:
         raise ValueError("--itemsize must be >= 1")
 
-    # where we predict
-    prof = None
-    if a.hosts is not None and a.hosts > 1:
-        if p % a.hosts:
-            raise ValueError(f"--hosts {a.hosts} must divide -n {p}")
-        if a.tier is not None:
-            intra = a.intra or TIERS["nvlink"]
-            inter = a.tier
-            g = a.gamma or 0.0
-            topology = Topology(a.hosts, p // a.hosts, intra, inter, g)
-        else:
-            prof = load_profile()
-            topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
-                                prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
-                                prof.delta("shm"))
-        where = str(topology)
-        gamma = topology.gamma
-    elif a.tier is not None:
-        topology = a.tier
-        gamma = a.gamma or 0.0
-        where = f"{p} ranks on {a.tier}"
-    else:
-        prof = load_profile()
-        topology = prof
-        gamma = prof.gamma("shm") if a.gamma is None else a.gamma
-        where = (f"{p} ranks on this host (shm, the calibrated host model below)"
-                 if prof.host_model("shm") is not None else
-                 f"{p} ranks on this host ({prof.link('shm')})")
-    if prof is not None:
-        src = (f"calibrated profile {prof.source}" if prof.calibrated else
-               f"default profile (no calibration at {profile_path()}; run `ringlet calibrate`)")
-        where += f"\nlinks from the {src}"
+    topology, gamma, where, prof = _explain_where(a, p)
 
     conv = "total" if coll in TOTAL_SIZE else "per rank"
     nb = a.size
@@ -514,6 +477,54 @@ def _explain_main(argv) -> int:
                    "beta_crowd, beta_lag; reduction = reduce; memory = mem_l2 + mem_l3; "
                    "cores = how much of the total comes from ranks sharing cores (part of the "
                    "others)"))
+    _explain_table(rows, winner, env, host, gamma)
+    cross, sweep = _explain_crossovers(a, coll, p, topology, gamma, shared, env, rows, winner)
+    if a.plot:
+        _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])
+        print(f"wrote {a.plot}")
+    return 0
+
+
+def _explain_where(a, p: int):
+    """(topology, gamma, description, profile or None) of where explain predicts."""
+    from .cost.profile import load_profile, profile_path
+    from .cost.simulate import Topology
+    prof = None
+    if a.hosts is not None and a.hosts > 1:
+        if p % a.hosts:
+            raise ValueError(f"--hosts {a.hosts} must divide -n {p}")
+        if a.tier is not None:
+            intra = a.intra or TIERS["nvlink"]
+            inter = a.tier
+            g = a.gamma or 0.0
+            topology = Topology(a.hosts, p // a.hosts, intra, inter, g)
+        else:
+            prof = load_profile()
+            topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
+                                prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
+                                prof.delta("shm"), shared=prof.shared())
+        where = str(topology)
+        gamma = topology.gamma
+    elif a.tier is not None:
+        topology = a.tier
+        gamma = a.gamma or 0.0
+        where = f"{p} ranks on {a.tier}"
+    else:
+        prof = load_profile()
+        topology = prof
+        gamma = prof.gamma("shm") if a.gamma is None else a.gamma
+        where = (f"{p} ranks on this host (shm, the calibrated host model below)"
+                 if prof.host_model("shm") is not None else
+                 f"{p} ranks on this host ({prof.link('shm')})")
+    if prof is not None:
+        src = (f"calibrated profile {prof.source}" if prof.calibrated else
+               f"default profile (no calibration at {profile_path()}; run `ringlet calibrate`)")
+        where += f"\nlinks from the {src}"
+    return topology, gamma, where, prof
+
+
+def _explain_table(rows, winner: str, env, host, gamma: float) -> None:
+    """Every candidate's predicted time by term, the winner marked."""
     print(_fit(f"reduce cost = {gamma:.3g} s per byte reduced"
                + (f" ({1 / gamma / 1e9:.3g} GB/s)" if gamma else "")
                + f"; method: {rows[0].method}"))
@@ -541,6 +552,11 @@ def _explain_main(argv) -> int:
     else:
         print(f"winner: {winner}")
 
+
+def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, env, rows,
+                        winner: str):
+    """Print the sizes where the winner changes; returns (crossovers, sweep) for the plot."""
+    from .cost.tune import crossovers
     if coll == "barrier" or len(rows) == 1:
         cross, sweep = [], []
     else:
@@ -577,10 +593,7 @@ def _explain_main(argv) -> int:
                     label = f"{format_size(lo_b)} .. {format_size(hi_b)}"
                 segs.append(f"  {label:<26}{w}")
             print("\n".join(segs))
-    if a.plot:
-        _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])
-        print(f"wrote {a.plot}")
-    return 0
+    return cross, sweep
 
 
 # ------------------------------------------------------------------------------ place

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 import numpy as np
 
-from .cost.model import Link, count_of, format_size
+from .cost.model import Link, count_of, format_size, format_time
 from .cost.simulate import Topology, simulate
 from .cost.profile import load_profile
 from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
@@ -52,7 +52,7 @@ class Drawing:
         what = "blocks" if s.collective in _BLOCKS else "buffer"
         return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} {what}, "
                 f"{len(s.rounds)} rounds, {s.messages} messages; predicted "
-                f"{_fmt_time(self.total)} on {self.where}")
+                f"{format_time(self.total)} on {self.where}")
 
     def label(self, t: Transfer) -> str:
         """``c3`` (copied) or ``c3+`` (reduced); ``c2-3`` when a message carries a run;
@@ -121,14 +121,6 @@ def _bounds(s: Schedule) -> dict[str, np.ndarray]:
     return {BUFFER_NAMES[b]: np.unique(np.concatenate(v)) for b, v in cuts.items()}
 
 
-def _fmt_time(t: float) -> str:
-    if t < 1e-3:
-        return f"{t * 1e6:.3g} us"
-    if t < 1:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t:.3g} s"
-
-
 # ------------------------------------------------------------------------- text form
 
 def text(d: Drawing, width: int | None = None) -> str:
@@ -145,7 +137,7 @@ def text(d: Drawing, width: int | None = None) -> str:
                 sent[t.src].append(f"->{d.lanes[t.dst]} {d.label(t)}")
         cells.append([", ".join(x) or "." for x in sent])
     heads = [f"round {i}" for i in range(len(s.rounds))]
-    foot = [_fmt_time(t) for t in d.round_times]
+    foot = [format_time(t) for t in d.round_times]
     colw = [max(len(h), len(f), *(len(c) for c in col)) for h, f, col in zip(heads, foot, cells)]
     lane = [f"rank {r}" + (f" (host {d.hosts[i]})" if d.hosts else "")
             for i, r in enumerate(d.lanes)]
@@ -228,7 +220,7 @@ def picture(d: Drawing, path: str) -> None:
                 lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
                 ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
-        ax.text(k + 0.5, -0.9, _fmt_time(d.round_times[k]) if d.round_times else "",
+        ax.text(k + 0.5, -0.9, format_time(d.round_times[k]) if d.round_times else "",
                 ha="center", va="top", fontsize=7, color="0.25")
     ax.text(-0.05, -0.9, ROUND_TIME, ha="right", va="top", fontsize=8, color="0.25")
     ax.set_xlim(0, R)

@@ -12,6 +12,9 @@ tmpfs on /dev/shm and a hostname of its own; commands join all three of its name
 (``nsenter``). Host i is ``10.77.0.<i+1>/24`` on eth0, a veth whose other end is port
 ``h<i>`` of a bridge in a switch namespace; both ends' egress is shaped to ``rate``, so a
 link carries ``rate`` each way. Nothing is created in the caller's namespaces.
+``Hosts(n, isolate=False)`` gives each host only its network: its ranks share the hostname
+and /dev/shm with the others' (containers with one IPC namespace but separate networks),
+and ringlet still tells the hosts apart by their network namespace.
 
 Teardown is always done: on leaving the ``with`` block, on SIGTERM/SIGHUP while inside it
 (turned into SystemExit), at interpreter exit, and for namespaces left by a process that

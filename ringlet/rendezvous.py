@@ -44,9 +44,8 @@ _CHUNK = 1 << 20
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     if n > _CHUNK:
-        # Fuzzing fix: never allocate on the sender's word. A request header claiming a
-        # 64 MiB value used to cost 64 MiB at once, before one byte of it arrived; now the
-        # buffer grows only with the bytes that actually come (at most 1 MiB per read).
+        # Never allocate on the sender's word: a header may claim any size, so the buffer
+        # grows only with the bytes that actually come (at most 1 MiB per read).
         parts, got = [], 0
         while got < n:
             part = sock.recv(min(n - got, _CHUNK))
@@ -171,8 +170,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     self._reply(_OK, str(cur).encode())
                 else:  # GET or WAITGE: val carries "timeout" or "timeout,count"
                     parts = val.split(b",")
-                    # Fuzzing fix: WAITGE without ",count" raised IndexError out of the
-                    # handler, and a NaN timeout made the wait loop below spin forever.
+                    # Whatever a client sends: WAITGE needs its ",count", and a NaN
+                    # timeout would make the wait loop below spin forever.
                     if len(parts) != (2 if op == _WAITGE else 1):
                         raise ValueError("malformed wait argument")
                     wait = float(parts[0])
@@ -189,8 +188,8 @@ class _Handler(socketserver.BaseRequestHandler):
                             if left <= 0:
                                 break
                             data.cond.wait(min(left, 1.0))
-                            # Fuzzing fix: a waiter whose client has gone stops waiting
-                            # (a long or infinite wait no longer outlives its connection).
+                            # A waiter whose client has gone stops waiting: a long or
+                            # infinite wait must not outlive its connection.
                             if _client_gone(sock):
                                 return
                     if cur is not None and (need is None or int(cur) >= need):
@@ -209,9 +208,9 @@ class StoreServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     the job token. Bind to loopback unless ranks on other hosts must reach it."""
     daemon_threads = True
     allow_reuse_address = True
-    # Fuzzing fix: socketserver's default listen backlog is 5. A burst of connections
-    # (every rank of a large job starting at once, or strangers knocking) overflowed it and
-    # each dropped SYN cost its client a 1 s retransmission (100 connects took 13 s).
+    # socketserver's default listen backlog (5) overflows in a burst of connections (every
+    # rank of a large job starting at once, or strangers knocking), and each dropped SYN
+    # costs its client a 1 s retransmission.
     request_queue_size = 1024
 
     def __init__(self, host: str, port: int, token: str):

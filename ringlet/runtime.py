@@ -52,13 +52,7 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
     """
     if _S.engine is not None:
         return _init_again(backend, rank, world_size)
-    backend = backend or os.environ.get("RINGLET_BACKEND", "auto")
-    if backend not in ("auto", "tcp", "shm"):
-        raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
-    if timeout is None:
-        timeout = float(os.environ.get("RINGLET_TIMEOUT", DEFAULT_TIMEOUT))
-    if timeout <= 0:
-        raise ValueError("timeout must be positive (seconds)")
+    backend, timeout = _backend_and_timeout(backend, timeout)
     env = env_world()
     rank = env["rank"] if rank is None else rank
     world_size = env["world_size"] if world_size is None else world_size
@@ -70,6 +64,31 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
         raise ValueError(f"rank {rank} is outside world of size {world_size}")
     url = urlparse(init_method)
     master_addr, master_port = env["master_addr"], env["master_port"]
+    if url.scheme == "tcp":
+        master_addr, master_port = url.hostname or "127.0.0.1", url.port or master_port
+    elif url.scheme not in ("env", "file"):
+        raise ValueError(f"unknown init_method {init_method!r}; use env://, tcp://host:port or "
+                         f"file:///path")
+    store, token, server = _store(url, rank, world_size, master_addr, master_port, timeout)
+    return join(store, token, rank, world_size, backend, timeout, master_addr, master_port,
+                server)
+
+
+def _backend_and_timeout(backend, timeout) -> tuple[str, float]:
+    """init's backend and default timeout: the arguments, else the environment's."""
+    backend = backend or os.environ.get("RINGLET_BACKEND", "auto")
+    if backend not in ("auto", "tcp", "shm"):
+        raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
+    if timeout is None:
+        timeout = float(os.environ.get("RINGLET_TIMEOUT", DEFAULT_TIMEOUT))
+    if timeout <= 0:
+        raise ValueError("timeout must be positive (seconds)")
+    return backend, timeout
+
+
+def _store(url, rank: int, world_size: int, master_addr: str, master_port: int, timeout: float):
+    """(the rendezvous store, the job token, the store server rank 0 hosts or None) for an
+    ``env://``, ``tcp://`` or ``file://`` init_method."""
     token, source = job_token()
     server = None
     if url.scheme == "file":
@@ -78,37 +97,30 @@ def init(backend: str | None = None, init_method: str = "env://", rank: int | No
             if rank == 0:
                 store.set("token", new_token().encode())
             token = store.get("token").decode()
-    elif url.scheme in ("env", "tcp"):
-        if url.scheme == "tcp":
-            master_addr, master_port = url.hostname or "127.0.0.1", url.port or master_port
-        if token is None:
-            if world_size > 1:
-                raise RingletError(
-                    f"no job token ({source}): every ringlet connection must prove a shared job "
-                    "secret. `ringlet run`, ringlet.spawn, torchrun, mpirun and srun provide one; "
-                    "under another launcher export the same random value on every rank, e.g. "
-                    "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
-            token = new_token()
-        joined = torchrun_store() if url.scheme == "env" else None
-        if joined is not None:   # torchrun's agent holds MASTER_PORT: use its store
-            store = SignedStore(joined, token, timeout=timeout, source=source)
-        else:
-            if rank == 0 and os.environ.get("RINGLET_STORE_HOSTED") != "1":
-                bind = local_address_towards(master_addr, master_port)
-                server = StoreServer(bind, master_port, token)
-            try:
-                store = TCPStore(master_addr, master_port, token, timeout)
-            except AuthenticationError as exc:
-                if server is not None:
-                    server.close()
-                raise AuthenticationError(f"rank {rank}: the rendezvous store at {master_addr}:"
-                                          f"{master_port} refused this rank; "
-                                          f"{disagree_hint(source)}") from exc
-    else:
-        raise ValueError(f"unknown init_method {init_method!r}; use env://, tcp://host:port or "
-                         f"file:///path")
-    return join(store, token, rank, world_size, backend, timeout, master_addr, master_port,
-                server)
+        return store, token, server
+    if token is None:
+        if world_size > 1:
+            raise RingletError(
+                f"no job token ({source}): every ringlet connection must prove a shared job "
+                "secret. `ringlet run`, ringlet.spawn, torchrun, mpirun and srun provide one; "
+                "under another launcher export the same random value on every rank, e.g. "
+                "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
+        token = new_token()
+    joined = torchrun_store() if url.scheme == "env" else None
+    if joined is not None:   # torchrun's agent holds MASTER_PORT: use its store
+        return SignedStore(joined, token, timeout=timeout, source=source), token, server
+    if rank == 0 and os.environ.get("RINGLET_STORE_HOSTED") != "1":
+        bind = local_address_towards(master_addr, master_port)
+        server = StoreServer(bind, master_port, token)
+    try:
+        store = TCPStore(master_addr, master_port, token, timeout)
+    except AuthenticationError as exc:
+        if server is not None:
+            server.close()
+        raise AuthenticationError(f"rank {rank}: the rendezvous store at {master_addr}:"
+                                  f"{master_port} refused this rank; "
+                                  f"{disagree_hint(source)}") from exc
+    return store, token, server
 
 
 def join(store, token: str, rank: int, world_size: int, backend: str = "auto",

@@ -19,7 +19,7 @@ import os
 import sys
 from collections import defaultdict
 
-from .cost.model import format_size
+from .cost.model import format_size, format_time
 
 TRACKS = {"calls": 1, "predicted": 2, "messages": 3}
 
@@ -276,11 +276,8 @@ def _first_calls(lines, top):
 
 
 def _us(t: float) -> str:
-    if t < 1000:
-        return f"{t:.0f} us"
-    if t < 1e6:
-        return f"{t / 1e3:.3g} ms"
-    return f"{t / 1e6:.3g} s"
+    """Microseconds (the trace's unit) for people."""
+    return format_time(t * 1e-6)
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,8 @@ import ringlet as rl
 from ringlet.transport.shm import EAGER_BYTES
 from ringlet.rendezvous import StoreServer, TCPStore, env_world, handshake_client
 from ringlet.errors import AuthenticationError
-from conftest import ringlet_run, run, two_hosts
+from ringlet.runtime import engine
+from conftest import ringlet_run, run, two_hosts, until_asleep
 
 ALL_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
               np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
@@ -145,7 +146,6 @@ def test_overlapping_subgroups():
 
 
 def _mixed(rank):
-    from ringlet.runtime import engine
     from ringlet.transport.shm import ShmPeer
     from ringlet.transport.tcp import TcpPeer
     peers = engine().peers
@@ -271,8 +271,11 @@ def test_timeout_names_operation_group_rank_and_peer():
 
 
 def _peer_death(rank, path):
-    if rank == 1:
-        time.sleep(0.3)
+    if rank == 1:                   # dies while rank 0 waits for it in recv
+        if hasattr(engine().peers[0], "outbox"):
+            until_asleep([0])       # (shared memory: its sleep flag says so)
+        else:
+            time.sleep(0.3)         # (TCP shows no sleep flag)
         os.kill(os.getpid(), signal.SIGKILL)
     t = time.monotonic()
     try:
@@ -547,7 +550,6 @@ def _flood(rank, n, nbytes, limit):
     """Rank 0 broadcasts n eager messages as fast as it can; rank 1 dawdles between calls.
     What rank 1 holds unasked-for must stay bounded (by what one poll reads), not grow
     with n: it takes a parked message without polling, so it never reads further ahead."""
-    from ringlet.runtime import engine
     x = np.full(nbytes // 4, rank, np.float32)
     peak = 0
     for i in range(n):
@@ -579,7 +581,6 @@ def _streamed(rank, tmp):
     The receiver may not have asked yet: it parks what arrives (all of the message, or its
     start while the sender is held up) and hands it over, copied or reduced, when asked;
     a receive of the wrong size fails alone and the link goes on."""
-    from ringlet.runtime import engine
     from ringlet.transport.shm import STREAM_BYTES
     eng, other = engine(), 1 - rank
     peer = eng.peers[eng.rank ^ 1]

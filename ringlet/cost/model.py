@@ -616,6 +616,15 @@ def format_size(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_time(t: float) -> str:
+    """Seconds for people: ``1.5e-05`` -> ``"15 us"``, ``0.0123`` -> ``"12.3 ms"``."""
+    if t < 1e-3:
+        return f"{t * 1e6:.3g} us"
+    if t < 1:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t:.3g} s"
+
+
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "DEFAULT_ALGORITHM",
            "TOTAL_SIZE", "closed_form", "nbytes_of", "count_of", "parse_size",
-           "format_size", "pipeline_segments", "bruck_blocks"]
+           "format_size", "format_time", "pipeline_segments", "bruck_blocks"]

@@ -408,12 +408,43 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     ``predicted`` (seconds, per sample)."""
     from dataclasses import replace
 
-    from ringlet.algorithms import build
+    base, names, held = _fit_start(base, terms, fixed)
+    fit = _HostFit(samples, held, names, relative, iterations)
+    y = fit.y
+    keep = np.ones(len(y), bool)
+    outliers: list[int] = []
+    # several starts (the critical paths, hence the fixed point, depend on where we start)
+    mid = replace(base, idle_share=float(np.median(idle_shares)),
+                  imbalance=float(np.median(imbalances)))
+    best = min((fit.alternate(mid.with_theta(mid.theta * f), keep) for f in starts),
+               key=lambda b: b[0])
+    if robust and len(y) >= 8:
+        pred = best[2]
+        rel = np.abs(pred - y) / y
+        limit = max(0.5, 3 * float(np.median(rel)))
+        worst = np.argsort(-rel)[: len(y) // 4]
+        outliers = sorted(int(i) for i in worst if rel[i] > limit)
+        keep[outliers] = False
+        best = fit.alternate(best[1], keep)
+    for share in idle_shares:
+        for imb in imbalances:
+            for start in (best[1], base) if len(starts) > 1 else (best[1],):
+                got = fit.alternate(replace(start, idle_share=float(share), imbalance=float(imb)),
+                                    keep)
+                if got[0] < best[0]:
+                    best = got
+    for frac in l3_fractions:
+        if frac != 1.0:
+            got = fit.alternate(replace(best[1], l3_bytes=max(1, int(base.l3_bytes * frac))), keep)
+            if got[0] < best[0]:
+                best = got
+    _, model, pred = best
+    return _host_entry(model, pred, y, keep, outliers)
 
-    from .model import count_of
+
+def _fit_start(base, terms, fixed):
+    """(the starting HostModel, the names of the terms to fit, the held term values)."""
     from .host import HOST_TERMS, HostModel
-    from .simulate import Topology, simulate
-
     if base is None:
         base = HostModel(**FIT_START)
     elif isinstance(base, dict):
@@ -426,77 +457,72 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         if t not in HOST_TERMS:
             raise ValueError(f"unknown term {t!r}; valid: {', '.join(HOST_TERMS)}")
     names = tuple(t for t in names if t not in fixed)
-    cols = [HOST_TERMS.index(t) for t in names]
     held = np.array([float(fixed.get(k, 0.0)) for k in HOST_TERMS])
     base = base.with_theta([fixed[k] if k in fixed else getattr(base, k) if k in names else 0.0
                             for k in HOST_TERMS])
-    rows = []
-    for smp in samples:
-        t = float(smp["seconds"])
-        if not t > 0:
-            raise ValueError(f"bad calibration sample {smp!r}: seconds must be > 0")
-        isz = int(smp.get("itemsize", 4))
-        sched = build(smp["collective"], smp["algorithm"], int(smp["p"]),
-                      count_of(smp["collective"], int(smp["p"]), int(smp["nbytes"]), isz),
-                      itemsize=isz)
-        rows.append((sched, t, tuple(smp.get("shared", ()))))
-    if len(rows) < 2:
-        raise ValueError("fit_host needs at least two samples")
-    y = np.array([t for _, t, _ in rows])
+    return base, names, held
 
-    def counts(model):
-        X = np.zeros((len(rows), len(HOST_TERMS)))
-        pred = np.zeros(len(rows))
-        for i, (sched, _, shared) in enumerate(rows):
+
+class _HostFit:
+    """The timed schedules of a host fit, and the alternating fit over them: simulate
+    every sample for its term counts, solve for the parameters, repeat."""
+
+    def __init__(self, samples, held, names, relative: bool, iterations: int):
+        from ringlet.algorithms import build
+
+        from .host import HOST_TERMS
+        from .model import count_of
+        self.held, self.relative, self.iterations = held, relative, iterations
+        self.cols = [HOST_TERMS.index(t) for t in names]
+        self.rows = []
+        for smp in samples:
+            t = float(smp["seconds"])
+            if not t > 0:
+                raise ValueError(f"bad calibration sample {smp!r}: seconds must be > 0")
+            isz = int(smp.get("itemsize", 4))
+            sched = build(smp["collective"], smp["algorithm"], int(smp["p"]),
+                          count_of(smp["collective"], int(smp["p"]), int(smp["nbytes"]), isz),
+                          itemsize=isz)
+            self.rows.append((sched, t, tuple(smp.get("shared", ()))))
+        if len(self.rows) < 2:
+            raise ValueError("fit_host needs at least two samples")
+        self.y = np.array([t for _, t, _ in self.rows])
+
+    def counts(self, model):
+        """(term counts on each sample's critical path, predicted seconds) under ``model``."""
+        from .host import HOST_TERMS
+        from .simulate import Topology, simulate
+        X = np.zeros((len(self.rows), len(HOST_TERMS)))
+        pred = np.zeros(len(self.rows))
+        for i, (sched, _, shared) in enumerate(self.rows):
             res = simulate(sched, Topology.on_host(sched.p, model), shared=shared)
             X[i] = [res.features[k] for k in HOST_TERMS]
             pred[i] = res.time
         return X, pred
 
-    def alternate(model, keep):
+    def alternate(self, model, keep):
+        """The best (log error, model, predictions) of the alternating fit from ``model``
+        on the samples ``keep`` selects."""
+        y, held, cols = self.y, self.held, self.cols
         best = None
-        for _ in range(iterations):
-            X, pred = counts(model)
+        for _ in range(self.iterations):
+            X, pred = self.counts(model)
             err = float(np.sum(np.log(pred[keep] / y[keep]) ** 2))
             if best is None or err < best[0] - 1e-12:
                 best = (err, model, pred)
             theta = held.copy()
             rest = y[keep] - X[keep] @ held          # what the fitted terms must explain
-            theta[cols] = _nnls(X[keep][:, cols], rest, relative, y[keep])
+            theta[cols] = _nnls(X[keep][:, cols], rest, self.relative, y[keep])
             new = model.with_theta(theta)
             if np.allclose(new.theta, model.theta, rtol=1e-4, atol=1e-15):
                 break
             model = new
         return best
 
-    keep = np.ones(len(y), bool)
-    outliers: list[int] = []
-    # several starts (the critical paths, hence the fixed point, depend on where we start)
-    mid = replace(base, idle_share=float(np.median(idle_shares)),
-                  imbalance=float(np.median(imbalances)))
-    best = min((alternate(mid.with_theta(mid.theta * f), keep) for f in starts),
-               key=lambda b: b[0])
-    if robust and len(y) >= 8:
-        pred = best[2]
-        rel = np.abs(pred - y) / y
-        limit = max(0.5, 3 * float(np.median(rel)))
-        worst = np.argsort(-rel)[: len(y) // 4]
-        outliers = sorted(int(i) for i in worst if rel[i] > limit)
-        keep[outliers] = False
-        best = alternate(best[1], keep)
-    for share in idle_shares:
-        for imb in imbalances:
-            for start in (best[1], base) if len(starts) > 1 else (best[1],):
-                got = alternate(replace(start, idle_share=float(share), imbalance=float(imb)),
-                                keep)
-                if got[0] < best[0]:
-                    best = got
-    for frac in l3_fractions:
-        if frac != 1.0:
-            got = alternate(replace(best[1], l3_bytes=max(1, int(base.l3_bytes * frac))), keep)
-            if got[0] < best[0]:
-                best = got
-    _, model, pred = best
+
+def _host_entry(model, pred, y, keep, outliers) -> dict:
+    """The profile entry of a fitted host model, with its residuals."""
+    from .host import HOST_TERMS
     rel = np.abs(pred[keep] - y[keep]) / y[keep]
     out = {"model": "host"}
     out.update({k: float(getattr(model, k)) for k in HOST_TERMS})
@@ -508,7 +534,7 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
                imbalance=float(model.imbalance))
     if out["beta"] <= 0:
         out["beta"] = 1e-15
-    out["samples"] = len(rows)
+    out["samples"] = len(y)
     out["outliers"] = outliers
     out["residuals"] = {"rms": float(np.sqrt(np.mean((pred[keep] - y[keep]) ** 2))),
                         "median_rel": float(np.median(rel)), "max_rel": float(np.max(rel))}

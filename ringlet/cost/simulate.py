@@ -220,23 +220,15 @@ class _Sim:
         self.H = topo.hosts
 
     def run(self) -> SimResult:
-        p, g, isz, topo = self.p, self.g, self.isz, self.topo
-        start = np.zeros(p)
-        lat = np.zeros(p)
-        bw = np.zeros(p)
-        red = np.zeros(p)
-        xt = np.zeros(p)     # of lat + bw: seconds spent on inter-host messages
-        neg = np.full(p, -np.inf)
-        ai, bi = topo.intra.alpha, topo.intra.beta
-        ae, be = topo.inter.alpha, topo.inter.beta
-        host = topo.host_array
-        bytes_intra = bytes_inter = 0.0
-        msgs_intra = msgs_inter = 0
-        nic_out = np.zeros(self.H)
-        nic_in = np.zeros(self.H)
-        delta = topo.delta
+        p = self.p
+        # per rank: when its next round starts, and that time's critical path split into
+        # latency, bandwidth, reduction, and (of lat + bw) seconds on inter-host messages
+        self.start, self.lat, self.bw, self.red, self.xt = (np.zeros(p) for _ in range(5))
+        self.bytes_intra = self.bytes_inter = 0.0
+        self.msgs_intra = self.msgs_inter = 0
+        self.nic_out = np.zeros(self.H)
+        self.nic_in = np.zeros(self.H)
         nrounds = 0
-
         for rnd in self.s.rounds:
             c = rnd.cols
             src = c["src"]
@@ -245,125 +237,127 @@ class _Sim:
             nrounds += 1
             dst, n, rflag = c["dst"], c["n"], c["reduce"]
             loc = src == dst
-            nloc = np.count_nonzero(loc)
-            if nloc:
-                lsrc = src[loc]
-                lbytes = n[loc] * isz
-                lred = rflag[loc].astype(bool)
-                if g and lred.any():
-                    gr = np.bincount(lsrc[lred], lbytes[lred], p) * g
-                    start = start + gr
-                    red = red + gr
-                if delta and (~lred).any():
-                    cp = np.bincount(lsrc[~lred], lbytes[~lred], p) * delta
-                    start = start + cp
-                    bw = bw + cp
-                if nloc == len(src):
+            if loc.any():
+                self._local_steps(src[loc], n[loc] * self.isz, rflag[loc].astype(bool))
+                if loc.all():
                     continue
                 msg = ~loc
                 src, dst, n, rflag = src[msg], dst[msg], n[msg], rflag[msg]
-            m = len(src)
-            nb = n * isz
-            x = None
-            # ---- cost of each message on its link
-            if self.uniform:
-                a = ai
-                bcost = nb * bi
-                nbt = float(nb.sum())
-                bytes_intra += nbt
-                msgs_intra += m
-                a_arr = None
-            else:
-                hs, hd = host[src], host[dst]
-                x = hs != hd
-                nx = int(np.count_nonzero(x))
-                if nx == 0:
-                    a, a_arr = ai, None
-                    bcost = nb * bi
-                    bytes_intra += float(nb.sum())
-                    msgs_intra += m
-                else:
-                    a_arr = np.where(x, ae, ai)
-                    a = a_arr
-                    if topo.nic_sharing:
-                        sx, dx = src[x], dst[x]
-                        kout = np.bincount(sx, minlength=p) > 0
-                        kin = np.bincount(dx, minlength=p) > 0
-                        kout = np.bincount(host, kout, self.H)
-                        kin = np.bincount(host, kin, self.H)
-                        share = np.maximum(kout[hs], kin[hd])
-                        share = np.where(share > 1, share / topo.shared, share)
-                        bcost = np.where(x, nb * be * share, nb * bi)
-                    else:
-                        bcost = np.where(x, nb * be, nb * bi)
-                    xb = nb[x]
-                    bytes_inter += float(xb.sum())
-                    bytes_intra += float(nb.sum()) - float(xb.sum())
-                    msgs_inter += nx
-                    msgs_intra += m - nx
-                    nic_out += np.bincount(hs[x], xb, self.H)
-                    nic_in += np.bincount(hd[x], xb, self.H)
-            if np.ndim(bcost) == 0:
-                bcost = np.full(m, float(bcost))
-            cost = a + bcost
-            # ---- when each message can start: both ends have started the round
-            s_src, s_dst = start[src], start[dst]
-            from_src = s_src >= s_dst
-            t0 = np.where(from_src, s_src, s_dst)
-            arr = t0 + cost
-            e = np.where(from_src, src, dst)  # the endpoint whose path the message extends
-            m_lat = lat[e] + a
-            m_bw = bw[e] + bcost
-            m_red = red[e]
-            xcost = np.where(x, cost, 0.0) if x is not None else np.zeros(m)
-            m_x = xt[e] + xcost
-            # ---- reductions at the receiver
-            if g and rflag.any():
-                G = np.bincount(dst, nb * rflag, p) * g
-            else:
-                G = None
-
-            nsend = np.bincount(src, minlength=p)
-            nrecv = np.bincount(dst, minlength=p)
-            if nsend.max() <= 1 and nrecv.max() <= 1:
-                # every rank sends at most one and receives at most one message: a message's
-                # arrival is both its sender's and its receiver's finish (t0 >= own start)
-                fin_out = neg.copy()
-                fin_out[src] = arr
-                fin_in = neg.copy()
-                fin_in[dst] = arr
-                if G is not None:
-                    fin_in = fin_in + G
-                use_in = fin_in >= fin_out
-                finish = np.maximum(np.maximum(fin_in, fin_out), start)
-                active = (nsend + nrecv) > 0
-                # which message determines each active rank's finish
-                mi = np.zeros(p, np.int64)
-                mi[src] = np.arange(m)
-                mi_in = np.zeros(p, np.int64)
-                mi_in[dst] = np.arange(m)
-                mi = np.where(use_in, mi_in, mi)
-                new_lat = np.where(active, m_lat[mi], lat)
-                new_bw = np.where(active, m_bw[mi], bw)
-                new_red = np.where(active, m_red[mi], red)
-                new_x = np.where(active, m_x[mi], xt)
-                if G is not None:
-                    new_red = new_red + np.where(active & use_in, G, 0.0)
-            else:
-                finish, new_lat, new_bw, new_red, new_x = self._general(
-                    p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
-                    start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x)
-            start, lat, bw, red, xt = finish, new_lat, new_bw, new_red, new_x
-
+            self._messages(src, dst, n * self.isz, rflag)
+        start, lat, bw, red, xt = self.start, self.lat, self.bw, self.red, self.xt
         rank_terms = np.stack([lat, bw, red], axis=1)
         last = int(np.argmax(start)) if p else 0
         total = float(start[last]) if p else 0.0
         terms = Terms(float(lat[last]), float(bw[last]), float(red[last])) if p else Terms()
         return SimResult(total, start, terms, rank_terms,
-                         {"intra": int(round(bytes_intra)), "inter": int(round(bytes_inter))},
-                         {"intra": int(msgs_intra), "inter": int(msgs_inter)},
-                         nic_out if self.H > 1 else None, nic_in if self.H > 1 else None,
+                         {"intra": int(round(self.bytes_intra)), "inter": int(round(self.bytes_inter))},
+                         {"intra": int(self.msgs_intra), "inter": int(self.msgs_inter)},
+                         self.nic_out if self.H > 1 else None, self.nic_in if self.H > 1 else None,
                          nrounds, inter=float(xt[last]) if p else 0.0)
+
+    def _local_steps(self, src, nbytes, reduce) -> None:
+        """Local steps: a reduce costs n*gamma, a copy n*delta, on their own rank."""
+        p, g, delta = self.p, self.g, self.topo.delta
+        if g and reduce.any():
+            gr = np.bincount(src[reduce], nbytes[reduce], p) * g
+            self.start = self.start + gr
+            self.red = self.red + gr
+        if delta and (~reduce).any():
+            cp = np.bincount(src[~reduce], nbytes[~reduce], p) * delta
+            self.start = self.start + cp
+            self.bw = self.bw + cp
+
+    def _link_costs(self, src, dst, nb):
+        """(alpha, bandwidth seconds, which messages cross hosts or None) of each message
+        on its link, with a host's NIC shared by its ranks sending across hosts; counts
+        the round's bytes and messages."""
+        topo, m = self.topo, len(src)
+        ai, bi = topo.intra.alpha, topo.intra.beta
+        if not self.uniform:
+            host = topo.host_array
+            hs, hd = host[src], host[dst]
+            x = hs != hd
+            nx = int(np.count_nonzero(x))
+            if nx:
+                ae, be = topo.inter.alpha, topo.inter.beta
+                if topo.nic_sharing:
+                    p = self.p
+                    kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)
+                    kin = np.bincount(host, np.bincount(dst[x], minlength=p) > 0, self.H)
+                    share = np.maximum(kout[hs], kin[hd])
+                    share = np.where(share > 1, share / topo.shared, share)
+                    bcost = np.where(x, nb * be * share, nb * bi)
+                else:
+                    bcost = np.where(x, nb * be, nb * bi)
+                xb = nb[x]
+                self.bytes_inter += float(xb.sum())
+                self.bytes_intra += float(nb.sum()) - float(xb.sum())
+                self.msgs_inter += nx
+                self.msgs_intra += m - nx
+                self.nic_out += np.bincount(hs[x], xb, self.H)
+                self.nic_in += np.bincount(hd[x], xb, self.H)
+                return np.where(x, ae, ai), bcost, x
+        self.bytes_intra += float(nb.sum())
+        self.msgs_intra += m
+        return ai, nb * bi, None
+
+    def _messages(self, src, dst, nb, rflag) -> None:
+        """A round's messages: each starts when both ends have started the round."""
+        p, g = self.p, self.g
+        start, lat, bw, red, xt = self.start, self.lat, self.bw, self.red, self.xt
+        m = len(src)
+        a, bcost, x = self._link_costs(src, dst, nb)
+        if np.ndim(bcost) == 0:
+            bcost = np.full(m, float(bcost))
+        cost = a + bcost
+        s_src, s_dst = start[src], start[dst]
+        from_src = s_src >= s_dst
+        t0 = np.where(from_src, s_src, s_dst)
+        arr = t0 + cost
+        e = np.where(from_src, src, dst)  # the endpoint whose path the message extends
+        m_lat = lat[e] + a
+        m_bw = bw[e] + bcost
+        m_red = red[e]
+        xcost = np.where(x, cost, 0.0) if x is not None else np.zeros(m)
+        m_x = xt[e] + xcost
+        # reductions at the receiver
+        G = np.bincount(dst, nb * rflag, p) * g if g and rflag.any() else None
+        nsend = np.bincount(src, minlength=p)
+        nrecv = np.bincount(dst, minlength=p)
+        neg = np.full(p, -np.inf)
+        if nsend.max() <= 1 and nrecv.max() <= 1:
+            new = self._one_each(src, dst, arr, m_lat, m_bw, m_red, m_x, G, nsend, nrecv, neg)
+        else:
+            new = self._general(p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
+                                start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x)
+        self.start, self.lat, self.bw, self.red, self.xt = new
+
+    def _one_each(self, src, dst, arr, m_lat, m_bw, m_red, m_x, G, nsend, nrecv, neg):
+        """Every rank sends at most one and receives at most one message: a message's
+        arrival is both its sender's and its receiver's finish (t0 >= own start)."""
+        p, m = self.p, len(src)
+        fin_out = neg.copy()
+        fin_out[src] = arr
+        fin_in = neg.copy()
+        fin_in[dst] = arr
+        if G is not None:
+            fin_in = fin_in + G
+        use_in = fin_in >= fin_out
+        finish = np.maximum(np.maximum(fin_in, fin_out), self.start)
+        active = (nsend + nrecv) > 0
+        # which message determines each active rank's finish
+        mi = np.zeros(p, np.int64)
+        mi[src] = np.arange(m)
+        mi_in = np.zeros(p, np.int64)
+        mi_in[dst] = np.arange(m)
+        mi = np.where(use_in, mi_in, mi)
+        new_lat = np.where(active, m_lat[mi], self.lat)
+        new_bw = np.where(active, m_bw[mi], self.bw)
+        new_red = np.where(active, m_red[mi], self.red)
+        new_x = np.where(active, m_x[mi], self.xt)
+        if G is not None:
+            new_red = new_red + np.where(active & use_in, G, 0.0)
+        return finish, new_lat, new_bw, new_red, new_x
 
     @staticmethod
     def _general(p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
@@ -481,12 +475,10 @@ def _cumsum_by(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Running sums of ``rows`` (one per item, in order) within each key: row j gets the
     sum of the rows i <= j with keys[i] == keys[j]."""
     order = np.argsort(keys, kind="stable")
-    cs = np.cumsum(rows[order], axis=0)
     k = keys[order]
     first = np.ones(len(k), bool)
     first[1:] = k[1:] != k[:-1]
-    starts = np.flatnonzero(first)
-    cs -= (cs[starts] - rows[order][starts])[np.cumsum(first) - 1]
+    cs = _restart_cumsum(first, rows[order])
     out = np.empty_like(cs)
     out[order] = cs
     return out
@@ -497,21 +489,27 @@ def _spill(ws: float, cache: float) -> float:
     return 0.0 if ws <= cache else 1.0 - cache / ws
 
 
+_TERM = {k: i for i, k in enumerate(HOST_TERMS)}   # a term's column in count vectors
+_N_TERMS = len(HOST_TERMS)
+
+
 class _HostSim:
-    """The :class:`HostModel` applied round by round (see its docstring).
+    """The :class:`HostModel` applied round by round (docs/design.md, "The host model").
 
     In a round, a rank first runs its local steps, then works through its messages: a
     rendezvous message can start once both ends have started the round plus its latency
     (rendezvous, wake-up) and is done when the slower of its two sides could be; an eager
     one is copied in by its sender as soon as the sender starts the round (its eager
     messages one after the other, in posting order) and copied out by its receiver once
-    it has arrived (plus its latency). A rank's own work on its
-    messages adds up (one thread), in order of when each can start. Busy ranks beyond
-    the cores stretch all CPU work of the round. Along the critical path the simulator
-    keeps the count of every term (messages, bytes, ...), stretched and not, so that the
-    fit is linear in the parameters and ``explain`` can name every term."""
+    it has arrived (plus its latency). A rank's own work on its messages adds up (one
+    thread), in order of when each can start. Busy ranks beyond the cores stretch all CPU
+    work of the round. Along the critical path the simulator keeps the count of every
+    term (messages, bytes, ...), stretched and not, so that the fit is linear in the
+    parameters and ``explain`` can name every term.
 
-    K = len(HOST_TERMS)
+    Per rank it carries ``start`` (when its next round starts) and, in count vectors of
+    HOST_TERMS, the terms on its critical path so far: ``path`` (stretched by shared
+    cores) and ``alone`` (as if each round had the cores to itself)."""
 
     def __init__(self, schedule, model: HostModel, shared=()):
         self.s = schedule
@@ -523,185 +521,218 @@ class _HostSim:
         self.shared = np.array([BUFFER_NAMES.index(b) for b in shared], np.int64)
 
     def run(self) -> SimResult:
-        s, m, p, K = self.s, self.m, self.p, self.K
-        th = m.theta
-        isz = float(s.itemsize)
+        s, m, p = self.s, self.m, self.p
+        self.theta = m.theta
+        self.isz = float(s.itemsize)
         ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min)
-        f2, f3 = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
-        crowded = 1.0 if p > m.cores else 0.0
-        I = {k: i for i, k in enumerate(HOST_TERMS)}
+        self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
+        self.crowded = 1.0 if p > m.cores else 0.0
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
         largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
-                       for r in s.rounds), default=0.0) * isz
+                       for r in s.rounds), default=0.0) * self.isz
         fast_call = 0 < m.fast_bytes and largest <= m.fast_bytes
-        per_message = I["alpha_fast"] if fast_call else I["alpha"]
-        start = np.zeros(p)
-        F = np.zeros((p, K))        # term counts on each rank's critical path (stretched)
-        U = np.zeros((p, K))        # the same, unstretched
+        self.per_message = _TERM["alpha_fast"] if fast_call else _TERM["alpha"]
+        self.start = np.zeros(p)
+        self.path = np.zeros((p, _N_TERMS))
+        self.alone = np.zeros((p, _N_TERMS))
         if fast_call and s.rounds:
             # every rank enters the call at once: more ranks than cores take turns
-            k0 = max(1.0, p / m.cores)
-            F[:, I["alpha_fast_call"]] = k0
-            U[:, I["alpha_fast_call"]] = 1.0
-            start = start + k0 * m.alpha_fast_call
-        bytes_total = 0.0
-        msgs_total = 0
+            turns = max(1.0, p / m.cores)
+            self.path[:, _TERM["alpha_fast_call"]] = turns
+            self.alone[:, _TERM["alpha_fast_call"]] = 1.0
+            self.start = self.start + turns * m.alpha_fast_call
+        self.bytes_total = 0.0
+        self.msgs_total = 0
         nrounds = 0
-        ranks = np.arange(p)
         prev = None                 # what each rank touched in the previous round
         for rnd in s.rounds:
             c = rnd.cols
-            src = c["src"]
-            if not len(src):
+            if not len(c["src"]):
                 continue
             nrounds += 1
-            dst = c["dst"]
-            nb = c["n"] * isz
-            red = c["reduce"].astype(bool)
-            sbuf = c["sbuf"]
-            hot, prev = _cache_hits(prev, c, p, m, isz)
-            busy = np.zeros(p, bool)
-            busy[src] = True
-            busy[dst] = True
-            A = np.count_nonzero(busy)
-            k = max(1.0, (A + m.idle_share * (p - A)) / m.cores
-                    + m.imbalance * (-(-A // m.cores) - A / m.cores))
-            loc = src == dst
-            if loc.any():
-                lf = np.zeros((int(loc.sum()), K))
-                ln = nb[loc]
-                lf[:, I["delta"]] = ln
-                lf[:, I["gamma"]] = ln * red[loc]
-                lf[:, I["mem_l2"]] = ln * f2
-                lf[:, I["mem_l3"]] = ln * f3
-                lf[:, I["beta_share"]] = ln * (k - 1) / k
-                per = np.zeros((p, K))
-                np.add.at(per, src[loc], lf)
-                start = start + k * (per @ th)
-                F = F + k * per
-                U = U + per
-                msg = ~loc
-                src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg],
-                                                hot[:, msg], sbuf[msg])
-            M = len(src)
-            if M == 0:
-                continue
-            bytes_total += float(nb.sum())
-            msgs_total += M
-            fs = np.zeros((M, K))
-            fs[:, per_message] = 1.0
-            fs[:, I["beta"]] = nb
-            fs[:, I["mem_l2"]] = nb * f2
-            fs[:, I["mem_l3"]] = nb * f3
-            fs[:, I["beta_share"]] = nb * (k - 1) / k
-            fs[:, I["beta_crowd"]] = nb * crowded / k
-            fd = fs.copy()
-            fd[:, I["gamma"]] = nb * red
-            # read in place: the sender only announces it (RTS), the receiver's copy is the
-            # one copy; no ring, so no lag of a one-way stream either
-            inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min)
-            if inplace.any():
-                for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
-                    fs[inplace, I[term]] = 0.0
-            # what a rank touched in the previous round may still be in its caches
-            fs[:, I["mem_l2"]] *= 1.0 - hot[0]
-            fs[:, I["mem_l3"]] *= 1.0 - hot[1]
-            fd[:, I["mem_l2"]] *= 1.0 - hot[2]
-            fd[:, I["mem_l3"]] *= 1.0 - hot[3]
-            lat = np.zeros((M, K))
-            lat[:, I["alpha_hop"]] = 1.0
-            lat[:, I["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
-            lat[:, I["alpha_crowd"]] = crowded
-            w_s = k * (fs @ th)
-            w_d = k * (fd @ th)
-            s_src, s_dst = start[src], start[dst]
-            # A rendezvous message starts when both ends have started the round (plus its
-            # latency) and streams through the ring, both sides copying at once. An eager
-            # one (a single fragment) is store-and-forward: the sender copies it in as soon
-            # as it starts, the receiver copies it out once it has arrived; the sender does
-            # not wait for the receiver.
-            eager = (nb <= m.eager) & ~inplace
-            e = np.where(s_src >= s_dst, src, dst)
-            t0 = np.maximum(s_src, s_dst) + lat @ th
-            baseF = F[e] + lat
-            baseU = U[e] + lat
-            # a sender copies its eager messages in the order it posts them
-            queued = _cumsum_by(src, fs * eager[:, None])
-            arrive = s_src + k * (queued @ th) + lat @ th
-            late = eager & (arrive > s_dst)          # the receiver waits for the data
-            rel_s = np.where(eager, s_src, t0)
-            rel_d = np.where(eager, np.maximum(arrive, s_dst), t0)
-            bF_s = np.where(eager[:, None], F[src], baseF)
-            bU_s = np.where(eager[:, None], U[src], baseU)
-            bF_d = np.where(late[:, None], F[src] + k * queued + lat,
-                            np.where(eager[:, None], F[dst], baseF))
-            bU_d = np.where(late[:, None], U[src] + queued + lat,
-                            np.where(eager[:, None], U[dst], baseU))
-            # each rank's own work, in order of release (single machine, release dates):
-            # done at max_j (release_j + work of everything released at or after it)
-            r_i = np.concatenate([src, dst])
-            rel = np.concatenate([rel_s, rel_d])
-            w_i = np.concatenate([w_s, w_d])
-            fF = np.concatenate([k * fs, k * fd])
-            fU = np.concatenate([fs, fd])
-            bF = np.concatenate([bF_s, bF_d])
-            bU = np.concatenate([bU_s, bU_d])
-            order = np.lexsort((-rel, r_i))
-            r_o, rel_o, w_o = r_i[order], rel[order], w_i[order]
-            first = np.ones(len(r_o), bool)
-            first[1:] = r_o[1:] != r_o[:-1]
-            seg = np.cumsum(first) - 1
-            starts = np.flatnonzero(first)
-            cw = np.cumsum(w_o)
-            cw = cw - (cw[starts] - w_o[starts])[seg]
-            cF = np.cumsum(fF[order], axis=0)
-            cF = cF - (cF[starts] - fF[order][starts])[seg]
-            cU = np.cumsum(fU[order], axis=0)
-            cU = cU - (cU[starts] - fU[order][starts])[seg]
-            own_val = rel_o + cw
-            own_F = bF[order] + cF
-            own_U = bU[order] + cU
-            # a rendezvous message is done when the slower side could have finished it,
-            # plus the lag; it holds both ends
-            send_slower = w_s >= w_d
-            lag = np.zeros((M, K))
-            lag[:, I["beta_lag"]] = nb * ~inplace
-            done = t0 + np.maximum(w_s, w_d) + lag @ th
-            dF = baseF + k * np.where(send_slower[:, None], fs, fd) + lag
-            dU = baseU + np.where(send_slower[:, None], fs, fd) + lag
-            # every rank ends the round at the latest of: its start, its own work, and the
-            # completion of every rendezvous message it takes part in (an eager message
-            # ends with its receiver's copy, part of the receiver's own work)
-            rdv = ~eager
-            cand_r = np.concatenate([ranks, r_o, src[rdv], dst[rdv]])
-            cand_v = np.concatenate([start, own_val, done[rdv], done[rdv]])
-            cand_F = np.concatenate([F, own_F, dF[rdv], dF[rdv]])
-            cand_U = np.concatenate([U, own_U, dU[rdv], dU[rdv]])
-            pick = np.lexsort((cand_v, cand_r))
-            last = np.ones(len(pick), bool)
-            last[:-1] = cand_r[pick][1:] != cand_r[pick][:-1]
-            sel = pick[last]                      # one per rank, in rank order
-            start = cand_v[sel]
-            F = cand_F[sel]
-            U = cand_U[sel]
+            hot, prev = _cache_hits(prev, c, p, m, self.isz)
+            self._round(c, hot)
+        return self._result(nrounds)
+
+    def _stretch(self, src, dst) -> float:
+        """How much sharing the cores stretches a round's CPU work (>= 1)."""
+        m, p = self.m, self.p
+        busy = np.zeros(p, bool)
+        busy[src] = True
+        busy[dst] = True
+        n_busy = np.count_nonzero(busy)
+        return max(1.0, (n_busy + m.idle_share * (p - n_busy)) / m.cores
+                   + m.imbalance * (-(-n_busy // m.cores) - n_busy / m.cores))
+
+    def _round(self, c, hot) -> None:
+        src, dst = c["src"], c["dst"]
+        nb = c["n"] * self.isz
+        red = c["reduce"].astype(bool)
+        sbuf = c["sbuf"]
+        stretch = self._stretch(src, dst)
+        loc = src == dst
+        if loc.any():
+            self._local_steps(src[loc], nb[loc], red[loc], stretch)
+            msg = ~loc
+            src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg],
+                                            hot[:, msg], sbuf[msg])
+        if len(src):
+            self._messages(src, dst, nb, red, hot, sbuf, stretch)
+
+    def _local_steps(self, src, nb, red, stretch) -> None:
+        """A round's local steps (copies and reduces on their own rank), before its messages."""
+        f2, f3 = self.spill
+        counts = np.zeros((len(src), _N_TERMS))
+        counts[:, _TERM["delta"]] = nb
+        counts[:, _TERM["gamma"]] = nb * red
+        counts[:, _TERM["mem_l2"]] = nb * f2
+        counts[:, _TERM["mem_l3"]] = nb * f3
+        counts[:, _TERM["beta_share"]] = nb * (stretch - 1) / stretch
+        per = np.zeros((self.p, _N_TERMS))
+        np.add.at(per, src, counts)
+        self.start = self.start + stretch * (per @ self.theta)
+        self.path = self.path + stretch * per
+        self.alone = self.alone + per
+
+    def _side_counts(self, nb, red, hot, sbuf, stretch):
+        """Term counts of each message's work on its sending and its receiving side, and
+        of its latency; and which messages the receiver reads in place."""
+        m = self.m
+        f2, f3 = self.spill
+        n = len(nb)
+        send = np.zeros((n, _N_TERMS))
+        send[:, self.per_message] = 1.0
+        send[:, _TERM["beta"]] = nb
+        send[:, _TERM["mem_l2"]] = nb * f2
+        send[:, _TERM["mem_l3"]] = nb * f3
+        send[:, _TERM["beta_share"]] = nb * (stretch - 1) / stretch
+        send[:, _TERM["beta_crowd"]] = nb * self.crowded / stretch
+        recv = send.copy()
+        recv[:, _TERM["gamma"]] = nb * red
+        # read in place: the sender only announces it (RTS), the receiver's copy is the
+        # one copy; no ring, so no lag of a one-way stream either
+        inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min)
+        if inplace.any():
+            for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
+                send[inplace, _TERM[term]] = 0.0
+        # what a rank touched in the previous round may still be in its caches
+        send[:, _TERM["mem_l2"]] *= 1.0 - hot[0]
+        send[:, _TERM["mem_l3"]] *= 1.0 - hot[1]
+        recv[:, _TERM["mem_l2"]] *= 1.0 - hot[2]
+        recv[:, _TERM["mem_l3"]] *= 1.0 - hot[3]
+        lat = np.zeros((n, _N_TERMS))
+        lat[:, _TERM["alpha_hop"]] = 1.0
+        lat[:, _TERM["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
+        lat[:, _TERM["alpha_crowd"]] = self.crowded
+        return send, recv, lat, inplace
+
+    def _messages(self, src, dst, nb, red, hot, sbuf, stretch) -> None:
+        """A round's messages: when each side's work can start, each rank's own work in
+        order, and the round's end on every rank."""
+        m, th, k = self.m, self.theta, stretch
+        start, path, alone = self.start, self.path, self.alone
+        self.bytes_total += float(nb.sum())
+        self.msgs_total += len(src)
+        send, recv, lat, inplace = self._side_counts(nb, red, hot, sbuf, k)
+        w_send = k * (send @ th)
+        w_recv = k * (recv @ th)
+        s_src, s_dst = start[src], start[dst]
+        # A rendezvous message starts when both ends have started the round (plus its
+        # latency) and streams through the ring, both sides copying at once. An eager
+        # one (a single fragment) is store-and-forward: the sender copies it in as soon
+        # as it starts, the receiver copies it out once it has arrived; the sender does
+        # not wait for the receiver.
+        eager = (nb <= m.eager) & ~inplace
+        later = np.where(s_src >= s_dst, src, dst)     # the end whose path it extends
+        t0 = np.maximum(s_src, s_dst) + lat @ th
+        base_path = path[later] + lat
+        base_alone = alone[later] + lat
+        # a sender copies its eager messages in the order it posts them
+        queued = _cumsum_by(src, send * eager[:, None])
+        arrive = s_src + k * (queued @ th) + lat @ th
+        late = eager & (arrive > s_dst)          # the receiver waits for the data
+        release_send = np.where(eager, s_src, t0)
+        release_recv = np.where(eager, np.maximum(arrive, s_dst), t0)
+        e = eager[:, None]
+        before_send = np.where(e, path[src], base_path), np.where(e, alone[src], base_alone)
+        before_recv = (np.where(late[:, None], path[src] + k * queued + lat,
+                                np.where(e, path[dst], base_path)),
+                       np.where(late[:, None], alone[src] + queued + lat,
+                                np.where(e, alone[dst], base_alone)))
+        own = _own_work(np.concatenate([src, dst]),
+                        np.concatenate([release_send, release_recv]),
+                        np.concatenate([w_send, w_recv]),
+                        np.concatenate([k * send, k * recv]), np.concatenate([send, recv]),
+                        np.concatenate([before_send[0], before_recv[0]]),
+                        np.concatenate([before_send[1], before_recv[1]]))
+        # a rendezvous message is done when the slower side could have finished it,
+        # plus the lag; it holds both ends
+        slower = np.where((w_send >= w_recv)[:, None], send, recv)
+        lag = np.zeros((len(src), _N_TERMS))
+        lag[:, _TERM["beta_lag"]] = nb * ~inplace
+        done = t0 + np.maximum(w_send, w_recv) + lag @ th
+        rdv = ~eager
+        held = (np.concatenate([src[rdv], dst[rdv]]), np.tile(done[rdv], 2),
+                np.tile((base_path + k * slower + lag)[rdv], (2, 1)),
+                np.tile((base_alone + slower + lag)[rdv], (2, 1)))
+        self._end_round(own, held)
+
+    def _end_round(self, own, held) -> None:
+        """Every rank ends the round at the latest of: its start, its own work, and the
+        completion of every rendezvous message it takes part in (an eager message ends
+        with its receiver's copy, part of the receiver's own work)."""
+        ranks = np.arange(self.p)
+        cand_r = np.concatenate([ranks, own[0], held[0]])
+        cand_v = np.concatenate([self.start, own[1], held[1]])
+        cand_path = np.concatenate([self.path, own[2], held[2]])
+        cand_alone = np.concatenate([self.alone, own[3], held[3]])
+        pick = np.lexsort((cand_v, cand_r))
+        last = np.ones(len(pick), bool)
+        last[:-1] = cand_r[pick][1:] != cand_r[pick][:-1]
+        sel = pick[last]                      # one per rank, in rank order
+        self.start, self.path, self.alone = cand_v[sel], cand_path[sel], cand_alone[sel]
+
+    def _result(self, nrounds: int) -> SimResult:
+        p, th, start, path = self.p, self.theta, self.start, self.path
         last_rank = int(np.argmax(start)) if p else 0
         total = float(start[last_rank]) if p else 0.0
-        feats = F[last_rank] if p else np.zeros(K)
+        feats = path[last_rank] if p else np.zeros(_N_TERMS)
         parts = {k: float(v) for k, v in zip(HOST_TERMS, feats * th)}
-        sharing = max(0.0, float(feats @ th - U[last_rank] @ th)) if p else 0.0
+        sharing = max(0.0, float(feats @ th - self.alone[last_rank] @ th)) if p else 0.0
         lat_t = sum(parts[k] for k in _LATENCY_TERMS)
         bw_t = sum(parts[k] for k in _BANDWIDTH_TERMS + _MEMORY_TERMS)
         terms = Terms(lat_t, bw_t, parts["gamma"])
-        rank_terms = np.stack([F[:, [HOST_TERMS.index(k) for k in _LATENCY_TERMS]] @
-                               th[[HOST_TERMS.index(k) for k in _LATENCY_TERMS]],
-                               F[:, [HOST_TERMS.index(k) for k in _BANDWIDTH_TERMS + _MEMORY_TERMS]] @
-                               th[[HOST_TERMS.index(k) for k in _BANDWIDTH_TERMS + _MEMORY_TERMS]],
-                               F[:, HOST_TERMS.index("gamma")] * m.gamma], axis=1)
+        lat_cols = [_TERM[k] for k in _LATENCY_TERMS]
+        bw_cols = [_TERM[k] for k in _BANDWIDTH_TERMS + _MEMORY_TERMS]
+        rank_terms = np.stack([path[:, lat_cols] @ th[lat_cols], path[:, bw_cols] @ th[bw_cols],
+                               path[:, _TERM["gamma"]] * self.m.gamma], axis=1)
         return SimResult(total, start, terms, rank_terms,
-                         {"intra": int(round(bytes_total)), "inter": 0},
-                         {"intra": int(msgs_total), "inter": 0}, None, None, nrounds,
+                         {"intra": int(round(self.bytes_total)), "inter": 0},
+                         {"intra": int(self.msgs_total), "inter": 0}, None, None, nrounds,
                          parts, {k: float(v) for k, v in zip(HOST_TERMS, feats)}, sharing)
+
+
+def _own_work(rank, release, work, path, alone, before_path, before_alone):
+    """Each rank's own work on its messages, one thread, in order of release: item j is
+    done at release_j + the work of every item of its rank released at or after it
+    (a single machine with release dates, scheduled latest first). Returns (rank, done,
+    path, alone) of every item, in (rank, release descending) order."""
+    order = np.lexsort((-release, rank))
+    r_o = rank[order]
+    first = np.ones(len(r_o), bool)
+    first[1:] = r_o[1:] != r_o[:-1]
+    return (r_o, release[order] + _restart_cumsum(first, work[order]),
+            before_path[order] + _restart_cumsum(first, path[order]),
+            before_alone[order] + _restart_cumsum(first, alone[order]))
+
+
+def _restart_cumsum(first: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Running sums of ``rows`` that start again at every row where ``first`` is set."""
+    seg = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    cs = np.cumsum(rows, axis=0)
+    return cs - (cs[starts] - rows[starts])[seg]
 
 
 __all__ = ["Topology", "SimResult", "simulate", "working_set"]

@@ -48,8 +48,7 @@ SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a 
 SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
 # Then yield this long before sleeping. Waking a sleeper (doorbell, select, scheduler) costs
 # tens of microseconds, paid on every hop of a chain (naive ring, tree) whose ranks wait
-# their turn. 256 KiB naive_ring on 2 cores, RINGLET_YIELD_US 50 vs 1000 side by side:
-# p = 3 215-216 vs 133-157 us, p = 4 395-505 vs 230-298 us; 8 B at p = 4 unchanged.
+# their turn: a rank that yields instead is ready when its turn comes.
 YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 1000)) * 1e-6
 
 
@@ -157,41 +156,50 @@ class Engine:
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in
                  wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
-        opened = self._open_local(infos) if use_shm and self.world_size > 1 else {}
-        shared = self._agree_on_shm(prefix, opened) if use_shm and self.world_size > 1 else set()
-        self.hosts = host_labels([info["host"] for info in infos], shared)
-        remote = []
-        for info in infos:
-            r = info["rank"]
-            if r == self.rank:
-                continue
-            if (min(r, self.rank), max(r, self.rank)) in shared:
-                theirs, bell = opened.pop(r)
-                self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
-                                        Ring(theirs, self.rank, self.capacity), bell, info["pid"])
-            else:
-                remote.append(info)
-        for theirs, bell in opened.values():   # they could not open ours: TCP after all
-            theirs.close()
-            bell.close()
-        # Touch both rings of every local pair now, before any traffic can flow: their first
-        # lap would otherwise pay a page fault every 4 KiB inside the first collectives.
-        for peer in self.peers.values():
-            peer.inbox.data[:] = 0
-            peer.outbox.data[:] = 0
+        local = use_shm and self.world_size > 1
+        opened = self._open_local(infos) if local else {}
+        same = {i["rank"] for i in infos if local and i["host"] == self.host_id} - {self.rank}
+        shared: set = set()
         try:
-            self._connect_tcp(remote, listener)
+            self._connect_tcp([i for i in infos if i["rank"] not in same | {self.rank}], listener)
+            if local:
+                # Touch both rings of every local pair now, before any traffic can flow
+                # (after the agreement below it may): their first lap would otherwise pay a
+                # page fault every 4 KiB inside the first collectives.
+                for r, (theirs, _) in opened.items():
+                    Ring(self.seg, r, self.capacity).data[:] = 0
+                    Ring(theirs, self.rank, self.capacity).data[:] = 0
+                # Every rank has opened what it could (so the fd is no longer needed): agree
+                # on the pairs that share memory; the rest of this host's ranks use TCP.
+                shared = self._agree_on_shm(prefix, opened)
+                fallback = []
+                for info in infos:
+                    r = info["rank"]
+                    if r not in same:
+                        continue
+                    if (min(r, self.rank), max(r, self.rank)) in shared:
+                        theirs, bell = opened.pop(r)
+                        self.peers[r] = ShmPeer(self, r, Ring(self.seg, r, self.capacity),
+                                                Ring(theirs, self.rank, self.capacity), bell,
+                                                info["pid"])
+                    else:
+                        fallback.append(info)
+                for theirs, bell in opened.values():   # they could not open ours
+                    theirs.close()
+                    bell.close()
+                self._connect_tcp(fallback, listener)
+            else:
+                self.store.add(f"{prefix}mapped", 1)
+                self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
         finally:
             if listener is not None:
                 listener.close()
-        # Everyone has mapped everything: the fd is no longer needed.
-        self.store.add(f"{prefix}mapped", 1)
-        self.store.wait_count(f"{prefix}mapped", self.world_size, timeout=self.timeout)
         self._close_seg_fd()
+        self.hosts = host_labels([info["host"] for info in infos], shared)
 
     def _open_local(self, infos: list) -> dict:
         """Rings and doorbells of the ranks that look like this host: {rank: (segment,
-        bell)} for those that opened; the others are told in the agreement after this."""
+        bell)} for those that opened (whether they opened ours, the agreement tells)."""
         opened = {}
         for info in infos:
             r = info["rank"]

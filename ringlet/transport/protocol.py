@@ -297,70 +297,81 @@ class Peer:
             if kind == EAGER and q and q[0].fp == fp:   # the common case first
                 self._finish_eager(_pop(self.posted, tag, q), payload)
                 return
-            stream = False
-            if kind == RTS:
-                # Senders number large messages 0, 1, 2, … in order; a reused id would
-                # orphan the receive already matched to it.
-                if msgid <= self.last_rts:
-                    raise ProtocolError(f"RTS reuses message id {msgid}")
-                self.last_rts = msgid
-                stream = flags == RTS_STREAM
-                if stream and not self.stream_max:
-                    raise ProtocolError("streamed RTS on a link that does not stream")
-                if stream and length <= 0:
-                    raise ProtocolError(f"streamed RTS of {length} bytes")
-            if q and q[0].fp != fp and CHECK_FINGERPRINTS:
-                if stream:   # its DATA is on the way: let it drain
-                    self.incoming[msgid] = _Discard(msgid, length, 0, tag)
-                self.engine.mismatch(tag, q[0].fp, fp, self.rank)
-                return
-            where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
-            if q:
-                if kind == EAGER:
-                    self._finish_eager(_pop(self.posted, tag, q), payload)
-                elif stream:
-                    self._accept_stream(_pop(self.posted, tag, q), msgid, length)
-                else:
-                    self._accept(_pop(self.posted, tag, q), msgid, length, where)
-                return
-            if group_of(tag) < self.engine.retired_below:   # a world that shrank away: drop it
-                if stream:
-                    self.incoming[msgid] = _Discard(msgid, length, 0, tag)
-                return
-            if kind == EAGER or stream:
-                self.unexpected_bytes += length
-                if self.unexpected_bytes > MAX_UNEXPECTED:
-                    raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
-                                        f"nobody has asked for")
-            if kind == EAGER:
-                data = bytes(payload)
-                item = Unasked(fp, len(data), payload=data)
-            elif stream:
-                parked = self.incoming[msgid] = _Parked(msgid, length, tag)
-                item = Unasked(fp, length, parked=parked)
-            else:
-                item = Unasked(fp, 0, msgid=msgid, length=length, where=where)
-            _push(self.unexpected, tag, item)
-            if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
-                self.engine.check_fingerprint(tag, fp, self.rank)
+            self._on_message(kind, flags, tag, msgid, length, aux, fp, payload, zc, q)
         elif kind == ABORT:
             self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
-            req = self.awaiting_cts.pop(msgid, None)
-            if req is None:
-                raise ProtocolError(f"CTS for unknown message {msgid}")
-            if flags == CTS_DONE:     # the receiver read it from our shared buffer
-                self._sent(req)
-            elif flags == CTS_REJECT:
-                req.fail(ValueError(
-                    f"send to rank {self.rank} failed: the message has {req.nbytes} bytes but "
-                    f"the receiver posted a buffer of {aux} bytes"))
-            else:
-                self.outq.append(("data", req))
+            self._on_cts(flags, msgid, aux)
         elif kind == BYE:
             self.closing = True
         elif kind != PAD:
             raise ProtocolError(f"unexpected packet kind {kind}")
+
+    def _on_message(self, kind, flags, tag, msgid, length, aux, fp, payload, zc, q) -> None:
+        """An EAGER or RTS packet: match it to the oldest receive posted for its tag (``q``),
+        or keep it until one is posted."""
+        stream = kind == RTS and self._check_rts(flags, msgid, length)
+        if q and q[0].fp != fp and CHECK_FINGERPRINTS:
+            if stream:   # its DATA is on the way: let it drain
+                self.incoming[msgid] = _Discard(msgid, length, 0, tag)
+            self.engine.mismatch(tag, q[0].fp, fp, self.rank)
+            return
+        where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
+        if q:
+            if kind == EAGER:
+                self._finish_eager(_pop(self.posted, tag, q), payload)
+            elif stream:
+                self._accept_stream(_pop(self.posted, tag, q), msgid, length)
+            else:
+                self._accept(_pop(self.posted, tag, q), msgid, length, where)
+            return
+        if group_of(tag) < self.engine.retired_below:   # a world that shrank away: drop it
+            if stream:
+                self.incoming[msgid] = _Discard(msgid, length, 0, tag)
+            return
+        if kind == EAGER or stream:
+            self.unexpected_bytes += length
+            if self.unexpected_bytes > MAX_UNEXPECTED:
+                raise ProtocolError(f"more than {MAX_UNEXPECTED >> 20} MiB of messages "
+                                    f"nobody has asked for")
+        if kind == EAGER:
+            data = bytes(payload)
+            item = Unasked(fp, len(data), payload=data)
+        elif stream:
+            parked = self.incoming[msgid] = _Parked(msgid, length, tag)
+            item = Unasked(fp, length, parked=parked)
+        else:
+            item = Unasked(fp, 0, msgid=msgid, length=length, where=where)
+        _push(self.unexpected, tag, item)
+        if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
+            self.engine.check_fingerprint(tag, fp, self.rank)
+
+    def _check_rts(self, flags, msgid, length) -> bool:
+        """Validate an RTS header; True when its DATA follows at once (RTS_STREAM)."""
+        # Senders number large messages 0, 1, 2, … in order; a reused id would
+        # orphan the receive already matched to it.
+        if msgid <= self.last_rts:
+            raise ProtocolError(f"RTS reuses message id {msgid}")
+        self.last_rts = msgid
+        stream = flags == RTS_STREAM
+        if stream and not self.stream_max:
+            raise ProtocolError("streamed RTS on a link that does not stream")
+        if stream and length <= 0:
+            raise ProtocolError(f"streamed RTS of {length} bytes")
+        return stream
+
+    def _on_cts(self, flags, msgid, aux) -> None:
+        req = self.awaiting_cts.pop(msgid, None)
+        if req is None:
+            raise ProtocolError(f"CTS for unknown message {msgid}")
+        if flags == CTS_DONE:     # the receiver read it from our shared buffer
+            self._sent(req)
+        elif flags == CTS_REJECT:
+            req.fail(ValueError(
+                f"send to rank {self.rank} failed: the message has {req.nbytes} bytes but "
+                f"the receiver posted a buffer of {aux} bytes"))
+        else:
+            self.outq.append(("data", req))
 
     def data_target(self, msgid: int, length: int, aux: int) -> RecvRequest:
         """Validate a DATA header and return the receive it belongs to."""
@@ -385,17 +396,26 @@ class Peer:
 
     def _accept(self, req: RecvRequest, msgid: int, length: int, where=None) -> None:
         if length != req.nbytes:
-            self.outq.append(("cts", (msgid, CTS_REJECT, req.nbytes)))
+            self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
         elif where is not None and (src := self.remote_view(where, length)) is not None:
             req.deliver(src)        # one copy (or reduce), straight from the sender's buffer
             self._received(req)
-            self.outq.append(("cts", (msgid, CTS_DONE, 0)))
+            self._queue_cts(msgid, CTS_DONE, 0)
         else:
             req.msgid = msgid
             self.incoming[msgid] = req
-            self.outq.append(("cts", (msgid, CTS_OK, 0)))
+            self._queue_cts(msgid, CTS_OK, 0)
         self.pump_out()
+
+    def _queue_cts(self, msgid: int, flags: int, aux: int) -> None:
+        """A CTS goes ahead of our DATA still queued (after other control packets): queued
+        behind a long message of ours, it would hold the peer's message back until ours
+        is out, and the two directions of a link would take turns instead of both
+        streaming (half the rate of a shaped TCP link). DATA names its message and
+        offset, so a CTS may come between two fragments."""
+        i = next((k for k, (kind, _) in enumerate(self.outq) if kind == "data"), len(self.outq))
+        self.outq.insert(i, ("cts", (msgid, flags, aux)))
 
     def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
         """A streamed message met its receive: its DATA goes straight there."""

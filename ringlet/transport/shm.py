@@ -187,8 +187,9 @@ class ShmPeer(Peer):
 class Doorbell:
     """A pipe local senders write a byte into to wake this rank while it sleeps. Peers open
     its read end through ``/proc/<pid>/fd`` for writing, which works across network
-    namespaces (an abstract socket's name would not), and it is gone with the process. This rank keeps a write
-    end open too, so the pipe never reads as hung up before every peer has opened it."""
+    namespaces (an abstract socket's name would not), and it is gone with the process.
+    This rank keeps a write end open too, so the pipe never reads as hung up before every
+    peer has opened it."""
 
     def __init__(self):
         self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -12,9 +12,9 @@ from . import limits
 from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
                        ProtocolError, peer_failure)
 
-# Fuzzing fix: at most this many reads per _poll_in call. Without a bound, a peer that
-# streams packets (PAD, BYE, unexpected EAGER…) faster than we parse them kept progress()
-# from ever returning, so the waiter never reached its deadline check.
+# At most this many reads per _poll_in call: a peer that streams packets (PAD, BYE,
+# unexpected EAGER…) faster than we parse them must not keep progress() from returning,
+# or the waiter would never reach its deadline check.
 POLL_BUDGET = 1024
 
 
@@ -95,9 +95,8 @@ class TcpPeer(Peer):
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as exc:
-                # Fuzzing fix: _lost() fails the peer, which empties outq; returning True
-                # made Peer.pump_out go on to outq.popleft() and raise IndexError (seen when
-                # the other side reset the connection while we answered it).
+                # _lost() fails the peer, which empties outq: False keeps Peer.pump_out
+                # from popping the packet it no longer holds.
                 self._lost(exc)
                 return False
             if n < len(part):
@@ -173,9 +172,8 @@ class TcpPeer(Peer):
                         dst = req.dst.reshape(-1).view(np.uint8)
                         self.ptarget = memoryview(dst)[req.offset:req.offset + length]
                     else:
-                        # Fuzzing fix: a reducing receive applies whole elements; a fragment
-                        # of a partial element made RecvRequest.deliver raise ValueError out
-                        # of progress() instead of failing the peer.
+                        # A reducing receive applies whole elements: a fragment that splits
+                        # one breaks the protocol (the peer is dropped; progress() goes on).
                         if length % getattr(req, "itemsize", 1):   # _Discard: any length
                             self.engine.protocol_violation(
                                 self, f"DATA fragment of {length} bytes splits a "

@@ -2,7 +2,8 @@
 
 Runs both (full first, then quick), times each, and prices the full run's timings - every
 experiment, size and group size it measured - with each profile: the median and 90th
-percentile of |predicted / measured - 1|. Run on a quiet machine; takes the two
+percentile of |predicted / measured - 1|, over all of them and over those inside the quick
+run's range (its group sizes and sizes). Run on a quiet machine; takes the two
 calibrations' time (minutes).
 
     .venv/bin/python bench/quick_accuracy.py [--transports shm] [--quiet 30]
@@ -10,6 +11,7 @@ calibrations' time (minutes).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -34,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet", type=float, default=30.0,
                     help="seconds each pass of the full calibration waits for a quiet host "
                          "(as `ringlet calibrate`: 30)")
+    ap.add_argument("--save", default=None, metavar="FILE.json",
+                    help="also write both profiles and the full run's timings here")
     a = ap.parse_args(argv)
     from ringlet import calibrate as cal
     trs = [t for t in a.transports.split(",") if t]
@@ -47,12 +51,21 @@ def main(argv=None) -> int:
                              quiet=q["quiet"], retries=q["retries"], fit=q["fit"])
     t_quick = time.monotonic() - t0
     print(f"full calibration {t_full:.0f} s, quick {t_quick:.0f} s")
+    if a.save:
+        with open(a.save, "w") as f:
+            json.dump({"full": full.to_dict(), "quick": quick.to_dict(), "samples": samples,
+                       "seconds": {"full": t_full, "quick": t_quick}}, f)
+    inside = {tr: [s for s in samples[tr] if s["p"] in q["ranks"]
+                   and s["nbytes"] <= max(q["sizes"])] for tr in trs}
     for tr in trs:
-        for name, prof in (("full", full), ("quick", quick)):
-            e = sorted(errors(prof, samples[tr], tr))
-            print(f"{tr} {name:>5} profile on the full run's {len(e)} timings: median error "
-                  f"{statistics.median(e) * 100:.1f}%, 90th percentile "
-                  f"{e[int(0.9 * (len(e) - 1))] * 100:.1f}%")
+        for what, smp in (("the full run's", samples[tr]),
+                          ("the quick run's range of the full run's", inside[tr])):
+            for name, prof in (("full", full), ("quick", quick)):
+                e = sorted(errors(prof, smp, tr))
+                if e:
+                    print(f"{tr} {name:>5} profile on {what} {len(e)} timings: median error "
+                          f"{statistics.median(e) * 100:.1f}%, 90th percentile "
+                          f"{e[int(0.9 * (len(e) - 1))] * 100:.1f}%")
     return 0
 
 

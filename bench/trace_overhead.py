@@ -120,30 +120,37 @@ def hook_cost(reps: int = 2000, repeat: int = 31) -> str:
     class Peer:      # the attributes path_of reads, as a shared-memory peer has them
         zero_copy, zc_min, eager, stream_max = True, ZERO_COPY_MIN, EAGER_BYTES, STREAM_BYTES
 
+    from ringlet.schedule import PlanRound
+    from ringlet.transport.fast import FastRun
+    from ringlet.work import CallId
+    what = CallId("all_reduce", 1, "world", "ring")
     with tempfile.TemporaryDirectory() as d:
         tracing.start(d, 0, 2)
         bufs = {"buf": np.zeros(1 << 14, np.float32)}
         sends = ((1, "buf", 0, 4096),)
         recvs = ((1, True, "buf", 4096, 8192, None, 0, 0),)
-        plan = ((), recvs, sends)
+        plan = PlanRound((), sends, recvs)
 
         def call():
-            tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, plan,
+            tracing.Call(what, 1, 1 << 16, 2, plan,
                          {1: Peer()}).end(0.0, None)
-        c = tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, plan, {1: Peer()})
+        c = tracing.Call(what, 1, 1 << 16, 2, plan, {1: Peer()})
 
         def messages():
             c.posted(sends, bufs)
             c.round_done(recvs, bufs)
         cbufs = dict(bufs, tmp=np.zeros(0, np.float32))
 
+        peers, ran = {1: Peer()}, FastRun(1, -1, 0.0, 0.0, 1)
+
         def c_call():      # a call of one round the C fast path ran: 1 send, 1 receive
-            tracing.Call(("all_reduce", 1, "world", "ring"), 1, 1 << 16, 2, (plan,),
-                         {1: Peer()}).ran_in_c((1, -1, 0.0, 0.0, 1), 1, cbufs)
-        per_call = min(timeit.repeat(call, number=reps, repeat=repeat)) / reps
-        per_msg = min(timeit.repeat(messages, number=reps, repeat=repeat)) / (2 * reps)
-        per_c = min(timeit.repeat(c_call, number=reps, repeat=repeat)) / reps
-        tracing.stop()
+            tracing.Call(what, 1, 1 << 16, 2, (plan,), peers).ran_in_c(ran, 1, cbufs)
+        try:
+            per_call = min(timeit.repeat(call, number=reps, repeat=repeat)) / reps
+            per_msg = min(timeit.repeat(messages, number=reps, repeat=repeat)) / (2 * reps)
+            per_c = min(timeit.repeat(c_call, number=reps, repeat=repeat)) / reps
+        finally:
+            tracing.stop()
     return (f"recording, in one process (best of {repeat}): {per_call * 1e6:.2f} us per call, "
             f"{per_msg * 1e6:.2f} us per message (send or receive) in Python; a call of 2 "
             f"messages in C {per_c * 1e6:.2f} us in all")

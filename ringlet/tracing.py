@@ -89,6 +89,7 @@ class Recorder:
         head = {"ev": "header", "rank": self.rank, "world_size": self.world_size,
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "mono0": self.mono0, "wall0": self.wall0}
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)   # (it may be gone by now)
         with open(self.path, "w") as f:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:

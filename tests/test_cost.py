@@ -603,8 +603,11 @@ def test_calibrate_end_to_end(tmp_path, capsys):
     m, b, r, c = calibrate.critical_counts("all_reduce", "direct", 4096, 2)
     assert (m, b, r, c) == (1, 4096, 4096, 4096)
     out = tmp_path / "profile.json"
+    # --quick's shorter fit (the full one takes minutes on a loaded 2-core host; the fit's
+    # own tests are below), with the sizes, ranks, budget and passes given here
     assert calibrate.main(["--transports", "shm", "--sizes", "4K,1M", "--budget", "0.01",
-                           "-n", "2", "--passes", "1", "--output", str(out), "-v"]) == 0
+                           "-n", "2", "--passes", "1", "--output", str(out), "-v",
+                           "--quick"]) == 0
     prof = load_profile(out, strict=True)
     t = prof.transports["shm"]
     # barrier once, then every experiment at each size, from NumPy and rl.empty buffers

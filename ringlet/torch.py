@@ -143,10 +143,13 @@ class _Pending(dist.Work):
         return True
 
     def is_completed(self):
-        return self.work.is_completed()
+        if not self.work.is_completed():
+            return False
+        self._complete()   # what the caller reads next is written
+        return True
 
     def is_success(self):
-        return self.is_completed() and self._complete() is None
+        return self.is_completed() and self.error is None
 
     def exception(self):
         return self._complete() if self.is_completed() else None
@@ -176,7 +179,7 @@ def _async(opts) -> bool:
         torch._C._current_autograd_node() is not None
 
 
-_joining = {"task": None, "works": []}   # the backward pass whose works _join waits for
+_joining: dict = {}   # backward pass (graph task id) -> the works it must wait for
 
 
 def _join(work):
@@ -185,28 +188,23 @@ def _join(work):
     and DDP queues its one after its first call) and raises the first error among the
     pass's works - so DDP never reads a failed future, and the error rises from backward."""
     task = torch._C._current_graph_task_id()
-    if _joining["task"] != task:
-        _joining["task"], _joining["works"] = task, []
-        torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
-    _joining["works"].append(work)
+    works = _joining.get(task)
+    if works is None:
+        works = _joining[task] = []
+        torch.autograd.Variable._execution_engine.queue_callback(
+            lambda: _end_of_backward(task))
+    works.append(work)
 
 
-def _end_of_backward():
-    works, _joining["task"], _joining["works"] = _joining["works"], None, []
+def _end_of_backward(task):
     error = None
-    for w in works:
+    for w in _joining.pop(task, ()):
         try:
             w.wait()
         except Exception as exc:   # noqa: BLE001 - every work waited for, the first error raised
             error = error or exc
     if error is not None:
         raise error
-
-
-def _done(opts, result):
-    """What a call that completed returns: nothing to a caller that waits at once (torch's
-    Python collectives accept None), a completed Work to the rest."""
-    return _Work(None, result) if opts.asyncOp else None
 
 
 def _p2p(name: str, request, tensor, copy_back=None):

@@ -206,8 +206,9 @@ def test_hierarchical_two_level_formula():
         cross = 2 * (H - 1) * eth.alpha + 2 * (H - 1) / H * (n / L) * eth.beta * L  # NIC shared by L
         if n < 8 << 20:
             assert t.total == pytest.approx(intra + cross)
-        else:   # the intra-host phases hide behind the inter-host one, all but one piece's
-            assert cross < t.total < intra + cross
+        else:   # a rank's messages of one round queue behind each other (one port): pieces
+            # move the same bytes, and add only their extra rounds' latency
+            assert intra + cross < t.total < 1.02 * (intra + cross)
         assert t.total < predict("all_reduce", n, H * L, "ring", eth)
 
 

@@ -269,8 +269,10 @@ def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=No
     n/L shard across the H hosts (all L ranks of a host share its NIC), ring all-gather
     inside each host. ``intra``/``inter`` are (alpha, beta) pairs, default (a, b).
     A large buffer runs in c pieces started 2(H-1) rounds apart (see
-    ``algorithms.all_reduce.hierarchical_pieces``): a round then lasts as long as the
-    slowest step any piece takes in it, so intra-host steps hide behind inter-host ones."""
+    ``algorithms.all_reduce.hierarchical_pieces``); a rank's messages of one round queue
+    behind each other (one port, as the simulator has it), so a round costs the sum of
+    the steps its pieces take in it: the same bytes, and the extra rounds' latency. (On a
+    link slower than the ranks the runtime overlaps the pieces; this model does not.)"""
     from ..algorithms.all_reduce import hierarchical_pieces
     H = int(hosts)
     if not 1 <= H <= p:
@@ -295,7 +297,7 @@ def _ar_hierarchical(p, n, a, b, g, *, hosts=1, intra=None, inter=None, share=No
     total = Terms()
     for r in range((c - 1) * stagger + len(steps)):
         active = [steps[r - j * stagger] for j in range(c) if 0 <= r - j * stagger < len(steps)]
-        total = total + max(active, key=lambda t: t.total)
+        total = total + sum(active, Terms())
     return total
 
 

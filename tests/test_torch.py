@@ -14,6 +14,11 @@ import torch.nn as nn
 
 import ringlet.torch  # noqa: F401  (registers the backend)
 
+# Calls left in flight are what most of these tests examine: keep them in flight even where
+# the ranks fill this host's cores (where the backend by default completes them in the call;
+# test_async_policy checks that choice).
+os.environ["RINGLET_TORCH_ASYNC"] = "always"
+
 JOB_TIMEOUT = 100.0
 
 
@@ -398,6 +403,29 @@ def _async_work(rank, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_async_work_is_pending_and_completes_by_itself(n):
     launch(_async_work, n)
+
+
+def _async_policy(rank, n, choice):
+    import ringlet as rl
+    pg = dist.group.WORLD
+    spare = len(os.sched_getaffinity(0)) > n       # one host: a core beyond one per rank?
+    assert pg.overlaps == {"auto": spare, "never": False}[choice], (choice, pg.overlaps)
+    t = torch.ones(1 << 20)
+    calls = rl.stats()["collectives"].get("all_reduce", {}).get("calls", 0)
+    w = dist.all_reduce(t, async_op=True)
+    if not pg.overlaps:                            # the call has run before it returned
+        assert w.is_completed() and torch.equal(t, torch.full_like(t, n))
+        assert rl.stats()["collectives"]["all_reduce"]["calls"] == calls + 1
+    w.wait()
+    _same(t, torch.full_like(t, float(n)), f"async all_reduce under RINGLET_TORCH_ASYNC={choice}")
+
+
+@pytest.mark.parametrize("choice", ["auto", "never"])
+def test_async_policy(monkeypatch, choice):
+    """In flight only where it can overlap: across hosts, or with a core to spare on this
+    one (ringlet.torch._can_overlap); 'never' completes every call before it returns."""
+    monkeypatch.setenv("RINGLET_TORCH_ASYNC", choice)
+    launch(_async_policy, 2, choice)
 
 
 def _dies_under_async(rank, n, path):

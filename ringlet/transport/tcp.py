@@ -38,6 +38,7 @@ class TcpPeer(Peer):
         self.unflushed: list = []                 # (queued mark, send) done once flushed past it
         self.hbuf = bytearray(HEADER_SIZE)
         self.hgot = 0
+        self.lowat = 1                            # SO_RCVLOWAT now set (see _await)
         self.bounce = bytearray(max(eager, frag))
         self.pkt = None                           # header of the packet whose payload we read
         self.ptarget: memoryview | None = None
@@ -137,6 +138,19 @@ class TcpPeer(Peer):
             return -1
         return n
 
+    def _await(self, nbytes: int) -> None:
+        """Have a sleeper (select in the progress thread or a wait) woken for this socket only
+        once ``nbytes`` more have arrived - the rest of the DATA fragment being read - not for
+        every segment: on a link slower than the reader, one wakeup per fragment instead of
+        dozens, each of which costs a Python turn of CPU the caller's compute could use.
+        A closed or reset connection still wakes it at once."""
+        if nbytes != self.lowat:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+            except OSError:
+                return
+            self.lowat = nbytes
+
     def _poll_in(self) -> bool:
         moved = False
         budget = POLL_BUDGET
@@ -147,6 +161,8 @@ class TcpPeer(Peer):
             if self.pkt is None:
                 n = self._recv_into(memoryview(self.hbuf)[self.hgot:])
                 if n < 0:
+                    if self.lowat != 1:
+                        self._await(1)
                     return moved
                 moved = True
                 self.hgot += n
@@ -187,6 +203,7 @@ class TcpPeer(Peer):
             if self.ptarget is not None and self.pgot < len(self.ptarget):
                 n = self._recv_into(self.ptarget[self.pgot:])
                 if n < 0:
+                    self._await(len(self.ptarget) - self.pgot)
                     return moved
                 moved = True
                 self.pgot += n

@@ -14,7 +14,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import torch.nn as nn
 
 import ringlet as rl
 import ringlet.torch  # noqa: F401  (registers the backend)
+from ringlet.launch import free_port
 
 P = 2
 
@@ -109,9 +109,7 @@ def _rank(rank, backend, port, steps, out):
 
 
 def run(backend, steps):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tempfile.mktemp(suffix=".json")
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_rank, args=(r, backend, port, steps, out)) for r in range(P)]

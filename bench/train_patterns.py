@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ import time
 import numpy as np
 
 import ringlet as rl
+from ringlet.launch import free_port
 
 SMALL = np.random.default_rng(0).integers(100, 3000, 300)
 
@@ -217,12 +217,6 @@ def _tokens(rank, p):
     return rng.standard_normal((1024, 64)).astype(np.float32), rng.integers(0, p, 1024)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_side(side, case, n, iters):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -230,7 +224,7 @@ def run_side(side, case, n, iters):
             rl.spawn(_rl_job, n, args=(case, iters, out))
         else:
             import torch.multiprocessing as mp
-            mp.spawn(_gloo_job, args=(case, iters, out, n, _free_port()), nprocs=n)
+            mp.spawn(_gloo_job, args=(case, iters, out, n, free_port()), nprocs=n)
         with open(out) as f:
             return json.load(f)
 

@@ -36,14 +36,34 @@ def _job_env(token: str, addr: str, port: int, world: int, torch_port: int = 0) 
     """ringlet's store is on RINGLET_STORE_PORT; MASTER_PORT is left free for a torch
     script's own store (torch's env:// binds it on rank 0)."""
     return {"RINGLET_TOKEN": token, "MASTER_ADDR": addr, "RINGLET_STORE_PORT": str(port),
-            "MASTER_PORT": str(torch_port or _free_port(addr)), "WORLD_SIZE": str(world),
+            "MASTER_PORT": str(torch_port or free_port(addr)), "WORLD_SIZE": str(world),
             "RINGLET_STORE_HOSTED": "1"}
 
 
-def _free_port(addr: str) -> int:
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at ``addr``, for a server another process binds soon.
+    Taken below the kernel's ephemeral range: a port from bind(("", 0)) comes from that
+    range, and any connect() made meanwhile, by any process, may be given it before the
+    server binds it (EADDRINUSE)."""
+    import random
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1" if is_loopback(addr) else "", 0))
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    host = "127.0.0.1" if is_loopback(addr) else ""
+    pick = random.Random()          # seeded afresh: forked callers must not pick alike
+    for _ in range(200):
+        port = pick.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:      # that range is taken: let the kernel choose
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 
 import numpy as np
@@ -118,9 +117,8 @@ def _gloo_rank(rank, args):
 def gloo_main(args):
     import torch.multiprocessing as mp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
+    from .launch import free_port
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     mp.spawn(_gloo_rank, args=(args,), nprocs=args.n)
 
 

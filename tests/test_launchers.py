@@ -5,11 +5,12 @@ and ranks that cannot agree on it get an error that says so."""
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from ringlet.launch import free_port
 
 RINGLET_SCRIPT = """
 import numpy as np, ringlet as rl
@@ -37,12 +38,6 @@ BIN = os.path.dirname(sys.executable)
 N = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _clean_env(tmp_path) -> dict:
     """No variable of any launcher or of ringlet; a fresh per-user secret."""
     env = {k: v for k, v in os.environ.items()
@@ -56,7 +51,7 @@ def _clean_env(tmp_path) -> dict:
 
 def _srun(script, env, tmp_path, configs=None):
     """What srun gives each task: SLURM's variables and nothing else."""
-    job = str(_free_port())   # a fresh job id
+    job = str(free_port())   # a fresh job id
     procs = []
     for r in range(N):
         e = dict(env, SLURM_PROCID=str(r), SLURM_NTASKS=str(N), SLURM_LOCALID=str(r),
@@ -79,7 +74,7 @@ def _srun(script, env, tmp_path, configs=None):
 
 def _two_nodes(script, env):
     """Two torchrun agents, one per emulated host (RINGLET_HOST_ID): TCP between them."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen([os.path.join(BIN, "torchrun"), "--nnodes", "2", "--node-rank",
                                str(node), "--nproc-per-node", str(N), "--master-addr",
                                "127.0.0.1", "--master-port", port, script],
@@ -95,7 +90,7 @@ def _command(launcher, script):
         return [sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), script]
     if launcher == "torchrun":
         return [os.path.join(BIN, "torchrun"), "--nproc-per-node", str(N),
-                "--master-port", str(_free_port()), script]
+                "--master-port", str(free_port()), script]
     if launcher == "mpirun":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(N),
                 sys.executable, script]

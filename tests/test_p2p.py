@@ -10,6 +10,8 @@ import time
 import numpy as np
 import pytest
 
+from ringlet.launch import free_port
+
 import ringlet as rl
 from ringlet.transport.shm import EAGER_BYTES
 from ringlet.rendezvous import StoreServer, TCPStore, env_world, handshake_client
@@ -458,17 +460,11 @@ SCRIPT = (
     "rl.destroy()\n")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ringlet_run_two_nodes(tmp_path):
     """Two launchers as two emulated nodes: TCP between them, shm inside each."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = []
     for node in range(2):
         env = dict(os.environ, RINGLET_TOKEN="two-node-secret", RINGLET_HOST_ID=f"node{node}")
@@ -494,7 +490,7 @@ def test_multi_node_needs_a_shared_token(tmp_path):
 def test_same_script_runs_under_mpirun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, RINGLET_TOKEN="mpi-secret", MASTER_PORT=str(_free_port()))
+    env = dict(os.environ, RINGLET_TOKEN="mpi-secret", MASTER_PORT=str(free_port()))
     proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
                            "-x", "RINGLET_TOKEN", "-x", "MASTER_PORT", "-x", "PYTHONPATH",
                            sys.executable, str(script)],

@@ -4,7 +4,6 @@ import glob
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 
 import ringlet as rl
 from conftest import run
+from ringlet.launch import free_port
 
 
 def _destroy_completes(rank):
@@ -74,9 +74,7 @@ def _leftovers(*tokens):
 
 @pytest.mark.parametrize("fault", ["wrong_token", "missing"])
 def test_failed_init_names_the_absent_rank_and_leaves_nothing(fault):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     before = _leftovers("a" * 64, "b" * 64)
     base = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 RINGLET_TOKEN="a" * 64,   # (long enough for the wrong token to knock first)

@@ -3,7 +3,6 @@ collective against a reference, every dtype and reduce op, groups created asymme
 a dead rank under DDP, and DDP / FSDP2 training bit-identical to the same run on Gloo."""
 import multiprocessing as mp
 import os
-import socket
 import sys
 import traceback
 
@@ -13,6 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ringlet.torch  # noqa: F401  (registers the backend)
+from ringlet.launch import free_port
 
 # Calls left in flight are what most of these tests examine: keep them in flight even where
 # the ranks fill this host's cores (where the backend by default completes them in the call;
@@ -20,12 +20,6 @@ import ringlet.torch  # noqa: F401  (registers the backend)
 os.environ["RINGLET_TORCH_ASYNC"] = "always"
 
 JOB_TIMEOUT = 100.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(fn, rank, n, port, backend, args):
@@ -47,7 +41,7 @@ def launch(fn, n, *args, backend="ringlet", expect_fail=()):
     """Run fn(rank, n, *args) on n forked ranks inside torch.distributed; every rank not in
     ``expect_fail`` must exit 0 within JOB_TIMEOUT."""
     ctx = mp.get_context("fork")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, n, port, backend, args)) for r in range(n)]
     for p in procs:
         p.start()

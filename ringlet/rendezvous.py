@@ -417,11 +417,14 @@ def env_world(env=None) -> dict:
 
 
 def job_port(env=None) -> int:
-    """A port every rank of the job computes alike (29500 when no launcher names the job)."""
+    """A port every rank of the job computes alike (29500 when no launcher names the job),
+    and its successor (torch's store): both below Linux's default ephemeral range (32768
+    on), from which the kernel gives outgoing connections their local ports - one such
+    connection on the port would make the store's bind fail (EADDRINUSE)."""
     job = launcher_job_id(env)
     if job is None:
         return 29500
-    return 20000 + int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "little") % 20000
+    return 20000 + int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "little") % 12766
 
 
 def torch_env(env=None) -> dict:

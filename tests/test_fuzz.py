@@ -574,6 +574,7 @@ def _job_alongside(rank):
     # After init no rank keeps a listening data port: listeners close once the job is
     # connected (so the data path can only be fuzzed during init, as the parent did).
     gen = runtime._S.generation - 1
+    rl.barrier()     # every rank is past init (another may still be closing its listener)
     for r in range(p):
         info = json.loads(runtime._S.store.get(f"g{gen}/addr/{r}", timeout=10))
         with pytest.raises(ConnectionRefusedError):

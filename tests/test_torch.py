@@ -14,10 +14,14 @@ import torch.nn as nn
 import ringlet.torch  # noqa: F401  (registers the backend)
 from ringlet.launch import free_port
 
-# Calls left in flight are what most of these tests examine: keep them in flight even where
-# the ranks fill this host's cores (where the backend by default completes them in the call;
-# test_async_policy checks that choice).
-os.environ["RINGLET_TORCH_ASYNC"] = "always"
+
+@pytest.fixture(autouse=True)
+def _in_flight(monkeypatch):
+    """Calls left in flight are what most of these tests examine: keep them in flight even
+    where the ranks fill this host's cores (where the backend by default completes them in
+    the call; test_async_policy checks that choice)."""
+    monkeypatch.setenv("RINGLET_TORCH_ASYNC", "always")
+
 
 JOB_TIMEOUT = 100.0
 

@@ -6,7 +6,8 @@ the rows that justify it. One host: closed forms. Several hosts: the simulator p
 very schedules ``ringlet.algorithms`` builds on a two-tier topology (intra-host shm,
 inter-host tcp, a NIC shared by a host's ranks); for very large groups, or when the
 algorithms package is unavailable, the closed forms are used with the inter-host link
-(the bottleneck) for flat algorithms and the two-level formula for ``hierarchical``.
+(the bottleneck, shared by the flows a host sends across at once) for flat algorithms and
+the two-level formula for ``hierarchical``.
 
 Results are cached per (collective, nbytes, p, hosts, candidates, topology), so the
 runtime can call ``choose`` on every collective call.
@@ -17,13 +18,17 @@ import json
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from .model import (ALGORITHMS, DEFAULT_ALGORITHM, HOST_AWARE, Link, Terms, _check_size,
                     check_algorithm, check_collective, closed_form, count_of, nbytes_of, tier)
 from .profile import Profile, host_link, load_profile
 from .simulate import Topology, simulate
 
-#: largest group the simulator prices inside choose(); larger ones use closed forms
-SIM_MAX_P = 256
+#: largest group the simulator prices inside choose(); larger ones use closed forms.
+#: Every candidate at 64 hosts x 8 ranks simulates in under a second here; at 4096
+#: ranks one candidate takes up to half a minute.
+SIM_MAX_P = 1024
 
 
 class Row(NamedTuple):
@@ -200,12 +205,42 @@ def host_row(algorithm: str, res) -> Row:
 
 def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, itemsize=4) -> Terms:
     """Closed-form estimate on two tiers: ``hierarchical`` by its two-level formula,
-    every flat algorithm as if all its messages crossed the inter-host link."""
+    every flat algorithm as if all its messages crossed the inter-host link - at the rate
+    left to each of the flows that cross a shared NIC together (:func:`crossing`)."""
     if algorithm == "hierarchical":
         return closed_form(collective, nbytes, p, algorithm, topo.intra, gamma, hosts=topo.hosts,
                            intra=topo.intra, inter=topo.inter,
                            share=topo.ranks_per_host if topo.nic_sharing else 1, itemsize=itemsize)
-    return closed_form(collective, nbytes, p, algorithm, topo.inter, gamma, itemsize=itemsize)
+    link = topo.inter
+    if topo.nic_sharing and topo.ranks_per_host > 1:
+        k = crossing(collective, algorithm, topo.ranks_per_host)
+        link = Link(link.alpha, link.bandwidth * (topo.shared if k > 1 else 1.0) / k, link.name)
+    return closed_form(collective, nbytes, p, algorithm, link, gamma, itemsize=itemsize)
+
+
+_CROSSING: dict = {}
+
+
+def crossing(collective: str, algorithm: str, ranks_per_host: int, hosts: int = 4) -> int:
+    """The most messages one host sends to other hosts in the same round of the schedule
+    ``algorithm`` builds on ``hosts`` hosts of ``ranks_per_host`` (contiguous) ranks: the
+    flows that share the host's NIC at once. 1 for a ring (only the boundary rank
+    crosses), 2 for a double tree (a rank may send in both trees), all of a host's ranks
+    for recursive doubling's, Bruck's or pairwise's far steps. Read off the schedule
+    itself, on a few hosts: the pattern repeats with more."""
+    key = (collective, algorithm, ranks_per_host)
+    if key not in _CROSSING:
+        p = hosts * ranks_per_host
+        host = np.arange(p) // ranks_per_host
+        sched = build_schedule(collective, algorithm, p, 64 * p * 4, hosts=tuple(host))
+        most = 1
+        for rnd in sched.rounds:
+            c = rnd.cols
+            out = (host[c["src"]] != host[c["dst"]]) & (c["n"] > 0)   # not agreement rounds
+            if out.any():
+                most = max(most, int(np.bincount(host[c["src"][out]]).max()))
+        _CROSSING[key] = most
+    return _CROSSING[key]
 
 
 def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = None,
@@ -404,4 +439,4 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
 
 
 __all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
-           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "SIM_MAX_P"]
+           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "SIM_MAX_P", "crossing"]

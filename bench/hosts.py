@@ -17,7 +17,9 @@ of every collective at every size, forced and under ``auto``: each cell is the s
 rank's time of one call, best of ``--reps`` after a warm-up. Beside it: the time the
 cost model predicts for the very schedule (with the profile ``auto`` used), the link
 utilisation (bus bandwidth / link rate) and, per size, the measured and the predicted
-winner, and flat against hierarchical. Hosts are always torn down.
+winner, and flat against hierarchical. Hosts are always torn down. Last, every call is
+priced again for ``--what-if`` hosts x ranks (default 64x8) of the seeds' tiers, beside
+what was measured.
 
 ``--place TP,TP_BYTES,DP_BYTES`` instead measures one ``ringlet place`` case: a
 tensor x data parallel step's communication under the naive and the proposed rank ->
@@ -407,9 +409,35 @@ def report(rows, layout, rate):
               f"{auto['auto'] if auto else '-'} ({'ok' if auto_ok else 'WRONG'})"
               + (f"; flat/hierarchical measured {ratio[0]:.2f}, predicted {ratio[1]:.2f}" if ratio else ""))
         summary.append({"collective": collective, "nbytes": nb, "winner_ok": ok, "auto_ok": auto_ok,
+                        "layout": layout, "rate": rate, "best": best["algorithm"], "t_best": t_best,
+                        "flat_hier": ratio[0] if ratio else None,
                         "errors": [abs(g["predicted"] - min(g["times"])) / min(g["times"])
                                    for g in forced]})
     return summary
+
+
+def what_if(summary, scale, intra="nvlink", inter="infiniband"):
+    """Each measured (collective, size) priced again for ``scale`` = (hosts, ranks per
+    host) on the seeds' tiers, beside what was measured here: auto's pick there and its
+    time, flat ring against hierarchical there and here."""
+    from ringlet.cost import Topology, choose, format_size
+    H, R = scale
+    topo = Topology(H, R, intra, inter)
+    print(f"\nwhat if: the same calls on {H} hosts x {R} ranks, {intra} inside a host, "
+          f"{inter} between hosts (priced, not measured)")
+    print(f"{'collective':<15}{'size':>8}  {'here':<11}{'best here':<19}{'ms':>9}"
+          f"{'flat/hier':>10}   {'auto there':<19}{'ms':>9}{'flat/hier':>10}")
+    for row in summary:
+        coll, nb = row["collective"], row["nbytes"]
+        pick, rows = choose(coll, nb, H * R, topo)
+        t = {r.algorithm: r.total for r in rows}
+        flat = {"broadcast": "pipeline", "all_to_all": None}.get(coll, "ring")   # as report()
+        there = f"{t[flat] / t['hierarchical']:>10.2f}" if flat and "hierarchical" in t else f"{'':>10}"
+        here = f"{row['flat_hier']:>10.2f}" if row.get("flat_hier") else f"{'':>10}"
+        h, m = row["layout"]
+        where = f"{h}x{m} {row['rate']}"
+        print(f"{coll:<15}{format_size(nb):>8}  {where:<11}{row['best']:<19}"
+              f"{row['t_best'] * 1e3:>9.3f}{here}   {pick:<19}{t[pick] * 1e3:>9.3f}{there}")
 
 
 def main(argv=None) -> int:
@@ -430,6 +458,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", default="3,2", help="timed repetitions below 4 MiB, from 4 MiB")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds per layout and rate")
     ap.add_argument("--json", help="also write every cell here")
+    ap.add_argument("--what-if", default="64x8", type=lambda t: tuple(int(x) for x in t.split("x")),
+                    metavar="HxR", help="also price every measured call on H hosts x R ranks "
+                    "of the seeds' tiers (NVLink inside, InfiniBand between; default 64x8; "
+                    "0x0: no)")
     ap.add_argument("--reprice", metavar="JSON",
                     help="measure nothing: price the cells of an earlier --json again")
     ap.add_argument("--rate-only", action="store_true",
@@ -498,6 +530,8 @@ def main(argv=None) -> int:
                   f"cells; predicted winner within 10% in {sum(s['winner_ok'] for s in part)}/"
                   f"{len(part)} sizes; auto within 10% in {sum(s['auto_ok'] for s in part)}/"
                   f"{len(part)}")
+    if a.what_if and all(a.what_if):
+        what_if(summary, a.what_if)
     print(f"load after {os.getloadavg()}")
     if a.json and not a.reprice:
         with open(a.json, "w") as f:

@@ -405,6 +405,22 @@ def test_hierarchical_beats_flat_ring_on_two_tiers():
     assert hier.time == pytest.approx(t.total, rel=0.01)
 
 
+def test_a_shared_nic_is_not_charged_twice():
+    """Root 0 of a direct broadcast on 2 hosts x 2 ranks sends n to each rank of host 1:
+    2n through its NIC, one message after the other on its port - 2nβ, not 4nβ (the two
+    messages were also charged as competing at host 1's NIC). Two ranks sending across at
+    once (pairwise all_to_all's middle round) do share it."""
+    inter = Link(0.0, 1e8)
+    topo = Topology(2, 2, Link(0.0, 1e12), inter)
+    n = 1 << 24
+    s = algs.build("broadcast", "direct", 4, n // 4)
+    assert simulate(s, topo).time == pytest.approx(2 * n * inter.beta, rel=0.01)
+    a2a = algs.build("all_to_all", "pairwise", 4, n // 4)     # n per peer
+    res = simulate(a2a, topo)
+    # rounds 1 and 2 each have two messages leaving each host (2n each way): 4n in all
+    assert res.time == pytest.approx(4 * n * inter.beta, rel=0.01)
+
+
 def test_crossing_reads_the_flows_sharing_a_nic_off_the_schedule():
     # a ring crosses between hosts at one rank per host, a double tree with two messages
     # (one per tree); recursive doubling's far steps and every pairwise step send from

@@ -268,9 +268,12 @@ class _Sim:
             self.bw = self.bw + cp
 
     def _link_costs(self, src, dst, nb):
-        """(alpha, bandwidth seconds, which messages cross hosts or None) of each message
-        on its link, with a host's NIC shared by its ranks sending across hosts; counts
-        the round's bytes and messages."""
+        """(alpha, bandwidth seconds, which messages cross hosts or None, bandwidth seconds
+        on the sender's port, on the receiver's port) of each message on its link, with a
+        host's NIC shared by its ranks sending (receiving) across hosts; counts the round's
+        bytes and messages. A message takes the slower of its two NICs' shares; each port
+        queues its own messages at its own NIC's share only - a rank's messages to two
+        ranks of one host are queued on its port, not also competing at that host's NIC."""
         topo, m = self.topo, len(src)
         ai, bi = topo.intra.alpha, topo.intra.beta
         if not self.uniform:
@@ -284,11 +287,14 @@ class _Sim:
                     p = self.p
                     kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)
                     kin = np.bincount(host, np.bincount(dst[x], minlength=p) > 0, self.H)
-                    share = np.maximum(kout[hs], kin[hd])
-                    share = np.where(share > 1, share / topo.shared, share)
-                    bcost = np.where(x, nb * be * share, nb * bi)
+                    def cost(share):
+                        share = np.where(share > 1, share / topo.shared, share)
+                        return np.where(x, nb * be * share, nb * bi)
+                    ports = cost(kout[hs]), cost(kin[hd])
+                    bcost = np.maximum(*ports)
                 else:
                     bcost = np.where(x, nb * be, nb * bi)
+                    ports = bcost, bcost
                 xb = nb[x]
                 self.bytes_inter += float(xb.sum())
                 self.bytes_intra += float(nb.sum()) - float(xb.sum())
@@ -296,19 +302,21 @@ class _Sim:
                 self.msgs_intra += m - nx
                 self.nic_out += np.bincount(hs[x], xb, self.H)
                 self.nic_in += np.bincount(hd[x], xb, self.H)
-                return np.where(x, ae, ai), bcost, x
+                return np.where(x, ae, ai), bcost, x, ports
         self.bytes_intra += float(nb.sum())
         self.msgs_intra += m
-        return ai, nb * bi, None
+        return ai, nb * bi, None, None
 
     def _messages(self, src, dst, nb, rflag) -> None:
         """A round's messages: each starts when both ends have started the round."""
         p, g = self.p, self.g
         start, lat, bw, red, xt = self.start, self.lat, self.bw, self.red, self.xt
         m = len(src)
-        a, bcost, x = self._link_costs(src, dst, nb)
+        a, bcost, x, ports = self._link_costs(src, dst, nb)
         if np.ndim(bcost) == 0:
             bcost = np.full(m, float(bcost))
+        if ports is None:
+            ports = bcost, bcost
         cost = a + bcost
         s_src, s_dst = start[src], start[dst]
         from_src = s_src >= s_dst
@@ -328,7 +336,7 @@ class _Sim:
         if nsend.max() <= 1 and nrecv.max() <= 1:
             new = self._one_each(src, dst, arr, m_lat, m_bw, m_red, m_x, G, nsend, nrecv, neg)
         else:
-            new = self._general(p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
+            new = self._general(p, src, dst, a, ports, cost, arr, m_lat, m_bw, m_red, G,
                                 start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x)
         self.start, self.lat, self.bw, self.red, self.xt = new
 
@@ -360,15 +368,15 @@ class _Sim:
         return finish, new_lat, new_bw, new_red, new_x
 
     @staticmethod
-    def _general(p, src, dst, a, bcost, cost, arr, m_lat, m_bw, m_red, G,
+    def _general(p, src, dst, a, ports, cost, arr, m_lat, m_bw, m_red, G,
                  start, lat, bw, red, nsend, nrecv, neg, xt, xcost, m_x):
         """Ranks with several messages in one round: queue them on the port."""
         m = len(src)
         a_vec = np.broadcast_to(a, (m,)).astype(float)
         S_lat = np.bincount(src, a_vec, p)
-        S_bw = np.bincount(src, bcost, p)
+        S_bw = np.bincount(src, ports[0], p)
         R_lat = np.bincount(dst, a_vec, p)
-        R_bw = np.bincount(dst, bcost, p)
+        R_bw = np.bincount(dst, ports[1], p)
         max_out = neg.copy()
         np.maximum.at(max_out, src, arr)
         max_in = neg.copy()
@@ -395,8 +403,10 @@ class _Sim:
         lat_c = np.stack([lat, lat + S_lat, m_lat[out_msg], lat + R_lat, m_lat[in_msg]])
         bw_c = np.stack([bw, bw + S_bw, m_bw[out_msg], bw + R_bw, m_bw[in_msg]])
         red_c = np.stack([red, red, m_red[out_msg], red + Gr, m_red[in_msg] + Gr])
-        x_c = np.stack([xt, xt + np.bincount(src, xcost, p), m_x[out_msg],
-                        xt + np.bincount(dst, xcost, p), m_x[in_msg]])
+        # the inter-host part of each port's queue, at that port's share
+        x_send, x_recv = ((np.where(xcost > 0, a_vec + port, 0.0)) for port in ports)
+        x_c = np.stack([xt, xt + np.bincount(src, x_send, p), m_x[out_msg],
+                        xt + np.bincount(dst, x_recv, p), m_x[in_msg]])
         cols = np.arange(p)
         return (finish, lat_c[which, cols], bw_c[which, cols], red_c[which, cols],
                 x_c[which, cols])

@@ -9,7 +9,7 @@ ringlet, peer, ...), so neither a burst of load from outside nor a drift of the 
 over the run favours one side. Whether a target holds is judged on those best runs; the
 ratio of the two sides' median runs is printed beside it, to show how much of a verdict
 the host's noise could turn. Needs the peers for the comparisons
-(../shared/peers/install_peers.sh: Open MPI + mpi4py, torch for Gloo); a missing peer is
+(bench/install_peers.sh: Open MPI + mpi4py, torch for Gloo); a missing peer is
 reported and its targets skipped.
 """
 from __future__ import annotations

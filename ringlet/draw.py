@@ -51,7 +51,7 @@ class Drawing:
         size = format_size(s.count * s.itemsize)
         what = "blocks" if s.collective in _BLOCKS else "buffer"
         return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} {what}, "
-                f"{len(s.rounds)} rounds, {s.messages} messages; predicted "
+                f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
     def label(self, t: Transfer) -> str:
@@ -171,6 +171,10 @@ def text(d: Drawing, width: int | None = None) -> str:
 
 # ---------------------------------------------------------------------------- picture
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def picture(d: Drawing, path: str) -> None:
     """Save the drawing as an image; the extension picks the format (.svg, .png, .pdf).
     Needs matplotlib (``pip install 'ringlet[plot]'``)."""
@@ -244,9 +248,12 @@ def picture(d: Drawing, path: str) -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap
-    ax.set_title(textwrap.fill(d.title, 110) + f"\n{ROUND_TIME} (below each round): the "
-                 f"model's time of that round on its own; chunks numbered by offset",
-                 fontsize=8, pad=18)
+    # wrap to the figure's width (about 14 characters an inch at this size): a drawing of
+    # one round is narrow, and a 110-character line ran off both sides of it
+    cols = max(40, min(110, int(fig.get_figwidth() * 14)))
+    ax.set_title(textwrap.fill(d.title, cols) + "\n" + textwrap.fill(
+        f"{ROUND_TIME} (below each round): the model's time of that round on its own; "
+        f"chunks numbered by offset", cols), fontsize=8, pad=18)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -215,12 +215,17 @@ def picture(d: Drawing, path: str) -> None:
                       scale=1, color=[colour(t) for t in msgs], width=0.0018,
                       headwidth=5, headlength=7, headaxislength=6, zorder=3)
         syncs = syncs or any(t.n == 0 for t in msgs)
+        fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
         for t in msgs:
             if small and len(msgs) <= p:
                 # label near the sender: a lane sends few messages a round, so labels
-                # of different senders do not sit on each other where arrows cross
+                # of different senders do not sit on each other where arrows cross;
+                # near the receiver when one rank sends several (a direct broadcast's
+                # labels all sat on the root)
                 dy = y[t.dst] - y[t.src]
                 f = min(0.2, 0.3 / abs(dy)) if dy else 0.2
+                if fan[t.src] > 1:
+                    f = 1 - f
                 lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
                 ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))

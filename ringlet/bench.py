@@ -139,8 +139,10 @@ def _worker(rank, cfg, out_path):
     if rank == 0 and cfg.get("progress", True):
         try:
             from tqdm import tqdm
+            import shutil   # a terminal of unknown size (0 x 0) would get no bar at all
             bar = tqdm(total=total_steps, desc=f"ringlet {cfg['op']} p={p}", file=sys.stderr,
-                       leave=False)
+                       leave=False, ncols=shutil.get_terminal_size().columns,
+                       nrows=shutil.get_terminal_size().lines)
         except ImportError:
             bar = None
     for algo in cfg["algos"]:

@@ -90,10 +90,11 @@ def prefault_rings(rl, nbytes: int = 8 << 20) -> None:
     rl.barrier()
 
 
-def _child(rank, out_path, sizes, budget, max_reps, passes=1):
+def _child(rank, out_path, sizes, budget, max_reps, passes=1, only=None):
     """Runs in every rank of the calibration job; rank 0 writes the timings. The whole
     list of experiments runs ``passes`` times (a slow spell of the host then spoils one
-    pass, not one experiment); each timing is the slowest rank's median over repetitions."""
+    pass, not one experiment); each timing is the slowest rank's median over repetitions.
+    ``only``: ``{size: (collective, algorithm) pairs}`` - at these sizes, time only those."""
     import numpy as np
 
     import ringlet as rl
@@ -137,6 +138,8 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
             # all_gather: nb bytes out, a p-th of them in from each rank
             gin, gout = buf[:max(buf.size // p, 1)], np.zeros((p, max(buf.size // p, 1)), np.float32)
             for coll, alg in EXPERIMENTS:
+                if only and nb in only and (coll, alg) not in only[nb]:
+                    continue
                 if coll == "broadcast":
                     t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm, buf)
                 elif coll == "all_gather":
@@ -148,6 +151,8 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1):
                 rows.append((coll, alg, buf.nbytes, t, reps, []))
             sbuf = shared_bufs[nb]
             for coll, alg in ZERO_COPY_EXPERIMENTS:
+                if only and nb in only and (coll, alg) not in only[nb]:
+                    continue
                 t, reps = timed(lambda: rl.broadcast(sbuf, 0, algorithm=alg), warm, sbuf)
                 rows.append((coll, alg, sbuf.nbytes, t, reps, ["buf"]))
     if rank == 0:
@@ -190,7 +195,7 @@ def wait_quiet(max_load: float = 0.25, patience: float = 30.0) -> float:
     return load
 
 
-def _run_pass(transport, p, sizes, budget, max_reps, timeout):
+def _run_pass(transport, p, sizes, budget, max_reps, timeout, only=None):
     """One job of ``p`` fresh ranks timing every experiment once: rows, and the cores
     other processes kept busy meanwhile."""
     from .launch import spawn
@@ -201,7 +206,8 @@ def _run_pass(transport, p, sizes, budget, max_reps, timeout):
     try:
         # The jobs name every algorithm they time, so they need no profile; the one being
         # replaced may be stale, and each job would warn about it.
-        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps), 1),
+        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps), 1,
+                               only),
               backend=BACKEND[transport], timeout=timeout,
               env={"RINGLET_PROFILE": path + ".none"})
         with open(path) as f:
@@ -251,13 +257,13 @@ def measure(transport: str, p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.1
 
 
 def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, max_load,
-                  retries) -> float:
+                  retries, only=None) -> float:
     if transport not in BACKEND:
         raise ValueError(f"unknown transport {transport!r}; valid: {', '.join(BACKEND)}")
     for _ in range(retries + 1):
         if quiet > 0:
             wait_quiet(max_load / 2, patience=quiet)
-        rows, load = _run_pass(transport, p, sizes, budget, max_reps, timeout)
+        rows, load = _run_pass(transport, p, sizes, budget, max_reps, timeout, only)
         if load <= max_load:
             break
     for coll, alg, nb, t, reps, shared in rows:
@@ -289,15 +295,42 @@ def fit_seconds(n_samples: int, fit: dict) -> float:
     return n_samples * tries * fit.get("iterations", 12) * 0.6 * SIMULATE_SECONDS
 
 
-def estimate_seconds(transports, ranks, sizes, budget, passes, fit=None) -> float:
-    """A rough duration of a calibration before it starts: each experiment spends about
-    its budget (twice it, with warm-up and checks), each pass a few seconds starting ranks,
-    then each transport's fit."""
+def jobs(ranks, sizes, cells=None, cores=None) -> list[tuple[int, list, dict]]:
+    """What each group size's job times: ``[(p, sizes, only)]`` (``only`` as ``_child``
+    takes it). ``cells``: ``{p: {size: (collective, algorithm) pairs, or None for every
+    experiment}}`` instead of every experiment at every size for each of ``ranks``;
+    without it, sizes above CROWDED_MAX_SIZE are left out when ranks outnumber ``cores``."""
+    if cells is not None:
+        return [(p, sorted(c), {nb: tuple(e) for nb, e in c.items() if e is not None})
+                for p, c in cells.items()]
+    cores = machine()["cores"] if cores is None else cores
+    return [(p, [s for s in sizes if p <= cores or s <= CROWDED_MAX_SIZE], {}) for p in ranks]
+
+
+#: seconds per byte of one timed call, roughly, for estimates (a large call's repetitions
+#: take longer than the budget)
+CALL_SECONDS_PER_BYTE = 1.5e-9
+
+
+def _pass_seconds(sizes, only, budget) -> tuple[float, int]:
+    """(a rough duration of one pass: each experiment spends about its budget, twice it
+    with warm-up and checks, or six calls of a large size; plus a few seconds starting
+    ranks, the number of timings it makes)."""
     n_exp = len(EXPERIMENTS) + len(ZERO_COPY_EXPERIMENTS)
-    per_pass = n_exp * len(sizes) * budget * 2 + 3.0
-    samples = len(ranks) * (1 + n_exp * len(sizes))
-    return len(transports) * (len(ranks) * passes * per_pass
-                              + fit_seconds(samples, FULL_FIT if fit is None else fit))
+    t, n = 3.0, 1
+    for nb in sizes:
+        k = len(only[nb]) if nb in only else n_exp
+        t += k * max(2 * budget, 6 * nb * CALL_SECONDS_PER_BYTE)
+        n += k
+    return t, n
+
+
+def estimate_seconds(transports, ranks, sizes, budget, passes, fit=None, cells=None) -> float:
+    """A rough duration of a calibration before it starts: each pass (see
+    ``_pass_seconds``), then each transport's fit."""
+    per = [_pass_seconds(szs, only, budget) for _, szs, only in jobs(ranks, sizes, cells)]
+    return len(transports) * (passes * sum(t for t, _ in per)
+                              + fit_seconds(sum(n for _, n in per), FULL_FIT if fit is None else fit))
 
 
 class Progress:
@@ -314,16 +347,23 @@ class Progress:
         self.bar = None
         if self.stream.isatty():
             try:
+                import shutil
+
                 from tqdm import tqdm
-                self.bar = tqdm(total=steps, file=self.stream, unit="step", leave=False,
-                                bar_format="{desc} {bar} {n}/{total} steps "
+                # a terminal that reports its size as 0 x 0 (script, some CI pseudo-terminals)
+                # would show no bar at all: then 80 x 24
+                size = shutil.get_terminal_size()
+                # the bar counts the steps' weights, so that tqdm's time left is weighted too
+                self.bar = tqdm(total=sum(self.weights), file=self.stream, leave=False,
+                                ncols=size.columns, nrows=size.lines,
+                                bar_format="{desc} {bar} {percentage:3.0f}% "
                                            "[{elapsed} so far, {remaining} left]")
             except ImportError:
                 pass
 
     def start(self, label: str) -> None:
         if self.bar is not None:
-            self.bar.set_description_str(label)
+            self.bar.set_description_str(f"[{self.done + 1}/{self.steps}] {label}")
         else:
             spent = time.monotonic() - self.t0
             done_w = sum(self.weights[:self.done])
@@ -333,9 +373,9 @@ class Progress:
                   f"about {left:.0f} s left)", file=self.stream, flush=True)
 
     def finish_step(self) -> None:
-        self.done += 1
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(self.weights[self.done])
+        self.done += 1
 
     def close(self) -> None:
         if self.bar is not None:
@@ -344,32 +384,33 @@ class Progress:
 
 def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
               budget: float = 0.1, verbose: bool = True, passes: int = 3,
-              quiet: float = 30.0, retries: int = 2, fit=None) -> tuple[Profile, dict]:
+              quiet: float = 30.0, retries: int = 2, fit=None, cells=None) -> tuple[Profile, dict]:
     """Measure every transport with each group size in ``p`` (an int or a list) and fit
     its host model; returns (profile, samples by transport). The passes alternate
     between the group sizes, so a slow spell of the host does not hit one size only.
     ``quiet``: seconds a pass may wait for other processes to leave the cores;
     ``retries``: times a pass they disturbed runs again; ``fit``: how thoroughly to fit
-    (keyword arguments of ``fit_host``, default :data:`FULL_FIT`). ``verbose``: show
-    progress (each pass, then each transport's fit, is a step)."""
+    (keyword arguments of ``fit_host``, default :data:`FULL_FIT`); ``cells``: what each
+    group size times, instead of every experiment at every size (see :func:`jobs`; ``p``
+    and ``sizes`` are then ignored). ``verbose``: show progress (each pass, then each
+    transport's fit, is a step)."""
     from .cost.host import HostModel
-    ranks = [p] if isinstance(p, int) else list(p)
     mc = machine()
+    plan = jobs([p] if isinstance(p, int) else list(p), sizes, cells, mc["cores"])
+    ranks = [n for n, _, _ in plan]
     fits, all_samples = {}, {}
     fit = FULL_FIT if fit is None else fit
-    per_pass = estimate_seconds(["shm"], [2], sizes, budget, 1, {"iterations": 0})
-    per_fit = estimate_seconds(["shm"], ranks, sizes, budget, 0, fit)
-    weights = ([per_pass] * (passes * len(ranks)) + [per_fit]) * len(transports)
-    prog = Progress(len(weights), estimate_seconds(transports, ranks, sizes, budget, passes, fit),
-                    weights=weights) if verbose else None
+    per = [_pass_seconds(szs, only, budget) for _, szs, only in plan]
+    per_fit = fit_seconds(sum(k for _, k in per), fit)
+    weights = ([t for t, _ in per] * passes + [per_fit]) * len(transports)
+    prog = Progress(len(weights), sum(weights), weights=weights) if verbose else None
     for tr in transports:
         runs = {n: {} for n in ranks}
         for i in range(passes):
-            for n in ranks:
+            for n, szs, only in plan:
                 if prog is not None:
                     prog.start(f"{tr}, {n} ranks, pass {i + 1} of {passes}")
-                szs = [s for s in sizes if n <= mc["cores"] or s <= CROWDED_MAX_SIZE]
-                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, quiet, 0.5, retries)
+                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, quiet, 0.5, retries, only)
                 if prog is not None:
                     prog.finish_step()
         samples = [s for n in ranks for s in _samples(n, runs[n])]
@@ -387,7 +428,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
         all_samples[tr] = samples
     if prog is not None:
         prog.close()
-    return Profile.from_fits(fits, sizes=list(sizes)), all_samples
+    return Profile.from_fits(fits, sizes=sorted({nb for _, szs, _ in plan for nb in szs})), all_samples
 
 
 def describe(t: dict) -> str:

@@ -51,7 +51,7 @@ class Drawing:
         size = format_size(s.count * s.itemsize)
         what = "blocks" if s.collective in _BLOCKS else "buffer"
         return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} {what}, "
-                f"{len(s.rounds)} rounds, {s.messages} messages; predicted "
+                f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
     def label(self, t: Transfer) -> str:
@@ -171,6 +171,10 @@ def text(d: Drawing, width: int | None = None) -> str:
 
 # ---------------------------------------------------------------------------- picture
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def picture(d: Drawing, path: str) -> None:
     """Save the drawing as an image; the extension picks the format (.svg, .png, .pdf).
     Needs matplotlib (``pip install 'ringlet[plot]'``)."""
@@ -211,12 +215,17 @@ def picture(d: Drawing, path: str) -> None:
                       scale=1, color=[colour(t) for t in msgs], width=0.0018,
                       headwidth=5, headlength=7, headaxislength=6, zorder=3)
         syncs = syncs or any(t.n == 0 for t in msgs)
+        fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
         for t in msgs:
             if small and len(msgs) <= p:
                 # label near the sender: a lane sends few messages a round, so labels
-                # of different senders do not sit on each other where arrows cross
+                # of different senders do not sit on each other where arrows cross;
+                # near the receiver when one rank sends several (a direct broadcast's
+                # labels all sat on the root)
                 dy = y[t.dst] - y[t.src]
                 f = min(0.2, 0.3 / abs(dy)) if dy else 0.2
+                if fan[t.src] > 1:
+                    f = 1 - f
                 lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
                 ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
@@ -244,9 +253,12 @@ def picture(d: Drawing, path: str) -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap
-    ax.set_title(textwrap.fill(d.title, 110) + f"\n{ROUND_TIME} (below each round): the "
-                 f"model's time of that round on its own; chunks numbered by offset",
-                 fontsize=8, pad=18)
+    # wrap to the figure's width (about 14 characters an inch at this size): a drawing of
+    # one round is narrow, and a 110-character line ran off both sides of it
+    cols = max(40, min(110, int(fig.get_figwidth() * 14)))
+    ax.set_title(textwrap.fill(d.title, cols) + "\n" + textwrap.fill(
+        f"{ROUND_TIME} (below each round): the model's time of that round on its own; "
+        f"chunks numbered by offset", cols), fontsize=8, pad=18)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -78,6 +78,13 @@ def _pairs(ranks: dict) -> list[tuple[dict, dict, int, int]]:
 def merge(directory: str) -> dict:
     """The job's timeline as a Trace Event Format object (see the module docstring)."""
     ranks = load(directory)
+    # each collective call's last rank in, named on every rank's bar: the rank whose
+    # message ended a wait is often only a neighbour of the straggler (a ring)
+    entries = defaultdict(dict)
+    for r, d in ranks.items():
+        for c in d["calls"]:
+            if c["seq"] is not None:
+                entries[(c["group"], c["seq"])][r] = c["start_us"]
     ev = []
     for r, d in sorted(ranks.items()):
         h = d["header"]
@@ -96,10 +103,14 @@ def merge(directory: str) -> dict:
                         "group": c["group"]}
             else:
                 title = f"{c['coll']} #{c['seq']} ({c['algo']}, {format_size(c['bytes'])})"
+                by_rank = entries[(c["group"], c["seq"])]
+                last = max(by_rank, key=by_rank.get)
                 args = {"algorithm": c["algo"], "bytes": c["bytes"], "group": c["group"],
-                        "seq": c["seq"], "ranks": c["p"]}
+                        "seq": c["seq"], "ranks": c["p"], "last_in_rank": last,
+                        "last_in_after_first_us": round(by_rank[last] - min(by_rank.values()), 2)}
             args.update(path=c["path"], measured_us=round(dur, 2),
-                        waited_us=round(c["waited"] * 1e6, 2), waited_on_rank=c["waited_on"])
+                        waited_us=round(c["waited"] * 1e6, 2),
+                        wait_ended_by_rank=c["waited_on"])
             if c.get("predicted") is not None:
                 args["predicted_us"] = round(c["predicted"] * 1e6, 2)
             if "error" in c:
@@ -194,14 +205,14 @@ def summary(directory: str, top: int = 20) -> str:
             blame[peer] += total
             blamed_calls[peer] += sum(x >= 1.0 for x in w)
         out.append(f"  rank {r} {'sent to' if kind == 'send' else 'received from'} rank {peer}: "
-                   f"{len(cs)} messages, {format_size(sum(c['bytes'] for c in cs))}; "
+                   f"{_n(len(cs), 'message')}, {format_size(sum(c['bytes'] for c in cs))}; "
                    f"waited on rank {peer} for {_us(total)} (longest {_us(max(w))})")
     if blame:
         out.append("")
         out.append("waited on, summed over the job (late entries and point-to-point peers; "
                    "a straggler leads):")
         for r, t in sorted(blame.items(), key=lambda kv: -kv[1]):
-            out.append(f"  rank {r}: {_us(t)} in {blamed_calls[r]} waits")
+            out.append(f"  rank {r}: {_us(t)} in {_n(blamed_calls[r], 'wait')}")
     return "\n".join(out)
 
 
@@ -316,6 +327,10 @@ def main(argv=None) -> int:
         print(f"ringlet trace: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
 
 
 __all__ = ["load", "merge", "summary", "plot", "main"]

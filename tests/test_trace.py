@@ -89,6 +89,12 @@ def test_summary_names_the_straggler(tmp_path):
     assert re.search(r"rank 0 waited on rank 2 for", ring), ring
     assert re.search(r"rank 1 waited on rank 2 for [\d.]+ ms( \(its last message from "
                      r"rank 0\))?", ring), ring
+    # Perfetto shows the straggler on every rank's bar of the call, not only whose message
+    # ended the wait
+    calls = [e for e in timeline.merge(str(out))["traceEvents"] if e.get("cat") == "call"
+             and e["args"].get("group") == "world" and e["args"].get("seq") == 2]
+    assert len(calls) == 3 and {e["args"]["last_in_rank"] for e in calls} == {2}
+    assert all(e["args"]["last_in_after_first_us"] > 0 for e in calls)
 
 
 def _block_job(rank, d):
@@ -198,7 +204,7 @@ def test_point_to_point_is_traced_with_arrows(tmp_path):
     assert not any("(?)" in e.get("name", "") for e in ev)
     text = timeline.summary(str(out))
     assert "point-to-point, per rank and peer (10 calls):" in text
-    assert re.search(r"rank 0 received from rank 2: 1 messages, 80 B; waited on rank 2 for "
+    assert re.search(r"rank 0 received from rank 2: 1 message, 80 B; waited on rank 2 for "
                      r"[\d.]+ ms", text)
     lead = text.split("a straggler leads):\n")[1].splitlines()[0]
     assert lead.startswith("  rank 2:")               # the late rank leads

@@ -125,6 +125,8 @@ class Profile:
         if "rate" in t:
             return Link.from_beta(float(t["alpha"]), float(t["beta"]),
                                   name=f"inter-host link ({float(t['rate']) * 8 / 1e9:g} Gbit/s)")
+        if transport not in self.transports:   # "inter" with no link given: tcp's
+            transport = "tcp"
         label = f"{transport} ({'calibrated' if self.calibrated else 'default'})"
         if t.get("model") == "host":
             return Link.from_beta(2 * float(t["alpha"]) + float(t.get("alpha_rdv", 0.0)),

@@ -75,18 +75,27 @@ def main() -> None:
     ap.add_argument("--base", required=True,
                     help="the checkout to compare against: its directory, or its python")
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--cases", default="",
+                    help="comma-separated case numbers to run (1-based, as listed); default all")
+    ap.add_argument("--no-fastpath", action="store_true",
+                    help="both sides run the pure-Python path (RINGLET_NO_FASTPATH=1)")
     a = ap.parse_args()
+    cases = [CASES[int(i) - 1] for i in a.cases.split(",")] if a.cases else CASES
+    if a.no_fastpath:
+        os.environ["RINGLET_NO_FASTPATH"] = "1"
+    print(f"load average at start: {os.getloadavg()[0]:.2f}"
+          + (" (RINGLET_NO_FASTPATH=1)" if a.no_fastpath else ""))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = (sys.executable, a.base) if os.path.isdir(a.base) else (a.base, None)
     sides = {"base": base, "this": (sys.executable, here)}
-    got = {(c, s): [] for c, _, _ in CASES for s in sides}
+    got = {(c, s): [] for c, _, _ in cases for s in sides}
     for turn in range(a.turns):
-        for name, kind, p in CASES:
+        for name, kind, p in cases:
             for side in (("base", "this") if turn % 2 == 0 else ("this", "base")):
                 got[(name, side)].append(measure(sides[side], kind, p))
     print(f"{'case':28} {'base (sorted turns)':>34} {'this (sorted turns)':>34}  this/base "
           f"(median, best)")
-    for name, kind, _ in CASES:
+    for name, kind, _ in cases:
         b, t = sorted(got[(name, "base")]), sorted(got[(name, "this")])
         fmt = (lambda v: f"{v:.1f}") if kind == "small" else (lambda v: f"{v / 1e3:.1f}ms")
         print(f"{name:28} {' '.join(map(fmt, b)):>34} {' '.join(map(fmt, t)):>34}  "
@@ -95,6 +104,7 @@ def main() -> None:
             bus = lambda v: 64 * 2**20 / (v * 1e-6) / 1e9   # busbw at p = 2: 2(p-1)/p = 1
             print(f"{'  busbw GB/s (median)':28} {bus(b[len(b) // 2]):>34.2f} "
                   f"{bus(t[len(t) // 2]):>34.2f}")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -61,10 +61,10 @@ def _shared(bufs: dict) -> tuple:
 
 class Prepared:
     """What a call needs that does not depend on its buffers' addresses."""
-    __slots__ = ("algorithm", "plan", "tmp", "pool", "ufunc", "fp", "why", "fast")
+    __slots__ = ("collective", "algorithm", "plan", "tmp", "pool", "ufunc", "fp", "why", "fast")
 
-    def __init__(self, algorithm, plan, tmp, pool, ufunc, fp, why, fast):
-        self.algorithm = algorithm
+    def __init__(self, collective, algorithm, plan, tmp, pool, ufunc, fp, why, fast):
+        self.collective, self.algorithm = collective, algorithm
         self.plan = plan        # this rank's compiled plan (work.compile_plan)
         self.tmp = tmp          # elements of scratch ("tmp") it needs
         self.pool = pool        # free scratch arrays of that size and dtype
@@ -98,7 +98,8 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()
         pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
         plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
         ufunc = reducer(op, dtype) if op is not None else None
-        hit = Prepared(name, plan, tmp, pool, ufunc, fp, why, fast.prepare(engine(), plan, ufunc, dtype))
+        hit = Prepared(collective, name, plan, tmp, pool, ufunc, fp, why,
+                       fast.prepare(engine(), plan, ufunc, dtype))
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit
@@ -116,10 +117,10 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     pool, fc = call.pool, call.fast
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(call.tmp, dtype)
     seq, tag = g.next_collective_tag()
-    what = tr = resume = None
+    tr = resume = None
     if tracing.ON:
-        what = CallId(collective, seq, g.name, call.algorithm)
-        tr = tracing.Call(what, tag, count * dtype.itemsize, g.size, call.plan, eng.peers)
+        tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
+                          count * dtype.itemsize, g.size, call.plan, eng.peers)
     # Only a progress thread can drive the engine beside this caller, and only this caller
     # can start one (after this call is posted): without one, the engine needs no lock.
     locked = eng.background.thread is not None
@@ -141,10 +142,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
                                 fc.peers[last].rank if last >= 0 else None, fast=True)
                     return None
                 resume = fast.FastRun.of(ran, fc)
-        if what is None:
-            what = CallId(collective, seq, g.name, call.algorithm)
-        work = CollectiveWork(eng, call.plan, bufs, call.ufunc, g.ranks, tag, what, call.fp,
-                              finish, (pool, scratch), resume, tr)
+        work = CollectiveWork(eng, call, g, seq, tag, bufs, finish, resume, tr)
     finally:
         if locked:
             eng.leave()

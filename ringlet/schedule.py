@@ -180,7 +180,11 @@ class RankRound(NamedTuple):
 # -- the executor's form of a rank's plan (``ringlet.work.compile_plan``): the same
 # transfers with group ranks turned into world ranks and offsets into slice bounds, read
 # by the Python executor and encoded for the C fast path. Rounds keep RankRound's order.
-class LocalStep(NamedTuple):
+# Slotted classes rather than NamedTuples: the executor reads their fields on every small
+# call, and a slot is the quickest field CPython reads (a NamedTuple's field, or unpacking
+# one, goes through the generic path).
+@dataclass(frozen=True, slots=True)
+class LocalStep:
     """``dbuf[d0:d1] = sbuf[s0:s1]``, or ``= ufunc(abuf[a0:a1], sbuf[s0:s1])`` when
     ``reduce`` (``abuf`` None: the accumulator is the destination)."""
     reduce: bool
@@ -195,7 +199,8 @@ class LocalStep(NamedTuple):
     a1: int
 
 
-class SendStep(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class SendStep:
     """Send ``sbuf[s0:s1]`` to world rank ``dst``."""
     dst: int
     sbuf: str
@@ -203,7 +208,8 @@ class SendStep(NamedTuple):
     s1: int
 
 
-class RecvStep(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class RecvStep:
     """Receive from world rank ``src`` into ``dbuf[d0:d1]``, reducing with the
     accumulator ``abuf[a0:a1]`` when ``reduce`` (``abuf`` None: the destination)."""
     src: int
@@ -216,7 +222,8 @@ class RecvStep(NamedTuple):
     a1: int
 
 
-class PlanRound(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class PlanRound:
     """One round of a compiled plan: local steps, then messages out and in."""
     local: tuple[LocalStep, ...]
     sends: tuple[SendStep, ...]

@@ -150,13 +150,13 @@ def c_messages(runs) -> list:
     out = []
     for plan, done, mask, isz, t0, t1, tag, seq in runs:
         for rnd in plan[:done]:
-            for dst, _sb, s0, s1 in rnd.sends:
-                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
-            for src, _red, _db, d0, d1, _ab, _a0, _a1 in rnd.recvs:
-                out.append(("recv", src, (d1 - d0) * isz, "C fast path", t1, tag, seq))
+            for t in rnd.sends:
+                out.append(("send", t.dst, (t.s1 - t.s0) * isz, "C fast path", t0, tag, seq))
+            for t in rnd.recvs:
+                out.append(("recv", t.src, (t.d1 - t.d0) * isz, "C fast path", t1, tag, seq))
         if mask >= 0:
-            for dst, _sb, s0, s1 in plan[done].sends:
-                out.append(("send", dst, (s1 - s0) * isz, "C fast path", t0, tag, seq))
+            for t in plan[done].sends:
+                out.append(("send", t.dst, (t.s1 - t.s0) * isz, "C fast path", t0, tag, seq))
     return out
 
 
@@ -175,15 +175,16 @@ class Call:
     def posted(self, sends, bufs) -> None:
         """A round's sends went out (or were queued): one event each, with its path."""
         now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq, self.peers
-        for dst, sb, s0, s1 in sends:
-            b = bufs[sb]
-            msgs.append(("send", dst, (s1 - s0) * b.itemsize, path_of(peers[dst], b, s0, s1),
-                         now, tag, seq))
+        for t in sends:
+            b = bufs[t.sbuf]
+            msgs.append(("send", t.dst, (t.s1 - t.s0) * b.itemsize,
+                         path_of(peers[t.dst], b, t.s0, t.s1), now, tag, seq))
 
     def round_done(self, recvs, bufs) -> None:
         now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq
-        for src, _red, db, d0, d1, _ab, _a0, _a1 in recvs:
-            msgs.append(("recv", src, (d1 - d0) * bufs[db].itemsize, None, now, tag, seq))
+        for t in recvs:
+            msgs.append(("recv", t.src, (t.d1 - t.d0) * bufs[t.dbuf].itemsize, None, now, tag,
+                         seq))
 
     def ran_in_c(self, resume, rounds: int, bufs) -> None:
         """The C fast path ran ``resume.rounds`` of the plan's ``rounds`` rounds (a

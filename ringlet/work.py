@@ -180,21 +180,30 @@ class TracedRequestWork(RequestWork):
 
 class CollectiveWork(Work):
     """Runs one rank's plan of a schedule: per round, local steps, then post all receives
-    and sends; the next round starts when they are all done. ``what`` is a CallId."""
+    and sends; the next round starts when they are all done."""
+
+    @property
+    def _what(self) -> CallId:
+        # Made when asked (an error, a hang report, a profile): not on every call.
+        return CallId(self.call.collective, self.seq, self.group.name, self.call.algorithm)
 
     @property
     def what(self) -> str:
         return str(self._what)
 
-    def __init__(self, engine, plan, bufs: dict, ufunc, world_of, tag: int, what, fp,
-                 finish=None, scratch=None, resume=None, tr=None):
-        """``resume``: how far the C fast path ran the plan (a ``fast.FastRun``), if it
-        began it."""
-        self.engine, self._what, self.error = engine, what, None   # (Work.__init__, inlined)
-        self.plan, self.bufs, self.ufunc = plan, bufs, ufunc
-        self.world_of = world_of          # group rank -> world rank
-        self.tag, self.fp = tag, fp
-        self.finish, self.scratch = finish, scratch   # scratch: (free list, array) to return
+    def __init__(self, engine, call, group, seq: int, tag: int, bufs: dict, finish=None,
+                 resume=None, tr=None):
+        """Call number ``seq`` on ``group`` of a prepared call (``collectives.Prepared``:
+        the plan, reduction, fingerprint and scratch pool) on ``bufs``, whose "tmp" goes
+        back to the pool when it succeeds. ``resume``: how far the C fast path ran the
+        plan (a ``fast.FastRun``), if it began it."""
+        self.engine, self.error = engine, None   # (Work.__init__, inlined)
+        self.call, self.group, self.seq = call, group, seq
+        plan = self.plan = call.plan
+        self.bufs, self.ufunc, self.fp = bufs, call.ufunc, call.fp
+        self.world_of = group.ranks       # group rank -> world rank
+        self.tag = tag
+        self.finish = finish
         self.i = 0
         self.reqs: list = []
         self.done = False
@@ -270,60 +279,59 @@ class CollectiveWork(Work):
         self.error = error
         self.done = True
         self.reqs = []
-        if self.scratch is not None and error is None:  # a failed call's scratch may be in use
-            self.scratch[0].append(self.scratch[1])
+        if error is None:   # a failed call's scratch may be in use
+            self.call.pool.append(self.bufs["tmp"])
         eng = self.engine
         try:
             eng.works.remove(self)
         except ValueError:
             pass
         eng.end_collective(self)
-        record_call(eng, self._what.collective, self._what.algorithm, self.waited, self.last_peer,
+        record_call(eng, self.call.collective, self.call.algorithm, self.waited, self.last_peer,
                     handed_over=self.handed_over)
         if self.tr is not None:
             self.tr.end(self.waited, self.last_peer, error)
 
-    # The steps are unpacked whole, in their types' field order: a small call's time is
-    # mostly this bookkeeping, and one unpack costs less than reading fields one by one.
     def _post(self, rnd: PlanRound) -> None:
         bufs, ufunc = self.bufs, self.ufunc
-        local, sends, recvs = rnd
-        for reduce, sbuf, s0, s1, dbuf, d0, d1, abuf, a0, a1 in local:     # LocalStep
-            dst = bufs[dbuf][d0:d1]
-            if reduce:
+        for t in rnd.local:
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
                 # The accumulator is usually the destination: one view for both keeps
                 # NumPy off its overlap check (a third of a small call's reduce time).
-                ufunc(dst if abuf is None else bufs[abuf][a0:a1], bufs[sbuf][s0:s1], out=dst)
+                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
             else:
-                dst[...] = bufs[sbuf][s0:s1]
-        reqs = self._post_recvs(recvs)
+                dst[...] = bufs[t.sbuf][t.s0:t.s1]
+        reqs = self._post_recvs(rnd.recvs)
         peers, tag, fp = self.engine.peers, self.tag, self.fp
-        for to, sbuf, s0, s1 in sends:                                      # SendStep
-            data = bufs[sbuf][s0:s1].view(np.uint8)
-            peer = peers[to]
+        for t in rnd.sends:
+            data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
+            peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
-                req = SendRequest(to, tag, data, fp)
+                req = SendRequest(t.dst, tag, data, fp)
                 reqs.append(req)
                 peer.post_send(req)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(sends, bufs)
+            self.tr.posted(rnd.sends, bufs)
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
-        for k, (src, reduce, dbuf, d0, d1, abuf, a0, a1) in enumerate(recvs):   # RecvStep
+        for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
-            dst = bufs[dbuf][d0:d1]
-            if reduce:
-                req = RecvRequest(src, tag, dst, ufunc, None if abuf is None else bufs[abuf][a0:a1], fp)
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
+                acc = None if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                req = RecvRequest(t.src, tag, dst, ufunc, acc, fp)
             else:
-                req = RecvRequest(src, tag, dst, None, None, fp)
+                req = RecvRequest(t.src, tag, dst, None, None, fp)
             reqs.append(req)
-            peers[src].post_recv(req)
+            peers[t.src].post_recv(req)
         return reqs
 
 

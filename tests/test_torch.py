@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -249,6 +250,45 @@ def _collectives(rank, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_collectives_through_torch(n):
     launch(_collectives, n)
+
+
+def _large(rank, n):
+    """All-reduces above ringlet.torch.STAGE_MIN: staged through shared memory (outside a
+    backward pass, and from NumPy memory, whose array sees the result), and inside one moved
+    there the second time - views taken before still see every result."""
+    from ringlet import buffers
+    import ringlet.torch as rt
+    count = rt.STAGE_MIN // 4 + 1000
+    t = torch.full((count,), float(rank + 1))
+    for _ in range(3):
+        dist.all_reduce(t)
+        t /= n * (n + 1) // 2 / (rank + 1)   # back to rank + 1
+    _same(t, torch.full((count,), float(rank + 1)), "staged all_reduce")
+    arr = np.full(count, rank + 1.0, np.float32)
+    dist.all_reduce(torch.from_numpy(arr))
+    assert (arr == n * (n + 1) // 2).all(), "staged all_reduce of NumPy memory"
+    col = torch.full((count, 2), float(rank + 1))[:, 1]
+    dist.all_reduce(col)
+    _same(col, torch.full((count,), float(n * (n + 1) // 2)), "staged non-contiguous all_reduce")
+    bucket = torch.zeros(count)
+    view = bucket[10:20]
+    x = torch.ones(1, requires_grad=True)
+
+    def hook(g):
+        bucket.fill_(rank + 1)
+        dist.all_reduce(bucket)
+        return g
+    x.register_hook(hook)
+    for step in range(3):
+        (x * 2).sum().backward()
+        _same(view, torch.full((10,), float(n * (n + 1) // 2)), f"adopted all_reduce, step {step}")
+    where = buffers.locate(bucket.numpy())
+    assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
+        "/dev/shm/torch_"), "the bucket was not moved to shared memory"
+
+
+def test_large_all_reduce_goes_through_shared_memory():
+    launch(_large, 2)
 
 
 def _non_contiguous(rank, n):
@@ -643,6 +683,13 @@ def _model():
                          nn.Linear(64, 8))
 
 
+def _big_model():
+    """6.7 MB of parameters: DDP's buckets after its first step include one of 5 MB, which
+    the backend stages through shared memory, then moves there (ringlet.torch._adopted)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 40_000), nn.ReLU(), nn.Linear(40_000, 8))
+
+
 class _WithUnused(nn.Module):
     def __init__(self):
         super().__init__()
@@ -670,14 +717,14 @@ def _train(rank, n, kind, out_dir):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     else:
-        module = _WithUnused() if kind == "unused" else _model()
+        module = {"unused": _WithUnused, "big": _big_model}.get(kind, _model)()
         model = DDP(module, find_unused_parameters=kind == "unused", static_graph=kind == "static",
-                    bucket_cap_mb=0.01)   # several buckets
+                    bucket_cap_mb=25 if kind == "big" else 0.01)   # (else several buckets)
         if kind == "hook":
             model.register_comm_hook(None, default_hooks.allreduce_hook)
         if kind == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0005 if kind == "big" else 0.05, momentum=0.9)
     for step in range(20):
         x, y = _batch(rank, step)
         if kind == "no_sync":   # accumulate over two micro-batches
@@ -690,11 +737,15 @@ def _train(rank, n, kind, out_dir):
         opt.zero_grad()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
              for k, v in model.state_dict().items()}
+    if kind == "big" and dist.get_backend() == "ringlet":
+        from ringlet import buffers
+        fds = [os.readlink(f"/proc/self/fd/{fd}") for _, _, fd in buffers._regions.values()]
+        assert any(f.startswith("/dev/shm/torch_") for f in fds), f"no bucket adopted: {fds}"
     if rank == 0:
         torch.save(state, os.path.join(out_dir, f"{dist.get_backend()}.pt"))
 
 
-KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "fsdp2"]
+KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "big", "fsdp2"]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -709,6 +760,7 @@ def test_training_matches_gloo(kind, n, tmp_path):
     ours = torch.load(tmp_path / "ringlet.pt")
     assert gloo.keys() == ours.keys()
     for k in gloo:
+        assert torch.isfinite(gloo[k]).all(), f"{kind} p={n}: {k} diverged on Gloo"
         assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
 
 

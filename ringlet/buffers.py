@@ -47,11 +47,25 @@ def zeros(shape, dtype=np.float32) -> np.ndarray:
     return empty(shape, dtype)
 
 
-def _release(start: int, fd: int) -> None:
+def adopt(start: int, nbytes: int, fd: int, owner) -> None:
+    """Count ``nbytes`` someone else mapped from ``fd`` (at offset 0) at ``start`` - a torch
+    storage moved to shared memory - as an allocation: a large send from it is read in place
+    too. It is one until ``owner``, whose end frees that memory, is collected; the fd stays
+    the owner's."""
+    bisect.insort(_starts, start)
+    _regions[start] = (start + nbytes, next(_ids), fd)
+    weakref.finalize(owner, _forget, start)
+
+
+def _forget(start: int) -> None:
     i = bisect.bisect_left(_starts, start)
     if i < len(_starts) and _starts[i] == start:
         del _starts[i]
     _regions.pop(start, None)
+
+
+def _release(start: int, fd: int) -> None:
+    _forget(start)
     os.close(fd)
 
 

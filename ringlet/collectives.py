@@ -16,7 +16,7 @@ from .runtime import engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
 from . import tracing
-from .work import CallId, CollectiveWork, compile_plan, record_call
+from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
@@ -107,7 +107,9 @@ def _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared=()
 
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
-         op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None):
+         op: ReduceOp | None, async_op: bool, timeout, root=None, splits=None, finish=None,
+         numbered=None):
+    """``numbered``: the call's (sequence number, tag), if taken before (else the next)."""
     # rl.empty buffers can change auto's pick, once some message may be read in place
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
     call = _prepare(collective, algorithm, g, count, dtype, op, root, splits, shared)
@@ -116,7 +118,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, call.why)
     pool, fc = call.pool, call.fast
     bufs["tmp"] = scratch = pool.pop() if pool else np.empty(call.tmp, dtype)
-    seq, tag = g.next_collective_tag()
+    seq, tag = numbered or g.next_collective_tag()
     tr = resume = None
     if tracing.ON:
         tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
@@ -417,21 +419,32 @@ def _splits(splits, arr, p, what):
 def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_op, timeout,
                   finish):
     """Uneven all-to-all: first every rank learns the whole split matrix (a small
-    all_gather), so inconsistent splits raise on every rank before any data moves."""
+    all_gather), so inconsistent splits raise on every rank before any data moves. In
+    flight, the exchange starts once the matrix is in, numbered now: calls made meanwhile
+    keep their places in the group's sequence."""
     p = g.size
     mine = np.array(list(in_counts) + list(out_counts), np.int64)
     table = np.empty((p, 2 * p), np.int64)
-    all_gather(table, mine, group=g, algorithm="auto", timeout=timeout)
-    sends, recvs = table[:, :p], table[:, p:]
-    bad = np.argwhere(sends != recvs.T)
-    if len(bad):
-        a, b = bad[0]
-        raise ValueError(f"all_to_all: rank {a} sends {sends[a, b]} elements to rank {b}, "
-                         f"which expects {recvs[b, a]} (check in_splits/out_splits on both)")
-    splits = tuple(tuple(int(x) for x in row) for row in sends)
-    bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
-    return _run("all_to_all", g, algorithm, 0, flat_in.dtype, bufs, None, async_op, timeout,
-                splits=splits, finish=finish)
+
+    def exchange(numbered=None):
+        sends, recvs = table[:, :p], table[:, p:]
+        bad = np.argwhere(sends != recvs.T)
+        if len(bad):
+            a, b = bad[0]
+            raise ValueError(f"all_to_all: rank {a} sends {sends[a, b]} elements to rank {b}, "
+                             f"which expects {recvs[b, a]} (check in_splits/out_splits on both)")
+        splits = tuple(tuple(int(x) for x in row) for row in sends)
+        bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
+        return _run("all_to_all", g, algorithm, 0, flat_in.dtype, bufs, None, async_op, timeout,
+                    splits=splits, finish=finish, numbered=numbered)
+
+    if not async_op:
+        all_gather(table, mine, group=g, algorithm="auto", timeout=timeout)
+        return exchange()
+    first = all_gather(table, mine, group=g, algorithm="auto", async_op=True, timeout=timeout)
+    numbered = g.next_collective_tag()
+    return Chained(engine(), first, lambda: exchange(numbered),
+                   f"all_to_all #{numbered[0]} of group {g.name} (uneven)")
 
 
 @profiled("barrier")

@@ -25,13 +25,18 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 
+import numpy as np
 import torch
 import torch.distributed as dist
+import torch.multiprocessing
 from torch._C import _distributed_c10d as c10d
 from torch.autograd import _profiler_enabled as _profiling   # a C call: ~50 ns
+from torch.distributed.constants import default_pg_timeout
 from torch.profiler import record_function
 
+from . import buffers
 from . import collectives as C
 from . import runtime
 from .errors import RingletError
@@ -247,6 +252,58 @@ def _dense(t: torch.Tensor):
     return c, lambda: t.copy_(c)
 
 
+# A large all_reduce among ranks of one host sends from shared memory, where a local peer
+# reads each message in place: one copy fewer per message than through the shm ring. A
+# tensor is copied into a staging buffer (rl.empty) and back - from 6 MB on that pays (p = 2,
+# load 6, 3 turns: 6 MB 2.6 -> 1.5 ms, 16 MB 8.2 -> 4.8, 25 MB 11.7 -> 6.3; at 4 MB it did
+# not) - and a DDP bucket, the next time, moves to shared memory for good (_adopted).
+STAGE_MIN = 4 << 20
+_spare: list = []   # staging buffers not in use (uint8 tensors over rl.empty memory)
+_spare_lock = threading.Lock()
+_seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
+
+
+def _adopted(t: torch.Tensor) -> bool:
+    """Whether contiguous ``t`` lies in shared memory a local peer reads in place: rl.empty's,
+    or one a backward pass all-reduced before (DDP's buckets, reused every step), moved
+    there now by torch's ``share_memory_`` - in place, so every tensor viewing it stays
+    valid (a NumPy array taken of it since would not). Not memory torch shares with others
+    (``from_numpy``, ``.numpy()`` taken: not resizable), nor a storage mostly of others."""
+    st = t.untyped_storage()
+    if st in _seen:
+        _seen.discard(st)
+        st.share_memory_()
+        fd, size = st._share_fd_cpu_()
+        buffers.adopt(st.data_ptr(), size, fd, st)
+        return True
+    if st.resizable() and 2 * t.numel() * t.element_size() >= st.nbytes() and \
+            torch._C._current_graph_task_id() != -1 and \
+            torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+        _seen.add(st)   # (before .numpy() below makes it not resizable)
+        return False
+    return buffers.locate(_array(t)) is not None
+
+
+def _staged(t: torch.Tensor):
+    """(a tensor in shared memory holding ``t``'s values, what copies it back into ``t``)."""
+    n = t.numel() * t.element_size()
+    with _spare_lock:
+        fits = [b for b in _spare if b.numel() >= n]
+        buf = min(fits, key=torch.Tensor.numel) if fits else None
+        if buf is not None:
+            _spare.remove(buf)
+    if buf is None:
+        buf = torch.from_numpy(buffers.empty(n, np.uint8))
+    s = buf[:n].view(t.dtype).view(t.shape)
+    s.copy_(t)
+
+    def back():
+        t.copy_(s)
+        with _spare_lock:
+            _spare.append(buf)
+    return s, back
+
+
 def _reducible(t: torch.Tensor) -> torch.Tensor:
     """Complex tensors reduce as pairs of reals (SUM, AVG, PREMUL_SUM are elementwise)."""
     return torch.view_as_real(t) if t.is_complex() else t
@@ -276,9 +333,21 @@ def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
     return t * factor if copy else t.mul_(factor)
 
 
-def _timeout(opts):
-    t = getattr(opts, "timeout", None)   # -1 ms unless the caller set one
-    return t.total_seconds() if t is not None and t.days >= 0 and t else None
+def _group_timeout(timeout) -> float | None:
+    """Seconds a group's calls may wait, from the timeout torch passes its creator: the one
+    given to init_process_group / new_group, or None - ringlet's own default (RINGLET_TIMEOUT,
+    else 60 s) - when torch passes its 30-minute default (what it passes when none is given)."""
+    if timeout is None or timeout == default_pg_timeout:
+        return None
+    return timeout.total_seconds()
+
+
+def _spreader(outs, rows):
+    """What copies row r of ``rows`` into ``outs[r]``, once the rows have arrived."""
+    def spread():
+        for o, r in zip(outs, rows):
+            o.copy_(r.view(o.shape))
+    return spread
 
 
 def _one(tensors, what):
@@ -302,13 +371,22 @@ def _unflatten_into(flat, tensors):
 class ProcessGroup(dist.ProcessGroup):
     """torch.distributed's process group over one ringlet group."""
 
-    def __init__(self, group, rank: int, size: int, owns_world: bool = False):
+    def __init__(self, group, rank: int, size: int, owns_world: bool = False,
+                 timeout: float | None = None):
         super().__init__(rank, size)
         self.group, self.owns_world = group, owns_world
+        self.timeout = timeout   # seconds a call may wait (None: ringlet's default)
         # From three ranks on, a float sum's bits depend on how its additions are grouped:
         # reduce as Gloo does, so a job gets the same bits on either backend.
         self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
         self.overlaps = _can_overlap(group)
+        self.one_host = len(set(group.hosts)) == 1
+
+    def _timeout(self, opts) -> float | None:
+        """The call's own timeout if torch passed one (it is -1 ms unless set), else the
+        group's."""
+        t = opts.timeout
+        return t.total_seconds() if t.days >= 0 and t else self.timeout
 
     def _algorithm(self, t: torch.Tensor) -> str:
         """The all_reduce algorithm for ``t``: Gloo's ring for floats when ordered as Gloo."""
@@ -379,21 +457,23 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
         t = _one(tensors, "allreduce")
         op, factor = _op(opts.reduceOp)
-        buf, back = _dense(t)
+        big = self.one_host and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
+        if big and t.is_contiguous() and _adopted(t):
+            buf, back = t, None
+        else:
+            buf, back = _staged(t) if big else _dense(t)
         arr = _array(_reducible(_premul(buf, factor, False)))
-        algorithm, timeout = self._algorithm(t), _timeout(opts)
+        algorithm, timeout = self._algorithm(t), self._timeout(opts)
         return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
             arr, op, self.group, async_op=a, algorithm=algorithm, timeout=timeout), back)
 
     def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
         op, factor = _op(opts.reduceOp)
-
-        def run():
-            flat = _premul(_flatten(tensors), factor, False)
-            C.all_reduce(_reducible(flat), op, self.group, algorithm=self._algorithm(flat),
-                         timeout=_timeout(opts))
-            _unflatten_into(flat, tensors)
-        return _completed("all_reduce", run, tensors)
+        flat = _premul(_flatten(tensors), factor, False)   # one call for all of them
+        algorithm, timeout = self._algorithm(flat), self._timeout(opts)
+        return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
+            _reducible(flat), op, self.group, async_op=a, algorithm=algorithm, timeout=timeout),
+            lambda: _unflatten_into(flat, tensors))
 
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
         op, factor = _op(opts.reduceOp)
@@ -401,7 +481,7 @@ class ProcessGroup(dist.ProcessGroup):
         root, mine = opts.rootRank, self.group.rank == opts.rootRank
         buf, back = _dense(t)
         buf = _premul(buf, factor, not mine)
-        timeout = _timeout(opts)
+        timeout = self._timeout(opts)
         return self._issue("reduce", opts, tensors, lambda a: C.reduce(
             _reducible(buf), root, op, self.group, async_op=a, timeout=timeout),
             back if mine else None)
@@ -411,7 +491,7 @@ class ProcessGroup(dist.ProcessGroup):
         ``owned``: ours to overwrite), then ``after()``. Ordered as Gloo, it is Gloo's
         algorithm: the whole of ``src`` all-reduced by ``gloo_ring``, this rank's block kept."""
         buf, back = _dense(out)
-        timeout = _timeout(opts)
+        timeout = self._timeout(opts)
         gloo = self._algorithm(src) == "gloo_ring"
         if gloo and not owned:
             src = src.clone()
@@ -456,97 +536,86 @@ class ProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
         t = _one(tensors, "broadcast")
         buf, back = _dense(t)
-        root, timeout = opts.rootRank, _timeout(opts)
+        root, timeout = opts.rootRank, self._timeout(opts)
         return self._issue("broadcast", opts, tensors, lambda a: C.broadcast(
             buf, root, self.group, async_op=a, timeout=timeout), back)
 
     def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
         outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
         res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-        src, timeout = inp.contiguous(), _timeout(opts)
-
-        def spread():
-            for o, r in zip(outs, res):
-                o.copy_(r.view(o.shape))
+        src, timeout = inp.contiguous(), self._timeout(opts)
         return self._issue("all_gather", opts, outputs, lambda a: C.all_gather(
-            res, src, self.group, async_op=a, timeout=timeout), spread)
+            res, src, self.group, async_op=a, timeout=timeout), _spreader(outs, res))
 
     def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
         buf, back = _dense(out)
-        src, timeout = inp if inp.is_contiguous() else inp.contiguous(), _timeout(opts)
+        src, timeout = inp if inp.is_contiguous() else inp.contiguous(), self._timeout(opts)
         return self._issue("all_gather", opts, [out], lambda a: C.all_gather(
             buf, src, self.group, async_op=a, timeout=timeout), back)
 
     def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
-        def run():
-            flat = _flatten(inputs)
-            res = torch.empty((self.size(), flat.numel()), dtype=flat.dtype)
-            C.all_gather(res, flat, self.group, timeout=_timeout(opts))
+        flat, timeout = _flatten(inputs), self._timeout(opts)
+        res = torch.empty((self.size(), flat.numel()), dtype=flat.dtype)
+
+        def spread():   # row r of the result is rank r's inputs, concatenated
             for outs, row in zip(output_lists, res):
                 _unflatten_into(row, outs)
-        return _completed("all_gather", run, output_lists)
+        return self._issue("all_gather", opts, output_lists, lambda a: C.all_gather(
+            res, flat, self.group, async_op=a, timeout=timeout), spread)
 
     def allgather_into_tensor_coalesced(self, outs, ins, opts=c10d.AllgatherOptions()):
-        p = self.size()
+        p, flat, timeout = self.size(), _flatten(ins), self._timeout(opts)
+        res = torch.empty((p, flat.numel()), dtype=flat.dtype)
 
-        def run():   # one call; row r of the result is rank r's inputs, concatenated
-            flat = _flatten(ins)
-            res = torch.empty((p, flat.numel()), dtype=flat.dtype)
-            C.all_gather(res, flat, self.group, timeout=_timeout(opts))
+        def spread():   # one call; row r of the result is rank r's inputs, concatenated
             off = 0
             for o, i in zip(outs, ins):
                 o.view(p, -1).copy_(res[:, off:off + i.numel()])
                 off += i.numel()
-        return _completed("all_gather", run, outs)
+        return self._issue("all_gather", opts, outs, lambda a: C.all_gather(
+            res, flat, self.group, async_op=a, timeout=timeout), spread)
 
     def gather(self, outputs, inputs, opts=c10d.GatherOptions()):
-        inp, root = _one(inputs, "gather"), opts.rootRank
-
-        def run():
-            if self.group.rank == root:
-                outs = _one(outputs, "gather")
-                res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-                C.gather(inp.contiguous(), res, root, self.group, timeout=_timeout(opts))
-                for o, r in zip(outs, res):
-                    o.copy_(r.view(o.shape))
-            else:
-                C.gather(inp.contiguous(), None, root, self.group, timeout=_timeout(opts))
-        return _completed("gather", run, outputs)
+        inp, root, timeout = _one(inputs, "gather"), opts.rootRank, self._timeout(opts)
+        src, res, spread = inp.contiguous(), None, None
+        if self.group.rank == root:
+            res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+            spread = _spreader(_one(outputs, "gather"), res)
+        return self._issue("gather", opts, outputs, lambda a: C.gather(
+            src, res, root, self.group, async_op=a, timeout=timeout), spread)
 
     def scatter(self, outputs, inputs, opts=c10d.ScatterOptions()):
-        out, root = _one(outputs, "scatter"), opts.rootRank
-
-        def run():
-            src = None
-            if self.group.rank == root:
-                src = torch.stack([t.reshape(out.shape) for t in _one(inputs, "scatter")])
-            buf, back = _dense(out)
-            C.scatter(buf, src, root, self.group, timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed("scatter", run, outputs)
+        out, root, timeout = _one(outputs, "scatter"), opts.rootRank, self._timeout(opts)
+        src = None
+        if self.group.rank == root:
+            src = torch.stack([t.reshape(out.shape) for t in _one(inputs, "scatter")])
+        buf, back = _dense(out)
+        return self._issue("scatter", opts, outputs, lambda a: C.scatter(
+            buf, src, root, self.group, async_op=a, timeout=timeout), back)
 
     def alltoall_base(self, out, inp, out_splits, in_splits, opts=c10d.AllToAllOptions()):
-        def run():
-            buf, back = _dense(out)
-            C.all_to_all_single(buf, inp.contiguous(), list(out_splits) or None,
-                                list(in_splits) or None, self.group, timeout=_timeout(opts))
-            if back:
-                back()
-        return _completed("all_to_all_single", run, [out])
+        buf, back = _dense(out)
+        src, timeout = inp.contiguous(), self._timeout(opts)
+        outs, ins = list(out_splits) or None, list(in_splits) or None
+        return self._issue("all_to_all", opts, [out], lambda a: C.all_to_all_single(
+            buf, src, outs, ins, self.group, async_op=a, timeout=timeout), back)
 
     def alltoall(self, outs, ins, opts=c10d.AllToAllOptions()):
-        def run():
-            dense = [_dense(o) for o in outs]
-            C.all_to_all([d for d, _ in dense], [i.contiguous() for i in ins], self.group,
-                         timeout=_timeout(opts))
-            for _, back in dense:
-                if back:
-                    back()
-        return _completed("all_to_all", run, outs)
+        dense = [_dense(o) for o in outs]
+        srcs, timeout = [i.contiguous() for i in ins], self._timeout(opts)
+        backs = [back for _, back in dense if back is not None]
+
+        def copy_back():
+            for back in backs:
+                back()
+        return self._issue("all_to_all", opts, outs, lambda a: C.all_to_all(
+            [d for d, _ in dense], srcs, self.group, async_op=a, timeout=timeout),
+            copy_back if backs else None)
 
     def barrier(self, opts=c10d.BarrierOptions()):
-        return _completed("barrier", lambda: C.barrier(self.group, timeout=_timeout(opts)), [])
+        timeout = self._timeout(opts)
+        return self._issue("barrier", opts, [], lambda a: C.barrier(
+            self.group, async_op=a, timeout=timeout))
 
     # torch 2.13's Python API calls these names; C++ callers (DDP, functional
     # collectives) the older ones above.
@@ -594,16 +663,18 @@ def _token(store, rank: int, timeout: float) -> tuple[str, str]:
     return derive_token(job), f"derived from this user's ringlet secret and job {job}"
 
 
-def _world(store, rank: int, size: int, timeout: float):
-    """(ringlet's world group, whether torch started it)."""
+def _world(store, rank: int, size: int, timeout: float, calls: float | None):
+    """(ringlet's world group, whether torch started it). ``timeout``: for the store;
+    ``calls``: the seconds ringlet's calls may wait (None: its default)."""
     owns = not runtime.is_initialized()
     if owns:
         token, source = _token(store, rank, timeout)
         backend = os.environ.get("RINGLET_BACKEND", "auto")
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        if calls is None:
+            calls = float(os.environ.get("RINGLET_TIMEOUT", runtime.DEFAULT_TIMEOUT))
         runtime.join(SignedStore(store, token, timeout=timeout, source=source), token, rank,
-                     size, backend, runtime.DEFAULT_TIMEOUT if "RINGLET_TIMEOUT" not in os.environ
-                     else float(os.environ["RINGLET_TIMEOUT"]), addr)
+                     size, backend, calls, addr)
     world = runtime.resolve(None)
     if (world.rank, world.size) != (rank, size):
         raise RingletError(f"torch's world (rank {rank} of {size}) is not ringlet's, already "
@@ -615,17 +686,18 @@ def _create(opts, backend_options=None):
     """torch calls this on each member of each group it creates with this backend."""
     rank, size = opts.group_rank, opts.group_size
     ranks = list(opts.global_ranks_in_group) or list(range(size))
-    timeout = opts.timeout.total_seconds()
+    timeout, calls = opts.timeout.total_seconds(), _group_timeout(opts.timeout)
     if not dist.is_initialized():   # torch is creating its world (default) group
         _created.clear()
-        world, owns = _world(opts.store, rank, size, timeout)
-        return ProcessGroup(world, rank, size, owns_world=owns)
+        world, owns = _world(opts.store, rank, size, timeout, calls)
+        return ProcessGroup(world, rank, size, owns_world=owns, timeout=calls)
     # torch's group names can differ between members (a hashed name depends on the groups
     # each rank created before), so a group is its ranks and how many groups of those
     # ranks this rank has created: the same on every member.
     nth = _created.get(tuple(ranks), 0)
     _created[tuple(ranks)] = nth + 1
-    return ProcessGroup(runtime.keyed_group(ranks, f"torch{ranks}#{nth}"), rank, size)
+    return ProcessGroup(runtime.keyed_group(ranks, f"torch{ranks}#{nth}"), rank, size,
+                        timeout=calls)
 
 
 _created: dict = {}   # rank list -> torch groups of those ranks created here (since init)

@@ -2,6 +2,7 @@
 Schedule (a resumable state machine, so several collectives can be in flight at once)."""
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from typing import NamedTuple
@@ -147,6 +148,68 @@ class RequestWork(Work):
 
     def _waiting_on(self):
         return () if self.req.done else (self.req.peer,)
+
+
+class Chained(Work):
+    """Two works as one: ``first``, then the work ``then()`` starts once first has
+    succeeded. Whichever thread sees first finish starts the second from first's future's
+    callback - outside the engine's lock, as callbacks run - so nobody need wait for it."""
+
+    def __init__(self, engine, first: Work, then, what: str):
+        super().__init__(engine, what)
+        self.first, self.then, self.second = first, then, None
+        self.started = threading.Event()   # second started, or never will be
+        first.get_future().add_done_callback(self._start)
+
+    def _start(self, fut) -> None:
+        try:
+            if fut.exception() is None:
+                self.second = self.then()
+        except BaseException as exc:   # (a bad argument found once first's data is in)
+            self.error = exc
+        finally:
+            self.started.set()
+        if self.second is None:
+            self._settle()
+        else:
+            self.second.get_future().add_done_callback(lambda _: self._settle())
+
+    def _done(self) -> bool:
+        return self.started.is_set() and (self.second is None or self.second._done())
+
+    def _error(self):
+        w = self.first if self.second is None else self.second
+        return w.error if w.error is not None else w._error()
+
+    def _waiting_on(self):
+        return (self.first if self.second is None else self.second)._waiting_on()
+
+    def is_completed(self) -> bool:
+        if not self.started.is_set() and not self.first.is_completed():
+            return False
+        self.started.wait()   # (the thread that settled first is starting the second)
+        if self.second is not None and not self.second.is_completed():
+            return False
+        self._settle()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        start = time.monotonic()
+        self.first.wait(timeout)   # (its error settles this work's future through _start)
+        self.started.wait()
+        if self.error is None and self.second is not None:
+            left = None if timeout is None else max(timeout - (time.monotonic() - start), 0.0)
+            try:
+                self.second.wait(left)
+            except BaseException as exc:
+                if not self.second._done():   # a timeout: it goes on
+                    raise
+                self.error = exc
+        self._settle()
+        if self.error is not None:
+            self._reported = True
+            raise self.error
+        return True
 
 
 class CallId(NamedTuple):

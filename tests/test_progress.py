@@ -91,6 +91,30 @@ def test_every_collective_progresses_while_the_caller_sleeps(family, backend):
     run(_family_without_wait, 3, family, backend=backend)
 
 
+def _uneven_all_to_all_without_wait(rank):
+    p = rl.get_world_size()
+    for n in SIZES:
+        outs = [np.empty(n + rank) for _ in range(p)]          # n + r elements to rank r
+        w = rl.all_to_all(outs, [np.full(n + k, float(rank)) for k in range(p)], async_op=True)
+        x = np.ones(4)
+        w2 = rl.all_reduce(x, async_op=True)   # posted before the exchange starts: both finish
+        _until_done(w, f"rank {rank}: uneven all_to_all of ~{n} elements")
+        _until_done(w2, f"rank {rank}: all_reduce after an uneven all_to_all")
+        assert w.wait() and w2.wait()
+        assert all((o == k).all() for k, o in enumerate(outs)) and (x == p).all()
+    w = rl.all_to_all([np.empty(1) for _ in range(p)], [np.ones(2) for _ in range(p)],
+                      async_op=True)
+    _until_done(w, f"rank {rank}: uneven all_to_all with bad splits")
+    assert isinstance(w.get_future().exception(), ValueError)
+    with pytest.raises(ValueError, match="sends 2 elements"):
+        w.wait()
+
+
+def test_uneven_all_to_all_progresses_while_the_caller_sleeps(backend):
+    """Its split matrix, then its data, each moved by the background thread."""
+    run(_uneven_all_to_all_without_wait, 3, backend=backend)
+
+
 def _p2p_without_wait(rank):
     p = rl.get_world_size()
     for n in SIZES:

@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,12 +27,12 @@ def _in_flight(monkeypatch):
 JOB_TIMEOUT = 100.0
 
 
-def _child(fn, rank, n, port, backend, args):
+def _child(fn, rank, n, port, backend, args, init):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(n), RINGLET_TIMEOUT="20")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=n)
+        dist.init_process_group(backend, rank=rank, world_size=n, **init)
         fn(rank, n, *args)
         dist.destroy_process_group()
     except BaseException:
@@ -41,12 +42,14 @@ def _child(fn, rank, n, port, backend, args):
     os._exit(0)
 
 
-def launch(fn, n, *args, backend="ringlet", expect_fail=()):
-    """Run fn(rank, n, *args) on n forked ranks inside torch.distributed; every rank not in
-    ``expect_fail`` must exit 0 within JOB_TIMEOUT."""
+def launch(fn, n, *args, backend="ringlet", expect_fail=(), init=None):
+    """Run fn(rank, n, *args) on n forked ranks inside torch.distributed (``init``: more
+    arguments of init_process_group); every rank not in ``expect_fail`` must exit 0 within
+    JOB_TIMEOUT."""
     ctx = mp.get_context("fork")
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, n, port, backend, args)) for r in range(n)]
+    procs = [ctx.Process(target=_child, args=(fn, r, n, port, backend, args, init or {}))
+             for r in range(n)]
     for p in procs:
         p.start()
     for p in procs:
@@ -249,6 +252,45 @@ def test_collectives_through_torch(n):
     launch(_collectives, n)
 
 
+def _large(rank, n):
+    """All-reduces above ringlet.torch.STAGE_MIN: staged through shared memory (outside a
+    backward pass, and from NumPy memory, whose array sees the result), and inside one moved
+    there the second time - views taken before still see every result."""
+    from ringlet import buffers
+    import ringlet.torch as rt
+    count = rt.STAGE_MIN // 4 + 1000
+    t = torch.full((count,), float(rank + 1))
+    for _ in range(3):
+        dist.all_reduce(t)
+        t /= n * (n + 1) // 2 / (rank + 1)   # back to rank + 1
+    _same(t, torch.full((count,), float(rank + 1)), "staged all_reduce")
+    arr = np.full(count, rank + 1.0, np.float32)
+    dist.all_reduce(torch.from_numpy(arr))
+    assert (arr == n * (n + 1) // 2).all(), "staged all_reduce of NumPy memory"
+    col = torch.full((count, 2), float(rank + 1))[:, 1]
+    dist.all_reduce(col)
+    _same(col, torch.full((count,), float(n * (n + 1) // 2)), "staged non-contiguous all_reduce")
+    bucket = torch.zeros(count)
+    view = bucket[10:20]
+    x = torch.ones(1, requires_grad=True)
+
+    def hook(g):
+        bucket.fill_(rank + 1)
+        dist.all_reduce(bucket)
+        return g
+    x.register_hook(hook)
+    for step in range(3):
+        (x * 2).sum().backward()
+        _same(view, torch.full((10,), float(n * (n + 1) // 2)), f"adopted all_reduce, step {step}")
+    where = buffers.locate(bucket.numpy())
+    assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
+        "/dev/shm/torch_"), "the bucket was not moved to shared memory"
+
+
+def test_large_all_reduce_goes_through_shared_memory():
+    launch(_large, 2)
+
+
 def _non_contiguous(rank, n):
     base = torch.arange(24, dtype=torch.float32).view(4, 6) + rank
     col = base[:, 1]                      # stride 6
@@ -403,6 +445,79 @@ def test_async_work_is_pending_and_completes_by_itself(n):
     launch(_async_work, n)
 
 
+def _async_everything(rank, n):
+    """Every other collective with async_op=True: rank 0 posts them all and sees each
+    pending before the other ranks post theirs; the progress thread then completes them
+    with nobody waiting."""
+    import datetime
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 0:
+        store.wait(["posted"], datetime.timedelta(seconds=60))
+    x = torch.full((6,), float(rank + 1))
+    xs = [torch.full((6,), float(r + 1)) for r in range(n)]
+    pieces = [torch.ones(3) * (rank + 1), torch.ones(2) * 2]
+    gathered = [[torch.empty(3), torch.empty(2)] for _ in range(n)]
+    rows = [torch.empty(6) for _ in range(n)] if rank == 0 else None
+    scattered = torch.empty(6)
+    got = [torch.empty(rank + 1) for _ in range(n)]
+    single = torch.empty(n * 2)
+    full, shard = torch.empty(2 * 4 * n), torch.empty(2 * 4)   # two tensors, coalesced
+    works = {
+        "all_reduce_coalesced": dist.all_reduce_coalesced(pieces, async_op=True),
+        "all_gather_coalesced": dist.all_gather_coalesced(
+            gathered, [torch.ones(3) * rank, torch.ones(2) * rank], async_op=True),
+        "gather": dist.gather(x, rows, dst=0, async_op=True),
+        "scatter": dist.scatter(scattered, [xr * 2 for xr in xs] if rank == n - 1 else None,
+                                src=n - 1, async_op=True),
+        "all_to_all": dist.all_to_all(got, [torch.full((r + 1,), float(rank)) for r in range(n)],
+                                      async_op=True),
+        "all_to_all_single": dist.all_to_all_single(single, torch.full((n * 2,), float(rank)),
+                                                    async_op=True),
+        "barrier": dist.barrier(async_op=True)}
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for k in range(2):
+            dist.all_gather_into_tensor(full[k * 4 * n:(k + 1) * 4 * n],
+                                        torch.full((4,), float(rank + k)))
+    works["all_gather_into_tensor coalesced"] = cm.works[0]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for k in range(2):
+            dist.reduce_scatter_tensor(shard[k * 4:(k + 1) * 4], torch.arange(4.0 * n) + k)
+    works["reduce_scatter_tensor coalesced"] = cm.works[0]
+    futures = {}
+    for name, w in works.items():
+        fut = w.get_future() if isinstance(w, dist.Work) else w   # (coalesced: a future)
+        if rank == 0:
+            assert not fut.done(), f"{name}: complete before the other ranks took part"
+        futures[name] = fut
+    if rank == 0:
+        store.set("posted", "1")
+    for name, fut in futures.items():
+        _until(fut.done, name)   # nobody waits: the progress thread finishes each
+    total = float(sum(range(1, n + 1)))
+    _same(pieces[0], torch.ones(3) * total, "async all_reduce_coalesced")
+    _same(pieces[1], torch.ones(2) * 2 * n, "async all_reduce_coalesced, second tensor")
+    for r in range(n):
+        _same(gathered[r][0], torch.ones(3) * r, "async all_gather_coalesced")
+        _same(gathered[r][1], torch.ones(2) * r, "async all_gather_coalesced, second tensor")
+        _same(got[r], torch.full((rank + 1,), float(r)), "async all_to_all")
+        if rank == 0:
+            _same(rows[r], xs[r], "async gather")
+    _same(scattered, xs[rank] * 2, "async scatter")
+    _same(single, torch.arange(n).float().repeat_interleave(2), "async all_to_all_single")
+    for k in range(2):
+        _same(full[k * 4 * n:(k + 1) * 4 * n], (torch.arange(n).float() + k).repeat_interleave(4),
+              "async coalesced all_gather_into_tensor")
+        _same(shard[k * 4:(k + 1) * 4], (torch.arange(4.0 * rank, 4.0 * rank + 4) + k) * n,
+              "async coalesced reduce_scatter_tensor")
+    for name, w in works.items():
+        assert w.wait(), name
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_is_pending_and_completes_by_itself(n):
+    launch(_async_everything, n)
+
+
 def _async_policy(rank, n, choice):
     import ringlet as rl
     pg = dist.group.WORLD
@@ -426,7 +541,18 @@ def test_async_policy(monkeypatch, choice):
     launch(_async_policy, 2, choice)
 
 
-def _dies_under_async(rank, n, path):
+_CALLS = {   # an async call that needs rank 1's part, as rank 0 makes it
+    "all_reduce": lambda: dist.all_reduce(torch.ones(100_000), async_op=True),
+    "all_reduce_coalesced": lambda: dist.all_reduce_coalesced(
+        [torch.ones(3), torch.ones(2)], async_op=True),
+    "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(4), torch.ones(4),
+                                                        async_op=True),
+    "gather": lambda: dist.gather(torch.ones(3), [torch.empty(3), torch.empty(3)], dst=0,
+                                  async_op=True),
+    "barrier": lambda: dist.barrier(async_op=True)}
+
+
+def _dies_under_async(rank, n, path, call):
     import time
     t = torch.ones(100_000)
     if rank == 1:
@@ -434,32 +560,64 @@ def _dies_under_async(rank, n, path):
         os._exit(3)
     dist.all_reduce(t)
     time.sleep(0.5)   # rank 1 is gone before this call is posted
-    work = dist.all_reduce(t, async_op=True)
-    fut = work.get_future()
+    work = _CALLS[call]()
+    # all_reduce_coalesced hands back the future itself
+    fut = work.get_future() if isinstance(work, dist.Work) else work
     _until(fut.done, "the future of a call whose peer died", limit=60.0)
-    try:
-        fut.wait()
-    except Exception as exc:   # noqa: BLE001
-        first = f"{type(exc).__name__}: {exc}"
-    else:
-        raise AssertionError("the future of a call whose peer died succeeded")
-    try:
-        work.wait()
-    except Exception as exc:   # noqa: BLE001
-        second = f"{type(exc).__name__}: {exc}"
-    else:
-        raise AssertionError("wait() on a call whose peer died returned")
+    errors = []
+    for what, wait in (("future", fut.wait), ("wait()", getattr(work, "wait", fut.wait))):
+        try:
+            wait()
+        except Exception as exc:   # noqa: BLE001
+            errors.append(f"{type(exc).__name__}: {exc}")
+        else:
+            raise AssertionError(f"{call}: the {what} of a call whose peer died succeeded")
     with open(path, "w") as f:
-        f.write(first + "\n" + second)
+        f.write("\n".join(errors))
     os._exit(0)
 
 
-def test_a_dead_peer_fails_async_work_and_its_future(tmp_path):
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_a_dead_peer_fails_async_work_and_its_future(tmp_path, call):
     path = str(tmp_path / "error.txt")
-    launch(_dies_under_async, 2, path, expect_fail=(1,))
-    first, second = open(path).read().split("\n")
-    for text in (first, second):
-        assert "rank 1" in text and ("PeerFailure" in text or "died" in text), text
+    launch(_dies_under_async, 2, path, call, expect_fail=(1,))
+    for text in open(path).read().split("\n"):
+        assert "rank 1" in text and ("PeerFailure" in text or "died" in text), (call, text)
+
+
+def _never_called(rank, n, path):
+    """Rank 1 never makes the calls rank 0 makes: each times out after its group's
+    timeout (new_group's, then init_process_group's), with ringlet's error, through torch."""
+    import datetime
+    import time
+    sub = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    if rank == 1:
+        _until(lambda: os.path.exists(path), "rank 0's timeouts", limit=60.0)
+        os._exit(0)
+    lines = []
+    for group, seconds in ((sub, 2), (None, 3)):
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4), group=group)
+        except Exception as exc:   # noqa: BLE001
+            lines.append(f"{seconds} {time.monotonic() - t0:.2f} {type(exc).__name__}: {exc}")
+        else:
+            raise AssertionError("an all_reduce rank 1 never made returned")
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(lines))
+    os.rename(path + ".tmp", path)
+    os._exit(0)
+
+
+def test_init_process_group_timeout_is_ringlets(tmp_path):
+    import datetime
+    path = str(tmp_path / "timeouts.txt")
+    launch(_never_called, 2, path, init={"timeout": datetime.timedelta(seconds=3)})
+    for line in open(path).read().split("\n"):
+        seconds, took, text = line.split(" ", 2)
+        assert float(seconds) <= float(took) < float(seconds) + 10, line   # not RINGLET_TIMEOUT's 20
+        assert text.startswith("TimeoutError") and f"timed out after {seconds} s" in text \
+            and "rank(s) [1]" in text, line
 
 
 _FAILED_FUTURE_UNDER_DDP = """
@@ -525,6 +683,13 @@ def _model():
                          nn.Linear(64, 8))
 
 
+def _big_model():
+    """6.7 MB of parameters: DDP's buckets after its first step include one of 5 MB, which
+    the backend stages through shared memory, then moves there (ringlet.torch._adopted)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 40_000), nn.ReLU(), nn.Linear(40_000, 8))
+
+
 class _WithUnused(nn.Module):
     def __init__(self):
         super().__init__()
@@ -552,14 +717,14 @@ def _train(rank, n, kind, out_dir):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     else:
-        module = _WithUnused() if kind == "unused" else _model()
+        module = {"unused": _WithUnused, "big": _big_model}.get(kind, _model)()
         model = DDP(module, find_unused_parameters=kind == "unused", static_graph=kind == "static",
-                    bucket_cap_mb=0.01)   # several buckets
+                    bucket_cap_mb=25 if kind == "big" else 0.01)   # (else several buckets)
         if kind == "hook":
             model.register_comm_hook(None, default_hooks.allreduce_hook)
         if kind == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0005 if kind == "big" else 0.05, momentum=0.9)
     for step in range(20):
         x, y = _batch(rank, step)
         if kind == "no_sync":   # accumulate over two micro-batches
@@ -572,11 +737,15 @@ def _train(rank, n, kind, out_dir):
         opt.zero_grad()
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
              for k, v in model.state_dict().items()}
+    if kind == "big" and dist.get_backend() == "ringlet":
+        from ringlet import buffers
+        fds = [os.readlink(f"/proc/self/fd/{fd}") for _, _, fd in buffers._regions.values()]
+        assert any(f.startswith("/dev/shm/torch_") for f in fds), f"no bucket adopted: {fds}"
     if rank == 0:
         torch.save(state, os.path.join(out_dir, f"{dist.get_backend()}.pt"))
 
 
-KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "fsdp2"]
+KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "big", "fsdp2"]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -591,6 +760,7 @@ def test_training_matches_gloo(kind, n, tmp_path):
     ours = torch.load(tmp_path / "ringlet.pt")
     assert gloo.keys() == ours.keys()
     for k in gloo:
+        assert torch.isfinite(gloo[k]).all(), f"{kind} p={n}: {k} diverged on Gloo"
         assert torch.equal(gloo[k], ours[k]), f"{kind} p={n}: parameter {k} differs from Gloo"
 
 

@@ -122,13 +122,13 @@ def main():
         def finish(t):
             for q, g, st in zip(flat, gb.wait(), states):
                 opt.update(q.reshape(-1), g.reshape(-1), st, t)
-        priced, final = gb.price(), lambda: flat
+        priced_calls, final = gb.calls(), lambda: flat
     else:
         stage = int(pattern[-1])
         z = train.ZeroOptimizer(units, stage=stage, optimizer="sgd", lr=LR, momentum=MOMENTUM)
         get, release, on_grad = z.gather, z.free, z.reduce_grad
         finish = lambda t: z.step()  # noqa: E731
-        priced = z.price()
+        priced_calls = z.calls()
 
         def final():
             out = []
@@ -136,6 +136,7 @@ def main():
                 out += [q.copy() for q in z.gather(u)]
                 z.free(u)
             return out
+    priced = train.price(priced_calls)
     rate = train.measure_flop_rate()
     comp = train.compute_seconds(6 * n_params * BATCH // p, rate)
     # A second estimate: this rank's forward and backward timed alone, no communication.
@@ -164,16 +165,21 @@ def main():
     losses = np.array(losses)
     rl.all_reduce(losses, rl.ReduceOp.AVG)     # the global batch's loss, per step
     steps = STEPS - 1
+    alone = train.pricing.replay(priced_calls)   # the step's calls back to back, no compute
     if rank == 0:
         for t in [1] + list(range(5, STEPS + 1, 5)):
             print(f"step {t:3d}  loss {losses[t - 1]:.4f}")
         print(f"-- measured over steps 2..{STEPS} (rl.profile):")
         print(prof.table())
-        print(f"per step: communication {prof.comm_seconds / steps * 1e3:.3f} ms measured vs "
-              f"{priced.comm_seconds * 1e3:.3f} ms priced; compute "
-              f"{prof.compute_seconds / steps * 1e3:.3f} ms measured vs {comp * 1e3:.3f} (6Pb/R) "
-              f"/ {comp_timed * 1e3:.3f} (timed) ms estimated; gamma {prof.gamma:.3g} measured vs "
-              f"{priced.gamma(comp):.3g} / {priced.gamma(comp_timed):.3g} predicted")
+        comp_meas = prof.compute_seconds / steps
+        print(f"per step, communication: {priced.comm_seconds * 1e3:.3f} ms priced | "
+              f"{alone * 1e3:.3f} ms the same calls measured back to back | "
+              f"{prof.comm_seconds / steps * 1e3:.3f} ms measured inside the step (also waiting "
+              f"for peers still computing); compute {comp_meas * 1e3:.3f} ms measured vs "
+              f"{comp * 1e3:.3f} (6Pb/R) / {comp_timed * 1e3:.3f} (timed alone) ms estimated")
+        print(f"gamma: predicted {priced.gamma(comp):.3g} (6Pb/R) / {priced.gamma(comp_timed):.3g} "
+              f"(timed) | calls alone over measured compute {alone / comp_meas:.3g} | measured "
+              f"{prof.gamma:.3g}")
     got = final()
     if pattern != "dp":
         mem = z.memory()

@@ -97,7 +97,7 @@ def _buckets_api_job(rank):
     # The cap: 0 gives one bucket per parameter, 25 MB one bucket, in reverse order.
     assert [b.indices for b in train.GradBuckets(params, 0).buckets] == [(i,) for i in range(5, -1, -1)]
     assert [b.indices for b in train.GradBuckets(params).buckets] == [tuple(range(5, -1, -1))]
-    gb = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20)
+    gb = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20, overlap=True)
     assert [b.indices for b in gb.buckets] == [(5, 4), (3,), (2,), (1, 0)]
     # Accumulation without communication: two micro-batches inside no_sync, one outside.
     before = rl.stats()["sent"]
@@ -117,6 +117,21 @@ def _buckets_api_job(rank):
     for i in (3, 2, 1, 0):
         gb.ready(i, np.ones(SHAPES[i], np.float32))
     gb.wait()
+    # Where nothing can overlap (the ranks fill the cores), buckets wait for wait(): no
+    # thread switches for a transfer that would only take turns with the compute.
+    import os
+
+    from ringlet.train.pricing import overlaps
+    auto = train.GradBuckets(params)
+    assert auto.overlap == overlaps(auto.group) == (len(os.sched_getaffinity(0)) > p)
+    assert overlaps(auto.group, True) and not overlaps(auto.group, False)
+    still = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20, overlap=False)
+    rl.barrier()
+    before = rl.stats()["sent"]
+    for i in reversed(range(6)):
+        still.ready(i, np.full(SHAPES[i], rank, np.float32))
+    assert rl.stats()["sent"] == before, "overlap=False sent before wait()"
+    assert all(np.all(g == sum(range(p)) / p) for g in still.wait())
     # Bad input is refused before anything moves, naming what is wrong.
     with pytest.raises(ValueError, match="parameter 2 has 3 elements"):
         gb.ready(2, np.zeros(3, np.float32))
@@ -239,7 +254,7 @@ def _torch_job(rank):
         nn = torch.nn
         return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     model = make()
-    gb = train.GradBuckets.for_module(model, bucket_cap_mb=0)    # hooks fire during backward
+    gb = train.GradBuckets.for_module(model, bucket_cap_mb=0, overlap=True)   # hooks fire in backward
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = [torch.full((3, 4), float(r)).double() + torch.arange(4.0).double() for r in range(p)]
     for _ in range(2):
@@ -377,6 +392,79 @@ def test_zero_equals_unsharded_reference(stage, name):
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zero_three_ranks_random_floats(stage):
     run(_zero_job, 3, stage, "adam", False, False)
+
+
+def _memory_job(rank, name):
+    """ZeRO-3's memory per rank, measured (tracemalloc and rl.empty), against data
+    parallelism's on the same model: about 1/p of it, plus a layer or two in flight."""
+    from ringlet import train
+    p = rl.get_world_size()
+    dims = [(64, 256), (256, 256), (256, 256), (256, 128), (128, 16)]
+    kw = {"lr": 0.01, "momentum": 0.9} if name == "sgd" else {"lr": 1e-3}
+
+    def init():
+        rng = np.random.default_rng(0)
+        return [[rng.standard_normal(d).astype(np.float32), np.zeros(d[1], np.float32)]
+                for d in dims]
+
+    def grad(u):      # what backward would hand over for unit u (freed after)
+        return [np.full(d, 1e-3 * (rank + 1), np.float32) for d in (dims[u], dims[u][1:])]
+
+    def data_parallel():
+        params = [q for unit in init() for q in unit]
+        gb = train.GradBuckets(params)
+        opt = train.optim.make(name, **kw)
+        states = [opt.state(q.size, q.dtype) for q in params]
+        for t in (1, 2):
+            for u in reversed(range(len(dims))):
+                g = grad(u)
+                gb.ready(2 * u + 1, g[1])
+                gb.ready(2 * u, g[0])
+            for q, g, st_ in zip(params, gb.wait(), states):
+                opt.update(q.reshape(-1), g.reshape(-1), st_, t)
+        return params, gb, states
+
+    def zero3():
+        z = train.ZeroOptimizer(init(), stage=3, optimizer=name, **kw)
+        for _ in (1, 2):
+            for u in range(len(dims)):
+                z.gather(u, prefetch=u + 1)
+                z.free(u)
+            for u in reversed(range(len(dims))):
+                z.gather(u, prefetch=u - 1)
+                z.free(u)
+                z.reduce_grad(u, grad(u))
+            z.step()
+        return z
+    # Once first: imports, the runtime's plans and scratch (it keeps, per call shape, a
+    # schedule and reduce_scatter's accumulator: a unit's full gradient) are not the
+    # pattern's own.
+    data_parallel(), zero3()
+    with train.measure_memory() as ddp:
+        kept = data_parallel()
+    del kept
+    with train.measure_memory() as z3:
+        z = zero3()
+    n = sum(a * b + b for a, b in dims) * 4
+    slots = 1 if name == "sgd" else 2
+    largest = max(a * b + b for a, b in dims) * 4
+    assert ddp.held >= (2 + slots) * n, (ddp.held, n)        # params, gradients, state
+    # 1/p (and the optimizer's Python objects: tens of KB) ...
+    assert z3.held <= ddp.held / p + 32768, (z3.held, ddp.held)
+    # ... and in flight at the peak: the unit in use and the prefetched one, a unit's
+    # gradients and their copy being reduce-scattered
+    assert z3.peak <= ddp.held / p + 4 * largest + 32768, (z3.peak, ddp.held, largest)
+    if rank == 0:
+        print(f"measured per rank: DDP held {ddp.held:,} B (peak {ddp.peak:,}); ZeRO-3 held "
+              f"{z3.held:,} B = {z3.held / ddp.held:.3f} of DDP (peak {z3.peak:,}); largest "
+              f"layer {largest:,} B")
+    counted = z.memory()
+    assert counted["total"] <= z3.held
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_zero3_memory_measured(name):
+    run(_memory_job, 4, name)
 
 
 def _zero_price_job(rank):

@@ -44,8 +44,10 @@ def main():
     gb = train.GradBuckets([gate])
     priced = price_moe(T, D, k, E, p, cf)
     # The whole step: dispatch, combine, the backward's dispatch, the gate's all_reduce.
-    counts, tokens = (c.call for c in priced.calls)
-    step_price = train.price([counts._replace(times=2), tokens._replace(times=3)] + gb.calls())
+    counts, tables, tokens = (c.call for c in priced.calls)
+    step_calls = [counts._replace(times=2), tables._replace(times=3),
+                  tokens._replace(times=3)] + gb.calls()
+    step_price = train.price(step_calls)
     # FLOPs per token: gate (D x E) and k experts (D x D), forward and backward (x 3)
     comp = train.compute_seconds(3 * 2 * T * (D * E + k * D * D))
     if rank == 0:

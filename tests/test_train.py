@@ -317,6 +317,26 @@ def test_profile_records_calls_and_waits():
     run(_profile_job, 2)
 
 
+def _replay_job(rank):
+    from ringlet import train
+    p = rl.get_world_size()
+    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "all_to_all",
+             "all_to_all_single"]
+    calls = [train.Call(k, 4096 * p, p, 4, times=2) for k in kinds]
+    calls.append(train.Call("all_reduce", 64, p + 1))    # another group's: skipped
+    with rl.profile() as prof:
+        secs = train.pricing.replay(calls, repeats=3)
+    assert secs > 0
+    for k in kinds:     # once to warm up, then 3 timed runs, each call twice
+        assert prof.rows[k].calls == 2 * 4 + (k == "all_reduce"), (k, prof.rows[k].calls)
+    with pytest.raises(ValueError, match="no way to run 'scatter'"):
+        train.pricing.replay([train.Call("scatter", 64, p)])
+
+
+def test_replay_runs_the_priced_calls():
+    run(_replay_job, 3)
+
+
 def test_price_matches_the_cost_model_and_the_schedule():
     from ringlet import train
     N, p = 64 << 20, 8
@@ -559,6 +579,16 @@ def _moe_api_job(rank):
         train.combine([t[:0] for t in toks], routing)
     pr = train.moe.price_moe(6, 4, 2, 4, 2, topology="infiniband")
     assert pr.comm_seconds > 0 and pr.bytes_per_rank > 0
+    # the price counts the calls dispatch and combine make, no more, no fewer
+    with rl.profile() as prof:
+        train.combine(*train.dispatch(x, np.full((6, 2), [0, 3]), 4, capacity_factor=10))
+    want = {}
+    for c in pr.calls:
+        want[c.call.collective] = want.get(c.call.collective, 0) + c.call.times
+    # (each uneven all_to_all_single's split table is all_gathered inside it: the profile
+    # times it in that call's row)
+    assert want.pop("all_gather") == want["all_to_all_single"]
+    assert {k: r.calls for k, r in prof.rows.items()} == want
 
 
 def test_moe_api_and_errors():
@@ -728,7 +758,15 @@ def _ps_job(rank, staleness, flag_dir):
     rounds = 6
     ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
     if rank == 0:
-        ps.learn(rounds, _update)
+        with rl.profile() as prof:
+            ps.learn(rounds, _update)
+        if staleness == 0:    # the price names the calls a round makes
+            want = {}
+            for c in ps.calls(3):
+                want[c.collective] = want.get(c.collective, 0) + rounds
+            want["all_to_all_single"] = want.pop("all_gather")   # (its split table inside)
+            want["gather"] //= 2
+            assert {k: r.calls for k, r in prof.rows.items()} == want
         for c, a, v in ps.used_versions:
             assert c - staleness <= v <= c, (c, a, v)
         np.testing.assert_array_equal(ps.weights, _replay(ps.used_versions, rounds, [1, 2]))

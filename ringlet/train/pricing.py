@@ -139,7 +139,7 @@ def price(calls, topology=None, hosts=None) -> StepPrice:
 _DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}
 
 
-def replay(calls, group=None, repeats: int = 5) -> float:
+def replay(calls, group=None, repeats: int = 20) -> float:
     """Measure ``calls`` (:class:`Call`, on ``group``'s ranks) as a step makes them, but
     back to back with nothing in between: the median over ``repeats`` of the slowest rank's
     time from a barrier to its last call's end, in seconds. Beside :func:`price` (the

@@ -284,6 +284,54 @@ def test_buckets_take_torch_tensors():
     run(_torch_job, 2)
 
 
+def _torch_everywhere_job(rank):
+    """Every pattern takes CPU torch tensors where it takes NumPy arrays, with the same
+    results (outputs are NumPy arrays; torch.from_numpy wraps them without a copy)."""
+    import torch
+    from ringlet import train
+    p = rl.get_world_size()
+    rng = np.random.default_rng(rank)
+    units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]
+    gs = grads_of(rank, 1)
+    for stage in (1, 3):
+        zn = train.ZeroOptimizer(units, stage=stage, optimizer="adam", lr=0.01)
+        zt = train.ZeroOptimizer([[torch.from_numpy(q.copy()) for q in u] for u in units],
+                                 stage=stage, optimizer="adam", lr=0.01)
+        zn.step([[gs[i] for i in layer] for layer in LAYERS])
+        zt.step([[torch.from_numpy(gs[i]) for i in layer] for layer in LAYERS])
+        for u in range(len(LAYERS)):
+            assert all(np.array_equal(a, b) for a, b in zip(zn.gather(u), zt.gather(u)))
+            zn.free(u)
+            zt.free(u)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    idx = rng.integers(0, 2 * p, (7, 2))
+    toks, r1 = train.dispatch(x, idx, 2 * p, 10.0)
+    ttoks, r2 = train.dispatch(torch.from_numpy(x), torch.from_numpy(idx), 2 * p, 10.0)
+    assert all(np.array_equal(a, b) for a, b in zip(toks, ttoks))
+    y = train.combine([torch.from_numpy(t) for t in ttoks], r2)
+    assert np.array_equal(y, np.repeat(x[:, None], 2, axis=1))
+    W, b, xin = np.arange(12.0).reshape(3, 4), np.ones(4), np.ones((2, 3))
+    col_n = train.ColumnParallelLinear(W, b)
+    col_t = train.ColumnParallelLinear(torch.from_numpy(W), torch.from_numpy(b))
+    assert np.array_equal(col_n.forward(xin), col_t.forward(torch.from_numpy(xin)))
+    row_t = train.RowParallelLinear(torch.from_numpy(W.T.copy()), None, input_is_parallel=False)
+    assert np.array_equal(row_t.forward(torch.ones(2, 4, dtype=torch.float64)),
+                          np.ones((2, 4)) @ W.T)
+    w = torch.zeros(3, dtype=torch.float64)
+    ps = train.ParameterServer(w, width=1)
+    if rank == 0:
+        ps.learn(2, lambda w, exps: w.__iadd__(sum(e.sum() for e in exps)))
+    else:
+        ps.act(2, lambda w, c: np.ones((2, 1)))
+    rl.broadcast(ps.weights, 0)
+    assert np.all(ps.weights == 2 * 2 * (p - 1))
+
+
+def test_every_pattern_takes_torch_tensors():
+    pytest.importorskip("torch")
+    run(_torch_everywhere_job, 2)
+
+
 # -- rl.profile and pricing --------------------------------------------------------------
 def _profile_job(rank):
     import time

@@ -867,3 +867,45 @@ def test_example_tp_pp_trains_like_one_process(mode):
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max |diff|" in out.stdout and "gamma" in out.stdout, out.stdout
+
+
+def _run_example(*argv):
+    import os
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", "import sys, ringlet.cli; sys.exit(ringlet.cli.main())",
+                          "run", "-n", "4", os.path.join(root, "examples", argv[0]), *argv[1:]],
+                         capture_output=True, text=True, timeout=150,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("pattern", ["dp", "zero1", "zero2", "zero3"])
+def test_example_mlp_trains_like_one_process(pattern):
+    """examples/train_mlp.py, 6 steps on the digits: it exits non-zero when the final
+    parameters differ from the one-process run by more than float32 rounding."""
+    pytest.importorskip("sklearn")
+    out = _run_example("train_mlp.py", pattern, "6")
+    assert "step   5  loss" in out and "final parameters" in out, out
+    assert "priced" in out and "back to back" in out and "gamma: predicted" in out, out
+    assert "memory per rank, measured" in out, out
+
+
+@pytest.mark.parametrize("k", ["1", "2"])
+def test_example_moe_trains(k):
+    out = _run_example("train_moe.py", k)
+    import re
+    losses = [float(m) for m in re.findall(r"\] step +\d+  loss ([0-9.]+)", out)]
+    assert len(losses) == 7 and losses[-1] < losses[0] / 2, out
+    assert "tokens dropped per step" in out and "gamma: predicted" in out, out
+
+
+@pytest.mark.parametrize("staleness", ["0", "2"])
+def test_example_actor_learner_learns(staleness):
+    out = _run_example("train_actor_learner.py", staleness)
+    rewards = [float(line.split("mean reward")[1].split()[0]) for line in out.splitlines()
+               if "mean reward" in line]
+    assert rewards[-1] > rewards[0] + 0.2, out        # the policy finds the better arms
+    assert "gamma (actors): predicted" in out, out

@@ -243,15 +243,20 @@ def main():
     print(f"ringlet.train vs torch.distributed Gloo, {args.n} ranks, {args.turns} turns "
           f"(median of {args.iters} steps each)")
     for case in args.cases.split(","):
-        rows = {}
+        rows, loads = {}, []
         for _ in range(args.turns):
             for side in ("ringlet", "gloo"):
+                loads.append(os.getloadavg()[0])
                 for k, v in run_side(side, case, args.n, args.iters).items():
                     rows.setdefault((k, side), []).append(v)
+        print(f"{case:8s} load average (1 min) at each turn's start: "
+              + " ".join(f"{x:.1f}" for x in loads))
         for k in sorted({k for k, _ in rows}):
             r, g = rows[(k, "ringlet")], rows[(k, "gloo")]
+            turns = " ".join(f"{b / a:.2f}" for a, b in zip(r, g))
             print(f"{case:8s} {k:14s} ringlet {_us(r)}  gloo {_us(g)}  gloo/ringlet "
-                  f"{min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median")
+                  f"{min(g) / min(r):.2f}x best, {np.median(g) / np.median(r):.2f}x median "
+                  f"(turn by turn: {turns})")
         if case == "buckets":
             b, pp = rows[("bucketed", "ringlet")], rows[("per-parameter", "ringlet")]
             print(f"{case:8s} ringlet per-parameter / bucketed: {min(pp) / min(b):.2f}x best, "
@@ -259,7 +264,7 @@ def main():
 
 
 def _us(ts):
-    return "-".join(f"{t * 1e6:.0f}" for t in sorted(ts)) + " us"
+    return "/".join(f"{t * 1e6:.0f}" for t in ts) + " us"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ act with it (a varying number of pulls each round) and send back (arm, reward) r
 A transient straggler: in round c, actor 1 + c % 3 takes 20 ms longer to act (a preempted
 process). With staleness 0 every round waits for it; with staleness s the other actors go
 on with weights up to s versions old. Rank 0 prints the mean reward per round, the wall
-time, how stale the experience it learned from was, and how long actors sat blocked.
+time, how stale the experience it learned from was, how long actors sat blocked, and a
+round's communication priced, replayed alone and measured, with gamma.
 """
 import sys
 import time
@@ -17,6 +18,7 @@ import ringlet as rl
 from ringlet import train
 
 ARMS, ROUNDS, LR, SLOW = 10, 40, 3.0, 0.02
+ROWS = 40            # experience rows per actor per round, about (20 + 10 rank + 0..9)
 MEANS = np.linspace(0.1, 0.9, ARMS)
 
 
@@ -53,13 +55,21 @@ def main():
 
     rl.barrier()
     t0 = time.perf_counter()
-    if rank == 0:
-        ps.learn(ROUNDS, update)
-    else:
-        ps.act(ROUNDS, act)
+    with rl.profile() as prof:
+        if rank == 0:
+            ps.learn(ROUNDS, update)
+        else:
+            ps.act(ROUNDS, act)
     wall = time.perf_counter() - t0
     blocked = np.array([ps.blocked_seconds])
     rl.all_reduce(blocked)
+    # rank 0's measured split, and the actors' (mean): the straggler's sleep is their compute
+    split = np.array([prof.comm_seconds, prof.compute_seconds]) / ROUNDS
+    actors = split * (rank != 0)
+    rl.all_reduce(actors)
+    actors /= p - 1
+    priced = ps.price(ROWS)
+    alone = train.pricing.replay([c.call for c in priced.calls])
     if rank == 0:
         print(f"== actor-learner, {p - 1} actors, staleness {s}, a {SLOW * 1e3:.0f} ms straggler "
               f"each round")
@@ -69,7 +79,18 @@ def main():
         print(f"wall {wall * 1e3:.1f} ms for {ROUNDS} rounds; experience staleness mean "
               f"{np.mean(lag):.2f}, max {max(lag)} versions; actors blocked "
               f"{blocked[0] * 1e3 / (p - 1):.1f} ms each on average")
-        print(ps.price(40).table())
+        print(f"-- priced before it ran (a round: weights broadcast, {ROWS} rows gathered from "
+              f"each actor; this host's profile):\n{priced.table()}")
+        print(f"-- measured (rl.profile), rank 0 the learner:\n{prof.table()}")
+        comp = max(actors[1], 1e-9)
+        print(f"per round, communication: {priced.comm_seconds * 1e3:.3f} ms priced | "
+              f"{alone * 1e3:.3f} ms the same calls measured back to back | learner "
+              f"{split[0] * 1e3:.3f} ms, actors {actors[0] * 1e3:.3f} ms measured inside rounds "
+              f"(waiting for the straggler, or for weights); actors' compute {comp * 1e3:.3f} ms "
+              f"(incl. the straggler's {SLOW * 1e3 / (p - 1):.1f} ms average)")
+        print(f"gamma (actors): predicted {priced.gamma(comp):.3g} (priced comm / measured "
+              f"compute) | calls alone {alone / comp:.3g} | measured "
+              f"{actors[0] / comp:.3g}")
     rl.destroy()
 
 

@@ -44,8 +44,10 @@ def main():
     gb = train.GradBuckets([gate])
     priced = price_moe(T, D, k, E, p, cf)
     # The whole step: dispatch, combine, the backward's dispatch, the gate's all_reduce.
-    counts, tokens = (c.call for c in priced.calls)
-    step_price = train.price([counts._replace(times=2), tokens._replace(times=3)] + gb.calls())
+    counts, tables, tokens = (c.call for c in priced.calls)
+    step_calls = [counts._replace(times=2), tables._replace(times=3),
+                  tokens._replace(times=3)] + gb.calls()
+    step_price = train.price(step_calls)
     # FLOPs per token: gate (D x E) and k experts (D x D), forward and backward (x 3)
     comp = train.compute_seconds(3 * 2 * T * (D * E + k * D * D))
     if rank == 0:
@@ -97,12 +99,16 @@ def main():
             if rank == 0 and (step % 10 == 0 or step == 1):
                 print(f"step {step:3d}  loss {stats[0] / p:.4f}  tokens dropped {int(stats[1])} "
                       f"of {p * T * k}  token bytes sent (all ranks, dispatch) {int(stats[2]):,}")
+    alone = train.pricing.replay(step_calls)    # the step's calls back to back (even splits)
     if rank == 0:
         print(f"-- measured over {STEPS} steps (rl.profile; includes the loss all_reduce):\n"
               f"{prof.table()}")
-        print(f"per step: communication {prof.comm_seconds / STEPS * 1e3:.3f} ms measured vs "
-              f"{step_price.comm_seconds * 1e3:.3f} ms priced; gamma {prof.gamma:.3g} measured vs "
-              f"{step_price.gamma(comp):.3g} predicted")
+        print(f"per step, communication: {step_price.comm_seconds * 1e3:.3f} ms priced | "
+              f"{alone * 1e3:.3f} ms the same calls measured back to back | "
+              f"{prof.comm_seconds / STEPS * 1e3:.3f} ms measured inside the step")
+        print(f"gamma: predicted {step_price.gamma(comp):.3g} (compute estimate "
+              f"{comp * 1e3:.3f} ms) | calls alone over measured compute "
+              f"{alone / (prof.compute_seconds / STEPS):.3g} | measured {prof.gamma:.3g}")
         print(f"tokens dropped per step {dropped_total / STEPS:.1f} of {p * T * k}; per rank "
               f"the forward's all-to-all sends {sent_total / STEPS / p * 2:,.0f} B of tokens "
               f"(dispatch + combine; priced worst case {priced.bytes_per_rank:,} B incl. counts); "

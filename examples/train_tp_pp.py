@@ -126,6 +126,7 @@ def main():
         calls = [c for b in blocks for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
         priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + gb.price().calls)
+        across_calls = gb.calls()
 
         def step(t):
             xb, yb = batch(x, y, t)
@@ -150,6 +151,7 @@ def main():
         calls = [c._replace(times=MICRO) for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
         priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + pipe.price(rows * MID).calls)
+        across_calls = pipe.calls(rows * MID)
 
         def step(t):
             xb, yb = batch(x, y, t)
@@ -165,6 +167,9 @@ def main():
             losses.append(step(t))
     losses = np.array(losses)
     rl.all_reduce(losses, group=across)   # replicas' half losses, or the last stage's
+    # the step's calls back to back, each group's on it (a pipeline's messages as 2-rank
+    # broadcasts, as priced)
+    alone = train.pricing.replay(calls, tp) + train.pricing.replay(across_calls, across)
     n_params = sum(q.size for layer in P for q in layer)
     comp = prof.compute_seconds / max(steps - 1, 1)
     if rank == 0:
@@ -176,10 +181,12 @@ def main():
             print(f"step {t:3d}  loss {losses[t - 1]:.5f}")
         print("-- measured over steps 2.. (rl.profile, rank 0):")
         print(prof.table())
-        print(f"per step: communication {prof.comm_seconds / max(steps - 1, 1) * 1e3:.3f} ms "
-              f"measured vs {priced.comm_seconds * 1e3:.3f} ms priced; compute {comp * 1e3:.3f}"
-              f" ms; gamma {prof.gamma:.3g} measured vs {priced.gamma(comp):.3g} predicted "
-              f"(priced comm / measured compute)")
+        print(f"per step, communication: {priced.comm_seconds * 1e3:.3f} ms priced | "
+              f"{alone * 1e3:.3f} ms the same calls measured back to back | "
+              f"{prof.comm_seconds / max(steps - 1, 1) * 1e3:.3f} ms measured inside the step; "
+              f"compute {comp * 1e3:.3f} ms measured")
+        print(f"gamma: predicted {priced.gamma(comp):.3g} (priced comm / measured compute) | "
+              f"calls alone {alone / comp:.3g} | measured {prof.gamma:.3g}")
     # every rank compares its blocks with the same blocks of a one-process run
     first = 0 if mode == "tp-dp" else 2 * host
     ref = reference(x, y, steps)

@@ -97,7 +97,7 @@ def _buckets_api_job(rank):
     # The cap: 0 gives one bucket per parameter, 25 MB one bucket, in reverse order.
     assert [b.indices for b in train.GradBuckets(params, 0).buckets] == [(i,) for i in range(5, -1, -1)]
     assert [b.indices for b in train.GradBuckets(params).buckets] == [tuple(range(5, -1, -1))]
-    gb = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20)
+    gb = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20, overlap=True)
     assert [b.indices for b in gb.buckets] == [(5, 4), (3,), (2,), (1, 0)]
     # Accumulation without communication: two micro-batches inside no_sync, one outside.
     before = rl.stats()["sent"]
@@ -117,6 +117,21 @@ def _buckets_api_job(rank):
     for i in (3, 2, 1, 0):
         gb.ready(i, np.ones(SHAPES[i], np.float32))
     gb.wait()
+    # Where nothing can overlap (the ranks fill the cores), buckets wait for wait(): no
+    # thread switches for a transfer that would only take turns with the compute.
+    import os
+
+    from ringlet.train.pricing import overlaps
+    auto = train.GradBuckets(params)
+    assert auto.overlap == overlaps(auto.group) == (len(os.sched_getaffinity(0)) > p)
+    assert overlaps(auto.group, True) and not overlaps(auto.group, False)
+    still = train.GradBuckets(params, bucket_cap_mb=(33 * 5 + 5) * 4 / 2 ** 20, overlap=False)
+    rl.barrier()
+    before = rl.stats()["sent"]
+    for i in reversed(range(6)):
+        still.ready(i, np.full(SHAPES[i], rank, np.float32))
+    assert rl.stats()["sent"] == before, "overlap=False sent before wait()"
+    assert all(np.all(g == sum(range(p)) / p) for g in still.wait())
     # Bad input is refused before anything moves, naming what is wrong.
     with pytest.raises(ValueError, match="parameter 2 has 3 elements"):
         gb.ready(2, np.zeros(3, np.float32))
@@ -239,7 +254,7 @@ def _torch_job(rank):
         nn = torch.nn
         return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     model = make()
-    gb = train.GradBuckets.for_module(model, bucket_cap_mb=0)    # hooks fire during backward
+    gb = train.GradBuckets.for_module(model, bucket_cap_mb=0, overlap=True)   # hooks fire in backward
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = [torch.full((3, 4), float(r)).double() + torch.arange(4.0).double() for r in range(p)]
     for _ in range(2):
@@ -267,6 +282,54 @@ def _torch_job(rank):
 def test_buckets_take_torch_tensors():
     pytest.importorskip("torch")
     run(_torch_job, 2)
+
+
+def _torch_everywhere_job(rank):
+    """Every pattern takes CPU torch tensors where it takes NumPy arrays, with the same
+    results (outputs are NumPy arrays; torch.from_numpy wraps them without a copy)."""
+    import torch
+    from ringlet import train
+    p = rl.get_world_size()
+    rng = np.random.default_rng(rank)
+    units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]
+    gs = grads_of(rank, 1)
+    for stage in (1, 3):
+        zn = train.ZeroOptimizer(units, stage=stage, optimizer="adam", lr=0.01)
+        zt = train.ZeroOptimizer([[torch.from_numpy(q.copy()) for q in u] for u in units],
+                                 stage=stage, optimizer="adam", lr=0.01)
+        zn.step([[gs[i] for i in layer] for layer in LAYERS])
+        zt.step([[torch.from_numpy(gs[i]) for i in layer] for layer in LAYERS])
+        for u in range(len(LAYERS)):
+            assert all(np.array_equal(a, b) for a, b in zip(zn.gather(u), zt.gather(u)))
+            zn.free(u)
+            zt.free(u)
+    x = rng.standard_normal((7, 3)).astype(np.float32)
+    idx = rng.integers(0, 2 * p, (7, 2))
+    toks, r1 = train.dispatch(x, idx, 2 * p, 10.0)
+    ttoks, r2 = train.dispatch(torch.from_numpy(x), torch.from_numpy(idx), 2 * p, 10.0)
+    assert all(np.array_equal(a, b) for a, b in zip(toks, ttoks))
+    y = train.combine([torch.from_numpy(t) for t in ttoks], r2)
+    assert np.array_equal(y, np.repeat(x[:, None], 2, axis=1))
+    W, b, xin = np.arange(12.0).reshape(3, 4), np.ones(4), np.ones((2, 3))
+    col_n = train.ColumnParallelLinear(W, b)
+    col_t = train.ColumnParallelLinear(torch.from_numpy(W), torch.from_numpy(b))
+    assert np.array_equal(col_n.forward(xin), col_t.forward(torch.from_numpy(xin)))
+    row_t = train.RowParallelLinear(torch.from_numpy(W.T.copy()), None, input_is_parallel=False)
+    assert np.array_equal(row_t.forward(torch.ones(2, 4, dtype=torch.float64)),
+                          np.ones((2, 4)) @ W.T)
+    w = torch.zeros(3, dtype=torch.float64)
+    ps = train.ParameterServer(w, width=1)
+    if rank == 0:
+        ps.learn(2, lambda w, exps: w.__iadd__(sum(e.sum() for e in exps)))
+    else:
+        ps.act(2, lambda w, c: np.ones((2, 1)))
+    rl.broadcast(ps.weights, 0)
+    assert np.all(ps.weights == 2 * 2 * (p - 1))
+
+
+def test_every_pattern_takes_torch_tensors():
+    pytest.importorskip("torch")
+    run(_torch_everywhere_job, 2)
 
 
 # -- rl.profile and pricing --------------------------------------------------------------
@@ -300,6 +363,26 @@ def _profile_job(rank):
 
 def test_profile_records_calls_and_waits():
     run(_profile_job, 2)
+
+
+def _replay_job(rank):
+    from ringlet import train
+    p = rl.get_world_size()
+    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "all_to_all",
+             "all_to_all_single"]
+    calls = [train.Call(k, 4096 * p, p, 4, times=2) for k in kinds]
+    calls.append(train.Call("all_reduce", 64, p + 1))    # another group's: skipped
+    with rl.profile() as prof:
+        secs = train.pricing.replay(calls, repeats=3)
+    assert secs > 0
+    for k in kinds:     # once to warm up, then 3 timed runs, each call twice
+        assert prof.rows[k].calls == 2 * 4 + (k == "all_reduce"), (k, prof.rows[k].calls)
+    with pytest.raises(ValueError, match="no way to run 'scatter'"):
+        train.pricing.replay([train.Call("scatter", 64, p)])
+
+
+def test_replay_runs_the_priced_calls():
+    run(_replay_job, 3)
 
 
 def test_price_matches_the_cost_model_and_the_schedule():
@@ -377,6 +460,79 @@ def test_zero_equals_unsharded_reference(stage, name):
 @pytest.mark.parametrize("stage", [1, 3])
 def test_zero_three_ranks_random_floats(stage):
     run(_zero_job, 3, stage, "adam", False, False)
+
+
+def _memory_job(rank, name):
+    """ZeRO-3's memory per rank, measured (tracemalloc and rl.empty), against data
+    parallelism's on the same model: about 1/p of it, plus a layer or two in flight."""
+    from ringlet import train
+    p = rl.get_world_size()
+    dims = [(64, 256), (256, 256), (256, 256), (256, 128), (128, 16)]
+    kw = {"lr": 0.01, "momentum": 0.9} if name == "sgd" else {"lr": 1e-3}
+
+    def init():
+        rng = np.random.default_rng(0)
+        return [[rng.standard_normal(d).astype(np.float32), np.zeros(d[1], np.float32)]
+                for d in dims]
+
+    def grad(u):      # what backward would hand over for unit u (freed after)
+        return [np.full(d, 1e-3 * (rank + 1), np.float32) for d in (dims[u], dims[u][1:])]
+
+    def data_parallel():
+        params = [q for unit in init() for q in unit]
+        gb = train.GradBuckets(params)
+        opt = train.optim.make(name, **kw)
+        states = [opt.state(q.size, q.dtype) for q in params]
+        for t in (1, 2):
+            for u in reversed(range(len(dims))):
+                g = grad(u)
+                gb.ready(2 * u + 1, g[1])
+                gb.ready(2 * u, g[0])
+            for q, g, st_ in zip(params, gb.wait(), states):
+                opt.update(q.reshape(-1), g.reshape(-1), st_, t)
+        return params, gb, states
+
+    def zero3():
+        z = train.ZeroOptimizer(init(), stage=3, optimizer=name, **kw)
+        for _ in (1, 2):
+            for u in range(len(dims)):
+                z.gather(u, prefetch=u + 1)
+                z.free(u)
+            for u in reversed(range(len(dims))):
+                z.gather(u, prefetch=u - 1)
+                z.free(u)
+                z.reduce_grad(u, grad(u))
+            z.step()
+        return z
+    # Once first: imports, the runtime's plans and scratch (it keeps, per call shape, a
+    # schedule and reduce_scatter's accumulator: a unit's full gradient) are not the
+    # pattern's own.
+    data_parallel(), zero3()
+    with train.measure_memory() as ddp:
+        kept = data_parallel()
+    del kept
+    with train.measure_memory() as z3:
+        z = zero3()
+    n = sum(a * b + b for a, b in dims) * 4
+    slots = 1 if name == "sgd" else 2
+    largest = max(a * b + b for a, b in dims) * 4
+    assert ddp.held >= (2 + slots) * n, (ddp.held, n)        # params, gradients, state
+    # 1/p (and the optimizer's Python objects: tens of KB) ...
+    assert z3.held <= ddp.held / p + 32768, (z3.held, ddp.held)
+    # ... and in flight at the peak: the unit in use and the prefetched one, a unit's
+    # gradients and their copy being reduce-scattered
+    assert z3.peak <= ddp.held / p + 4 * largest + 32768, (z3.peak, ddp.held, largest)
+    if rank == 0:
+        print(f"measured per rank: DDP held {ddp.held:,} B (peak {ddp.peak:,}); ZeRO-3 held "
+              f"{z3.held:,} B = {z3.held / ddp.held:.3f} of DDP (peak {z3.peak:,}); largest "
+              f"layer {largest:,} B")
+    counted = z.memory()
+    assert counted["total"] <= z3.held
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_zero3_memory_measured(name):
+    run(_memory_job, 4, name)
 
 
 def _zero_price_job(rank):
@@ -471,6 +627,16 @@ def _moe_api_job(rank):
         train.combine([t[:0] for t in toks], routing)
     pr = train.moe.price_moe(6, 4, 2, 4, 2, topology="infiniband")
     assert pr.comm_seconds > 0 and pr.bytes_per_rank > 0
+    # the price counts the calls dispatch and combine make, no more, no fewer
+    with rl.profile() as prof:
+        train.combine(*train.dispatch(x, np.full((6, 2), [0, 3]), 4, capacity_factor=10))
+    want = {}
+    for c in pr.calls:
+        want[c.call.collective] = want.get(c.call.collective, 0) + c.call.times
+    # (each uneven all_to_all_single's split table is all_gathered inside it: the profile
+    # times it in that call's row)
+    assert want.pop("all_gather") == want["all_to_all_single"]
+    assert {k: r.calls for k, r in prof.rows.items()} == want
 
 
 def test_moe_api_and_errors():
@@ -640,7 +806,15 @@ def _ps_job(rank, staleness, flag_dir):
     rounds = 6
     ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
     if rank == 0:
-        ps.learn(rounds, _update)
+        with rl.profile() as prof:
+            ps.learn(rounds, _update)
+        if staleness == 0:    # the price names the calls a round makes
+            want = {}
+            for c in ps.calls(3):
+                want[c.collective] = want.get(c.collective, 0) + rounds
+            want["all_to_all_single"] = want.pop("all_gather")   # (its split table inside)
+            want["gather"] //= 2
+            assert {k: r.calls for k, r in prof.rows.items()} == want
         for c, a, v in ps.used_versions:
             assert c - staleness <= v <= c, (c, a, v)
         np.testing.assert_array_equal(ps.weights, _replay(ps.used_versions, rounds, [1, 2]))
@@ -693,3 +867,45 @@ def test_example_tp_pp_trains_like_one_process(mode):
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max |diff|" in out.stdout and "gamma" in out.stdout, out.stdout
+
+
+def _run_example(*argv):
+    import os
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", "import sys, ringlet.cli; sys.exit(ringlet.cli.main())",
+                          "run", "-n", "4", os.path.join(root, "examples", argv[0]), *argv[1:]],
+                         capture_output=True, text=True, timeout=150,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("pattern", ["dp", "zero1", "zero2", "zero3"])
+def test_example_mlp_trains_like_one_process(pattern):
+    """examples/train_mlp.py, 6 steps on the digits: it exits non-zero when the final
+    parameters differ from the one-process run by more than float32 rounding."""
+    pytest.importorskip("sklearn")
+    out = _run_example("train_mlp.py", pattern, "6")
+    assert "step   5  loss" in out and "final parameters" in out, out
+    assert "priced" in out and "back to back" in out and "gamma: predicted" in out, out
+    assert "memory per rank, measured" in out, out
+
+
+@pytest.mark.parametrize("k", ["1", "2"])
+def test_example_moe_trains(k):
+    out = _run_example("train_moe.py", k)
+    import re
+    losses = [float(m) for m in re.findall(r"\] step +\d+  loss ([0-9.]+)", out)]
+    assert len(losses) == 7 and losses[-1] < losses[0] / 2, out
+    assert "tokens dropped per step" in out and "gamma: predicted" in out, out
+
+
+@pytest.mark.parametrize("staleness", ["0", "2"])
+def test_example_actor_learner_learns(staleness):
+    out = _run_example("train_actor_learner.py", staleness)
+    rewards = [float(line.split("mean reward")[1].split()[0]) for line in out.splitlines()
+               if "mean reward" in line]
+    assert rewards[-1] > rewards[0] + 0.2, out        # the policy finds the better arms
+    assert "gamma (actors): predicted" in out, out

@@ -11,9 +11,11 @@ and measured with ``rl.profile()``:
 * :mod:`.pipeline` - pipeline stages over micro-batches, GPipe and 1F1B, by isend/irecv;
 * :mod:`.ps`       - parameter server / actor-learner, synchronous or bounded-staleness;
 * :mod:`.pricing`  - a step's calls priced on a topology, and its gamma
-  (communication over computation time).
+  (communication over computation time);
+* :mod:`.memory`   - the bytes a rank holds, measured (``measure_memory``).
 """
 from .buckets import GradBuckets
+from .memory import measure_memory
 from .moe import Routing, combine, dispatch
 from .optim import SGD, Adam
 from .pipeline import Pipeline
@@ -24,4 +26,4 @@ from .zero import ZeroOptimizer
 
 __all__ = ["GradBuckets", "ZeroOptimizer", "dispatch", "combine", "Routing", "SGD", "Adam",
            "ColumnParallelLinear", "RowParallelLinear", "Pipeline", "ParameterServer",
-           "Call", "StepPrice", "price", "compute_seconds", "measure_flop_rate"]
+           "Call", "StepPrice", "price", "compute_seconds", "measure_flop_rate", "measure_memory"]

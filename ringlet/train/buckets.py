@@ -11,6 +11,7 @@ bucket of its own). A bucket whose gradients have all arrived starts an asynchro
 all_reduce at once, while the caller goes on computing earlier layers' gradients;
 buckets start in bucket order on every rank (a full bucket waits for the ones before it),
 so ranks that hand over gradients in different orders still issue the same collectives.
+Where the ranks fill the host's cores nothing can overlap: buckets then wait for ``wait``.
 Large buckets are ``rl.empty`` arrays: their messages are read in place by local peers.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from ..collectives import all_gather, all_reduce
 from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
-from .pricing import Call, buffer, hosts_of, price
+from .pricing import Call, buffer, hosts_of, overlaps, price
 
 
 BF16 = "bfloat16"
@@ -52,10 +53,15 @@ class GradBuckets:
     ``"bfloat16"``: each rank rounds its bucket to bfloat16 words, all_gathers the words and
     sums them in float32 in rank order - exact and bit-identical on every rank, bf16's
     range (no overflow), (p-1)*n*2 bytes sent per rank: fewer than a float32 ring
-    all_reduce's 2(p-1)/p*n*4 only below 4 ranks."""
+    all_reduce's 2(p-1)/p*n*4 only below 4 ranks.
+    ``overlap``: whether buckets go on the wire as they fill, in flight while backward goes
+    on (None: where that can overlap, :func:`ringlet.train.pricing.overlaps`; else each
+    runs in ``wait``, completed in the call)."""
 
-    def __init__(self, params, bucket_cap_mb: float = 25, group=None, comm_hook=None):
+    def __init__(self, params, bucket_cap_mb: float = 25, group=None, comm_hook=None,
+                 overlap: bool | None = None):
         self.group = resolve(group)
+        self.overlap = overlaps(self.group, overlap)
         arrays = [as_array(p, f"params[{i}]") for i, p in enumerate(params)]
         if not arrays:
             raise ValueError("GradBuckets needs at least one parameter")
@@ -92,13 +98,14 @@ class GradBuckets:
         self._sync = True
 
     @classmethod
-    def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None):
+    def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None,
+                   overlap: bool | None = None):
         """Buckets for a torch module's trainable parameters, fed by their backward as DDP
         is: each parameter's gradient is handed over the moment it is accumulated, and
         ``wait()`` writes the mean gradients back into ``.grad``, ready for the torch
         optimizer's step."""
         params = [q for q in module.parameters() if q.requires_grad]
-        gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook)
+        gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook, overlap)
         for i, q in enumerate(params):
             q.register_post_accumulate_grad_hook(lambda q, i=i: gb.ready(i, q.grad))
         gb._torch_params = params
@@ -148,14 +155,19 @@ class GradBuckets:
                 self._next += 1
 
     def _start(self, b: _Bucket) -> None:
+        """Put a full bucket on the wire now, or (where nothing can overlap) leave it for
+        ``wait``, which runs every bucket back to back, completed in the call."""
+        if self.overlap:
+            b.work = self._launch(b, True)
+
+    def _launch(self, b: _Bucket, async_op: bool):
         if b.gathered is not None:
             f32_to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
-            b.work = all_gather(b.gathered, b.wire, group=self.group, async_op=True)
-        elif b.wire is b.buf:
-            b.work = all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=True)
-        else:
-            np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
-            b.work = all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=True)
+            return all_gather(b.gathered, b.wire, group=self.group, async_op=async_op)
+        if b.wire is b.buf:
+            return all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=async_op)
+        np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
+        return all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=async_op)
 
     def wait(self) -> list[np.ndarray]:
         """Wait for every bucket; return each parameter's mean gradient over the group
@@ -168,7 +180,10 @@ class GradBuckets:
                                f"{missing[:10]} got no gradient this step; call "
                                f"ready(i, grad) for every parameter (zeros for unused ones)")
         for b in self.buckets:
-            b.work.wait()
+            if b.work is None:
+                self._launch(b, False)
+            else:
+                b.work.wait()
             if b.gathered is not None:
                 total = bf16_to_f32(b.gathered[0])
                 for r in range(1, self.group.size):

@@ -156,11 +156,20 @@ def price_moe(tokens: int, row_elements: int, k: int, num_experts: int, p: int,
               capacity_factor: float = 1.25, itemsize: int = 4, topology=None, hosts=None):
     """One MoE layer's routing per forward step on ``topology``: the all_to_all of per-expert
     counts, then the tokens out (dispatch) and back (combine), priced at the capacity's
-    worst case (every expert's queue full, spread evenly over the ranks). Per rank that is
+    worst case (every expert's queue full, spread evenly over the ranks); each exchange
+    first all_gathers its table of splits. Per rank that is
     about constant in p; the job's all-to-all volume, p times it, is the textbook's
     "O(batch * P)"."""
+    return price(calls_moe(tokens, row_elements, k, num_experts, p, capacity_factor, itemsize),
+                 topology, hosts)
+
+
+def calls_moe(tokens: int, row_elements: int, k: int, num_experts: int, p: int,
+              capacity_factor: float = 1.25, itemsize: int = 4) -> list:
+    """The calls of :func:`price_moe`: the counts' all_to_all, each uneven exchange's table
+    of splits (an all_gather, so every rank checks them before data moves) and its tokens."""
     rows = min(tokens * k, num_experts * capacity(tokens, k, num_experts, capacity_factor))
     nb = rows * row_elements * itemsize
-    return price([Call("all_to_all", num_experts * 8, p, 8, 1, "expert counts"),
-                  Call("all_to_all_single", nb, p, itemsize, 2, "tokens out and back")],
-                 topology, hosts)
+    return [Call("all_to_all", num_experts * 8, p, 8, 1, "expert counts"),
+            Call("all_gather", p * 2 * p * 8, p, 8, 2, "split tables"),
+            Call("all_to_all_single", nb, p, itemsize, 2, "tokens out and back")]

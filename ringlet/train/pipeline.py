@@ -103,10 +103,11 @@ class Pipeline:
 
     def calls(self, activation_elements: int) -> list[Call]:
         """One step's messages between two neighbouring stages: per micro-batch an
-        activation forward and its gradient back, ``activation_elements`` each (a
-        2-rank broadcast is one message, so it prices one)."""
+        activation forward (behind a header with its shape) and its gradient back,
+        ``activation_elements`` each (a 2-rank broadcast is one message, so it prices one)."""
         nb = activation_elements * self.dtype.itemsize
-        return [Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient")]
+        return [Call("broadcast", _HEADER * 8, 2, 8, self.m, "activation's shape"),
+                Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient")]
 
     def price(self, activation_elements: int, topology=None):
         return price(self.calls(activation_elements), topology)

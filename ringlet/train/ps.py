@@ -160,9 +160,13 @@ class ParameterServer:
 
     # -- price ------------------------------------------------------------------------------
     def calls(self, rows_per_actor: int) -> list[Call]:
-        """One round: the weights broadcast and the experience gathered."""
+        """One synchronous round: the weights broadcast, then the experience gathered - its
+        sizes (a gather), the uneven exchange's table of splits (an all_gather), the rows
+        (priced as a gather: only the learner receives)."""
         p, item = self.group.size, self.weights.dtype.itemsize
         return [Call("broadcast", self.weights.nbytes, p, item, label="weights"),
+                Call("gather", p * 8, p, 8, label="experience sizes"),
+                Call("all_gather", p * 2 * p * 8, p, 8, label="split table"),
                 Call("gather", p * rows_per_actor * self.width * item, p, item, label="experience")]
 
     def price(self, rows_per_actor: int, topology=None):

@@ -29,7 +29,19 @@ from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..ops import ReduceOp, as_array
 from ..runtime import get_rank, resolve
 from . import optim
-from .pricing import Call, buffer, hosts_of, price
+from .pricing import Call, buffer, hosts_of, overlaps, price
+
+
+class _Done:
+    """A call that completed where it was made (nothing left in flight)."""
+    def wait(self):
+        pass
+
+    def is_completed(self):
+        return True
+
+
+_DONE = _Done()
 
 
 class _Unit:
@@ -64,12 +76,17 @@ class ZeroOptimizer:
     """Sharded data-parallel optimizer over ``group``. ``params``: a list of units, each an
     array or a list of arrays (NumPy or CPU torch; their values are the initial
     parameters, the same on every rank). ``optimizer``: "sgd" (``lr``, ``momentum``) or
-    "adam" (``lr``, ``betas``, ``eps``)."""
+    "adam" (``lr``, ``betas``, ``eps``). ``overlap``: whether collectives are left in
+    flight - gradients averaging while backward goes on, the next unit's parameters
+    gathered ahead (None: where that can overlap, :func:`ringlet.train.pricing.overlaps`;
+    else each completes in the call that starts it, and ``prefetch`` is ignored)."""
 
-    def __init__(self, params, stage: int = 1, optimizer="sgd", group=None, **optimizer_kw):
+    def __init__(self, params, stage: int = 1, optimizer="sgd", group=None, overlap=None,
+                 **optimizer_kw):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
         self.stage, self.group = stage, resolve(group)
+        self.overlap = overlaps(self.group, overlap)
         self.opt = optim.make(optimizer, **optimizer_kw)
         p, r = self.group.size, self.group.rank
         self.units: list[_Unit] = []
@@ -104,7 +121,7 @@ class ZeroOptimizer:
         if self.stage == 3:
             if unit.full is None:
                 self._start_gather(unit, u)
-            if prefetch is not None and 0 <= prefetch < len(self.units) \
+            if self.overlap and prefetch is not None and 0 <= prefetch < len(self.units) \
                     and self.units[prefetch].full is None:
                 self._start_gather(self.units[prefetch], prefetch)
             if unit.work is not None:
@@ -115,7 +132,7 @@ class ZeroOptimizer:
     def _start_gather(self, unit: _Unit, u: int) -> None:
         unit.full = buffer(len(self.shards[u]) * self.group.size, unit.dtype)
         unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
-                               group=self.group, async_op=True)
+                               group=self.group, async_op=self.overlap)
         held = sum(x.full.nbytes for x in self.units if x.full is not None)
         self.peak_gathered = max(self.peak_gathered, held)
 
@@ -151,7 +168,8 @@ class ZeroOptimizer:
             off += a.size
         flat[off:] = 0
         if self.stage == 1:
-            unit.grad_work = all_reduce(flat, ReduceOp.AVG, group=self.group, async_op=True)
+            unit.grad_work = all_reduce(flat, ReduceOp.AVG, group=self.group,
+                                        async_op=self.overlap) or _DONE
         else:
             if unit.grad is None:
                 unit.grad = np.empty(unit.shard, unit.dtype)
@@ -159,7 +177,9 @@ class ZeroOptimizer:
             self.peak_grad_in = max(self.peak_grad_in, sum(
                 x.grad_in.nbytes for x in self.units if x.grad_in is not None))
             unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1), ReduceOp.AVG,
-                                            group=self.group, async_op=True)
+                                            group=self.group, async_op=self.overlap) or _DONE
+            if unit.grad_work is _DONE:
+                unit.grad_in = None
 
     def step(self, grads=None) -> None:
         """Update the parameters with the averaged gradients: ``grads`` (one entry per
@@ -183,9 +203,11 @@ class ZeroOptimizer:
         if self.stage == 3:
             return
         works = [all_gather(unit.full.reshape(self.group.size, -1), self.shards[k],
-                            group=self.group, async_op=True) for k, unit in enumerate(self.units)]
+                            group=self.group, async_op=self.overlap)
+                 for k, unit in enumerate(self.units)]
         for w in works:
-            w.wait()
+            if w is not None:
+                w.wait()
 
     def _unit(self, u: int) -> _Unit:
         if not isinstance(u, (int, np.integer)) or not 0 <= u < len(self.units):

@@ -230,7 +230,8 @@ def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> 
             try:
                 import mpi4py  # noqa: F401
             except ImportError:
-                return "mpi4py is not installed (pip install mpi4py; apt-get install openmpi-bin)"
+                return ("mpi4py is not installed in this Python (bash bench/install_peers.sh, or "
+                        "pip install mpi4py; apt-get install openmpi-bin)")
             if not shutil.which("mpirun"):
                 return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
@@ -239,7 +240,8 @@ def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> 
             try:
                 import torch  # noqa: F401
             except ImportError:
-                return "torch is not installed (pip install torch==2.13.0)"
+                return ("torch is not installed in this Python (bash bench/install_peers.sh, or "
+                        "pip install torch==2.13.0)")
             cmd = [sys.executable, "-m", "ringlet.peers", "gloo", *args]
         else:
             return f"unknown peer {lib!r} (valid: mpi, gloo)"

@@ -206,8 +206,8 @@ def _run_pass(transport, p, sizes, budget, max_reps, timeout, only=None):
     try:
         # The jobs name every algorithm they time, so they need no profile; the one being
         # replaced may be stale, and each job would warn about it.
-        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps), 1,
-                               only),
+        spawn(_child, p, args=(path, tuple(int(s) for s in sizes), float(budget), int(max_reps),
+                               1, only),
               backend=BACKEND[transport], timeout=timeout,
               env={"RINGLET_PROFILE": path + ".none"})
         with open(path) as f:
@@ -248,7 +248,8 @@ def measure(transport: str, p: int = 2, sizes=DEFAULT_SIZES, budget: float = 0.1
     Each pass is a separate job (fresh ranks, later in time), started once other
     processes leave the cores alone (waiting up to ``quiet`` seconds) and run again, up
     to ``retries`` times, when they kept more than ``max_load`` cores busy during it: a
-    noisy neighbour then spoils a pass, which is left out (see ``_samples``)."""
+    noisy neighbour then spoils a pass, whose timings are left out where the run again
+    was faster (see ``_samples``)."""
     runs: dict = {}
     for _ in range(passes):
         _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, max_load,
@@ -264,22 +265,36 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
         if quiet > 0:
             wait_quiet(max_load / 2, patience=quiet)
         rows, load = _run_pass(transport, p, sizes, budget, max_reps, timeout, only)
+        # every attempt's timings are kept: when the host stays busy the run again is no
+        # quieter, and _samples keeps the fast ones of each experiment
+        for coll, alg, nb, t, reps, shared in rows:
+            runs.setdefault((coll, alg, nb, tuple(shared)), []).append((t, reps))
         if load <= max_load:
             break
-    for coll, alg, nb, t, reps, shared in rows:
-        runs.setdefault((coll, alg, nb, tuple(shared)), []).append((t, reps))
     return load
 
 
 #: the full calibration's fit (see :func:`ringlet.cost.fit_host`): three starts, every
 #: idle share and imbalance from two of them, and the L3 the job really gets
 FULL_FIT = {"l3_fractions": L3_FRACTIONS}
-#: ``ringlet calibrate --quick``: fewer sizes, group sizes and passes, a shorter budget, no
-#: waiting for a quiet host, and a fit that tries one start, a 2 x 2 grid of idle share
-#: and imbalance, and the L3 sysfs reports - the fit was most of the time (on 2 busy cores,
-#: 84 s of shm's alone against 11 s for this one, on the same timings)
-QUICK = {"sizes": (4 << 10, 64 << 10, 1 << 20, 4 << 20), "ranks": (2, 3), "passes": 1,
-         "budget": 0.04, "quiet": 0.0, "retries": 0,
+_K, _M = 1 << 10, 1 << 20
+#: at large sizes: an exchange that reduces, direct's many concurrent messages, a chain, a
+#: copy-only ring, a chain of copies and a message read in place
+LARGE = (("all_reduce", "ring"), ("all_reduce", "direct"), ("all_reduce", "tree"),
+         ("all_gather", "ring"), ("broadcast", "binomial"), ("broadcast", "direct"))
+#: ``ringlet calibrate --quick``: the cells the fit needs - every experiment at a few small
+#: sizes, LARGE ones past the rendezvous limit and the L3, and 3 and 4 ranks (sharing the
+#: cores) - in two passes (a spell of load then spoils one) waiting at most 2 s for a quiet
+#: host, never run again, and a fit that tries one start, a 2 x 2 grid of idle share and
+#: imbalance and the L3 sysfs reports (the full fit: 84 s of shm's alone on 2 busy cores).
+#: Chosen by fitting subsets of a full run's timings and pricing all of them: these cells
+#: came within 1-5 points of the full fit's median error, as did every subset tried on
+#: the same pass; the pass mattered more (bench/quick_accuracy.py; docs/cli.md)
+QUICK = {"cells": {2: {4 * _K: None, 64 * _K: None, 256 * _K: None, _M: None,
+                       4 * _M: LARGE, 16 * _M: LARGE, 64 * _M: LARGE},
+                   3: {4 * _K: None, _M: None, 16 * _M: LARGE},
+                   4: {4 * _K: None, 256 * _K: None, 4 * _M: LARGE, 16 * _M: LARGE}},
+         "passes": 2, "budget": 0.03, "quiet": 2.0, "retries": 0,
          "fit": {"starts": (1.0,), "idle_shares": (0.0, 0.5), "imbalances": (0.0, 1.0),
                  "iterations": 6}}
 #: seconds the simulator takes to price one calibration sample (a quiet core), for estimates
@@ -307,20 +322,22 @@ def jobs(ranks, sizes, cells=None, cores=None) -> list[tuple[int, list, dict]]:
     return [(p, [s for s in sizes if p <= cores or s <= CROWDED_MAX_SIZE], {}) for p in ranks]
 
 
-#: seconds per byte of one timed call, roughly, for estimates (a large call's repetitions
-#: take longer than the budget)
-CALL_SECONDS_PER_BYTE = 1.5e-9
+#: a timed call's seconds, and per byte, roughly (a quiet 2-core VM, Python engine), for
+#: estimates before anything is measured
+CALL_SECONDS, CALL_SECONDS_PER_BYTE = 50e-6, 1e-9
 
 
-def _pass_seconds(sizes, only, budget) -> tuple[float, int]:
-    """(a rough duration of one pass: each experiment spends about its budget, twice it
-    with warm-up and checks, or six calls of a large size; plus a few seconds starting
-    ranks, the number of timings it makes)."""
+def _pass_seconds(sizes, only, budget, max_reps=50) -> tuple[float, int]:
+    """(a rough duration of one pass: each experiment's repetitions (as many as fit its
+    budget, 3 to max_reps) and three calls of warm-up and checks, of a call that takes
+    CALL_SECONDS + its bytes x CALL_SECONDS_PER_BYTE; plus starting the ranks, the number
+    of timings it makes)."""
     n_exp = len(EXPERIMENTS) + len(ZERO_COPY_EXPERIMENTS)
-    t, n = 3.0, 1
+    t, n = 1.5, 1
     for nb in sizes:
         k = len(only[nb]) if nb in only else n_exp
-        t += k * max(2 * budget, 6 * nb * CALL_SECONDS_PER_BYTE)
+        call = CALL_SECONDS + nb * CALL_SECONDS_PER_BYTE
+        t += k * call * (3 + min(max_reps, max(3, budget // call)))
         n += k
     return t, n
 
@@ -406,11 +423,13 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
     prog = Progress(len(weights), sum(weights), weights=weights) if verbose else None
     for tr in transports:
         runs = {n: {} for n in ranks}
+        busy = []                 # cores other processes kept busy during each pass
         for i in range(passes):
             for n, szs, only in plan:
                 if prog is not None:
                     prog.start(f"{tr}, {n} ranks, pass {i + 1} of {passes}")
-                _measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, quiet, 0.5, retries, only)
+                busy.append(_measure_pass(runs[n], tr, n, szs, budget, 50, 600.0, quiet, 0.5,
+                                          retries, only))
                 if prog is not None:
                     prog.finish_step()
         samples = [s for n in ranks for s in _samples(n, runs[n])]
@@ -424,6 +443,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred
         f["ranks"] = ranks
+        f["others_load"] = round(statistics.median(busy), 2)
         fits[tr] = f
         all_samples[tr] = samples
     if prog is not None:
@@ -468,6 +488,10 @@ def describe(t: dict) -> str:
     return "\n".join(f"    {k:<16}{v:>7.3g} {u:<5} {why}" for k, v, u, why in rows)
 
 
+#: a fit's median error above this, with other processes busy, is blamed on them
+NOISY = 0.3
+
+
 def summary_table(profile: Profile, samples: dict) -> str:
     """One line per transport: how well the model fits, and the terms a user compares."""
     head = (f"{'transport':<10}{'timings':>8}{'median err':>12}{'max err':>9}"
@@ -486,6 +510,16 @@ def summary_table(profile: Profile, samples: dict) -> str:
                      f"{(1 / gamma / 1e9 if gamma else float('inf')):>10.3g}")
     lines.append("alpha and bandwidth: per side of a message; reduce: bytes reduced per "
                  "second;\nerr: the fitted model against the timings it was fitted to")
+    for tr, t in profile.transports.items():
+        miss, busy = t.get("residuals", {}).get("median_rel", 0), t.get("others_load", 0)
+        if tr in samples and miss > NOISY and busy > 0.5:
+            import textwrap
+            lines.append(textwrap.fill(
+                f"{tr}: the model misses its own timings by {miss * 100:.0f}% (median): "
+                f"other processes kept {busy:.1f} cores busy while they were taken. "
+                f"Calibrate again on a quiet host"
+                + (", or without --quick (it waits for quiet spells)." if t.get("quick") else "."),
+                88, subsequent_indent="    "))
     return "\n".join(lines)
 
 
@@ -540,10 +574,14 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help=f"profile path (default {profile_path()})")
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     ap.add_argument("--quick", action="store_true",
-                    help="under a minute instead of several: sizes 4K,64K,1M,4M, 2 and 3 "
-                         "ranks, one pass, no waiting for a quiet host, a shorter fit; less "
-                         "accurate (fewer sizes and passes, noise not retried); bench/"
-                         "quick_accuracy.py measures by how much on your host")
+                    help="under a minute on a quiet 2-core host instead of several: "
+                         "every experiment at 4 KiB-1 MiB and six at 4-64 MiB, with 2, 3 and "
+                         "4 ranks, in 2 passes that wait at most 2 s for a quiet host, and a "
+                         "shorter fit. Slightly less accurate: fitted to the same timings, "
+                         "its median error was 1-5 points above the full fit's (17-21%% vs "
+                         "16%%); on a busy host its own timings are what make it worse "
+                         "(57-79%% at load 13-15 here: calibrate fully there). bench/"
+                         "quick_accuracy.py measures both on your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -562,17 +600,23 @@ def main(argv=None) -> int:
     kw = {"passes": a.passes}
     budget = a.budget
     if a.quick:
-        sizes = sizes if a.sizes else list(QUICK["sizes"])
-        ranks = ranks if a.nranks != ap.get_default("nranks") else list(QUICK["ranks"])
         budget = QUICK["budget"] if a.budget == ap.get_default("budget") else a.budget
         kw = {"passes": QUICK["passes"] if a.passes == ap.get_default("passes") else a.passes,
               "quiet": QUICK["quiet"], "retries": QUICK["retries"], "fit": QUICK["fit"]}
-    est = estimate_seconds(transports, ranks, sizes, budget, kw["passes"], kw.get("fit"))
-    print(f"calibrating {', '.join(transports)} with {', '.join(map(str, ranks))} ranks, "
-          f"{len(sizes)} sizes, {kw['passes']} pass(es): about {_minutes(est)}"
+        if not a.sizes and a.nranks == ap.get_default("nranks"):
+            kw["cells"] = QUICK["cells"]   # else every experiment at the sizes given
+    plan = jobs(ranks, sizes, kw.get("cells"))
+    est = estimate_seconds(transports, ranks, sizes, budget, kw["passes"], kw.get("fit"),
+                           kw.get("cells"))
+    n_sizes = len({nb for _, szs, _ in plan for nb in szs})
+    print(f"calibrating {', '.join(transports)} with {', '.join(str(n) for n, _, _ in plan)} "
+          f"ranks, {n_sizes} sizes, {kw['passes']} pass(es): about {_minutes(est)}"
           + ("" if a.quick else " (--quick: under a minute)"), flush=True)
     t0 = time.monotonic()
     prof, samples = calibrate(transports, ranks, sizes, budget, **kw)
+    if a.quick:
+        for name in samples:
+            prof.transports[name]["quick"] = True
     print(report(prof, samples, verbose=a.verbose))
     print()
     print(summary_table(prof, samples))

@@ -264,10 +264,14 @@ def run_main(argv) -> int:
                     help="record every rank's calls and messages into DIR (sets RINGLET_TRACE); "
                          "then `ringlet trace merge DIR -o job.json` for Perfetto")
     ap.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module")
-    ap.add_argument("script", metavar="SCRIPT")
+    # SCRIPT is checked below: argparse would name the optional ARGS as required too
+    ap.add_argument("script", metavar="SCRIPT", nargs="?",
+                    help="the Python file each rank runs (a module with -m)")
     ap.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                     help="optional arguments passed on to SCRIPT")
     a = ap.parse_args(argv)
+    if a.script is None:
+        ap.error("no SCRIPT given: ringlet run -n N SCRIPT [ARGS ...]")
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if a.grace < 0:

@@ -47,3 +47,12 @@ def test_reader_going_away_is_not_an_error(args, traces):
             p.wait()
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert rc in (0, 141), (rc, err)
+
+
+def test_run_without_a_script_says_what_is_missing():
+    """ARGS are optional: the error names SCRIPT only (argparse listed ARGS as required)."""
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "ARGS are optional" in p.stderr and "no SCRIPT given" in p.stderr
+    assert "required" not in p.stderr

@@ -213,7 +213,7 @@ class CollectiveWork(Work):
         self.handed_over = resume is not None   # the C fast path began it
         self.tr = tr
         engine.works.append(self)
-        engine.start_collective(self)
+        engine.calls.start(self)
         if self.done:
             return
         if resume is not None:
@@ -248,7 +248,7 @@ class CollectiveWork(Work):
                 for r in reqs:
                     if r.error is not None:
                         if isinstance(r.error, PeerFailure):
-                            self.engine.propagate_failure(self, r.error)
+                            self.engine.calls.propagate_failure(self, r.error)
                         self._end(r.error)
                         return True
             if self.i == len(self.plan):
@@ -286,7 +286,7 @@ class CollectiveWork(Work):
             eng.works.remove(self)
         except ValueError:
             pass
-        eng.end_collective(self)
+        eng.calls.end(self)
         record_call(eng, self.call.collective, self.call.algorithm, self.waited, self.last_peer,
                     handed_over=self.handed_over)
         if self.tr is not None:

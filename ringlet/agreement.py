@@ -74,10 +74,10 @@ class Agreement:
         self.active[tag] = work
         if not protocol.CHECK_FINGERPRINTS:
             return
-        for rank, fp in eng.unasked(tag):
-            if fp != work.fp:
-                self.mismatch(tag, work.fp, fp, rank)
-                return
+        odd = eng.unasked_unlike(tag, work.fp)
+        if odd is not None:
+            rank, fp = odd
+            self.mismatch(tag, work.fp, fp, rank)
 
     def end(self, work) -> None:
         if self.active.get(work.tag) is work:
@@ -122,18 +122,19 @@ class Agreement:
         if tag in self.failed or group_of(tag) < self.engine.retired_below:
             return
         if culprit == DEAD:
-            exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
-                              rank=culprit_fp[0])
+            dead = culprit_fp[0]   # (an ABORT's fingerprint field names the dead rank)
+            exc = PeerFailure(f"rank {dead} failed (reported by rank {sender})", rank=dead)
             # Every call with it fails alike (peer_failed), not only this one: members need
             # not be in the same call, and the reporter may exit before we see the death.
-            if culprit_fp[0] != sender:
-                self.engine.fail_peer(culprit_fp[0], exc)
+            if dead != sender:
+                self.engine.fail_peer(dead, exc)
             if tag in self.failed:   # a call in flight here: it failed with the rest
                 return
         elif culprit == STALE:
+            earlier = culprit_fp[0]   # (... or the earlier call's tag)
             exc = CollectiveMismatch(
                 f"{self._call(tag)}: rank {sender} refused it because collective "
-                f"#{call_number(culprit_fp[0])} of this group was mismatched across ranks")
+                f"#{call_number(earlier)} of this group was mismatched across ranks")
         else:
             exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
         if tag in self.active:

@@ -26,6 +26,11 @@ class Work:
     def what(self) -> str:
         return self._what
 
+    @property
+    def operation(self) -> str:
+        """Its operation's name ("send", "recv", "all_reduce", ...): a profile's row."""
+        return self._what.split(" ", 1)[0]
+
     _future = None
 
     def is_completed(self) -> bool:
@@ -190,6 +195,10 @@ class CollectiveWork(Work):
     @property
     def what(self) -> str:
         return str(self._what)
+
+    @property
+    def operation(self) -> str:
+        return self.call.collective
 
     def __init__(self, engine, call, group, seq: int, tag: int, bufs: dict, finish=None,
                  resume=None, tr=None):

@@ -140,8 +140,8 @@ class _Mechanism:
     def failure_of(self, rank):
         return self.dead.get(rank)
 
-    def unasked(self, tag):
-        return iter(self.waiting.get(tag, ()))
+    def unasked_unlike(self, tag, fp):
+        return next(((r, f) for r, f in self.waiting.get(tag, ()) if f != fp), None)
 
 
 class _Call:

@@ -82,7 +82,7 @@ class CallEvents(Protocol):
     (``ringlet.agreement.Agreement``), which decides what fails and with which error:
     the transport only detects. ``tag`` is a call's wire tag, ``fp`` a fingerprint, and
     ranks are world ranks. The policy acts through the engine's ``send_aborts``,
-    ``fail_tag``, ``fail_receives``, ``fail_peer``, ``failure_of`` and ``unasked``."""
+    ``fail_tag``, ``fail_receives``, ``fail_peer``, ``failure_of`` and ``unasked_unlike``."""
 
     def attach(self, engine: "Engine") -> None:
         """The engine it acts through (given once, as the engine starts)."""
@@ -350,12 +350,14 @@ class Engine:
         """Why peer ``rank`` is gone, or None while it lives."""
         return self.peers[rank].dead
 
-    def unasked(self, tag: int):
-        """(rank, fingerprint) of the oldest message waiting for call ``tag``, per peer."""
+    def unasked_unlike(self, tag: int, fp) -> tuple | None:
+        """(rank, fingerprint) of a message waiting for call ``tag`` with a fingerprint
+        other than ``fp`` (the oldest from the first such peer), or None."""
         for peer in self.peers.values():
             q = peer.unexpected.get(tag) if peer.unexpected else None
-            if q:
-                yield peer.rank, q[0].fp
+            if q and q[0].fp != fp:
+                return peer.rank, q[0].fp
+        return None
 
     def retire(self, below: int, exc) -> None:
         """Forget all traffic of the groups whose id is below ``below`` (a world that

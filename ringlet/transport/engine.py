@@ -106,7 +106,7 @@ class CallEvents(Protocol):
 
     def check_members(self) -> None:
         """The engine just checked that local peers live (a waiter does every
-        LIVENESS_EVERY seconds): a call of a dead member cannot complete."""
+        LIVENESS_EVERY seconds): a call with a dead member cannot complete."""
 
 
 class Engine:

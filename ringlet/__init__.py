@@ -8,7 +8,7 @@
 from .errors import CollectiveMismatch, PeerFailure, RingletError, TimeoutError
 from .ops import ReduceOp
 from .runtime import (destroy, get_rank, get_world_size, init, irecv, is_initialized, isend,
-                      new_group, recv, reset_stats, send, stats)
+                      new_group, recv, reset_stats, send, stats, trace)
 from .group import Group
 from .work import Work
 from .launch import ProcessFailed, spawn
@@ -18,9 +18,7 @@ from .collectives import (all_gather, all_reduce, all_to_all, all_to_all_single,
 from .schedule import Schedule
 from .buffers import empty, zeros
 from .profiling import profile
-from .tracing import trace
 from . import cost
-
 
 
 __all__ = [

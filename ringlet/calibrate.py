@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from .transport import limits
+from .transport import fast, limits
 from .cost.model import Link, format_size, parse_size
 from .cost.profile import FIT_START, Profile, fit_host, machine, profile_path
 
@@ -436,7 +436,7 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
         if prog is not None:
             prog.start(f"{tr}, fitting the model to {len(samples)} timings")
         base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                         cores=mc["cores"], **limits.facts()[tr])
+                         cores=mc["cores"], **limits.facts(fast.enabled())[tr])
         f = fit_host(samples, base, **fit)
         if prog is not None:
             prog.finish_step()

@@ -130,7 +130,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         eng.enter()
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
-        if fc is not None and not async_op and not eng.works and not eng.aborts:
+        if fc is not None and not async_op and not eng.works and not eng.calls.aborts:
             ran = fast.run(eng, fc, bufs, tag, call.fp)
             if ran is not None:
                 rounds, _mask, waited, last, _stalled = ran

@@ -259,8 +259,22 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
                        label=f"{name} scaling's break-even K* = {k_star:.2f}")
         else:
             ax.plot([], [], " ", label=f"{name} scaling: no break-even (γ stays below 1)")
+    _gamma_axes(plt, ax, ys_all)
+    lat = f", α = {alpha * 1e6:g} us" if alpha else ""
+    ax.set_title(f"Is a data-parallel step communication-bound? P = {_plan.sci(P)} parameters, "
+                 f"{g:g} B each\nR = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}; "
+                 f"strong scaling steps where b = G // K is a whole number", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _gamma_axes(plt, ax, ys) -> None:
+    """Log axes of γ against K, the break-even line, and the two regions named."""
     ax.axhline(1.0, color="0.3", ls="--", lw=1, label="break-even γ = 1")
-    lo, hi = min(ys_all + [0.5]) / 2, max(ys_all + [2]) * 4
+    lo, hi = min(ys + [0.5]) / 2, max(ys + [2]) * 4
     ax.set_ylim(lo, hi)
     ax.axhspan(1.0, hi, color="tab:red", alpha=0.06)
     ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
@@ -273,15 +287,6 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
     ax.set_yscale("log")
     ax.set_xlabel("workers K")
     ax.set_ylabel("γ = T_comm / T_comp")
-    lat = f", α = {alpha * 1e6:g} us" if alpha else ""
-    ax.set_title(f"Is a data-parallel step communication-bound? P = {_plan.sci(P)} parameters, "
-                 f"{g:g} B each\nR = {R:.3g} FLOP/s, B = {B:.3g} B/s per worker{lat}; "
-                 f"strong scaling steps where b = G // K is a whole number", fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
-              frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------ tiers

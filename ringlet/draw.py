@@ -171,6 +171,9 @@ def text(d: Drawing, width: int | None = None) -> str:
 
 # ---------------------------------------------------------------------------- picture
 
+_COLOURS = {REDUCE: "tab:orange", "copy": "tab:blue", "sync": "0.6"}
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -195,43 +198,55 @@ def picture(d: Drawing, path: str) -> None:
         ax.plot([0, R], [y[r], y[r]], color="0.75", lw=0.8, zorder=1)
     for k in range(1, R):
         ax.axvline(k, color="0.85", lw=0.6, ls=":", zorder=1)
-    small = p <= 16
-    colours = {REDUCE: "tab:orange", "copy": "tab:blue", "sync": "0.6"}
-
-    def colour(t):
-        return colours["sync"] if t.n == 0 else colours[t.op]
     syncs = False
     for k, rnd in enumerate(s.rounds):
-        rows = list(rnd)
-        msgs = [t for t in rows if not t.local]
-        for r in sorted({t.src for t in rows if t.local and t.n}):
-            ops = {t.op for t in rows if t.local and t.src == r}
-            ax.plot([k + 0.04], [y[r]], marker="s", ms=4, zorder=4, ls="none",
-                    color=colours[REDUCE if REDUCE in ops else "copy"])
-        x0, x1 = k + 0.12, k + 0.88
-        if msgs:        # one artist per round: thousands of arrows draw in a second
-            ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
-                      [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
-                      scale=1, color=[colour(t) for t in msgs], width=0.0018,
-                      headwidth=5, headlength=7, headaxislength=6, zorder=3)
-        syncs = syncs or any(t.n == 0 for t in msgs)
-        fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
-        for t in msgs:
-            if small and len(msgs) <= p:
-                # label near the sender: a lane sends few messages a round, so labels
-                # of different senders do not sit on each other where arrows cross;
-                # near the receiver when one rank sends several (a direct broadcast's
-                # labels all sat on the root)
-                dy = y[t.dst] - y[t.src]
-                f = min(0.2, 0.3 / abs(dy)) if dy else 0.2
-                if fan[t.src] > 1:
-                    f = 1 - f
-                lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
-                ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
-                        bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
-        ax.text(k + 0.5, -0.9, format_time(d.round_times[k]) if d.round_times else "",
-                ha="center", va="top", fontsize=7, color="0.25")
+        syncs = _draw_round(ax, d, k, list(rnd), y) or syncs
     ax.text(-0.05, -0.9, ROUND_TIME, ha="right", va="top", fontsize=8, color="0.25")
+    _dress(ax, d, R, p, y, syncs)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
+    """Round ``k``: its local steps as squares, its messages as arrows (labelled when
+    few), its modelled time below. True if some message carries no bytes (a sync)."""
+    p = d.schedule.p
+
+    def colour(t):
+        return _COLOURS["sync"] if t.n == 0 else _COLOURS[t.op]
+    msgs = [t for t in rows if not t.local]
+    for r in sorted({t.src for t in rows if t.local and t.n}):
+        ops = {t.op for t in rows if t.local and t.src == r}
+        ax.plot([k + 0.04], [y[r]], marker="s", ms=4, zorder=4, ls="none",
+                color=_COLOURS[REDUCE if REDUCE in ops else "copy"])
+    x0, x1 = k + 0.12, k + 0.88
+    if msgs:        # one artist per round: thousands of arrows draw in a second
+        ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
+                  [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
+                  scale=1, color=[colour(t) for t in msgs], width=0.0018,
+                  headwidth=5, headlength=7, headaxislength=6, zorder=3)
+    fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
+    for t in msgs:
+        if p <= 16 and len(msgs) <= p:
+            # label near the sender: a lane sends few messages a round, so labels
+            # of different senders do not sit on each other where arrows cross;
+            # near the receiver when one rank sends several (a direct broadcast's
+            # labels all sat on the root)
+            dy = y[t.dst] - y[t.src]
+            f = min(0.2, 0.3 / abs(dy)) if dy else 0.2
+            if fan[t.src] > 1:
+                f = 1 - f
+            lx, ly = x0 + (x1 - x0) * f, y[t.src] + dy * f
+            ax.text(lx, ly, d.label(t), fontsize=7, ha="center", va="center", zorder=4,
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+    ax.text(k + 0.5, -0.9, format_time(d.round_times[k]) if d.round_times else "",
+            ha="center", va="top", fontsize=7, color="0.25")
+    return any(t.n == 0 for t in msgs)
+
+
+def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
+    """Lanes and rounds as ticks, the legend (sync only if some message is one), the title."""
     ax.set_xlim(0, R)
     ax.set_ylim(-1.3, p - 0.4)
     ax.set_yticks([y[r] for r in range(p)])
@@ -243,25 +258,22 @@ def picture(d: Drawing, path: str) -> None:
     for side in ("right", "bottom", "left"):
         ax.spines[side].set_visible(False)
     from matplotlib.lines import Line2D
-    handles = [Line2D([], [], color=colours["copy"], label="copy (cN)"),
-               Line2D([], [], color=colours[REDUCE], label="reduce (cN+)"),
+    handles = [Line2D([], [], color=_COLOURS["copy"], label="copy (cN)"),
+               Line2D([], [], color=_COLOURS[REDUCE], label="reduce (cN+)"),
                Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
                       label="local copy/reduce\n(round start, no message)")]
     if syncs:
-        handles.insert(2, Line2D([], [], color=colours["sync"],
+        handles.insert(2, Line2D([], [], color=_COLOURS["sync"],
                                  label="sync: no bytes\n(ranks agree on the call)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap
     # wrap to the figure's width (about 14 characters an inch at this size): a drawing of
     # one round is narrow, and a 110-character line ran off both sides of it
-    cols = max(40, min(110, int(fig.get_figwidth() * 14)))
+    cols = max(40, min(110, int(ax.figure.get_figwidth() * 14)))
     ax.set_title(textwrap.fill(d.title, cols) + "\n" + textwrap.fill(
         f"{ROUND_TIME} (below each round): the model's time of that round on its own; "
         f"chunks numbered by offset", cols), fontsize=8, pad=18)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 __all__ = ["Drawing", "prepare", "text", "picture"]
@@ -269,10 +281,8 @@ __all__ = ["Drawing", "prepare", "text", "picture"]
 
 # ------------------------------------------------------------------------ the command
 
-def main(argv=None) -> int:
-    """``ringlet draw COLLECTIVE -n P --algo A [-o FILE.svg|png]``."""
+def _parser():
     import argparse
-    import sys
 
     from . import algorithms
     from .commands import _link_arg, _size
@@ -308,7 +318,16 @@ def main(argv=None) -> int:
                     help="write a picture (.svg, .png or .pdf) instead of printing text")
     ap.add_argument("--width", type=int, default=None,
                     help="text width (default: the terminal's)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    """``ringlet draw COLLECTIVE -n P --algo A [-o FILE.svg|png]``."""
+    import sys
+
+    from . import algorithms
+
+    a = _parser().parse_args(argv)
     try:
         ranks = [int(x) for x in a.ranks.split(",")] if a.ranks else None
         p = len(ranks) if ranks else a.nranks

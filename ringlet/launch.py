@@ -232,7 +232,7 @@ def _on_signal(signum, frame):
     raise _Signalled(signum)
 
 
-def run_main(argv) -> int:
+def _run_parser():
     import argparse
     ap = argparse.ArgumentParser(
         prog="ringlet run", usage="ringlet run -n N [options] SCRIPT [ARGS ...]   (ARGS are optional)",
@@ -269,6 +269,11 @@ def run_main(argv) -> int:
                     help="the Python file each rank runs (a module with -m)")
     ap.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                     help="optional arguments passed on to SCRIPT")
+    return ap
+
+
+def run_main(argv) -> int:
+    ap = _run_parser()
     a = ap.parse_args(argv)
     if a.script is None:
         ap.error("no SCRIPT given: ringlet run -n N SCRIPT [ARGS ...]")
@@ -285,19 +290,7 @@ def run_main(argv) -> int:
         if not a.master_port:
             ap.error("multi-node jobs need --master-port")
     token = token or new_token()
-    env = dict(os.environ)
-    env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
-    if a.backend:
-        env["RINGLET_BACKEND"] = a.backend
-    if a.link_rate:
-        from .cost.profile import parse_rate
-        try:
-            parse_rate(a.link_rate)
-        except ValueError as exc:
-            ap.error(str(exc))
-        env["RINGLET_LINK_RATE"] = a.link_rate
-    if a.trace:
-        env["RINGLET_TRACE"] = os.path.abspath(a.trace)
+    env = _options_env(a, ap)
     first = a.node_rank * a.nproc_per_node
     job = _Job(first, a.tag)
     server = None
@@ -337,6 +330,24 @@ def run_main(argv) -> int:
             server.close()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _options_env(a, ap) -> dict:
+    """The ranks' environment: this one, with what the options set."""
+    env = dict(os.environ)
+    env["LOCAL_WORLD_SIZE"] = str(a.nproc_per_node)
+    if a.backend:
+        env["RINGLET_BACKEND"] = a.backend
+    if a.link_rate:
+        from .cost.profile import parse_rate
+        try:
+            parse_rate(a.link_rate)
+        except ValueError as exc:
+            ap.error(str(exc))
+        env["RINGLET_LINK_RATE"] = a.link_rate
+    if a.trace:
+        env["RINGLET_TRACE"] = os.path.abspath(a.trace)
+    return env
 
 
 class _Job:

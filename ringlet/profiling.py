@@ -105,11 +105,6 @@ def profile() -> Profile:
     return Profile()
 
 
-def _work_name(work) -> str:
-    what = work._what
-    return what[0] if isinstance(what, tuple) else what.split(" ", 1)[0]
-
-
 def profiled(name: str | None, blocking: bool | None = None):
     """Decorate a public ringlet call so an open profile times it under ``name`` (None:
     a ``Work.wait``, named after its operation). ``blocking``: whether the call blocks
@@ -128,7 +123,7 @@ def profiled(name: str | None, blocking: bool | None = None):
                 dt = time.perf_counter() - t
                 _depth = 0
                 if name is None:
-                    row, nbytes, blocked = _work_name(args[0]), 0, True
+                    row, nbytes, blocked = args[0].operation, 0, True
                 else:
                     row = name
                     nbytes = getattr(args[0], "nbytes", 0) if args else 0

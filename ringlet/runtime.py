@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 import numpy as np
 
+from .agreement import Agreement
 from .errors import AuthenticationError, RingletError
 from .group import MAX_USER_TAG, Group, group_of
 from .ops import as_array
@@ -133,7 +135,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
     try:
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
                         master_addr=master_addr, master_port=master_port, timeout=timeout,
-                        generation=_S.generation)
+                        calls=Agreement(_describe_fp), generation=_S.generation)
         hosts = engine.hosts
         profile = _share_profile(store, rank, world_size, _S.generation, timeout)
     except BaseException:
@@ -142,7 +144,6 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
-    engine.describe_fp = _describe_fp
     engine.on_long_wait = _publish_state
     engine.hang_report = _hang_report
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
@@ -351,6 +352,17 @@ def get_rank(group: Group | None = None) -> int:
 def get_world_size(group: Group | None = None) -> int:
     engine()
     return (_S.world if group is None else group).size
+
+
+@contextmanager
+def trace(directory: str):
+    """``with rl.trace("traces/"):`` records this rank's calls inside the block into
+    ``traces/rank<R>.jsonl`` (every rank of the job should enter it)."""
+    tracing.start(directory, get_rank(), get_world_size())
+    try:
+        yield
+    finally:
+        tracing.stop()
 
 
 def new_group(ranks=None, timeout: float | None = None) -> Group:

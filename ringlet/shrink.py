@@ -67,7 +67,7 @@ def shrink(timeout: float | None = None) -> Group:
                            f"without this rank (it joined after {limit:g} s, or was reported "
                            f"dead); it cannot take part any more")
     with eng.held():
-        eng.retire(gid, gone)
+        eng.calls.retire(gid, gone)
     world = Group(gid, tuple(members), members.index(eng.rank),
                   tuple(eng.hosts[r] for r in members), "world",
                   lost=tuple(old.group_rank(r) for r in old.ranks if r not in members),

@@ -159,45 +159,63 @@ def summary(directory: str, top: int = 20) -> str:
             else:
                 calls[(c["group"], c["seq"])][r] = c
     blame = defaultdict(float)         # rank waited on -> microseconds others waited
-    blamed_calls = defaultdict(int)
+    blamed_calls = defaultdict(int)    # ... and in how many waits
     lines = []
     order = sorted(calls.items(), key=lambda kv: min(c["start_us"] for c in kv[1].values()))
     for (group, seq), by_rank in order:
-        any_c = next(iter(by_rank.values()))
-        last = max(by_rank, key=lambda r: by_rank[r]["start_us"])
-        first_in = min(c["start_us"] for c in by_rank.values())
-        waits = []
-        for r, c in sorted(by_rank.items()):
-            # The part of r's wait the last rank's late entry explains is on the last rank,
-            # whoever r heard from last: in a ring, rank 1 waits for rank 0, which waits for
-            # the straggler, and the straggler is the one to name.
-            w = c["waited"] * 1e6
-            late = by_rank[last]["start_us"] - c["start_us"] if r != last else 0.0
-            on_last = min(w, max(late, 0.0))
-            via = c["waited_on"]
-            if on_last >= 1.0:
-                blame[last] += on_last
-                blamed_calls[last] += 1
-                waits.append(f"rank {r} waited on rank {last} for {_us(on_last)}"
-                             + (f" (its last message from rank {via})"
-                                if via is not None and via != last else ""))
-            elif via is not None and w >= 1.0:
-                waits.append(f"rank {r} waited on rank {via} for {_us(w)}")
-        pred = any_c.get("predicted")
-        took = max(c["end_us"] for c in by_rank.values()) - first_in
-        lines.append(f"{any_c['coll']} #{seq} of {group} ({any_c['algo']}, "
-                     f"{format_size(any_c['bytes'])}): {_us(took)} from first entry to last "
-                     f"exit" + (f", model {_us(pred * 1e6)}" if pred is not None else "")
-                     + f"; last in: rank {last} "
-                     f"(+{_us(by_rank[last]['start_us'] - first_in)})")
-        lines.extend(f"    {w}" for w in waits)
+        lines += _call_lines(group, seq, by_rank, blame, blamed_calls)
     n = len(order)
     shown = lines if n <= top else _first_calls(lines, top)
     out = [f"{n} collective calls on {len(ranks)} ranks ("
            + (f"first {top} shown; " if n > top else "") + "times in us, ms or s)"] + shown
-    if p2p:
+    out += _p2p_lines(p2p, blame, blamed_calls)
+    if blame:
         out.append("")
-        out.append(f"point-to-point, per rank and peer ({sum(map(len, p2p.values()))} calls):")
+        out.append("waited on, summed over the job (late entries and point-to-point peers; "
+                   "a straggler leads):")
+        for r, t in sorted(blame.items(), key=lambda kv: -kv[1]):
+            out.append(f"  rank {r}: {_us(t)} in {_n(blamed_calls[r], 'wait')}")
+    return "\n".join(out)
+
+
+def _call_lines(group, seq, by_rank: dict, blame, blamed_calls) -> list:
+    """One collective call's line and its waits (adding them to ``blame``)."""
+    any_c = next(iter(by_rank.values()))
+    last = max(by_rank, key=lambda r: by_rank[r]["start_us"])
+    first_in = min(c["start_us"] for c in by_rank.values())
+    waits = []
+    for r, c in sorted(by_rank.items()):
+        # The part of r's wait the last rank's late entry explains is on the last rank,
+        # whoever r heard from last: in a ring, rank 1 waits for rank 0, which waits for
+        # the straggler, and the straggler is the one to name.
+        w = c["waited"] * 1e6
+        late = by_rank[last]["start_us"] - c["start_us"] if r != last else 0.0
+        on_last = min(w, max(late, 0.0))
+        via = c["waited_on"]
+        if on_last >= 1.0:
+            blame[last] += on_last
+            blamed_calls[last] += 1
+            waits.append(f"rank {r} waited on rank {last} for {_us(on_last)}"
+                         + (f" (its last message from rank {via})"
+                            if via is not None and via != last else ""))
+        elif via is not None and w >= 1.0:
+            waits.append(f"rank {r} waited on rank {via} for {_us(w)}")
+    pred = any_c.get("predicted")
+    took = max(c["end_us"] for c in by_rank.values()) - first_in
+    head = (f"{any_c['coll']} #{seq} of {group} ({any_c['algo']}, "
+            f"{format_size(any_c['bytes'])}): {_us(took)} from first entry to last "
+            f"exit" + (f", model {_us(pred * 1e6)}" if pred is not None else "")
+            + f"; last in: rank {last} "
+            f"(+{_us(by_rank[last]['start_us'] - first_in)})")
+    return [head] + [f"    {w}" for w in waits]
+
+
+def _p2p_lines(p2p: dict, blame, blamed_calls) -> list:
+    """Per rank and peer, its point-to-point messages and the time waited on the peer
+    (added to ``blame``)."""
+    if not p2p:
+        return []
+    out = ["", f"point-to-point, per rank and peer ({sum(map(len, p2p.values()))} calls):"]
     for (r, peer, kind), cs in sorted(p2p.items()):
         w = [c["waited"] * 1e6 for c in cs]
         total = sum(w)
@@ -207,13 +225,7 @@ def summary(directory: str, top: int = 20) -> str:
         out.append(f"  rank {r} {'sent to' if kind == 'send' else 'received from'} rank {peer}: "
                    f"{_n(len(cs), 'message')}, {format_size(sum(c['bytes'] for c in cs))}; "
                    f"waited on rank {peer} for {_us(total)} (longest {_us(max(w))})")
-    if blame:
-        out.append("")
-        out.append("waited on, summed over the job (late entries and point-to-point peers; "
-                   "a straggler leads):")
-        for r, t in sorted(blame.items(), key=lambda kv: -kv[1]):
-            out.append(f"  rank {r}: {_us(t)} in {_n(blamed_calls[r], 'wait')}")
-    return "\n".join(out)
+    return out
 
 
 # --------------------------------------------------------------------------------- plot

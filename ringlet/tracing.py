@@ -1,7 +1,7 @@
 """Recording what each rank did: every collective call and every message, per rank.
 
 Turn it on with ``RINGLET_TRACE=DIR`` (read by ``rl.init``), ``ringlet run --trace DIR``,
-or ``with rl.trace(DIR): ...`` inside a job. Each rank writes ``DIR/rank<R>.jsonl`` when
+or ``with rl.trace(DIR): ...`` inside a job (``runtime.trace``). Each rank writes ``DIR/rank<R>.jsonl`` when
 tracing stops (the block ends, ``rl.destroy``, or the process exits): one JSON object a
 line — a header (rank, host, clocks), then per call::
 
@@ -34,7 +34,6 @@ import json
 import os
 import socket
 import time
-from contextlib import contextmanager
 
 from .buffers import locate
 
@@ -126,18 +125,6 @@ def from_env(rank: int, world_size: int) -> None:
     directory = os.environ.get("RINGLET_TRACE")
     if directory:
         start(directory, rank, world_size)
-
-
-@contextmanager
-def trace(directory: str):
-    """``with rl.trace("traces/"):`` records this rank's calls inside the block into
-    ``traces/rank<R>.jsonl`` (every rank of the job should enter it)."""
-    from .runtime import get_rank, get_world_size
-    start(directory, get_rank(), get_world_size())
-    try:
-        yield
-    finally:
-        stop()
 
 
 # ------------------------------------------------------------------- runtime's hooks
@@ -271,4 +258,4 @@ def path_of(peer, buf, start: int, stop: int) -> str:
     return "streamed" if n <= peer.stream_max else "rendezvous"
 
 
-__all__ = ["ON", "start", "stop", "trace", "from_env", "Call", "P2P", "path_of"]
+__all__ = ["ON", "start", "stop", "from_env", "Call", "P2P", "path_of"]

@@ -27,6 +27,11 @@ class Work:
     def what(self) -> str:
         return self._what
 
+    @property
+    def operation(self) -> str:
+        """Its operation's name ("send", "recv", "all_reduce", ...): a profile's row."""
+        return self._what.split(" ", 1)[0]
+
     _future = None
 
     def is_completed(self) -> bool:
@@ -254,6 +259,10 @@ class CollectiveWork(Work):
     def what(self) -> str:
         return str(self._what)
 
+    @property
+    def operation(self) -> str:
+        return self.call.collective
+
     def __init__(self, engine, call, group, seq: int, tag: int, bufs: dict, finish=None,
                  resume=None, tr=None):
         """Call number ``seq`` on ``group`` of a prepared call (``collectives.Prepared``:
@@ -276,7 +285,7 @@ class CollectiveWork(Work):
         self.handed_over = resume is not None   # the C fast path began it
         self.tr = tr
         engine.works.append(self)
-        engine.start_collective(self)
+        engine.calls.start(self)
         if self.done:
             return
         if resume is not None:
@@ -311,7 +320,7 @@ class CollectiveWork(Work):
                 for r in reqs:
                     if r.error is not None:
                         if isinstance(r.error, PeerFailure):
-                            self.engine.propagate_failure(self, r.error)
+                            self.engine.calls.propagate_failure(self, r.error)
                         self._end(r.error)
                         return True
             if self.i == len(self.plan):
@@ -349,7 +358,7 @@ class CollectiveWork(Work):
             eng.works.remove(self)
         except ValueError:
             pass
-        eng.end_collective(self)
+        eng.calls.end(self)
         record_call(eng, self.call.collective, self.call.algorithm, self.waited, self.last_peer,
                     handed_over=self.handed_over)
         if self.tr is not None:

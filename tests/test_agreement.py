@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import ringlet as rl
-from ringlet import algorithms
+from ringlet import algorithms, fingerprint
+from ringlet.transport import protocol
 from conftest import run
 
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
@@ -111,3 +112,105 @@ def test_rooted_schedules_start_with_a_barrier_every_rank_hears_through(collecti
             heard = new
         assert heard.all(), (collective, algorithm, p)
         assert any((r.cols["n"] > 0).any() for r in s.rounds[lg:]), "the data rounds follow"
+
+
+# -- the policy on its own: what the transport reports, what fails, who is told -----------
+class _Mechanism:
+    """The engine as the policy sees it (its mechanism), recording what it is asked."""
+
+    rank, retired_below = 0, 0
+
+    def __init__(self, peers):
+        self.peers = {r: None for r in peers}
+        self.works, self.dead, self.waiting = [], {}, {}
+        self.aborts_sent, self.failed_tags, self.failed_peers = [], [], []
+
+    def send_aborts(self, tag, ranks, mine, theirs, culprit):
+        self.aborts_sent += [(tag, r, culprit) for r in ranks if r != self.rank and r not in self.dead]
+
+    def fail_tag(self, tag, exc):
+        self.failed_tags.append(tag)
+
+    def fail_receives(self, rank, which, exc):
+        pass
+
+    def fail_peer(self, rank, exc):
+        self.failed_peers.append(rank)
+
+    def failure_of(self, rank):
+        return self.dead.get(rank)
+
+    def unasked_unlike(self, tag, fp):
+        return next(((r, f) for r, f in self.waiting.get(tag, ()) if f != fp), None)
+
+
+class _Call:
+    def __init__(self, tag, fp, world_of, what="all_reduce #1 of group world (ring)"):
+        self.tag, self.fp, self.world_of, self.what = tag, fp, world_of, what
+        self.error = None
+
+    def fail(self, exc):
+        self.error = exc
+
+    def _waiting_on(self):
+        return ()
+
+
+def _fp(count, collective="all_reduce"):
+    algos = tuple(algorithms.CATALOG[collective])
+    return fingerprint.encode(collective, algos[0], algos, np.dtype(np.float32), count,
+                                 None, rl.ReduceOp.SUM)
+
+
+def _policy(peers=(1, 2, 3)):
+    from ringlet.agreement import Agreement
+    eng = _Mechanism(peers)
+    calls = Agreement(lambda fp: fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c])))
+    calls.attach(eng)
+    return calls, eng
+
+
+def test_a_mismatch_fails_the_call_here_and_tells_every_other_member():
+    calls, eng = _policy()
+    tag = (1 << 47) | 1
+    work = _Call(tag, _fp(10), (0, 1, 2))
+    calls.start(work)
+    calls.mismatch(tag, work.fp, _fp(12), 2)
+    assert isinstance(work.error, rl.CollectiveMismatch)
+    msg = str(work.error)
+    assert msg.startswith(work.what) and "rank 0 called" in msg and "rank 2 called" in msg
+    assert "they differ in count" in msg, msg
+    assert sorted(r for _, r, _ in eng.aborts_sent) == [1, 2]   # its members, not rank 3
+    assert eng.failed_tags == [tag] and not calls.active
+    calls.abort_received(tag, _fp(12), _fp(10), 0, 2)    # the peers' ABORTs: old news now
+    assert len(eng.failed_tags) == 1
+
+
+def test_an_abort_for_a_call_not_entered_yet_fails_it_as_it_starts():
+    calls, eng = _policy()
+    tag = (1 << 47) | 5
+    calls.abort_received(tag, _fp(10), _fp(11), 2, 1)
+    work = _Call(tag, _fp(10), (0, 1, 2))
+    calls.start(work)
+    assert isinstance(work.error, rl.CollectiveMismatch), work.error
+    assert "(reported by rank 1)" in str(work.error)
+
+
+def test_a_message_waiting_with_another_fingerprint_fails_the_call_as_it_starts():
+    calls, eng = _policy()
+    tag = (1 << 47) | 2
+    eng.waiting[tag] = [(1, _fp(10)), (3, _fp(99))]
+    work = _Call(tag, _fp(10), (0, 1, 3))
+    calls.start(work)
+    assert isinstance(work.error, rl.CollectiveMismatch) and "rank 3 called" in str(work.error)
+
+
+def test_a_dead_member_fails_its_calls_and_the_survivors_are_told():
+    calls, eng = _policy()
+    mine, other = _Call((1 << 47) | 7, _fp(4), (0, 1, 2)), _Call((2 << 48) | (1 << 47) | 1, _fp(4), (0, 3))
+    calls.start(mine)
+    calls.start(other)
+    eng.dead[2] = dead = rl.PeerFailure("rank 2 failed", rank=2)
+    calls.peer_failed(2, dead)
+    assert mine.error is dead and other.error is None
+    assert [(r, c) for _, r, c in eng.aborts_sent] == [(1, protocol.DEAD)]

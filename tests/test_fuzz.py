@@ -714,14 +714,16 @@ def test_job_completes_while_strangers_fuzz_its_listeners_and_store(quiet):
 
 # -- 2b. the packet parser after authentication -------------------------------------------------
 class FakeEngine:
-    """What a Peer calls on its engine, recorded. A protocol violation fails the peer, as
-    the real engine does; a mismatch aborts the tag (ABORT out, receives failed)."""
+    """What a Peer calls on its engine and the engine's ``calls`` (here the same object),
+    recorded. A protocol violation fails the peer, as the real engine does; a mismatch
+    aborts the tag (ABORT out, receives failed)."""
 
     retired_below = 0   # no world has shrunk away
 
     def __init__(self):
         self.violations: list = []
         self.mismatches = self.aborted_tags = self.fp_checks = 0
+        self.calls = self
 
     def protocol_violation(self, peer, why):
         self.violations.append(why)
@@ -733,10 +735,10 @@ class FakeEngine:
         peer.send_abort(tag, mine, theirs, culprit)
         peer.fail_tag(tag, CollectiveMismatch(f"fuzz: collective {tag} mismatched"))
 
-    def check_fingerprint(self, tag, fp, rank):
+    def unasked(self, tag, fp, rank):
         self.fp_checks += 1
 
-    def aborted(self, tag, sender_fp, culprit_fp, culprit, sender):
+    def abort_received(self, tag, sender_fp, culprit_fp, culprit, sender):
         self.aborted_tags += 1
 
     def peer_failed(self, rank, exc):

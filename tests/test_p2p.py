@@ -518,6 +518,9 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
             return getattr(self.sock, name)
 
     class Engine:
+        def __init__(self):
+            self.calls = self     # (what it reports about calls: here, peer_failed only)
+
         def protocol_violation(self, peer, why):
             raise AssertionError(why)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..transport import limits
+from ..transport import fast, limits
 from .model import Link, parse_size
 
 PROFILE_VERSION = 1
@@ -173,7 +173,7 @@ class Profile:
             # what the transport does and an older profile did not record: as it does now,
             # except the rendezvous limit: its alpha_rdv was fitted when every message
             # above the eager limit waited for CTS (stale_reasons says so)
-            params = {**limits.facts().get(transport, {}), **t}
+            params = {**limits.facts(fast.enabled()).get(transport, {}), **t}
             if "rendezvous" not in t and "eager" in params:
                 params["rendezvous"] = params["eager"]
             # ... and the fast path: as the profile was fitted (an older one: every call in
@@ -275,7 +275,7 @@ def stale_reasons(prof: Profile) -> list:
     """What differs between the transports a profile was calibrated with and the ones this
     ringlet runs (a fitted rendezvous latency means little once the eager limit moved)."""
     out = []
-    for name, facts in limits.facts().items():
+    for name, facts in limits.facts(fast.enabled()).items():
         t = prof.transports.get(name, {})
         if t.get("model") != "host":
             continue

@@ -25,11 +25,10 @@ import selectors
 import socket
 import threading
 import time
+from typing import Protocol
 
 from ..buffers import RemoteMaps
-from ..errors import (AuthenticationError, CollectiveMismatch, PeerFailure, RingletError,
-                      TimeoutError)
-from ..group import TAG_COLLECTIVE, call_number, group_of
+from ..errors import AuthenticationError, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
 from .progress import Progress
@@ -40,8 +39,6 @@ from .tcp import TcpPeer
 
 log = logging.getLogger("ringlet")
 
-STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
-DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 REPORT_AFTER = 1.0       # a wait this long publishes this rank's state for hang reports
 LIVENESS_EVERY = 0.2     # seconds between checks that local peers' processes still live
 SPIN_FREE = 100e-6       # spin this long before sleeping when every rank has a core
@@ -57,14 +54,6 @@ def _read_check_switch() -> None:
     bench/mismatch_overhead.py can measure what the check costs; read at init (not import)
     so forked ranks see their own environment."""
     protocol.CHECK_FINGERPRINTS = os.environ.get("RINGLET_UNSAFE_NO_MISMATCH_CHECK") != "1"
-
-
-def _refusal(exc, earlier: int) -> tuple:
-    """What an ABORT tells the peers of a call refused because an earlier call of its group
-    failed: that a member died (naming it), or that the earlier call was mismatched."""
-    if isinstance(exc, PeerFailure) and exc.rank is not None:
-        return (exc.rank, 0), DEAD
-    return (earlier, 0), STALE
 
 
 def host_labels(keys: list, shared: set) -> tuple:
@@ -88,11 +77,45 @@ def host_labels(keys: list, shared: set) -> tuple:
     return tuple(labels)
 
 
+class CallEvents(Protocol):
+    """What the engine reports about collective calls to the layer that runs them
+    (``ringlet.agreement.Agreement``), which decides what fails and with which error:
+    the transport only detects. ``tag`` is a call's wire tag, ``fp`` a fingerprint, and
+    ranks are world ranks. The policy acts through the engine's ``send_aborts``,
+    ``fail_tag``, ``fail_receives``, ``fail_peer``, ``failure_of`` and ``unasked_unlike``."""
+
+    def attach(self, engine: "Engine") -> None:
+        """The engine it acts through (given once, as the engine starts)."""
+
+    def mismatch(self, tag: int, mine: tuple, theirs: tuple, culprit: int) -> None:
+        """A message and a receive of call ``tag`` met with other fingerprints: this
+        rank's ``mine``, rank ``culprit``'s ``theirs``."""
+
+    def unasked(self, tag: int, fp: tuple, sender: int) -> None:
+        """A message of call ``tag`` arrived before its receive was posted."""
+
+    def abort_received(self, tag: int, sender_fp: tuple, culprit_fp: tuple, culprit: int,
+                       sender: int) -> None:
+        """Rank ``sender`` gave up on call ``tag``: ``culprit`` is the rank whose message
+        (``culprit_fp``) disagreed with it, or protocol.DEAD (a member died:
+        ``culprit_fp[0]``) or protocol.STALE (an earlier call, ``culprit_fp[0]``, failed)."""
+
+    def peer_failed(self, rank: int, exc: BaseException) -> None:
+        """Peer ``rank`` is gone: its process exited, its link broke or it broke the
+        protocol (``exc`` says which)."""
+
+    def check_members(self) -> None:
+        """The engine just checked that local peers live (a waiter does every
+        LIVENESS_EVERY seconds): a call with a dead member cannot complete."""
+
+
 class Engine:
     def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
                  host_id: str, backend: str, master_addr: str, master_port: int,
-                 timeout: float, generation: int = 0):
+                 timeout: float, calls: CallEvents, generation: int = 0):
         self.rank, self.world_size, self.store = rank, world_size, store
+        self.calls = calls          # what becomes of a call that cannot complete
+        calls.attach(self)
         self.job, self.token = job, token.encode()
         self.host_id, self.backend = host_id, backend
         self.timeout = timeout
@@ -100,12 +123,8 @@ class Engine:
         self.tcp_peers: list = []
         self.remote_maps = RemoteMaps()
         self.works: list = []
-        self.active: dict = {}      # tag -> CollectiveWork in flight on this rank
-        self.aborts: dict = {}      # tag -> CollectiveMismatch for a call not entered yet
-        self.failed: dict = {}      # tags of calls already failed here (ABORTs for them are old news)
         self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
         # What the runtime adds, for the collectives it runs on this engine:
-        self.describe_fp = None     # fingerprint -> dict of fields (for mismatch errors)
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
         self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
         self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
@@ -301,147 +320,49 @@ class Engine:
         self.peers[peer].post_recv(req)
         return req
 
-    # -- agreeing on the collective ------------------------------------------------------
-    def start_collective(self, work) -> None:
-        """Register a collective; fail it at once if a peer already reported a mismatch
-        for its tag, or a message already waiting for it carries another fingerprint."""
-        tag = work.tag
-        exc = self.aborts.pop(tag, None)
-        if exc is None and self.aborts:
-            # A call of this group that this rank finished was aborted by a peer that
-            # disagreed with it: report it now rather than never.
-            group = group_of(tag)
-            earlier = [t for t in self.aborts if group_of(t) == group and t < tag]
-            if earlier:
-                exc = self.aborts.pop(min(earlier))
-                for t in earlier:
-                    self.aborts.pop(t, None)
-                # Peers entering this call would wait for us forever: abort it for them too.
-                theirs, why = _refusal(exc, min(earlier))
-                for r in work.world_of:
-                    peer = self.peers.get(r)
-                    if peer is not None and not peer.dead:
-                        peer.send_abort(tag, work.fp, theirs, why)
-        if exc is not None:
-            # Failed here, so another peer's abort of this call arriving later is not kept
-            # for (and wrongly charged to) this group's next call.
-            self._mark_failed(tag)
-            work.fail(exc)
-            return
-        self.active[tag] = work
-        if not protocol.CHECK_FINGERPRINTS:
-            return
-        for peer in self.peers.values():
-            q = peer.unexpected.get(tag) if peer.unexpected else None
-            if q and q[0].fp != work.fp:
-                self.mismatch(tag, work.fp, q[0].fp, peer.rank)
-                return
-
-    def end_collective(self, work) -> None:
-        if self.active.get(work.tag) is work:
-            del self.active[work.tag]
-
-    def check_fingerprint(self, tag: int, fp, rank: int) -> None:
-        work = self.active.get(tag)
-        if work is not None and work.fp != fp:
-            self.mismatch(tag, work.fp, fp, rank)
-
-    def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
-        from ..fingerprint import diff
-        work = self.active.get(tag)
-        call = work.what if work is not None else f"collective #{call_number(tag)}"
-        text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
-        via = f" (reported by rank {reporter})" if reporter is not None else ""
-        return CollectiveMismatch(f"{call}: ranks disagree: {text}{via}")
-
-    def mismatch(self, tag: int, mine, theirs, culprit: int) -> None:
-        """This rank saw a message of another fingerprint: fail here and tell every peer
-        of the collective, so nobody waits for a call that cannot complete."""
-        exc = self._mismatch_error(tag, mine, self.rank, theirs, culprit)
-        work = self.active.get(tag)
-        members = [w for w in (work.world_of if work is not None else self.peers) if w != self.rank]
-        for r in members:
+    # -- what the calls' policy acts through (``calls``, see CallEvents) -----------------
+    def send_aborts(self, tag: int, ranks, mine, theirs, culprit: int) -> None:
+        """An ABORT of call ``tag`` to each of ``ranks`` still alive (but this rank)."""
+        for r in ranks:
             peer = self.peers.get(r)
-            if peer is not None and not peer.dead:
+            if r != self.rank and peer is not None and not peer.dead:
                 peer.send_abort(tag, mine, theirs, culprit)
-        self._fail_collective(tag, exc)
 
-    def aborted(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed or group_of(tag) < self.retired_below:
-            return
-        if culprit == DEAD:
-            exc = PeerFailure(f"rank {culprit_fp[0]} failed (reported by rank {sender})",
-                              rank=culprit_fp[0])
-            # Every call with it fails alike (peer_failed), not only this one: members need
-            # not be in the same call, and the reporter may exit before we see the death.
-            dead = self.peers.get(culprit_fp[0])
-            if dead is not None and culprit_fp[0] != sender:
-                dead.fail(exc)
-            if tag in self.failed:   # a call in flight here: it failed with the rest
-                return
-        elif culprit == STALE:
-            work = self.active.get(tag)
-            call = work.what if work is not None else f"collective #{call_number(tag)}"
-            exc = CollectiveMismatch(
-                f"{call}: rank {sender} refused it because collective "
-                f"#{call_number(culprit_fp[0])} of this group was mismatched across ranks")
-        else:
-            exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
-        if tag in self.active:
-            self._fail_collective(tag, exc)
-        else:
-            self._remember_abort(tag, exc)
-            self._fail_after(tag, exc, sender)
-
-    def _fail_after(self, tag: int, exc, sender: int) -> None:
-        """A call of this group that this rank finished (as a pure sender, a broadcast's
-        root) was aborted: the group's later calls in flight here cannot complete, nor
-        (after a mismatch) can receives from the rank that gave up on it."""
-        group = group_of(tag)
-        theirs, why = _refusal(exc, tag)
-        for t in [t for t in self.active if group_of(t) == group and t > tag]:
-            work = self.active[t]
-            for r in work.world_of:    # peers in it would wait for us: abort it for them too
-                peer = self.peers.get(r)
-                if r != self.rank and peer is not None and not peer.dead:
-                    peer.send_abort(t, work.fp, theirs, why)
-            self._fail_collective(t, exc)
-        peer = self.peers.get(sender)
-        if peer is not None and why == STALE:
-            for t in [t for t in peer.posted if group_of(t) == group and not t & TAG_COLLECTIVE]:
-                peer.fail_tag(t, exc)
-
-    def _remember_abort(self, tag: int, exc) -> None:
-        """Keep a peer's abort for a call this rank has not entered (bounded: a peer
-        cannot make us remember without limit)."""
-        self.aborts[tag] = exc
-        if len(self.aborts) > 1024:
-            self.aborts.pop(next(iter(self.aborts)))
-
-    def _mark_failed(self, tag: int) -> None:
-        self.failed[tag] = True
-        if len(self.failed) > 1024:
-            self.failed.pop(next(iter(self.failed)))
-
-    def _fail_collective(self, tag: int, exc) -> None:
-        self._mark_failed(tag)
-        work = self.active.pop(tag, None)
+    def fail_tag(self, tag: int, exc) -> None:
+        """Every peer's receives of call ``tag`` fail; its unasked messages are dropped."""
         for peer in self.peers.values():
             peer.fail_tag(tag, exc)
-        if work is not None:
-            work.fail(exc)
-        else:
-            self._remember_abort(tag, exc)
+
+    def fail_receives(self, rank: int, which, exc) -> None:
+        """Fail the receives posted for peer ``rank`` whose tag ``which(tag)`` picks."""
+        peer = self.peers.get(rank)
+        if peer is not None:
+            for t in [t for t in peer.posted if which(t)]:
+                peer.fail_tag(t, exc)
+
+    def fail_peer(self, rank: int, exc) -> None:
+        """Treat peer ``rank`` as gone (another member saw it die)."""
+        peer = self.peers.get(rank)
+        if peer is not None:
+            peer.fail(exc)
+
+    def failure_of(self, rank: int):
+        """Why peer ``rank`` is gone, or None while it lives."""
+        return self.peers[rank].dead
+
+    def unasked_unlike(self, tag: int, fp) -> tuple | None:
+        """(rank, fingerprint) of a message waiting for call ``tag`` with a fingerprint
+        other than ``fp`` (the oldest from the first such peer), or None."""
+        for peer in self.peers.values():
+            q = peer.unexpected.get(tag) if peer.unexpected else None
+            if q and q[0].fp != fp:
+                return peer.rank, q[0].fp
+        return None
 
     def retire(self, below: int, exc) -> None:
-        """The world shrank: fail every call still in flight and forget all traffic of the
-        groups whose id is below ``below``, so the new world starts clean."""
+        """Forget all traffic of the groups whose id is below ``below`` (a world that
+        shrank away): later messages of theirs are dropped."""
         self.retired_below = below
-        for work in self.works[:]:
-            work.fail(exc)
-        for tags in (self.active, self.aborts, self.failed):
-            for tag in [t for t in tags if group_of(t) < below]:
-                del tags[tag]
         for peer in self.peers.values():
             if not peer.dead:
                 peer.retire(below, exc)
@@ -574,36 +495,7 @@ class Engine:
         for peer in self.peers.values():
             if isinstance(peer, ShmPeer) and not peer.dead:
                 peer.check_alive()
-        # A call with a dead member cannot complete, even while it still waits on live ones.
-        # Blame one it waits for first: another may have died only after reporting it.
-        for work in self.works[:]:
-            members = (*work._waiting_on(), *work.world_of)
-            dead = next((self.peers[r].dead for r in members
-                         if r != self.rank and self.peers[r].dead), None)
-            if dead is not None:
-                self.propagate_failure(work, dead)
-                self._fail_collective(work.tag, dead)
-
-    def peer_failed(self, rank: int, exc) -> None:
-        """A peer is gone: every collective in flight that has it as a member is doomed -
-        fail each now, and tell its other members, not only the one waiting on that peer
-        (members need not be in the same call: one waiting on a survivor would otherwise
-        blame the survivor's exit)."""
-        for tag, work in list(self.active.items()):
-            if rank in work.world_of:
-                self.propagate_failure(work, exc)
-                self._fail_collective(tag, exc)
-
-    def propagate_failure(self, work, exc) -> None:
-        """A member of this collective died: tell the other members, who may be waiting
-        on someone alive who will now never send."""
-        dead = getattr(exc, "rank", None)
-        if dead is None or "reported by" in str(exc):
-            return
-        for r in work.world_of:
-            peer = self.peers.get(r)
-            if r != self.rank and r != dead and peer is not None and not peer.dead:
-                peer.send_abort(work.tag, work.fp, (dead, 0), DEAD)
+        self.calls.check_members()
 
     def flush_aborts(self, limit: float = 1.0) -> None:
         """Give the ABORTs that tell a collective's other members of a failure a moment to

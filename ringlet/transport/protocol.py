@@ -39,6 +39,8 @@ KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
 NO_FP = (0, 0)
+STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
+DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 
 
 class Request:
@@ -218,7 +220,7 @@ class Peer:
         if q:
             if q[0].fp != req.fp and CHECK_FINGERPRINTS:
                 _push(self.posted, req.tag, req)
-                self.engine.mismatch(req.tag, req.fp, q[0].fp, self.rank)
+                self.engine.calls.mismatch(req.tag, req.fp, q[0].fp, self.rank)
                 return
             item = _pop(self.unexpected, req.tag, q)
             self.unexpected_bytes -= item.held
@@ -291,7 +293,8 @@ class Peer:
         """Handle one packet (DATA is handled by the subclasses, which deliver it in place).
         EAGER and RTS carry the sender's collective fingerprint ``fp``: a receive posted
         with another fingerprint, or a collective of this rank running under the same tag
-        with another one, is a mismatch that aborts the collective on every rank."""
+        with another one, is a mismatch: reported to the engine's ``calls``, which aborts
+        the collective on every rank."""
         if kind == EAGER or kind == RTS:
             q = self.posted.get(tag)
             if kind == EAGER and q and q[0].fp == fp:   # the common case first
@@ -299,7 +302,7 @@ class Peer:
                 return
             self._on_message(kind, flags, tag, msgid, length, aux, fp, payload, zc, q)
         elif kind == ABORT:
-            self.engine.aborted(tag, fp, (msgid, length), flags, self.rank)
+            self.engine.calls.abort_received(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
             self._on_cts(flags, msgid, aux)
         elif kind == BYE:
@@ -314,7 +317,7 @@ class Peer:
         if q and q[0].fp != fp and CHECK_FINGERPRINTS:
             if stream:   # its DATA is on the way: let it drain
                 self.incoming[msgid] = _Discard(msgid, length, 0, tag)
-            self.engine.mismatch(tag, q[0].fp, fp, self.rank)
+            self.engine.calls.mismatch(tag, q[0].fp, fp, self.rank)
             return
         where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
         if q:
@@ -344,7 +347,7 @@ class Peer:
             item = Unasked(fp, 0, None, None, (msgid, length, where))
         _push(self.unexpected, tag, item)
         if fp != NO_FP and CHECK_FINGERPRINTS:   # (a mismatch drops it with the call's rest)
-            self.engine.check_fingerprint(tag, fp, self.rank)
+            self.engine.calls.unasked(tag, fp, self.rank)
 
     def _check_rts(self, flags, msgid, length) -> bool:
         """Validate an RTS header; True when its DATA follows at once (RTS_STREAM)."""
@@ -473,7 +476,7 @@ class Peer:
         self.incoming.clear()
         self.awaiting_cts.clear()
         self.outq.clear()
-        self.engine.peer_failed(self.rank, exc)
+        self.engine.calls.peer_failed(self.rank, exc)
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly

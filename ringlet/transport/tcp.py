@@ -77,8 +77,12 @@ class TcpPeer(Peer):
             super()._sent(req)
 
     def _complete_flushed(self) -> None:
-        while self.unflushed and self.unflushed[0][0] <= self.flushed:
-            Peer._sent(self, self.unflushed.pop(0)[1])
+        while self.unflushed:
+            until, req = self.unflushed[0]
+            if until > self.flushed:
+                return
+            self.unflushed.pop(0)
+            Peer._sent(self, req)
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         if not self._flush():

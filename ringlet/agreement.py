@@ -1,0 +1,200 @@
+"""Every member of a collective call completes it, or every member fails it.
+
+The transport detects (``transport.engine.CallEvents``): a message whose fingerprint
+differs from the receive or the call it meets, an ABORT from a peer, a peer that is
+gone. This module decides what follows: which calls fail, with which error (naming the
+call, the ranks and what they disagree on), and which members are told - an ABORT to
+each, so nobody waits for a call that cannot complete. It keeps the calls in flight on
+this rank by wire tag, the aborts peers sent for calls this rank has not entered yet,
+and the tags that already failed here (ABORTs for them are old news).
+"""
+from __future__ import annotations
+
+from .errors import CollectiveMismatch, PeerFailure
+from .fingerprint import diff
+from .group import TAG_COLLECTIVE, call_number, group_of
+from .transport import protocol
+from .transport.protocol import DEAD, STALE
+
+REMEMBER = 1024   # tags kept in ``aborts`` and ``failed`` (a peer cannot make us keep more)
+
+
+def _refusal(exc, earlier: int) -> tuple:
+    """What an ABORT tells the peers of a call refused because an earlier call of its group
+    failed: that a member died (naming it), or that the earlier call was mismatched."""
+    if isinstance(exc, PeerFailure) and exc.rank is not None:
+        return (exc.rank, 0), DEAD
+    return (earlier, 0), STALE
+
+
+def _bounded_put(d: dict, tag: int, value) -> None:
+    d[tag] = value
+    if len(d) > REMEMBER:
+        d.pop(next(iter(d)))
+
+
+class Agreement:
+    """The engine's ``calls``: the runtime registers each collective it starts (``start``,
+    ``end``), the engine reports what it detects (the ``CallEvents`` methods)."""
+
+    def __init__(self, describe_fp):
+        self.describe_fp = describe_fp   # fingerprint -> dict of its fields (for errors)
+        self.engine = None
+        self.active: dict = {}     # tag -> CollectiveWork in flight on this rank
+        self.aborts: dict = {}     # tag -> the error of a call not entered yet
+        self.failed: dict = {}     # tags of calls already failed here
+
+    def attach(self, engine) -> None:
+        self.engine = engine
+
+    # -- the runtime's side --------------------------------------------------------------
+    def start(self, work) -> None:
+        """Register a collective; fail it at once if a peer already reported a mismatch
+        for its tag, or a message already waiting for it carries another fingerprint."""
+        tag, eng = work.tag, self.engine
+        exc = self.aborts.pop(tag, None)
+        if exc is None and self.aborts:
+            # A call of this group that this rank finished was aborted by a peer that
+            # disagreed with it: report it now rather than never.
+            group = group_of(tag)
+            earlier = [t for t in self.aborts if group_of(t) == group and t < tag]
+            if earlier:
+                exc = self.aborts.pop(min(earlier))
+                for t in earlier:
+                    self.aborts.pop(t, None)
+                # Peers entering this call would wait for us forever: abort it for them too.
+                theirs, why = _refusal(exc, min(earlier))
+                eng.send_aborts(tag, work.world_of, work.fp, theirs, why)
+        if exc is not None:
+            # Failed here, so another peer's abort of this call arriving later is not kept
+            # for (and wrongly charged to) this group's next call.
+            _bounded_put(self.failed, tag, True)
+            work.fail(exc)
+            return
+        self.active[tag] = work
+        if not protocol.CHECK_FINGERPRINTS:
+            return
+        odd = eng.unasked_unlike(tag, work.fp)
+        if odd is not None:
+            rank, fp = odd
+            self.mismatch(tag, work.fp, fp, rank)
+
+    def end(self, work) -> None:
+        if self.active.get(work.tag) is work:
+            del self.active[work.tag]
+
+    def propagate_failure(self, work, exc) -> None:
+        """A member of this collective died: tell the other members, who may be waiting
+        on someone alive who will now never send."""
+        dead = getattr(exc, "rank", None)
+        if dead is None or "reported by" in str(exc):
+            return
+        self.engine.send_aborts(work.tag, [r for r in work.world_of if r != dead], work.fp,
+                                (dead, 0), DEAD)
+
+    def retire(self, below: int, exc) -> None:
+        """The world shrank: fail every call still in flight and forget all traffic of the
+        groups whose id is below ``below``, so the new world starts clean."""
+        for work in self.engine.works[:]:
+            work.fail(exc)
+        for tags in (self.active, self.aborts, self.failed):
+            for tag in [t for t in tags if group_of(t) < below]:
+                del tags[tag]
+        self.engine.retire(below, exc)
+
+    # -- the transport's side (CallEvents) -----------------------------------------------
+    def mismatch(self, tag: int, mine, theirs, culprit: int) -> None:
+        """This rank saw a message of another fingerprint: fail here and tell every peer
+        of the collective, so nobody waits for a call that cannot complete."""
+        eng = self.engine
+        exc = self._mismatch_error(tag, mine, eng.rank, theirs, culprit)
+        work = self.active.get(tag)
+        eng.send_aborts(tag, work.world_of if work is not None else eng.peers, mine, theirs,
+                        culprit)
+        self._fail_collective(tag, exc)
+
+    def unasked(self, tag: int, fp, sender: int) -> None:
+        work = self.active.get(tag)
+        if work is not None and work.fp != fp:
+            self.mismatch(tag, work.fp, fp, sender)
+
+    def abort_received(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
+        if tag in self.failed or group_of(tag) < self.engine.retired_below:
+            return
+        if culprit == DEAD:
+            dead = culprit_fp[0]   # (an ABORT's fingerprint field names the dead rank)
+            exc = PeerFailure(f"rank {dead} failed (reported by rank {sender})", rank=dead)
+            # Every call with it fails alike (peer_failed), not only this one: members need
+            # not be in the same call, and the reporter may exit before we see the death.
+            if dead != sender:
+                self.engine.fail_peer(dead, exc)
+            if tag in self.failed:   # a call in flight here: it failed with the rest
+                return
+        elif culprit == STALE:
+            earlier = culprit_fp[0]   # (... or the earlier call's tag)
+            exc = CollectiveMismatch(
+                f"{self._call(tag)}: rank {sender} refused it because collective "
+                f"#{call_number(earlier)} of this group was mismatched across ranks")
+        else:
+            exc = self._mismatch_error(tag, sender_fp, sender, culprit_fp, culprit, reporter=sender)
+        if tag in self.active:
+            self._fail_collective(tag, exc)
+        else:
+            _bounded_put(self.aborts, tag, exc)
+            self._fail_after(tag, exc, sender)
+
+    def peer_failed(self, rank: int, exc) -> None:
+        """A peer is gone: every collective in flight that has it as a member is doomed -
+        fail each now, and tell its other members, not only the one waiting on that peer
+        (members need not be in the same call: one waiting on a survivor would otherwise
+        blame the survivor's exit)."""
+        for tag, work in list(self.active.items()):
+            if rank in work.world_of:
+                self.propagate_failure(work, exc)
+                self._fail_collective(tag, exc)
+
+    def check_members(self) -> None:
+        """A call with a dead member cannot complete, even while it still waits on live
+        ones. Blame one it waits for first: another may have died only after reporting it."""
+        eng = self.engine
+        for work in eng.works[:]:
+            members = (*work._waiting_on(), *work.world_of)
+            dead = next((eng.failure_of(r) for r in members
+                         if r != eng.rank and eng.failure_of(r)), None)
+            if dead is not None:
+                self.propagate_failure(work, dead)
+                self._fail_collective(work.tag, dead)
+
+    # -- what fails, and how -------------------------------------------------------------
+    def _call(self, tag: int) -> str:
+        work = self.active.get(tag)
+        return work.what if work is not None else f"collective #{call_number(tag)}"
+
+    def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
+        text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
+        via = f" (reported by rank {reporter})" if reporter is not None else ""
+        return CollectiveMismatch(f"{self._call(tag)}: ranks disagree: {text}{via}")
+
+    def _fail_after(self, tag: int, exc, sender: int) -> None:
+        """A call of this group that this rank finished (as a pure sender, a broadcast's
+        root) was aborted: the group's later calls in flight here cannot complete, nor
+        (after a mismatch) can receives from the rank that gave up on it."""
+        group = group_of(tag)
+        theirs, why = _refusal(exc, tag)
+        for t in [t for t in self.active if group_of(t) == group and t > tag]:
+            work = self.active[t]
+            # Peers in it would wait for us: abort it for them too.
+            self.engine.send_aborts(t, work.world_of, work.fp, theirs, why)
+            self._fail_collective(t, exc)
+        if why == STALE:
+            self.engine.fail_receives(sender, lambda t: group_of(t) == group
+                                      and not t & TAG_COLLECTIVE, exc)
+
+    def _fail_collective(self, tag: int, exc) -> None:
+        _bounded_put(self.failed, tag, True)
+        work = self.active.pop(tag, None)
+        self.engine.fail_tag(tag, exc)
+        if work is not None:
+            work.fail(exc)
+        else:
+            _bounded_put(self.aborts, tag, exc)

@@ -265,7 +265,7 @@ _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
 
 def _adopted(t: torch.Tensor) -> bool:
     """Whether contiguous ``t`` lies in shared memory a local peer reads in place: rl.empty's,
-    or one a backward pass all-reduced before (DDP's buckets, reused every step), moved
+    torch's (``t.share_memory_()``), or one a backward pass all-reduced before (DDP's buckets, reused every step), moved
     there now by torch's ``share_memory_`` - in place, so every tensor viewing it stays
     valid (a NumPy array taken of it since would not). Not memory torch shares with others
     (``from_numpy``, ``.numpy()`` taken: not resizable), nor a storage mostly of others."""
@@ -281,7 +281,13 @@ def _adopted(t: torch.Tensor) -> bool:
             torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         _seen.add(st)   # (before .numpy() below makes it not resizable)
         return False
-    return buffers.locate(_array(t)) is not None
+    if buffers.locate(_array(t)) is not None:
+        return True
+    if not st.is_shared() or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return False
+    fd, size = st._share_fd_cpu_()   # already shared (t.share_memory_()): no copy to make
+    buffers.adopt(st.data_ptr(), size, fd, st)
+    return True
 
 
 def _staged(t: torch.Tensor):
@@ -442,7 +448,10 @@ class ProcessGroup(dist.ProcessGroup):
             if then is not None:
                 then()
         if not opts.asyncOp:
-            with _row(name):
+            if _profiling():
+                with _row(name):
+                    run()
+            else:   # (the common call: no context manager to enter)
                 run()
             return None
         if _async(opts, self.overlaps):

@@ -15,6 +15,9 @@ From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (
 ``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
 ``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
 finishes it; a backward pass ends only once its calls have (see ``_async``, ``_join``).
+``init_process_group(timeout=)`` / ``new_group(timeout=)`` is ringlet's timeout for the
+group's calls. A large all-reduce on one host sends from shared memory (``_adopted``,
+``_staged``), which local peers read in place.
 
 Inside ``torch.profiler.profile()`` each operation is a ``record_function`` range named
 after ringlet's call - "ringlet:all_reduce", "ringlet:send", ... - so the profiler's table

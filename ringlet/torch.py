@@ -268,29 +268,31 @@ _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
 
 def _adopted(t: torch.Tensor) -> bool:
     """Whether contiguous ``t`` lies in shared memory a local peer reads in place: rl.empty's,
-    torch's (``t.share_memory_()``), or one a backward pass all-reduced before (DDP's buckets, reused every step), moved
-    there now by torch's ``share_memory_`` - in place, so every tensor viewing it stays
-    valid (a NumPy array taken of it since would not). Not memory torch shares with others
-    (``from_numpy``, ``.numpy()`` taken: not resizable), nor a storage mostly of others."""
+    torch's (``t.share_memory_()``), or a storage a backward pass all-reduced before (DDP's
+    buckets, reused every step), moved there now by torch's ``share_memory_`` - in place, so
+    every tensor viewing it stays valid. Not one whose memory was handed out meanwhile
+    (``.numpy()``, ``from_numpy``: then torch marks it not resizable), nor a storage mostly
+    of other tensors."""
     st = t.untyped_storage()
+    fd_sharing = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    if st.is_shared() and fd_sharing:
+        if buffers.locate(_array(t)) is None:   # (the first time: one fd, no copy)
+            fd, size = st._share_fd_cpu_()
+            buffers.adopt(st.data_ptr(), size, fd, st)
+        return True
     if st in _seen:
         _seen.discard(st)
-        st.share_memory_()
-        fd, size = st._share_fd_cpu_()
-        buffers.adopt(st.data_ptr(), size, fd, st)
-        return True
-    if st.resizable() and 2 * t.numel() * t.element_size() >= st.nbytes() and \
-            torch._C._current_graph_task_id() != -1 and \
-            torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
-        _seen.add(st)   # (before .numpy() below makes it not resizable)
+        if st.resizable():   # (nobody took its memory since)
+            st.share_memory_()
+            fd, size = st._share_fd_cpu_()
+            buffers.adopt(st.data_ptr(), size, fd, st)
+            return True
         return False
-    if buffers.locate(_array(t)) is not None:
-        return True
-    if not st.is_shared() or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+    if st.resizable() and 2 * t.numel() * t.element_size() > st.nbytes() and fd_sharing and \
+            torch._C._current_graph_task_id() != -1:
+        _seen.add(st)
         return False
-    fd, size = st._share_fd_cpu_()   # already shared (t.share_memory_()): no copy to make
-    buffers.adopt(st.data_ptr(), size, fd, st)
-    return True
+    return buffers.locate(_array(t)) is not None
 
 
 def _staged(t: torch.Tensor):

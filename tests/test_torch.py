@@ -277,14 +277,21 @@ def _large(rank, n):
     view = bucket[10:20]
     x = torch.ones(1, requires_grad=True)
 
+    handed = torch.zeros(count)   # its memory handed to NumPy after the first call
+
     def hook(g):
-        bucket.fill_(rank + 1)
-        dist.all_reduce(bucket)
+        for b in (bucket, handed):
+            b.fill_(rank + 1)
+            dist.all_reduce(b)
         return g
     x.register_hook(hook)
     for step in range(3):
         (x * 2).sum().backward()
         _same(view, torch.full((10,), float(n * (n + 1) // 2)), f"adopted all_reduce, step {step}")
+        if step == 0:
+            arr = handed.numpy()
+        assert (arr == n * (n + 1) // 2).all(), f"a NumPy view lost the result, step {step}"
+    assert buffers.locate(arr) is None, "memory handed to NumPy was moved"
     for what, x in (("the bucket", bucket), ("a tensor in torch's shared memory", shared)):
         where = buffers.locate(x.numpy())
         assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(

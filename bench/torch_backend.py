@@ -114,8 +114,8 @@ def _rank(rank, port, backend, steps, out):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(r, f)
-    dist.destroy_process_group()
-    os._exit(0)
+    dist.barrier()
+    os._exit(0)   # (no destroy: rank 0's exit would take torch's store from under rank 1's)
 
 
 def _alone(out):
@@ -163,9 +163,12 @@ def _spawn(target, n, *args):
 
 
 def _row(name, values, target, unit, met):
+    """One line: the value of each turn, the target, and whether every turn met it (mixed:
+    some did - under load, a turn's time is mostly the scheduler's)."""
     shown = " ".join(f"{v:8.2f}" for v in values)
-    print(f"{name:40} {shown:>28}  {unit:2} {target:>7}  "
-          f"{'met' if all(met(v) for v in values) else 'NOT met'}")
+    hits = sum(map(met, values))
+    verdict = "met" if hits == len(values) else "NOT met" if not hits else f"mixed {hits}/{len(values)}"
+    print(f"{name:40} {shown:>28}  {unit:2} {target:>7}  {verdict}")
 
 
 def main():
@@ -188,10 +191,11 @@ def main():
         _row(f"{key}: Gloo / ringlet", ratio(key), ">= 4", "x", lambda v: v >= 4)
     _row("all_reduce 8 B, ringlet", [t["ringlet"]["all_reduce 8 B"] for t in turns],
          "<= 15", "us", lambda v: v <= 15)
-    _row("  (Gloo)", [t["gloo"]["all_reduce 8 B"] for t in turns], "", "us", lambda v: True)
-    _row("layer: dist - rl.all_reduce, 8 B",
+    gloo_8b = " ".join(f"{t['gloo']['all_reduce 8 B']:8.2f}" for t in turns)
+    print(f"{'  (Gloo)':40} {gloo_8b:>28}  us")
+    _row("layer: dist - rl.all_reduce, 8 B",   # (< 0: the load moved between the loops)
          [t["ringlet"]["all_reduce 8 B"] - t["ringlet"]["rl.all_reduce 8 B"] for t in turns],
-         "<= 5", "us", lambda v: v <= 5)
+         "<= 5", "us", lambda v: 0 <= v <= 5)
     _row("DDP step: Gloo / ringlet", ratio("DDP step"), ">= 1.5", "x", lambda v: v >= 1.5)
     _row("FSDP2 step: Gloo / ringlet", ratio("FSDP2 step"), ">= 2", "x", lambda v: v >= 2)
     layer = alone["dist.all_reduce"] - alone["rl.all_reduce"]

@@ -391,7 +391,10 @@ class ProcessGroup(dist.ProcessGroup):
         # reduce as Gloo does, so a job gets the same bits on either backend.
         self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
         self.overlaps = _can_overlap(group)
-        self.one_host = len(set(group.hosts)) == 1
+        # every peer reads a send from shared memory in place (one host, shm transport)
+        peers = runtime.engine().peers
+        self.in_place = all(getattr(peers.get(w), "zero_copy", False)
+                            for w in group.ranks if w != group.ranks[group.rank])
 
     def _timeout(self, opts) -> float | None:
         """The call's own timeout if torch passed one (it is -1 ms unless set), else the
@@ -471,7 +474,7 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
         t = _one(tensors, "allreduce")
         op, factor = _op(opts.reduceOp)
-        big = self.one_host and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
+        big = self.in_place and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
         if big and t.is_contiguous() and _adopted(t):
             buf, back = t, None
         else:

@@ -36,8 +36,8 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
     arr = np.frombuffer(mm, dtype, count).reshape(shape)
     start = arr.__array_interface__["data"][0]
     alloc = next(_ids)
+    _regions[start] = (start + size, alloc, fd)   # (before locate, maybe in another thread, can find start)
     bisect.insort(_starts, start)
-    _regions[start] = (start + size, alloc, fd)
     weakref.finalize(mm, _release, start, fd)
     return arr
 
@@ -52,8 +52,8 @@ def adopt(start: int, nbytes: int, fd: int, owner) -> None:
     storage moved to shared memory - as an allocation: a large send from it is read in place
     too. It is one until ``owner``, whose end frees that memory, is collected; the fd stays
     the owner's."""
+    _regions[start] = (start + nbytes, next(_ids), fd)   # (before locate can find start)
     bisect.insort(_starts, start)
-    _regions[start] = (start + nbytes, next(_ids), fd)
     weakref.finalize(owner, _forget, start)
 
 

@@ -15,6 +15,9 @@ From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (
 ``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
 ``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
 finishes it; a backward pass ends only once its calls have (see ``_async``, ``_join``).
+``init_process_group(timeout=)`` / ``new_group(timeout=)`` is ringlet's timeout for the
+group's calls. A large all-reduce on one host sends from shared memory (``_adopted``,
+``_staged``), which local peers read in place.
 
 Inside ``torch.profiler.profile()`` each operation is a ``record_function`` range named
 after ringlet's call - "ringlet:all_reduce", "ringlet:send", ... - so the profiler's table
@@ -265,21 +268,29 @@ _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
 
 def _adopted(t: torch.Tensor) -> bool:
     """Whether contiguous ``t`` lies in shared memory a local peer reads in place: rl.empty's,
-    or one a backward pass all-reduced before (DDP's buckets, reused every step), moved
-    there now by torch's ``share_memory_`` - in place, so every tensor viewing it stays
-    valid (a NumPy array taken of it since would not). Not memory torch shares with others
-    (``from_numpy``, ``.numpy()`` taken: not resizable), nor a storage mostly of others."""
+    torch's (``t.share_memory_()``), or a storage a backward pass all-reduced before (DDP's
+    buckets, reused every step), moved there now by torch's ``share_memory_`` - in place, so
+    every tensor viewing it stays valid. Not one whose memory was handed out meanwhile
+    (``.numpy()``, ``from_numpy``: then torch marks it not resizable), nor a storage mostly
+    of other tensors."""
     st = t.untyped_storage()
+    fd_sharing = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    if st.is_shared() and fd_sharing:
+        if buffers.locate(_array(t)) is None:   # (the first time: one fd, no copy)
+            fd, size = st._share_fd_cpu_()
+            buffers.adopt(st.data_ptr(), size, fd, st)
+        return True
     if st in _seen:
         _seen.discard(st)
-        st.share_memory_()
-        fd, size = st._share_fd_cpu_()
-        buffers.adopt(st.data_ptr(), size, fd, st)
-        return True
-    if st.resizable() and 2 * t.numel() * t.element_size() >= st.nbytes() and \
-            torch._C._current_graph_task_id() != -1 and \
-            torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
-        _seen.add(st)   # (before .numpy() below makes it not resizable)
+        if st.resizable():   # (nobody took its memory since)
+            st.share_memory_()
+            fd, size = st._share_fd_cpu_()
+            buffers.adopt(st.data_ptr(), size, fd, st)
+            return True
+        return False
+    if st.resizable() and 2 * t.numel() * t.element_size() > st.nbytes() and fd_sharing and \
+            torch._C._current_graph_task_id() != -1:
+        _seen.add(st)
         return False
     return buffers.locate(_array(t)) is not None
 
@@ -380,7 +391,10 @@ class ProcessGroup(dist.ProcessGroup):
         # reduce as Gloo does, so a job gets the same bits on either backend.
         self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
         self.overlaps = _can_overlap(group)
-        self.one_host = len(set(group.hosts)) == 1
+        # every peer reads a send from shared memory in place (one host, shm transport)
+        peers = runtime.engine().peers
+        self.in_place = all(getattr(peers.get(w), "zero_copy", False)
+                            for w in group.ranks if w != group.ranks[group.rank])
 
     def _timeout(self, opts) -> float | None:
         """The call's own timeout if torch passed one (it is -1 ms unless set), else the
@@ -442,7 +456,10 @@ class ProcessGroup(dist.ProcessGroup):
             if then is not None:
                 then()
         if not opts.asyncOp:
-            with _row(name):
+            if _profiling():
+                with _row(name):
+                    run()
+            else:   # (the common call: no context manager to enter)
                 run()
             return None
         if _async(opts, self.overlaps):
@@ -457,7 +474,7 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
         t = _one(tensors, "allreduce")
         op, factor = _op(opts.reduceOp)
-        big = self.one_host and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
+        big = self.in_place and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
         if big and t.is_contiguous() and _adopted(t):
             buf, back = t, None
         else:

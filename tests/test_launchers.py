@@ -85,6 +85,40 @@ def _two_nodes(script, env):
     return max((p.returncode for p in procs), key=abs), "".join(outs)
 
 
+# What the namespace-hosts run adds to each script before it ends: how each rank reaches
+# every other (the scripts themselves stay as users write them).
+PEERS = """
+import socket
+from ringlet.runtime import engine
+kinds = sorted((q, type(p).__name__) for q, p in engine().peers.items())
+print(f"peers of {RANK} on {socket.gethostname()}: {kinds}", flush=True)
+"""
+
+
+def _namespace_hosts(script, env):
+    """Two torchrun agents, one on each of two emulated hosts (ringlet.hosts: network
+    namespaces with their own hostname and /dev/shm, joined by a 1 Gbit/s link)."""
+    from ringlet.hosts import MASTER_PORT, Hosts, HostsUnavailable
+    text = open(script).read()
+    rank = "g.rank" if "rl.init()" in text else "dist.get_rank()"
+    end = "rl.destroy()" if "rl.init()" in text else "dist.destroy_process_group()"
+    with open(script, "w") as f:
+        f.write(text.replace(end, PEERS.replace("{RANK}", "{" + rank + "}") + end))
+    try:
+        with Hosts(2, rate="1gbit") as hosts:
+            procs = [hosts.popen(node, [os.path.join(BIN, "torchrun"), "--nnodes", "2",
+                                        "--node-rank", str(node), "--nproc-per-node", str(N),
+                                        "--master-addr", hosts.addrs[0], "--master-port",
+                                        str(MASTER_PORT), script],
+                                 env=env, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
+                     for node in range(2)]
+            results = hosts.wait(procs, 100)
+    except HostsUnavailable as exc:
+        pytest.skip(f"no emulated hosts here: {exc}")
+    return max((c for c, _, _ in results), key=abs), "".join(o + (e or "") for _, o, e in results)
+
+
 def _command(launcher, script):
     if launcher == "ringlet run":
         return [sys.executable, "-m", "ringlet.cli", "run", "-n", str(N), script]
@@ -105,6 +139,8 @@ def run_under(launcher, kind, tmp_path):
         return _srun(str(script), env, tmp_path)
     if launcher == "torchrun --nnodes 2":
         return _two_nodes(str(script), env)
+    if launcher == "torchrun --nnodes 2, namespace hosts":
+        return _namespace_hosts(str(script), env)
     proc = subprocess.run(_command(launcher, str(script)), env=env, capture_output=True,
                           text=True, timeout=100)
     return proc.returncode, proc.stdout + proc.stderr
@@ -112,7 +148,7 @@ def run_under(launcher, kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["ringlet", "torch"])
 @pytest.mark.parametrize("launcher", ["ringlet run", "torchrun", "torchrun --nnodes 2",
-                                      "mpirun", "srun"])
+                                      "torchrun --nnodes 2, namespace hosts", "mpirun", "srun"])
 def test_script_runs_unchanged(launcher, kind, tmp_path):
     if launcher == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
@@ -121,6 +157,14 @@ def test_script_runs_unchanged(launcher, kind, tmp_path):
     world = 2 * N if "nnodes" in launcher else N
     for r in range(world):
         assert f"OK {kind} {r}/{world}" in out, out[-3000:]
+    if "namespace hosts" in launcher:   # ranks 0, 1 on h0, 2, 3 on h1: shm inside, TCP across
+        for r in range(world):
+            line = next(x for x in out.splitlines() if x.startswith(f"peers of {r} "))
+            assert f"on h{r // N}:" in line, line
+            for q in range(world):
+                if q != r:
+                    kind_ = "ShmPeer" if q // N == r // N else "TcpPeer"
+                    assert f"({q}, '{kind_}')" in line, line
 
 
 def test_derived_token_secret_is_private(tmp_path):

@@ -270,21 +270,32 @@ def _large(rank, n):
     col = torch.full((count, 2), float(rank + 1))[:, 1]
     dist.all_reduce(col)
     _same(col, torch.full((count,), float(n * (n + 1) // 2)), "staged non-contiguous all_reduce")
+    shared = torch.full((count,), float(rank + 1)).share_memory_()
+    dist.all_reduce(shared)
+    _same(shared, torch.full((count,), float(n * (n + 1) // 2)), "all_reduce in shared memory")
     bucket = torch.zeros(count)
     view = bucket[10:20]
     x = torch.ones(1, requires_grad=True)
 
+    handed = torch.zeros(count)   # its memory handed to NumPy after the first call
+
     def hook(g):
-        bucket.fill_(rank + 1)
-        dist.all_reduce(bucket)
+        for b in (bucket, handed):
+            b.fill_(rank + 1)
+            dist.all_reduce(b)
         return g
     x.register_hook(hook)
     for step in range(3):
         (x * 2).sum().backward()
         _same(view, torch.full((10,), float(n * (n + 1) // 2)), f"adopted all_reduce, step {step}")
-    where = buffers.locate(bucket.numpy())
-    assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
-        "/dev/shm/torch_"), "the bucket was not moved to shared memory"
+        if step == 0:
+            arr = handed.numpy()
+        assert (arr == n * (n + 1) // 2).all(), f"a NumPy view lost the result, step {step}"
+    assert buffers.locate(arr) is None, "memory handed to NumPy was moved"
+    for what, x in (("the bucket", bucket), ("a tensor in torch's shared memory", shared)):
+        where = buffers.locate(x.numpy())
+        assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
+            "/dev/shm/torch_"), f"{what} is not read in place"
 
 
 def test_large_all_reduce_goes_through_shared_memory():

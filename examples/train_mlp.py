@@ -203,7 +203,8 @@ def main():
               f"(timed) | calls alone over measured compute {alone / comp_meas:.3g} | measured "
               f"{prof.gamma:.3g}")
     got = final()
-    mem_dp, mem_pat = held("dp", x, y, rank, p), held(pattern, x, y, rank, p)
+    mem_dp = held("dp", x, y, rank, p)
+    mem_pat = mem_dp if pattern == "dp" else held(pattern, x, y, rank, p)
     if rank == 0:
         print(f"memory per rank, measured after two steps: data parallel holds {mem_dp[0]:,} B "
               f"(peak {mem_dp[1]:,}); {pattern} {mem_pat[0]:,} B = {mem_pat[0] / mem_dp[0]:.3f}"

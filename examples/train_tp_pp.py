@@ -177,6 +177,15 @@ def main():
               f"batch {BATCH}" + (f", {MICRO} micro-batches" if mode != "tp-dp" else ""))
         print("-- priced before it runs (rank 0's calls; this host's profile):")
         print(priced.table())
+        # The 2-D job's groups, handed to the placement planner (rl.cost.place) for a
+        # cluster of the seeds' tiers: which host each rank should run on.
+        from ringlet.cost.place import Comm, place
+        tp_groups, across_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
+        comms = [Comm(f"tp {k} {c.label}", tp_groups, c.collective, c.nbytes, c.times)
+                 for k, c in enumerate(calls)] + \
+                [Comm(f"{'dp' if mode == 'tp-dp' else 'pp'} {k} {c.label}", across_groups,
+                      c.collective, c.nbytes, c.times) for k, c in enumerate(across_calls)]
+        print(place(comms, hosts=2, ranks_per_host=2, intra="nvlink", inter="ethernet"))
         for t in [1] + list(range(5, steps + 1, 5)):
             print(f"step {t:3d}  loss {losses[t - 1]:.5f}")
         print("-- measured over steps 2.. (rl.profile, rank 0):")

@@ -277,6 +277,21 @@ def _torch_job(rank):
         ropt.step()
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # Accumulation as with DDP: inside no_sync torch adds each micro-batch's gradient to
+    # .grad itself; the step after averages the three micro-batches' sum.
+    model.zero_grad()
+    with gb.no_sync():
+        model(xs[rank]).sum().backward()
+        model(2 * xs[rank]).sum().backward()
+    model(3 * xs[rank]).sum().backward()
+    gb.wait()
+    ref.load_state_dict(model.state_dict())
+    ref.zero_grad()
+    for x in xs:
+        for k in (1, 2, 3):
+            ref(k * x).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad / p, rtol=1e-12, atol=1e-12)
 
 
 def test_buckets_take_torch_tensors():

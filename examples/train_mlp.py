@@ -171,7 +171,7 @@ def main():
     comp_timed = sorted(timed)[2]
     if rank == 0:
         print(f"== {pattern}: MLP {SIZES} ({n_params} parameters) on digits, {p} ranks, "
-              f"global batch {BATCH}\n-- priced before it runs (this host's profile):")
+              f"global batch {BATCH}\n-- priced before it runs (the job's profile, named below):")
         print(priced.table())
         print(f"compute estimate 6*P*b/R = {comp * 1e3:.3f} ms (R = {rate / 1e9:.1f} GFLOP/s "
               f"measured on a matrix product): predicted gamma {priced.gamma(comp):.3g}; "

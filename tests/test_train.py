@@ -418,6 +418,11 @@ def test_price_matches_the_cost_model_and_the_schedule():
     assert "per step" in z3.table()
     with pytest.raises(ValueError):
         step.gamma(0)
+    # a price says what it was priced on: an uncalibrated profile's are the defaults
+    from ringlet.cost.profile import default_profile
+    assert "uncalibrated" in train.price([train.Call("all_reduce", N, p)],
+                                         default_profile()).table()
+    assert step.on == "infiniband"
 
 
 # -- ZeRO ------------------------------------------------------------------------------------

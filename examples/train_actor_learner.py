@@ -80,7 +80,7 @@ def main():
               f"{np.mean(lag):.2f}, max {max(lag)} versions; actors blocked "
               f"{blocked[0] * 1e3 / (p - 1):.1f} ms each on average")
         print(f"-- priced before it ran (a round: weights broadcast, {ROWS} rows gathered from "
-              f"each actor; this host's profile):\n{priced.table()}")
+              f"each actor; the job's profile, named below):\n{priced.table()}")
         print(f"-- measured (rl.profile), rank 0 the learner:\n{prof.table()}")
         comp = max(actors[1], 1e-9)
         print(f"per round, communication: {priced.comm_seconds * 1e3:.3f} ms priced | "

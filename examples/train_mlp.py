@@ -171,7 +171,7 @@ def main():
     comp_timed = sorted(timed)[2]
     if rank == 0:
         print(f"== {pattern}: MLP {SIZES} ({n_params} parameters) on digits, {p} ranks, "
-              f"global batch {BATCH}\n-- priced before it runs (this host's profile):")
+              f"global batch {BATCH}\n-- priced before it runs (the job's profile, named below):")
         print(priced.table())
         print(f"compute estimate 6*P*b/R = {comp * 1e3:.3f} ms (R = {rate / 1e9:.1f} GFLOP/s "
               f"measured on a matrix product): predicted gamma {priced.gamma(comp):.3g}; "
@@ -203,7 +203,8 @@ def main():
               f"(timed) | calls alone over measured compute {alone / comp_meas:.3g} | measured "
               f"{prof.gamma:.3g}")
     got = final()
-    mem_dp, mem_pat = held("dp", x, y, rank, p), held(pattern, x, y, rank, p)
+    mem_dp = held("dp", x, y, rank, p)
+    mem_pat = mem_dp if pattern == "dp" else held(pattern, x, y, rank, p)
     if rank == 0:
         print(f"memory per rank, measured after two steps: data parallel holds {mem_dp[0]:,} B "
               f"(peak {mem_dp[1]:,}); {pattern} {mem_pat[0]:,} B = {mem_pat[0] / mem_dp[0]:.3f}"

@@ -53,7 +53,7 @@ def main():
     if rank == 0:
         print(f"== MoE: {E} experts on {p} ranks, top-{k}, capacity factor {cf}, {T} tokens "
               f"of {D} floats per rank\n-- priced before it runs (forward dispatch + combine, "
-              f"this host's profile):\n{priced.table()}")
+              f"the job's profile, named below):\n{priced.table()}")
         print(f"the whole step (+ backward dispatch, gate all_reduce): "
               f"{step_price.comm_seconds * 1e3:.3f} ms; compute estimate {comp * 1e3:.3f} ms; "
               f"predicted gamma {step_price.gamma(comp):.3g}")

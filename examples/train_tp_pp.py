@@ -125,7 +125,7 @@ def main():
         rows = BATCH // 2
         calls = [c for b in blocks for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
         priced = train.price(calls, None, hosts_of(tp))
-        priced = train.StepPrice(priced.calls + gb.price().calls)
+        priced = train.StepPrice(priced.calls + gb.price().calls, priced.on)
         across_calls = gb.calls()
 
         def step(t):
@@ -150,7 +150,7 @@ def main():
         b = blocks[0]
         calls = [c._replace(times=MICRO) for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
         priced = train.price(calls, None, hosts_of(tp))
-        priced = train.StepPrice(priced.calls + pipe.price(rows * MID).calls)
+        priced = train.StepPrice(priced.calls + pipe.price(rows * MID).calls, priced.on)
         across_calls = pipe.calls(rows * MID)
 
         def step(t):
@@ -175,8 +175,17 @@ def main():
     if rank == 0:
         print(f"== {mode}: 2 Megatron MLP blocks ({n_params} parameters), 4 ranks, "
               f"batch {BATCH}" + (f", {MICRO} micro-batches" if mode != "tp-dp" else ""))
-        print("-- priced before it runs (rank 0's calls; this host's profile):")
+        print("-- priced before it runs (rank 0's calls; the job's profile, named below):")
         print(priced.table())
+        # The 2-D job's groups, handed to the placement planner (rl.cost.place) for a
+        # cluster of the seeds' tiers: which host each rank should run on.
+        from ringlet.cost.place import Comm, place
+        tp_groups, across_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
+        comms = [Comm(f"tp {k} {c.label}", tp_groups, c.collective, c.nbytes, c.times)
+                 for k, c in enumerate(calls)] + \
+                [Comm(f"{'dp' if mode == 'tp-dp' else 'pp'} {k} {c.label}", across_groups,
+                      c.collective, c.nbytes, c.times) for k, c in enumerate(across_calls)]
+        print(place(comms, hosts=2, ranks_per_host=2, intra="nvlink", inter="ethernet"))
         for t in [1] + list(range(5, steps + 1, 5)):
             print(f"step {t:3d}  loss {losses[t - 1]:.5f}")
         print("-- measured over steps 2.. (rl.profile, rank 0):")

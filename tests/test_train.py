@@ -277,6 +277,21 @@ def _torch_job(rank):
         ropt.step()
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # Accumulation as with DDP: inside no_sync torch adds each micro-batch's gradient to
+    # .grad itself; the step after averages the three micro-batches' sum.
+    model.zero_grad()
+    with gb.no_sync():
+        model(xs[rank]).sum().backward()
+        model(2 * xs[rank]).sum().backward()
+    model(3 * xs[rank]).sum().backward()
+    gb.wait()
+    ref.load_state_dict(model.state_dict())
+    ref.zero_grad()
+    for x in xs:
+        for k in (1, 2, 3):
+            ref(k * x).sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad / p, rtol=1e-12, atol=1e-12)
 
 
 def test_buckets_take_torch_tensors():
@@ -403,6 +418,11 @@ def test_price_matches_the_cost_model_and_the_schedule():
     assert "per step" in z3.table()
     with pytest.raises(ValueError):
         step.gamma(0)
+    # a price says what it was priced on: an uncalibrated profile's are the defaults
+    from ringlet.cost.profile import default_profile
+    assert "uncalibrated" in train.price([train.Call("all_reduce", N, p)],
+                                         default_profile()).table()
+    assert step.on == "infiniband"
 
 
 # -- ZeRO ------------------------------------------------------------------------------------
@@ -726,16 +746,16 @@ def _mse(y, t):
     return 0.5 * float(((y - t) ** 2).sum()), y - t
 
 
-def _pipe_job(rank, schedule, m):
+def _pipe_job(rank, schedule, m, overlap=None, rows=1):
     from ringlet import train
     p = rl.get_world_size()
     dims = [5, 7, 6, 4, 3][:p + 1]
     Ws = [np.random.default_rng([3, s]).standard_normal((dims[s], dims[s + 1])) for s in range(p)]
     rng = np.random.default_rng(11)
-    xs = [rng.standard_normal((2 + i % 2, dims[0])) for i in range(m)]   # uneven micro-batches
+    xs = [rng.standard_normal(((2 + i % 2) * rows, dims[0])) for i in range(m)]   # uneven
     ts = [rng.standard_normal((len(x), dims[-1])) for x in xs]
     stage = _Dense(Ws[rank].copy(), rank < p - 1)
-    pipe = train.Pipeline(stage, m, schedule=schedule, loss=_mse)
+    pipe = train.Pipeline(stage, m, schedule=schedule, loss=_mse, overlap=overlap)
     for _ in range(2):        # two steps: tags and buffers are reused
         losses = pipe.step(xs if rank == 0 else None, ts if rank == p - 1 else None)
     # the reference: the whole model in one process, micro-batches one after another
@@ -763,6 +783,16 @@ def _pipe_job(rank, schedule, m):
 @pytest.mark.parametrize("n,m", [(4, 6), (3, 2)])
 def test_pipeline_equals_whole_model(schedule, n, m):
     run(_pipe_job, n, schedule, m)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pipeline_messages_past_eager(schedule, overlap):
+    """Activations of 2-3 MB, past one eager packet and the shared-memory ring: without
+    overlap those stay isend (a blocking send waits for its receiver, and in 1F1B
+    neighbours send to each other at once: with blocking sends 1f1b hangs here), small
+    ones (the headers) go by blocking send."""
+    run(_pipe_job, 3, schedule, 3, overlap, 20000)
 
 
 def test_pipeline_orders():

@@ -103,11 +103,12 @@ class GradBuckets:
         """Buckets for a torch module's trainable parameters, fed by their backward as DDP
         is: each parameter's gradient is handed over the moment it is accumulated, and
         ``wait()`` writes the mean gradients back into ``.grad``, ready for the torch
-        optimizer's step."""
+        optimizer's step. Inside ``no_sync`` torch accumulates ``.grad`` itself, as with
+        DDP (do not zero it between the micro-batches)."""
         params = [q for q in module.parameters() if q.requires_grad]
         gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook, overlap)
         for i, q in enumerate(params):
-            q.register_post_accumulate_grad_hook(lambda q, i=i: gb.ready(i, q.grad))
+            q.register_post_accumulate_grad_hook(lambda q, i=i: gb._accumulated(i, q.grad))
         gb._torch_params = params
         return gb
 
@@ -153,6 +154,12 @@ class GradBuckets:
             while self._next < len(buckets) and buckets[self._next].pending == 0:
                 self._start(buckets[self._next])
                 self._next += 1
+
+    def _accumulated(self, i: int, grad) -> None:
+        """``ready`` for a torch parameter's ``.grad``: torch adds each backward's gradient
+        to it (across ``no_sync`` micro-batches too), so it replaces what the bucket holds."""
+        self._held[i] = False
+        self.ready(i, grad)
 
     def _start(self, b: _Bucket) -> None:
         """Put a full bucket on the wire now, or (where nothing can overlap) leave it for

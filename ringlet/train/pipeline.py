@@ -14,14 +14,20 @@ Schedules (per rank, m micro-batches, p stages):
 
 Sends never block (their handles are waited at the end of the step); a rank blocks only
 on a receive it needs now. An activation travels behind a small header with its shape.
+Where nothing can overlap (the ranks fill the host's cores: ``overlap`` as in
+:func:`ringlet.train.pricing.overlaps`) messages that go as one eager packet are sent and
+received by blocking calls, which never wait for the peer's receive, so no progress thread
+takes turns with the compute; larger ones stay isend (a blocking one would wait for its
+receiver, and in 1F1B two neighbours send to each other at once).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ops import as_array
-from ..runtime import get_rank, irecv, isend, recv, resolve
-from .pricing import Call, price
+from ..runtime import get_rank, irecv, isend, recv, resolve, send
+from ..transport.limits import SHM_EAGER_BYTES
+from .pricing import Call, overlaps, price
 
 _HEADER = 8   # int64s: ndim, then up to 7 dimensions
 
@@ -30,12 +36,13 @@ class Pipeline:
     """``stage``: this rank's stage. ``micro_batches``: m. ``dtype``: of activations."""
 
     def __init__(self, stage, micro_batches: int, schedule: str = "1f1b", group=None,
-                 loss=None, dtype=np.float64):
+                 loss=None, dtype=np.float64, overlap: bool | None = None):
         if schedule not in ("gpipe", "1f1b"):
             raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.group = resolve(group)
+        self.overlap = overlaps(self.group, overlap)
         self.stage, self.m, self.schedule = stage, int(micro_batches), schedule
         self.loss, self.dtype = loss, np.dtype(dtype)
         self.first, self.last = self.group.rank == 0, self.group.rank == self.group.size - 1
@@ -79,17 +86,18 @@ class Pipeline:
                     shapes[i] = y.shape
                     header = np.zeros(_HEADER, np.int64)
                     header[0], header[1:1 + y.ndim] = y.ndim, y.shape
-                    sends += [isend(header, nxt, g, tag=3 * i), isend(y, nxt, g, tag=3 * i + 1)]
+                    self._send(header, nxt, 3 * i, sends)
+                    self._send(y, nxt, 3 * i + 1, sends)
                     ctx[i] = (c, None)
                 self.peak_in_flight = max(self.peak_in_flight, len(ctx))
             else:
                 c, dy = ctx.pop(i)
                 if dy is None:
                     dy = np.empty(shapes.pop(i), self.dtype)
-                    irecv(dy, nxt, g, tag=3 * i + 2).wait()
+                    self._recv(dy, nxt, 3 * i + 2)
                 dx = self.stage.backward(c, dy)
                 if not self.first:
-                    sends.append(isend(np.ascontiguousarray(dx, self.dtype), prev, g, tag=3 * i + 2))
+                    self._send(np.ascontiguousarray(dx, self.dtype), prev, 3 * i + 2, sends)
         for w in sends:
             w.wait()
         return losses if self.last else None
@@ -98,8 +106,20 @@ class Pipeline:
         header = np.empty(_HEADER, np.int64)
         recv(header, src, self.group, tag=3 * i)
         x = np.empty(tuple(header[1:1 + header[0]]), self.dtype)
-        irecv(x, src, self.group, tag=3 * i + 1).wait()
+        self._recv(x, src, 3 * i + 1)
         return x
+
+    def _send(self, buf, dst: int, tag: int, sends: list) -> None:
+        if not self.overlap and buf.nbytes <= SHM_EAGER_BYTES:
+            send(buf, dst, self.group, tag=tag)
+        else:
+            sends.append(isend(buf, dst, self.group, tag=tag))
+
+    def _recv(self, buf, src: int, tag: int) -> None:
+        if self.overlap:
+            irecv(buf, src, self.group, tag=tag).wait()
+        else:
+            recv(buf, src, self.group, tag=tag)
 
     def calls(self, activation_elements: int) -> list[Call]:
         """One step's messages between two neighbouring stages: per micro-batch an

@@ -39,8 +39,10 @@ class Priced(NamedTuple):
 
 
 class StepPrice(NamedTuple):
-    """The communication of one step: per call and in total (every call counted ``times``)."""
+    """The communication of one step: per call and in total (every call counted ``times``);
+    ``on``: what it was priced on."""
     calls: tuple
+    on: str = ""
 
     @property
     def comm_seconds(self) -> float:
@@ -65,7 +67,8 @@ class StepPrice(NamedTuple):
             lines.append(f"{name:<44}{c.call.times:>4}{c.algorithm:>20}{c.seconds * 1e6:>11.1f}"
                          f"{c.sent_bytes:>14,}")
         lines.append(f"per step: {self.comm_seconds * 1e3:.3f} ms, "
-                     f"{self.bytes_per_rank:,} B sent by the busiest rank")
+                     f"{self.bytes_per_rank:,} B sent by the busiest rank"
+                     + (f"; priced on {self.on}" if self.on else ""))
         return "\n".join(lines)
 
 
@@ -133,7 +136,20 @@ def price(calls, topology=None, hosts=None) -> StepPrice:
                                hosts=_host_ids(hosts, call.p, algorithm))
         sent = int(sched.traffic()["sent_bytes"].max())
         out.append(Priced(call, algorithm, rows[0].total, sent))
-    return StepPrice(tuple(out))
+    return StepPrice(tuple(out), _describe(topo))
+
+
+def _describe(topo) -> str:
+    """What a price was computed on; an uncalibrated profile says so (its numbers are the
+    built-in defaults, not this host's)."""
+    if topo is None:
+        from ..cost.profile import load_profile
+        topo = load_profile()
+    if hasattr(topo, "calibrated"):   # (a job's copy of the default is "rank 0"'s, undated)
+        return (f"this host's calibrated profile ({topo.created})" if
+                topo.calibrated and topo.created else
+                "the default profile (uncalibrated: run `ringlet calibrate`)")
+    return str(topo)
 
 
 _DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}

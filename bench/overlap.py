@@ -7,18 +7,21 @@ tbf-shaped link), one rank on each, TCP between. For each size n (MiB), each ran
 
     T_comm   an all_reduce of n bytes alone (ring, started async and waited at once)
     T_comp   a compute phase alone: GIL-releasing NumPy (float32 matmuls, one BLAS
-             thread), as many as take about T_comm
+             thread), as many as take T_comm (calibrated twice: from one matmul's time,
+             then from the phase's own)
     serial   all_reduce, then compute: the step without overlap
     T_step   all_reduce started with async_op=True, the compute, then wait()
 
 and prints overlap efficiency = (T_comm + T_comp - T_step) / min(T_comm, T_comp) - 0 is
 no overlap, 1 perfect - beside the cost model's prediction of the all_reduce on a link of
 the shaped rate (TCP's goodput, 1448 of every 1538 bytes on the wire) and of both steps
-(serial: T_comm + T_comp; overlapped: max of the two). Medians of --reps steps.
-The efficiency compares steps measured apart, so a host shared with other jobs, whose load
-changes T_comp from one step to the next, moves it a lot; "hidden" (1 - the wait after the
-compute / T_comm: the part of the transfer done while computing) and the breakdown of the
-compute's time (on CPU, preempted, waiting for the GIL) do not depend on that.
+(serial: T_comm + T_comp; overlapped: max of the two). The four run in turns (--reps,
+each turn's four back to back, in an order that rotates); times are medians over turns,
+and the efficiency is the median of each turn's own (its range beside it), so a change of
+the host's load between turns does not enter it. On a host shared with other jobs it still
+moves; "hidden" (1 - the wait after the compute / T_comm: the part of the transfer done
+while computing) and the breakdown of the compute's time (on CPU, preempted, waiting for
+the GIL; the progress thread's CPU, turns and naps) depend on it less.
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
     compute(20)
     unit = sorted(timed(lambda: compute(20)) for _ in range(3))[1] / 20
     link = rl.cost.Link(alpha=50e-6, bandwidth=rate_bytes * 1448 / 1538, name="shaped")
+    bg = rl.runtime.engine().background
     rows = []
     for mib in sizes:
         x = np.ones(mib << 18, np.float32)
@@ -76,9 +80,14 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
         def comm():
             rl.all_reduce(x, algorithm="ring", async_op=True).wait()
 
+        # C calibrated to the measured comm time: a first guess from one matmul's time,
+        # then once more from C's own measured time (the matmul's time alone misjudges it
+        # when the host's load changes); rank 0's k for both ranks: the same compute.
         t_comm = sorted(timed(comm) for _ in range(3))[1]
-        k = np.array([max(1, round(t_comm / unit))])
-        rl.broadcast(k, 0)                       # the same compute on both ranks
+        k = max(1, round(t_comm / unit))
+        t_comp = sorted(timed(lambda: compute(k)) for _ in range(3))[1]
+        k = np.array([max(1, round(k * t_comm / t_comp))])
+        rl.broadcast(k, 0)
         k = int(k[0])
 
         def comp():
@@ -88,11 +97,12 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
             rl.all_reduce(x, algorithm="ring")
             compute(k)
 
-        inside = []    # per overlapped step: compute, wait after it, and where the
-                       # compute's time went (see sched)
+        inside = []    # per overlapped step: compute, wait after it, where the compute's
+                       # time went (see sched), the progress thread's turns and naps
 
         def step():
             t0 = time.perf_counter()
+            turns, naps = bg.turns, bg.naps
             w = rl.all_reduce(x, algorithm="ring", async_op=True)
             s0 = sched()
             compute(k)
@@ -100,23 +110,29 @@ def rank_main(sizes: list[int], reps: int, rate_bytes: float) -> None:
             t1 = time.perf_counter()
             w.wait()
             inside.append((t1 - t0, time.perf_counter() - t1,
-                           *(b - a for a, b in zip(s0, s1))))
+                           *(b - a for a, b in zip(s0, s1)), bg.turns - turns, bg.naps - naps))
 
-        # In turns, so that a change of the host's load falls on all four alike.
-        runs = {f.__name__: [] for f in (comm, comp, serial, step)}
-        for _ in range(reps):
-            for f in (comm, comp, serial, step):
+        # In turns, each one's four steps one after the other (in an order that rotates),
+        # so that a change of the host's load falls on all four of a turn alike; the
+        # efficiency is each turn's own, and the median of those is reported.
+        kinds = (comm, comp, serial, step)
+        runs = {f.__name__: [] for f in kinds}
+        for turn in range(reps):
+            for f in kinds[turn % 4:] + kinds[:turn % 4]:
                 runs[f.__name__].append(timed(f))
+        effs = sorted((c + m - s) / min(c, m)
+                      for c, m, s in zip(runs["comm"], runs["comp"], runs["step"]))
         med = {name: sorted(v)[len(v) // 2] for name, v in runs.items()}
         pred = rl.cost.predict("all_reduce", mib << 20, p, algorithm="ring", link=link)
         inside.sort()
         mid = inside[len(inside) // 2]      # the step of median compute time
-        wall, run, queued, bg = mid[2:]
+        wall, run, queued, bg_cpu, turns, naps = mid[2:]
         rows.append({"MiB": mib, **med, "pred_comm": pred,
                      "step_comp": mid[0], "step_wait": sorted(x[1] for x in inside)[len(inside) // 2],
-                     "cpu": run, "queued": queued, "gil": wall - run - queued, "bg_cpu": bg,
-                     "eff": (med["comm"] + med["comp"] - med["step"])
-                     / min(med["comm"], med["comp"])})
+                     "cpu": run, "queued": queued, "gil": wall - run - queued, "bg_cpu": bg_cpu,
+                     "turns": turns, "naps": naps, "eff": effs[len(effs) // 2],
+                     "eff_lo": effs[0], "eff_hi": effs[-1],
+                     "each": list(zip(*(runs[f.__name__] for f in kinds)))})
     if r == 0:
         on_hosts.report(rows)
     rl.destroy()
@@ -127,7 +143,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="1gbit,10gbit")
     ap.add_argument("--sizes", default="16,32,64", help="MiB per all_reduce, comma-separated")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("-v", "--verbose", action="store_true", help="every turn's four times")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rate-bytes", type=float, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -136,30 +153,41 @@ def main() -> int:
         rank_main(sizes, a.reps, a.rate_bytes)
         return 0
     print("2 emulated hosts x 1 rank, TCP over one tbf-shaped link; ring all_reduce; "
-          "medians in ms")
+          f"medians of {a.reps} turns in ms; load average {_load()}")
     print(f"{'rate':>7} {'MiB':>4} {'T_comm':>8} {'T_comp':>8} {'serial':>8} {'T_step':>8} "
-          f"{'eff':>5} {'(comp':>7} {'wait)':>6} {'hidden':>6} | model: {'comm':>7} {'serial':>8} "
-          f"{'overlap':>8}")
+          f"{'eff':>5} {'(range)':>11} {'(comp':>7} {'wait)':>6} {'hidden':>6} | model: "
+          f"{'comm':>7} {'serial':>8} {'overlap':>8}")
     steps = []
     for rate in a.rates.split(","):
         rows = on_hosts.run(HERE, ["--rank", "--sizes", a.sizes, "--reps", str(a.reps),
                                    "--rate-bytes", str(on_hosts.rate_bytes(rate))], rate)
         for row in rows:
-            ms = {k: v * 1e3 for k, v in row.items() if k not in ("MiB", "eff")}
+            ms = {k: v * 1e3 for k, v in row.items()
+                  if k not in ("MiB", "eff", "eff_lo", "eff_hi", "turns", "naps", "each")}
             steps.append(f"{rate:>7} {row['MiB']:>4}   compute {ms['step_comp']:7.1f} = "
                          f"on CPU {ms['cpu']:7.1f} + preempted {ms['queued']:6.1f} + "
                          f"waiting for the GIL {ms['gil']:6.1f}; progress thread on CPU "
-                         f"{ms['bg_cpu']:6.1f}")
+                         f"{ms['bg_cpu']:6.1f} in {row['turns']} turns, {row['naps']} naps")
             print(f"{rate:>7} {row['MiB']:>4} {ms['comm']:8.1f} {ms['comp']:8.1f} "
                   f"{ms['serial']:8.1f} {ms['step']:8.1f} {row['eff']:5.2f} "
+                  f"{'(' + format(row['eff_lo'], '.2f') + '-' + format(row['eff_hi'], '.2f') + ')':>11} "
                   f"{ms['step_comp']:7.1f} {ms['step_wait']:6.1f} "
                   f"{1 - ms['step_wait'] / ms['comm']:6.2f} | "
                   f"{ms['pred_comm']:>13.1f} {ms['pred_comm'] + ms['comp']:8.1f} "
                   f"{max(ms['pred_comm'], ms['comp']):8.1f}")
+            if a.verbose:
+                for c, m, ser, st in row["each"]:
+                    print(f"{'':>12} turn: comm {c * 1e3:7.1f} comp {m * 1e3:7.1f} serial "
+                          f"{ser * 1e3:7.1f} step {st * 1e3:7.1f} eff "
+                          f"{(c + m - st) / min(c, m):5.2f}")
     print("\nInside the overlapped step of median compute time (ms), rank 0's main thread:")
     print("\n".join(steps))
+    print(f"load average at the end: {_load()}")
     return 0
 
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

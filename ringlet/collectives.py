@@ -124,8 +124,9 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
                           count * dtype.itemsize, g.size, call.plan, eng.peers)
     # Only a progress thread can drive the engine beside this caller, and only this caller
-    # can start one (after this call is posted): without one, the engine needs no lock.
-    locked = eng.background.thread is not None
+    # can start or wake one (after this call is posted): while there is none or it is
+    # parked (transport/progress.py), the engine needs no lock.
+    locked = not eng.background.idle
     if locked:
         eng.enter()
     try:

@@ -514,11 +514,14 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
     spun = 0.0
     if eng.fast:
         kind, world, wire, flat, _ = args
-        eng.enter()
+        locked = not eng.background.idle     # (as in collectives._run)
+        if locked:
+            eng.enter()
         try:
             done, spun = fast.p2p(eng, kind, world, wire, flat.view(np.uint8))
         finally:
-            eng.leave()
+            if locked:
+                eng.leave()
         if done:
             return True
     work = _post(*args, watch=False, tr=tr)

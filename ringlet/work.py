@@ -415,8 +415,10 @@ def record_call(engine, collective: str, algorithm: str, waited: float, last_pee
     if st is None:
         st = engine.coll_stats[collective] = CallStats()
     st.add(algorithm, waited, last_peer)
-    st.fast_calls += fast
-    st.handovers += handed_over
+    if fast:
+        st.fast_calls += 1
+    elif handed_over:
+        st.handovers += 1
 
 
 class CallStats:

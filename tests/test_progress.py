@@ -233,6 +233,59 @@ def test_many_works_in_flight_on_several_groups(backend):
     run(_many_in_flight, 4, backend=backend)
 
 
+def _switches(tid: int) -> int:
+    """Times thread ``tid`` of this process was switched out (it ran, then stopped)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+def _parked_thread_sleeps_through_blocking_calls(rank):
+    from ringlet.runtime import engine
+    bg = engine().background
+    other = 1 - rank
+    x = np.full(300_000, rank + 1.0)
+    rl.all_reduce(x, async_op=True).wait()       # the thread exists from here on
+    deadline = time.monotonic() + HANG
+    while not bg.idle:                           # it parks once it has seen the work end
+        assert time.monotonic() < deadline, f"rank {rank}: the progress thread never parked"
+        time.sleep(0.001)
+    tid = bg.thread.native_id
+    before = _switches(tid)
+    small, big = np.ones(2, np.float32), np.ones(100_000)
+    for i in range(300):
+        rl.all_reduce(small)
+        rl.all_reduce(big)
+        if rank == 0:
+            rl.send(small, other)
+            rl.recv(small, other)
+        else:
+            rl.recv(small, other)
+            rl.send(small, other)
+        rl.barrier()
+    # (a thread that never ran is never switched out)
+    assert _switches(tid) == before and bg.idle, f"rank {rank}: the parked thread ran"
+    assert (small == 2.0 ** 600).all() and (big == 2.0 ** 300).all()
+    # Work in flight wakes it; blocking calls meanwhile take turns with it, then it parks.
+    y = np.full(1 << 20, rank + 1.0)
+    w = rl.all_reduce(y, algorithm="ring", async_op=True)
+    assert not bg.idle
+    for _ in range(50):
+        z = np.full(10, rank + 1.0)
+        rl.all_reduce(z)
+        assert (z == 3).all()
+    w.wait()
+    assert (y == 3).all()
+    while not bg.idle:
+        assert time.monotonic() < deadline + HANG, f"rank {rank}: the thread did not park again"
+        time.sleep(0.001)
+
+
+def test_a_parked_thread_sleeps_through_blocking_calls(backend):
+    """Once async work has ended the thread is parked: blocking calls take no lock and the
+    thread does not run at all while they do."""
+    run(_parked_thread_sleeps_through_blocking_calls, 2, backend=backend)
+
+
 def _timeout_unchanged(rank, path):
     x = np.ones(300_000)
     if rank == 1:   # joins only once rank 0's waits have timed out

@@ -3,8 +3,9 @@
 
 The engine's state belongs to whoever holds ``engine.lock``: the caller while inside a
 ringlet call, this thread between calls. The thread starts with the first asynchronous
-work and runs only while some is unfinished; otherwise it waits on a condition, so a job of
-blocking calls pays for it nothing but an uncontended lock per call. A turn takes the lock,
+work and runs only while some is unfinished; otherwise it is parked on a condition
+(``idle``), from which only a caller posting asynchronous work wakes it - so a call made
+while it is parked needs no lock, and a job of blocking calls pays nothing for it. A turn takes the lock,
 drives every peer and work once (``Engine.tick``) and lets it go; a turn that moves nothing
 sleeps in ``select`` on the thread's own epoll - the doorbell local senders ring, the TCP
 sockets, and an eventfd the caller pokes when it leaves a call - outside the lock. Futures
@@ -40,9 +41,14 @@ class Progress:
         self.watched: list = []     # asynchronous works not yet seen finished
         self.cv = threading.Condition(threading.Lock())   # guards watched, thread, stopping
         self.thread: threading.Thread | None = None
+        # No thread, or it is parked: nothing but the caller drives the engine, which needs
+        # no lock then. Set by the thread as it parks, cleared by the caller as it wakes it
+        # (watch): a caller that reads True cannot see it change within its call.
+        self.idle = True
         self.stopping = False
         self.wakefd = -1
         self.sel = None
+        self.turns = self.naps = 0   # (counted for bench/overlap.py: what a step costs it)
 
     # -- the caller's side -----------------------------------------------------------------
     def watch(self, work) -> None:
@@ -53,6 +59,7 @@ class Progress:
             if self.stopping:
                 return
             self.watched.append(work)
+            self.idle = False
             if self.thread is None:
                 self._start()
             self.cv.notify()
@@ -114,6 +121,7 @@ class Progress:
         while True:
             with self.cv:
                 while not self.watched and not self.stopping:
+                    self.idle = True
                     self.cv.wait()
                 if self.stopping:
                     return
@@ -121,6 +129,7 @@ class Progress:
             try:
                 if eng.closed:
                     return
+                self.turns += 1
                 moved = eng.tick()
                 finished = self._finished()
                 nap = not moved and not finished and eng.nap_begin()
@@ -129,6 +138,7 @@ class Progress:
             for w in finished:
                 w._settle()
             if nap:
+                self.naps += 1
                 self._sleep()
                 with eng.lock:
                     eng.nap_end()

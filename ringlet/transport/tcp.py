@@ -57,7 +57,7 @@ class TcpPeer(Peer):
                 return False
             self.flushed += n
             if n < len(buf):
-                self.wpending[0] = buf[n:]
+                self.wpending[0] = memoryview(buf)[n:]   # (a view: no copy of the rest)
                 self._complete_flushed()
                 return False
             self.wpending.pop(0)

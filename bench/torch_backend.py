@@ -8,7 +8,8 @@ so a shift in load hits both sides of a ratio alike. Each job measures:
     once (staged through shared memory) and of one in shared memory (what a DDP bucket is
     from its second step on, or a tensor after ``share_memory_()``);
   * dist.all_reduce of 8 B, calls back to back; on ringlet also a direct rl.all_reduce of
-    the same tensor in alternating loops: the process-group layer is the difference;
+    the same tensor, in alternating loops (medians of 10 each): the process-group layer is
+    the difference;
   * a DDP training step of a ~4M-parameter MLP and an FSDP2 (fully_shard) step of it.
 Then, on one rank alone, the layer's CPU cost without any peer: dist.all_reduce of 8 B on
 a world of one minus rl.all_reduce, and how much of it is torch's own Python wrapper.
@@ -50,7 +51,7 @@ def _median_us(fn, iters, group, warmup=3):
 
 def _loop_us(fn, iters, group):
     """Small calls back to back (a barrier would add its own skew to each): time per call."""
-    for _ in range(50):
+    for _ in range(20):
         fn()
     dist.barrier(group)
     t = time.perf_counter()
@@ -100,14 +101,14 @@ def _rank(rank, port, backend, steps, out):
     r = {"load": os.getloadavg()[0]}
     r["all_reduce 25 MB"] = _median_us(lambda: dist.all_reduce(big), 10, g)
     r["all_reduce 25 MB, shared"] = _median_us(lambda: dist.all_reduce(shared), 10, g)
-    via = [_loop_us(lambda: dist.all_reduce(small), 1000, g)]
-    if backend == "ringlet":   # alternating loops, so a load shift hits both
-        direct = []
-        for _ in range(2):
-            direct.append(_loop_us(lambda: rl.all_reduce(small), 1000, g))
-            via.append(_loop_us(lambda: dist.all_reduce(small), 1000, g))
-        r["rl.all_reduce 8 B"] = statistics.median(direct)
+    via, direct = [], []
+    for _ in range(10):   # short loops, alternating: a load shift hits both alike
+        via.append(_loop_us(lambda: dist.all_reduce(small), 200, g))
+        if backend == "ringlet":
+            direct.append(_loop_us(lambda: rl.all_reduce(small), 200, g))
     r["all_reduce 8 B"] = statistics.median(via)
+    if direct:
+        r["rl.all_reduce 8 B"] = statistics.median(direct)
     ddp, fsdp = _trainers(g)
     r["DDP step"] = _median_us(ddp, steps, g, warmup=2)
     r["FSDP2 step"] = _median_us(fsdp, steps, g, warmup=2)

@@ -580,7 +580,7 @@ def main(argv=None) -> int:
                          "shorter fit. Slightly less accurate: fitted to the same timings, "
                          "its median error was 1-5 points above the full fit's (17-21%% vs "
                          "16%%); on a busy host its own timings are what make it worse "
-                         "(57-79%% at load 13-15 here: calibrate fully there). bench/"
+                         "(42-79%% at load 6-15 here: calibrate fully there). bench/"
                          "quick_accuracy.py measures both on your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")

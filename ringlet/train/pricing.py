@@ -157,8 +157,8 @@ _DTYPES = {2: np.float16, 4: np.float32, 8: np.float64}
 
 def replay(calls, group=None, repeats: int = 20) -> float:
     """Measure ``calls`` (:class:`Call`, on ``group``'s ranks) as a step makes them, but
-    back to back with nothing in between: the median over ``repeats`` of the slowest rank's
-    time from a barrier to its last call's end, in seconds. Beside :func:`price` (the
+    back to back with nothing in between: the slowest rank's median over ``repeats`` of
+    its time from a barrier to its last call's end, in seconds (``ringlet bench``'s way). Beside :func:`price` (the
     model) and ``rl.profile`` (inside the step: also waiting for peers still computing),
     the cost of the same calls on this host, now. Every rank of ``group`` calls it; calls
     on other groups (``p`` differs from the group's size) are skipped."""
@@ -201,9 +201,9 @@ def replay(calls, group=None, repeats: int = 20) -> float:
         for fn in runs:
             fn()
         times.append(time.perf_counter() - t)
-    out = np.array(times)
+    out = np.array([np.median(times)])      # as ``ringlet bench``: the slowest rank's median
     c.all_reduce(out, c.ReduceOp.MAX, group=g)
-    return float(np.median(out))
+    return float(out[0])
 
 
 def _host_ids(hosts, p, algorithm):

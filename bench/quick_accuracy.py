@@ -49,7 +49,7 @@ def same_timings(samples, transport):
     from ringlet import calibrate as cal
     from ringlet.cost.host import HostModel
     from ringlet.cost.profile import FIT_START, Profile, fit_host, machine
-    from ringlet.transport import limits
+    from ringlet.transport import fast, limits
     q = cal.QUICK
     plan = {p: (szs, only) for p, szs, only in cal.jobs(None, None, q["cells"])}
 
@@ -64,7 +64,7 @@ def same_timings(samples, transport):
                 and (nb not in only or (s["collective"], s["algorithm"]) in only[nb]))
     mc = machine()
     base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                     cores=mc["cores"], **limits.facts()[transport])
+                     cores=mc["cores"], **limits.facts(fast.enabled())[transport])
     n = min(len(s["passes"]) for s in samples)
     for use in [(k,) for k in range(n)] + [(k, k + 1) for k in range(n - 1)]:
         sub = []

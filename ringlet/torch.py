@@ -189,20 +189,12 @@ def _async(opts, overlaps: bool) -> bool:
 
 
 def _can_overlap(group) -> bool:
-    """Whether a call on ``group`` left in flight can overlap the caller's compute: when it
-    crosses hosts (it waits on a wire), or when this host has a core to spare for ringlet's
-    progress thread. Where the job's ranks already fill the host's cores, a shared-memory
-    transfer moved in the background only takes turns with the compute on them, and pays
-    thread switches for it (DDP step, p = 2 on 2 cores: 0.85-0.98x Gloo in flight,
-    1.24-1.41x completed in the call). ``RINGLET_TORCH_ASYNC=always|never`` decides instead."""
+    """Whether calls on ``group`` stay in flight (``runtime.can_overlap``);
+    ``RINGLET_TORCH_ASYNC=always|never`` decides instead."""
     choice = os.environ.get("RINGLET_TORCH_ASYNC", "auto")
     if choice in ("always", "never"):
         return choice == "always"
-    if len(set(group.hosts)) > 1:
-        return True
-    world = runtime.resolve(None)
-    local = world.hosts.count(world.hosts[world.rank])
-    return len(os.sched_getaffinity(0)) > local
+    return runtime.can_overlap(group)
 
 
 _joining: dict = {}   # backward pass (graph task id) -> the works it must wait for

@@ -547,7 +547,7 @@ def _async_policy(rank, n, choice):
 @pytest.mark.parametrize("choice", ["auto", "never"])
 def test_async_policy(monkeypatch, choice):
     """In flight only where it can overlap: across hosts, or with a core to spare on this
-    one (ringlet.torch._can_overlap); 'never' completes every call before it returns."""
+    one (ringlet.runtime.can_overlap); 'never' completes every call before it returns."""
     monkeypatch.setenv("RINGLET_TORCH_ASYNC", choice)
     launch(_async_policy, 2, choice)
 

@@ -91,26 +91,12 @@ def hosts_of(group):
 
 
 def overlaps(group, choice=None) -> bool:
-    """Whether a collective on ``group`` left in flight can overlap the caller's compute
-    (the torch backend's rule): when background progress is on and the group crosses
-    hosts (it waits on a wire), or this host has a core to spare beyond one per local
-    rank. Where the job's ranks fill the cores, a shared-memory transfer moved by the
-    progress thread only takes turns with the compute and pays thread switches
-    (examples/train_mlp.py dp, 4 ranks on 2 cores: 11.5 ms of communication per step in
-    flight, 0.7 ms completed in the call). ``choice``: True / False decides instead."""
+    """Whether collectives on ``group`` stay in flight (``runtime.can_overlap``, the torch
+    backend's rule too); ``choice``: True / False decides instead."""
     if choice is not None:
         return bool(choice)
-    import os
-
-    from ..runtime import engine
-    if not engine().background.on:
-        return False
-    if len(set(group.hosts)) > 1:
-        return True
-    from ..runtime import resolve
-    world = resolve(None)
-    local = world.hosts.count(world.hosts[world.rank])
-    return len(os.sched_getaffinity(0)) > local
+    from ..runtime import can_overlap
+    return can_overlap(group)
 
 
 def _default_topology():

@@ -577,11 +577,12 @@ def main(argv=None) -> int:
                     help="under a minute on a quiet 2-core host instead of several: "
                          "every experiment at 4 KiB-1 MiB and six at 4-64 MiB, with 2, 3 and "
                          "4 ranks, in 2 passes that wait at most 2 s for a quiet host, and a "
-                         "shorter fit. Slightly less accurate: fitted to the same timings, "
-                         "its median error was 1-5 points above the full fit's (17-21%% vs "
-                         "16%%); on a busy host its own timings are what make it worse "
-                         "(42-79%% at load 6-15 here: calibrate fully there). bench/"
-                         "quick_accuracy.py measures both on your host")
+                         "shorter fit. Slightly less accurate: on a quiet 2-core host 26 s "
+                         "for shm and tcp, median error 11.7-12.4%% against the full "
+                         "profile's 10.3%% on the full run's timings; on a busy host its own "
+                         "timings are what make it worse (42-79%% at load 6-15 here: "
+                         "calibrate fully there). bench/quick_accuracy.py measures both on "
+                         "your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

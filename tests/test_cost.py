@@ -1127,8 +1127,10 @@ def test_host_profile_drives_choose_predict_and_explain(capsys):
     loaded = load_profile()
     model = loaded.host_model("shm")
     assert model is not None and model.cores == 2 and loaded.host_model("tcp") is None
-    link = loaded.link("shm")               # plain-link view: 2 alpha + alpha_rdv, 2 beta
-    assert link.alpha == pytest.approx(2 * 4e-6 + 1.2e-5) and link.beta == pytest.approx(3.6e-11)
+    link = loaded.link("shm")     # plain-link view: 2 alpha + alpha_hop (+ alpha_rdv), 2 beta
+    assert link.alpha_eager == pytest.approx(2 * 4e-6 + 2.5e-6) and link.beta == pytest.approx(3.6e-11)
+    assert link.alpha == pytest.approx(2 * 4e-6 + 2.5e-6 + 1.2e-5)
+    assert link.time(link.eager) < link.time(link.eager + 1) - 1.1e-5
     alg, rows = choose("all_reduce", 16 << 20, 4)
     assert rows[0].method == "simulated (host model)"
     for r in rows:

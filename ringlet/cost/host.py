@@ -79,10 +79,14 @@ class HostModel:
 
     @property
     def link(self) -> Link:
-        """The plain alpha-beta link closest to this model (for closed forms): one message
-        between two otherwise idle ranks costs 2 alpha + alpha_rdv and 2 beta per byte."""
-        a = 2 * self.alpha + self.alpha_rdv
-        return Link.from_beta(a, 2 * self.beta, "host") if self.beta > 0 else Link(a, 1e300, "host")
+        """The plain alpha-beta link closest to this model (closed forms, other hosts): one
+        message between two otherwise idle ranks costs 2 alpha + alpha_hop (both sides'
+        work, the hop) up to the rendezvous limit, alpha_rdv more above it (the round trip
+        before the data may go), and 2 beta per byte."""
+        eager = 2 * self.alpha + self.alpha_hop
+        limit = max(self.eager, self.rendezvous)
+        return Link(eager + self.alpha_rdv, 1 / (2 * self.beta) if self.beta > 0 else 1e300,
+                    "host", eager, limit)
 
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":

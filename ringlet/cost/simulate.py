@@ -275,14 +275,14 @@ class _Sim:
         queues its own messages at its own NIC's share only - a rank's messages to two
         ranks of one host are queued on its port, not also competing at that host's NIC."""
         topo, m = self.topo, len(src)
-        ai, bi = topo.intra.alpha, topo.intra.beta
+        ai, bi = topo.intra.alphas(nb), topo.intra.beta    # (by size: eager or rendezvous)
         if not self.uniform:
             host = topo.host_array
             hs, hd = host[src], host[dst]
             x = hs != hd
             nx = int(np.count_nonzero(x))
             if nx:
-                ae, be = topo.inter.alpha, topo.inter.beta
+                ae, be = topo.inter.alphas(nb), topo.inter.beta
                 if topo.nic_sharing:
                     p = self.p
                     kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)

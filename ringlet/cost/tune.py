@@ -214,7 +214,8 @@ def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, 
     link = topo.inter
     if topo.nic_sharing and topo.ranks_per_host > 1:
         k = crossing(collective, algorithm, topo.ranks_per_host)
-        link = Link(link.alpha, link.bandwidth * (topo.shared if k > 1 else 1.0) / k, link.name)
+        from dataclasses import replace
+        link = replace(link, bandwidth=link.bandwidth * (topo.shared if k > 1 else 1.0) / k)
     return closed_form(collective, nbytes, p, algorithm, link, gamma, itemsize=itemsize)
 
 

@@ -1111,6 +1111,24 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
                              shared=("buf",)) == pytest.approx(ts["direct"])
 
 
+def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
+    """Where the transport reads private buffers in place (cma_min >= 0), a plain message
+    above cma_min costs what an rl.empty one does; below it, and without cma_min, it goes
+    through the ring."""
+    entry = {**HOST_PROFILE, "cma_min": shm.RING_BYTES}
+    cma = profile.Profile.from_fits({"shm": entry}).host_model("shm")
+    ring = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).host_model("shm")
+    assert (cma.cma_min, ring.cma_min) == (shm.RING_BYTES, -1)
+
+    def t(model, nbytes, shared=()):
+        s = _build("broadcast", "direct", 2, nbytes // 4)
+        return simulate(s, Topology.on_host(2, model), shared=shared).time
+    big = 8 << 20
+    assert t(cma, big) == pytest.approx(t(cma, big, ("buf",)))
+    assert t(cma, big) < t(ring, big)
+    assert t(cma, 1 << 20) == pytest.approx(t(ring, 1 << 20))
+
+
 def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save()
     for flags, winner in (([], "binomial"), (["--zero-copy"], "direct")):

@@ -420,15 +420,17 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
     ``backend`` is the transport the ranks use: "shm" (the default inside a host) or
     "tcp" (every message over the profile's tcp link). ``algorithm="auto"`` (or None) is
     resolved as the runtime resolves it: ``choose`` on the shared-memory profile of one
-    host. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
+    host (with "tcp", on one host per rank: what the runtime sees of ranks that share no
+    memory). ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
     ``shared``: the buffers that are ``rl.empty`` arrays (see :func:`choose`)."""
     check_collective(collective)
     if backend not in ("shm", "tcp"):
         raise ValueError(f"unknown backend {backend!r}; valid: shm, tcp")
     prof = profile if profile is not None else load_profile()
     if algorithm in (None, "auto"):
+        # (ranks that share no memory are hosts of their own to the runtime)
         algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize,
-                           shared=shared)[0]
+                           shared=shared, hosts=tuple(range(p)) if backend == "tcp" else None)[0]
     check_algorithm(collective, algorithm)
     if backend == "shm":
         topology = prof

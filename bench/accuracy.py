@@ -203,7 +203,7 @@ def run_job(transport, p, work, timeout=900):
             return json.load(f)
 
 
-def measure(grid, repeats=2, blocks=3, budget=0.004, max_load=0.5, retries=1,
+def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             quiet_wait=10.0, verbose=True):
     """({cell: {algorithm: [seconds per block]}}, {cell: [auto's pick per repeat]}, log).
 
@@ -387,8 +387,8 @@ def main(argv=None) -> int:
                     help="jobs per cell, spread over the run (default 2; --quick 1)")
     ap.add_argument("--blocks", type=int, default=3,
                     help="interleaved blocks of all algorithms per cell and job (3)")
-    ap.add_argument("--budget", type=float, default=0.004,
-                    help="seconds of timed calls per algorithm and block, by the model (0.004)")
+    ap.add_argument("--budget", type=float, default=0.01,
+                    help="seconds of timed calls per algorithm and block, by the model (0.01)")
     ap.add_argument("--collectives", default=None, help="comma-separated subset")
     ap.add_argument("--max-load", type=float, default=0.5,
                     help="run a job again if other processes kept this many cores busy")

@@ -105,7 +105,9 @@ class ZeroOptimizer:
                 self.shards.append(u.full[u.lo:u.hi])
                 u.grad = buffer(flat.size, u.dtype) if stage == 1 else np.empty(u.shard, u.dtype)
             else:
-                self.shards.append(flat[u.lo:u.hi].copy())
+                shard = buffer(u.shard, u.dtype)    # (all_gather's input: read in place)
+                shard[:] = flat[u.lo:u.hi]
+                self.shards.append(shard)
             self.units.append(u)
             self.state.append(self.opt.state(u.shard, u.dtype))
         self.t = 0

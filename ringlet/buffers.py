@@ -53,21 +53,37 @@ _spare_lock = threading.Lock()      # (the progress thread gives back too)
 
 
 def lend(nbytes: int) -> np.ndarray:
-    """A uint8 rl.empty array of at least ``nbytes`` - the smallest spare that fits, else a
-    new one. ``give_back`` it once no call reads or writes it any more."""
+    """A uint8 rl.empty array of at least ``nbytes`` - the smallest spare that fits (and is
+    not over twice that: memory lent is memory held), else a new one. ``give_back`` it once
+    no call reads or writes it any more."""
     with _spare_lock:
-        fits = [i for i, b in enumerate(_spare) if b.size >= nbytes]
+        fits = [i for i, b in enumerate(_spare) if nbytes <= b.size <= max(2 * nbytes, 8192)]
         if fits:     # (by position: == on arrays compares their elements)
             return _spare.pop(min(fits, key=lambda i: _spare[i].size))
     return empty(max(int(nbytes), 1), np.uint8)
 
 
-def give_back(buf: np.ndarray) -> None:
-    """Return a ``lend`` array for reuse (the smallest spare goes when too many are kept)."""
+def give_back(buf: np.ndarray | None) -> None:
+    """Return a ``lend`` array for reuse (the smallest spare goes when too many are kept);
+    None: nothing was lent."""
+    if buf is None:
+        return
     with _spare_lock:
         _spare.append(buf)
         if len(_spare) > SPARE_KEEP:
             _spare.pop(min(range(len(_spare)), key=lambda i: _spare[i].size))
+
+
+def spare_bytes() -> int:
+    """Bytes of the spare buffers kept for reuse (not lent out)."""
+    with _spare_lock:
+        return sum(b.size for b in _spare)
+
+
+def drop_spares() -> None:
+    """Free the spare buffers (their memory goes once nothing else maps it)."""
+    with _spare_lock:
+        _spare.clear()
 
 
 def lent_view(buf: np.ndarray, shape, dtype) -> np.ndarray:

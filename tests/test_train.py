@@ -983,6 +983,9 @@ def _owned_job(rank):
     full = z.gather(0)[0]
     assert (full == 1).all() and maps, "ZeRO-3's all_gather did not read the shards in place"
     z.free(0)
+    again = z.gather(0)[0]      # into the same (reused, already faulted-in) memory
+    assert again.ctypes.data == full.ctypes.data and (again == 1).all()
+    z.free(0)
 
     w = np.zeros(n, np.float32)
     ps = train.ParameterServer(w, width=1, staleness=1)

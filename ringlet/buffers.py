@@ -11,6 +11,7 @@ import bisect
 import itertools
 import mmap
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -40,6 +41,56 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
     bisect.insort(_starts, start)
     weakref.finalize(mm, _release, start, fd)
     return arr
+
+
+# The library's own temporaries - a staged tensor, MoE's packed rows, a parameter server's
+# snapshot - are filled by ringlet and then sent, so they live in shared memory too and
+# local peers read them in place. They are lent out and given back rather than allocated
+# per call: a fresh memfd would cost its mapping and a page fault per 4 KiB every time.
+SPARE_KEEP = 8                      # spare buffers kept for reuse, at most
+_spare: list[np.ndarray] = []       # uint8 rl.empty arrays not lent out
+_spare_lock = threading.Lock()      # (the progress thread gives back too)
+
+
+def lend(nbytes: int) -> np.ndarray:
+    """A uint8 rl.empty array of at least ``nbytes`` - the smallest spare that fits (and is
+    not over twice that: memory lent is memory held), else a new one. ``give_back`` it once
+    no call reads or writes it any more."""
+    with _spare_lock:
+        fits = [i for i, b in enumerate(_spare) if nbytes <= b.size <= max(2 * nbytes, 8192)]
+        if fits:     # (by position: == on arrays compares their elements)
+            return _spare.pop(min(fits, key=lambda i: _spare[i].size))
+    return empty(max(int(nbytes), 1), np.uint8)
+
+
+def give_back(buf: np.ndarray | None) -> None:
+    """Return a ``lend`` array for reuse (the smallest spare goes when too many are kept);
+    None: nothing was lent."""
+    if buf is None:
+        return
+    with _spare_lock:
+        _spare.append(buf)
+        if len(_spare) > SPARE_KEEP:
+            _spare.pop(min(range(len(_spare)), key=lambda i: _spare[i].size))
+
+
+def spare_bytes() -> int:
+    """Bytes of the spare buffers kept for reuse (not lent out)."""
+    with _spare_lock:
+        return sum(b.size for b in _spare)
+
+
+def drop_spares() -> None:
+    """Free the spare buffers (their memory goes once nothing else maps it)."""
+    with _spare_lock:
+        _spare.clear()
+
+
+def lent_view(buf: np.ndarray, shape, dtype) -> np.ndarray:
+    """``buf``'s first bytes as an array of ``shape`` and ``dtype``."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return buf[:count * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def zeros(shape, dtype=np.float32) -> np.ndarray:

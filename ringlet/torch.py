@@ -253,8 +253,6 @@ def _dense(t: torch.Tensor):
 # load 6, 3 turns: 6 MB 2.6 -> 1.5 ms, 16 MB 8.2 -> 4.8, 25 MB 11.7 -> 6.3; at 4 MB it did
 # not) - and a DDP bucket, the next time, moves to shared memory for good (_adopted).
 STAGE_MIN = 4 << 20
-_spare: list = []   # staging buffers not in use (uint8 tensors over rl.empty memory)
-_spare_lock = threading.Lock()
 _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
 
 
@@ -289,21 +287,14 @@ def _adopted(t: torch.Tensor) -> bool:
 
 def _staged(t: torch.Tensor):
     """(a tensor in shared memory holding ``t``'s values, what copies it back into ``t``)."""
-    n = t.numel() * t.element_size()
-    with _spare_lock:
-        fits = [b for b in _spare if b.numel() >= n]
-        buf = min(fits, key=torch.Tensor.numel) if fits else None
-        if buf is not None:
-            _spare.remove(buf)
-    if buf is None:
-        buf = torch.from_numpy(buffers.empty(n, np.uint8))
-    s = buf[:n].view(t.dtype).view(t.shape)
+    buf = buffers.lend(t.numel() * t.element_size())
+    s = torch.from_numpy(buffers.lent_view(buf, (t.numel() * t.element_size(),), np.uint8))
+    s = s.view(t.dtype).view(t.shape)
     s.copy_(t)
 
     def back():
         t.copy_(s)
-        with _spare_lock:
-            _spare.append(buf)
+        buffers.give_back(buf)
     return s, back
 
 

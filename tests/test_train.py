@@ -939,3 +939,66 @@ def test_example_actor_learner_learns(staleness):
                if "mean reward" in line]
     assert rewards[-1] > rewards[0] + 0.2, out        # the policy finds the better arms
     assert "gamma (actors): predicted" in out, out
+
+
+# -- the library's own buffers live in shared memory ---------------------------------------------
+def test_lend_reuses_the_smallest_spare_and_keeps_few():
+    from ringlet import buffers
+    a, b = buffers.lend(10_000), buffers.lend(100_000)
+    assert buffers.locate(a) is not None and a.size >= 10_000 and b.size >= 100_000
+    buffers.give_back(b)
+    buffers.give_back(a)
+    assert buffers.lend(5_000) is a                      # the smallest that fits
+    assert buffers.lend(50_000) is b
+    view = buffers.lent_view(b, (3, 7), np.float64)
+    assert view.shape == (3, 7) and view.dtype == np.float64 and buffers.locate(view) is not None
+    many = [buffers.lend(4096 * (i + 1)) for i in range(buffers.SPARE_KEEP + 3)]
+    for m in many:
+        buffers.give_back(m)
+    assert len(buffers._spare) == buffers.SPARE_KEEP
+    assert min(x.size for x in buffers._spare) > 4096 * 3    # the smallest went first
+
+
+def _owned_job(rank):
+    """What ringlet fills and sends itself - MoE's packed rows, a parameter server's
+    snapshot, ZeRO-3's shards - is read in place by the local peer (one copy, not two)."""
+    from ringlet import buffers, train
+    from ringlet.runtime import engine
+    from ringlet.transport.shm import ZERO_COPY_MIN
+    maps = engine().remote_maps.maps
+    rows = 2 * ZERO_COPY_MIN // (4 * 256)
+    x = np.random.default_rng(rank).standard_normal((rows, 256)).astype(np.float32)
+    idx = np.full(rows, 1 - rank)                         # every token to the other rank
+    maps.clear()
+    toks, routing = train.dispatch(x, idx, 2, capacity_factor=10)
+    assert maps, "MoE's packed rows were not read in place"
+    maps.clear()
+    np.testing.assert_array_equal(train.combine(toks, routing), x)
+    assert maps, "combine's rows were not read in place"
+
+    n = 4 * ZERO_COPY_MIN // 4
+    z = train.ZeroOptimizer([np.ones(2 * n, np.float32)], stage=3, lr=0.1)
+    assert buffers.locate(z.shards[0]) is not None
+    maps.clear()
+    full = z.gather(0)[0]
+    assert (full == 1).all() and maps, "ZeRO-3's all_gather did not read the shards in place"
+    z.free(0)
+    again = z.gather(0)[0]      # into the same (reused, already faulted-in) memory
+    assert again.ctypes.data == full.ctypes.data and (again == 1).all()
+    z.free(0)
+
+    w = np.zeros(n, np.float32)
+    ps = train.ParameterServer(w, width=1, staleness=1)
+    maps.clear()
+    if rank == 0:
+        ps.learn(3, lambda w, exps: w.__iadd__(1))
+        assert not ps._pending
+    else:
+        seen = []
+        ps.act(3, lambda w, c: seen.append(float(w[0])) or np.ones((1, 1), np.float32))
+        assert maps, "the weights' snapshot was not read in place"
+        assert seen[-1] >= 1
+
+
+def test_library_buffers_are_read_in_place():
+    run(_owned_job, 2)

@@ -7,8 +7,11 @@ the ``rl.empty`` shared-memory arrays (``mmap``, which it does not see).
         for _ in range(steps): train_step(opt)
     m.held, m.peak            # bytes
 
-The peak adds the heap's peak to the shared arrays' (sampled as each one is made by
-:func:`ringlet.train.pricing.buffer`): at most the true peak of the sum, never below it.
+The peak adds the heap's peak to the shared arrays' (sampled as each one is made or lent
+by :mod:`ringlet.train.pricing`): at most the true peak of the sum, never below it.
+Spare buffers ringlet keeps to lend again (``ringlet.buffers.lend``) are not held by the
+program: ``m.reserved`` counts them at the end (``ringlet.buffers.drop_spares()`` frees
+them), as a caching allocator tells memory allocated from memory reserved.
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ _open: list = []
 
 
 def shared_bytes() -> int:
-    """Bytes of ``rl.empty`` arrays alive in this process."""
-    return sum(end - start for start, (end, *_) in list(buffers._regions.items()))
+    """Bytes of ``rl.empty`` arrays alive in this process, but the spares kept to lend."""
+    return sum(end - start for start, (end, *_) in list(buffers._regions.items())) \
+        - buffers.spare_bytes()
 
 
 def note_shared() -> None:
@@ -34,7 +38,7 @@ def note_shared() -> None:
 
 class MemoryMeter:
     def __init__(self):
-        self.held = self.peak = 0
+        self.held = self.peak = self.reserved = 0
         self._started = False
 
     def __enter__(self) -> "MemoryMeter":
@@ -53,6 +57,7 @@ class MemoryMeter:
         shm = shared_bytes()
         self.held = heap - self._heap0 + shm - self._shm0
         self.peak = heap_peak - self._heap0 + max(self._shm_peak, shm) - self._shm0
+        self.reserved = buffers.spare_bytes()
         if self._started:
             tracemalloc.stop()
 

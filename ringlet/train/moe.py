@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import buffers
 from ..collectives import all_to_all, all_to_all_single
 from ..ops import as_array
 from ..runtime import get_rank, resolve
@@ -101,9 +102,13 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     send_splits = counts.reshape(p, per).sum(1).tolist()
     recv_splits = recv_counts.sum(1).tolist()
     rows = x.reshape(T, int(np.prod(x.shape[1:], dtype=np.int64)))
-    send = rows[order // k]
+    lent = buffers.lend(len(order) * rows.shape[1] * rows.dtype.itemsize)   # (local peers read it in place)
+    send = np.take(rows, order // k, axis=0, out=buffers.lent_view(lent, (len(order), rows.shape[1]), rows.dtype))
     recv = np.empty((sum(recv_splits), rows.shape[1]), x.dtype)
-    all_to_all_single(recv, send, recv_splits, send_splits, group=g)
+    try:
+        all_to_all_single(recv, send, recv_splits, send_splits, group=g)
+    finally:
+        buffers.give_back(lent)
     # Received rows come by sender, then expert; each expert wants its rows together.
     sender_major = np.repeat(np.arange(p * per), recv_counts.reshape(-1))
     by_expert = np.argsort(sender_major % per, kind="stable")
@@ -137,10 +142,14 @@ def combine(expert_outputs, routing: Routing, weights=None):
     row = int(np.prod(row_shape, dtype=np.int64))
     dtype = outs[0].dtype if outs else np.dtype(np.float32)
     grouped = np.concatenate([o.reshape(-1, row) for o in outs]) if outs else np.empty((0, row), dtype)
-    back = np.empty_like(grouped)
+    lent = buffers.lend(grouped.nbytes)                  # (local peers read it in place)
+    back = buffers.lent_view(lent, grouped.shape, dtype)
     back[routing.by_expert] = grouped                    # sender-major again
     got = np.empty((len(routing.order), row), dtype)
-    all_to_all_single(got, back, routing.send_splits, routing.recv_splits, group=g)
+    try:
+        all_to_all_single(got, back, routing.send_splits, routing.recv_splits, group=g)
+    finally:
+        buffers.give_back(lent)
     y = np.zeros((T * k, row), dtype)
     if routing.tokens is not None:
         y[:] = np.repeat(routing.tokens.reshape(T, row), k, axis=0)

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from .. import buffers
 from ..collectives import all_to_all_single, broadcast, gather
 from ..ops import as_array
 from ..runtime import get_rank, irecv, isend, recv, resolve
@@ -48,7 +49,7 @@ class ParameterServer:
         self.version = 0
         self.blocked_seconds = 0.0     # actor: waiting for weights (or the round's collectives)
         self.used_versions: list = []  # learner: (round, actor, version its experience used)
-        self._pending: list = []       # learner: sends of weights not yet known to be done
+        self._pending: list = []       # learner: (snapshot, its sends) not yet known to be done
 
     # -- learner ---------------------------------------------------------------------------
     def learn(self, rounds: int, update) -> None:
@@ -67,14 +68,22 @@ class ParameterServer:
             if self.s and c + 1 < rounds:
                 self._publish()
         if self.s:
-            for w in self._pending:
-                w.wait()
+            for lent, sends in self._pending:
+                for w in sends:
+                    w.wait()
+                buffers.give_back(lent)
+            self._pending = []
 
     def _publish(self) -> None:
-        self._pending = [w for w in self._pending if not w.is_completed()]
-        snapshot = self.weights.copy()     # the actors read this version while we go on
-        for a in self.actors:
-            self._pending.append(isend(snapshot, a, self.group, tag=2 * self.version))
+        for done in [x for x in self._pending if all(w.is_completed() for w in x[1])]:
+            self._pending.remove(done)
+            buffers.give_back(done[0])
+        # The actors read this version while we go on (from shared memory, in place).
+        lent = buffers.lend(self.weights.nbytes)
+        snapshot = buffers.lent_view(lent, self.weights.shape, self.weights.dtype)
+        snapshot[...] = self.weights
+        self._pending.append((lent, [isend(snapshot, a, self.group, tag=2 * self.version)
+                                     for a in self.actors]))
 
     def _recv_experience(self, actor: int, c: int) -> np.ndarray:
         head = np.empty(3, np.int64)

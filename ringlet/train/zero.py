@@ -29,7 +29,8 @@ from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..ops import ReduceOp, as_array
 from ..runtime import get_rank, resolve
 from . import optim
-from .pricing import Call, buffer, hosts_of, overlaps, price
+from .. import buffers
+from .pricing import Call, buffer, hosts_of, lent, overlaps, price
 
 
 class _Done:
@@ -59,6 +60,12 @@ class _Unit:
         self.grad = None          # stage 1: full gradient; 2, 3: this rank's block
         self.grad_in = None       # stages 2, 3: the full gradient a reduce_scatter is reading
         self.grad_work = None
+        self.lent = {}            # "full" / "grad_in" -> the reused buffer under it (stage 3 / 2, 3)
+
+    def give_back(self, what: str) -> None:
+        buf = self.lent.pop(what, None)
+        if buf is not None:
+            buffers.give_back(buf)
 
     def views(self, full):
         out, off = [], 0
@@ -105,7 +112,9 @@ class ZeroOptimizer:
                 self.shards.append(u.full[u.lo:u.hi])
                 u.grad = buffer(flat.size, u.dtype) if stage == 1 else np.empty(u.shard, u.dtype)
             else:
-                self.shards.append(flat[u.lo:u.hi].copy())
+                shard = buffer(u.shard, u.dtype)    # (all_gather's input: read in place)
+                shard[:] = flat[u.lo:u.hi]
+                self.shards.append(shard)
             self.units.append(u)
             self.state.append(self.opt.state(u.shard, u.dtype))
         self.t = 0
@@ -130,7 +139,7 @@ class ZeroOptimizer:
         return unit.views(unit.full)
 
     def _start_gather(self, unit: _Unit, u: int) -> None:
-        unit.full = buffer(len(self.shards[u]) * self.group.size, unit.dtype)
+        unit.full, unit.lent["full"] = lent(len(self.shards[u]) * self.group.size, unit.dtype)
         unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
                                group=self.group, async_op=self.overlap)
         held = sum(x.full.nbytes for x in self.units if x.full is not None)
@@ -143,6 +152,7 @@ class ZeroOptimizer:
             if unit.work is not None:
                 unit.work.wait()
             unit.full, unit.work = None, None
+            unit.give_back("full")
 
     # -- gradients and the step --------------------------------------------------------
     def reduce_grad(self, u: int, grads) -> None:
@@ -161,7 +171,11 @@ class ZeroOptimizer:
         for other in self.units:    # free the inputs of reduce_scatters that have finished
             if other.grad_in is not None and other.grad_work.is_completed():
                 other.grad_in = None
-        flat = unit.grad if self.stage == 1 else buffer(p * unit.shard, unit.dtype)
+                other.give_back("grad_in")
+        if self.stage == 1:
+            flat = unit.grad
+        else:
+            flat, unit.lent["grad_in"] = lent(p * unit.shard, unit.dtype)
         off = 0
         for a in arrays:
             flat[off:off + a.size] = a.reshape(-1)
@@ -180,6 +194,7 @@ class ZeroOptimizer:
                                             group=self.group, async_op=self.overlap) or _DONE
             if unit.grad_work is _DONE:
                 unit.grad_in = None
+                unit.give_back("grad_in")
 
     def step(self, grads=None) -> None:
         """Update the parameters with the averaged gradients: ``grads`` (one entry per
@@ -198,6 +213,7 @@ class ZeroOptimizer:
         for k, unit in enumerate(self.units):
             unit.grad_work.wait()
             unit.grad_work = unit.grad_in = None
+            unit.give_back("grad_in")
             g = unit.grad[unit.lo:unit.hi] if self.stage == 1 else unit.grad
             self.opt.update(self.shards[k], g, self.state[k], self.t)
         if self.stage == 3:

@@ -25,7 +25,8 @@
    where the predicted winner is within 10% of the best measured algorithm, and the
    fraction where auto's pick is, with the worst loss when it is not.
 
-``--quick`` measures a subset (QUICK_GRID: fewer sizes and group sizes) for a loaded host.
+``--quick`` measures a subset (QUICK_GRID: fewer sizes and group sizes, one repeat; with
+``--calibrate``, ``ringlet calibrate --quick``) for a loaded host.
 ``--from-json FILE`` re-predicts the measurements of an earlier ``--json`` run with the
 current model (no new measurements; for developing the model).
 Targets (issue 27): per collective median error <= 10%, predicted winner and auto's pick
@@ -230,11 +231,21 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
                 time.sleep(0.5)
             b0, o0 = _cpu_seconds()
             t0 = time.perf_counter()
-            got = run_job(tr, p, work)
+            try:
+                got = run_job(tr, p, work)
+            except Exception as exc:      # one failed job must not lose the others' cells
+                print(f"\n  job {tr} {kind} p={p} failed: {exc}", file=sys.stderr)
+                got = None
+                break
             b1, o1 = _cpu_seconds()
             load = max(0.0, (b1 - b0) - (o1 - o0)) / (time.perf_counter() - t0)
             if load <= max_load:
                 break
+        if got is None:
+            log.append({"transport": tr, "kind": kind, "p": p, "repeat": rep, "failed": True,
+                        "attempts": attempt + 1, "others_load": 0.0,
+                        "seconds": time.perf_counter() - t0})
+            continue
         log.append({"transport": tr, "kind": kind, "p": p, "repeat": rep,
                     "attempts": attempt + 1, "others_load": load,
                     "seconds": time.perf_counter() - t0})
@@ -382,7 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate", action="store_true",
                     help="run `ringlet calibrate --transports shm,tcp` first")
     ap.add_argument("--quick", action="store_true",
-                    help="QUICK_GRID (fewer sizes and group sizes), one repeat: for a busy host")
+                    help="QUICK_GRID (fewer sizes and group sizes), one repeat, and with "
+                         "--calibrate `ringlet calibrate --quick`: for a busy host")
     ap.add_argument("--repeats", type=int, default=None,
                     help="jobs per cell, spread over the run (default 2; --quick 1)")
     ap.add_argument("--blocks", type=int, default=3,
@@ -414,7 +426,7 @@ def main(argv=None) -> int:
             from ringlet.calibrate import main as calibrate_main
             why = "--calibrate" if a.calibrate else f"no profile at {profile_path()}"
             print(f"calibrating ({why}) ...", flush=True)
-            if calibrate_main(["--transports", "shm,tcp"]) != 0:
+            if calibrate_main(["--transports", "shm,tcp"] + (["--quick"] if a.quick else [])) != 0:
                 return 1
         grid = QUICK_GRID if a.quick else GRID
         repeats = a.repeats if a.repeats is not None else (1 if a.quick else 2)
@@ -424,7 +436,9 @@ def main(argv=None) -> int:
         samples, autos, joblog = measure(grid, repeats, a.blocks, a.budget, a.max_load)
         redo = sum(j["attempts"] - 1 for j in joblog)
         loads = [j["others_load"] for j in joblog]
-        print(f"{len(joblog)} jobs in {time.time() - t0:.0f} s; {redo} run again because other "
+        failed = sum(j.get("failed", False) for j in joblog)
+        print(f"{len(joblog)} jobs ({failed} failed) in {time.time() - t0:.0f} s; {redo} run "
+              f"again because other "
               f"processes were busy; others' load median {statistics.median(loads):.2f}, max "
               f"{max(loads):.2f} cores; load average {os.getloadavg()[0]:.1f}")
     meas = {cell: cell_times(per) for cell, per in samples.items()}

@@ -61,8 +61,11 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
 
 
 def _shared(bufs: dict) -> tuple:
-    """Names of the call's buffers that are rl.empty arrays."""
-    return tuple(name for name, arr in bufs.items() if locate(arr) is not None)
+    """Names of the call's buffers that are rl.empty arrays. A buffer only the root passes
+    (scatter's input, gather's output: empty elsewhere) counts, on the other ranks, as the
+    kind of the buffers they pass - as the root's must be, or auto picks differently."""
+    names = tuple(name for name, arr in bufs.items() if locate(arr) is not None)
+    return tuple(n for n, arr in bufs.items() if n in names or arr.size == 0) if names else ()
 
 
 class Prepared:

@@ -441,6 +441,10 @@ def main(argv=None) -> int:
               f"again because other "
               f"processes were busy; others' load median {statistics.median(loads):.2f}, max "
               f"{max(loads):.2f} cores; load average {os.getloadavg()[0]:.1f}")
+        if statistics.median(loads) > a.max_load:
+            print(f"WARNING: other processes kept {statistics.median(loads):.1f} cores busy "
+                  f"(median over the jobs) of this machine's {os.cpu_count()}: the timings "
+                  f"measure them too; rerun on a quiet machine")
     meas = {cell: cell_times(per) for cell, per in samples.items()}
     prof = load_profile()
     print(profile_summary(prof))

@@ -19,6 +19,7 @@ from . import tracing
 from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
+_AVG = ReduceOp.AVG     # (ReduceOp.AVG goes through the Enum metaclass's __getattr__: 50 ns)
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 
 
@@ -196,7 +197,7 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
     flat = _flat(arr)
     # (op and dtype are checked with the plan, once per kind of call: _prepare)
     return _run("all_reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
-                timeout, finish=_averager(op, flat, g) if op is ReduceOp.AVG else None)
+                timeout, finish=_averager(op, flat, g) if op is _AVG else None)
 
 
 @profiled("reduce")
@@ -217,7 +218,7 @@ def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
 
 def _averager(op: ReduceOp, flat: np.ndarray, g: Group):
     p = g.size
-    if op is not ReduceOp.AVG or p == 1:
+    if op is not _AVG or p == 1:
         return None
     return lambda: average(flat, p)
 

@@ -39,7 +39,8 @@ class _Loopback:
         base = self.mem.ctypes.data
         ring = (base, base + 128, capacity)
         self.fast_counts = np.zeros(4, np.int64)
-        self.link = ring + ring + (base + 128 + capacity, self.fast_counts.ctypes.data)
+        self.link = fast.pack_link(*ring, *ring, base + 128 + capacity,
+                                   self.fast_counts.ctypes.data)
         self.head = self.tail = 0
         self.outq, self.unexpected, self.posted, self.dead = (), {}, {}, None
 

@@ -139,14 +139,20 @@ def encode(plan: tuple, itemsize: int, peer) -> tuple:
     return names, struct.pack(f"<{len(words)}q", *words)
 
 
-def _link(peer: ShmPeer) -> tuple:
+def _link(peer: ShmPeer) -> bytes:
     """Addresses C needs of one pair's two rings (they live as long as the engine)."""
     def ring(r):
         data = r.data.ctypes.data
         return data - SLOT_CTRL, data, r.capacity
 
     asleep = peer.outbox.data.ctypes.data - peer.outbox.base   # word 0 of the peer's segment
-    return ring(peer.inbox) + ring(peer.outbox) + (asleep, peer.fast_counts.ctypes.data)
+    return pack_link(*ring(peer.inbox), *ring(peer.outbox), asleep, peer.fast_counts.ctypes.data)
+
+
+def pack_link(in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep, counts) -> bytes:
+    """One link as C reads it: 8 int64 (addresses, and the rings' capacities)."""
+    return struct.pack("<8q", in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep,
+                       counts)
 
 
 def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:

@@ -334,7 +334,8 @@ def engine() -> Engine:
 
 def resolve(group: Group | None) -> Group:
     """The group a call acts on; it must be live and include this rank."""
-    engine()
+    if _S.engine is None:
+        engine()      # (raises: not initialized)
     g = _S.world if group is None else group
     if not isinstance(g, Group) or g not in _S.groups:
         raise ValueError(f"{group!r} is not a live ringlet group")
@@ -532,7 +533,7 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
     waited for (traced by ``tr``, if given). True if C did it."""
-    eng = engine()
+    eng = _S.engine     # (_p2p's resolve found it initialized)
     spun = 0.0
     if eng.fast:
         kind, world, wire, flat, _ = args

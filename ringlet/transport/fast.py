@@ -173,19 +173,20 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
     if fc is None or engine.works:
         return False, 0.0
     ran = _fastpath.run(fc.plan, (data,), fc.peers, fc.links, fc.kernel, tag, 0, 0,
-                        engine.fast_budget, engine.crowded, _wake)
+                        engine.fast_budget, engine.crowded, _wake)    # (as run(): a call less)
     if ran is None:
         return False, 0.0
     rounds, _mask, _waited, _last, stalled = ran
     return rounds == 1, stalled
 
 
-def run(engine, fc: FastCall, bufs: dict, tag: int, fp):
-    """Run the plan in C as far as it goes: None if it did not start, else C's own tuple
+def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):
+    """Run the plan in C as far as it goes (``arrays``: ``fc.arrays`` of the call's
+    buffers; the call's ``fp`` and ``engine``): None if it did not start, else C's own tuple
     (rounds done, receives done of the next round as a bit mask or -1, seconds waited,
     position in ``fc.peers`` of the peer waited on last or -1, seconds of the wait C gave
     up on); ``FastRun.of`` names it for a caller that keeps it."""
-    return _fastpath.run(fc.plan, fc.arrays(bufs), fc.peers, fc.links,
+    return _fastpath.run(fc.plan, arrays, fc.peers, fc.links,
                          fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
                          _wake)
 

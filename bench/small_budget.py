@@ -46,18 +46,22 @@ def job(rank, path):
         bufs = {"buf": flat, "tmp": call.pool[-1] if call.pool else np.empty(call.tmp, x.dtype)}
         class G:    # a stand-in: the group's own counter must not move
             id, seq = g.id, 0
+            _tag_base = getattr(g, "_tag_base", 0)
         LOCALS.update(locals())
-        old = "check_op_dtype" in inspect.getsource(C.all_reduce.__wrapped__)
+        # Each step as this tree's code does it (the budget reads this tree or the start's:
+        # ``keyed``, a _prepare that takes the cache key, tells them apart). None: a step
+        # this tree does not take per call.
         steps = [
             ("profile hook (rl.profile closed)", None),
             ("resolve(group)", "runtime.resolve(None)"),
-            ("algorithm check", "C._check_algorithm('auto')"),
-            ("as_op(op)", "C.as_op(op)"),
-            ("buffer check (as_array)", "C._writable(x, 'all_reduce buffer')"),
-            ("op/dtype check (cached)", "C.check_op_dtype(op, x.dtype)" if old else None),
-            ("flat view", "C._flat(x)"),
-            ("averager", "C._averager(op, flat, g.size)" if old else
-             "C._averager(op, flat, g) if op is ReduceOp.AVG else None"),
+            ("algorithm check", "type('auto') is not str" if keyed else "C._check_algorithm('auto')"),
+            ("as_op(op)", "type(op) is not ReduceOp" if keyed else "C.as_op(op)"),
+            ("buffer check (as_array)", "C.as_array(x, 'all_reduce buffer', True)" if keyed
+             else "C._writable(x, 'all_reduce buffer')"),
+            ("op/dtype check (cached)", None if keyed else "C.check_op_dtype(op, x.dtype)"),
+            ("flat view", "x if x.ndim == 1 else x.reshape(-1)" if keyed else "C._flat(x)"),
+            ("averager", "C._averager(op, flat, g) if op is C._AVG else None" if keyed
+             else "C._averager(op, flat, g.size)"),
             ("plan cache lookup", "C._CALLS.get(('all_reduce', 'auto', g, 2, x.dtype, None, None, "
              "op and op._value_, ())) or 0" if keyed else
              "C._prepare('all_reduce', 'auto', g, 2, x.dtype, op, None, None, ())"),
@@ -66,16 +70,16 @@ def job(rank, path):
             ("state checks (trace, progress, works)",
              "tracing.ON; eng.background.idle; "
              "call.fast is not None and not eng.works and not eng.calls.aborts"),
-            ("C call arguments (fast.run's tuple)", "tuple(bufs[n] for n in call.fast.names)"
-             if not hasattr(call.fast, "arrays") else "call.fast.arrays(bufs)"),
-            ("stats (record_call)", "C.record_call(eng, 'all_reduce', call.algorithm, 0.0, 1, fast=True)"),
+            ("C call arguments (fast.run's tuple)", "call.fast.arrays(bufs)" if keyed
+             else "tuple(bufs[n] for n in call.fast.names)"),
+            ("stats (record_call)", "C.record_call(eng, 'all_reduce', call.algorithm, 0.0, 1, True)"),
         ]
         from ringlet.profiling import profiled
         def bare(a, b=1): return a
         hooked = profiled("x")(bare)
         LOCALS.update(bare=bare, hooked=hooked)
         for i, (name, stmt) in enumerate(steps):
-            if stmt is None:   # the hook; or a step this tree does not take per call
+            if stmt is None:
                 rows.append((name, best("hooked(x)") - best("bare(x)") if i == 0 else 0.0))
             else:
                 rows.append((name, best(stmt)))

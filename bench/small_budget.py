@@ -6,7 +6,9 @@ Rank 0 times each Python step of the call on its own (best of 7 runs of 20,000 c
 nanoseconds per call; its peers wait in a barrier meanwhile), then the whole call in a
 loop with its peers (best of 12 blocks of 500 calls). "C and the wait" is the whole call
 less the Python steps: the call into C, its checks, writing the packet, spinning for the
-peer's and reducing it. Instruction counts of the same split, which load does not move:
+peer's and reducing it. At p = 2 the calls are timed once more, each alone once the
+peer's packet is already in rank 0's ring (best block of 500): a call that does not wait;
+the whole call less that is the wait (the fence, the spin, the peer's own late start). Instruction counts of the same split, which load does not move:
 bench/blocking_callgrind.py. Takes ~20 s.
 """
 from __future__ import annotations
@@ -91,8 +93,31 @@ def job(rank, path):
         for _ in range(500):
             rl.all_reduce(x)
         blocks.append((time.perf_counter() - t) / 500 * 1e9)
+    # The same calls, each timed alone once the peer's packet is in rank 0's ring (p = 2):
+    # the call without its wait. The wait is the rest.
+    ready_blocks = []
+    if rl.get_world_size() == 2:
+        clock = time.perf_counter
+        if rank == 0:
+            peer = runtime.engine().peers[1]
+            empty = min(-clock() + clock() for _ in range(20000))
+        for _ in range(12):
+            rl.barrier()
+            rl.all_reduce(x)    # (not timed: its packet may have come in during the barrier)
+            spent = 0.0
+            for _ in range(500):
+                if rank == 0:    # (not timed; a packet already taken in: C leaves the call)
+                    while peer.inbox.ctrl[0] <= peer.tail and not peer.unexpected:
+                        pass
+                    t = clock()
+                    rl.all_reduce(x)
+                    spent += clock() - t - empty
+                else:
+                    rl.all_reduce(x)
+            ready_blocks.append(spent / 500 * 1e9)
     if rank == 0:
-        open(path, "w").write(json.dumps({"rows": rows, "total": min(blocks)}))
+        open(path, "w").write(json.dumps({"rows": rows, "total": min(blocks),
+                                          "ready": min(ready_blocks) if ready_blocks else None}))
 
 LOCALS = {}
 rl.spawn(job, int(sys.argv[1]), args=(sys.argv[2],), timeout=300)
@@ -122,6 +147,13 @@ def main() -> None:
         print(f"{name:42}{ns:>8.0f}{ns / total:>8.0%}")
     print(f"{'Python steps, summed':42}{python:>8.0f}{python / total:>8.0%}")
     print(f"{'C and the wait (the rest)':42}{total - python:>8.0f}{(total - python) / total:>8.0%}")
+    ready = got["ready"]
+    if ready is not None:
+        print(f"{'  the wait (whole call less a ready one)':42}{total - ready:>8.0f}"
+              f"{(total - ready) / total:>8.0%}")
+        print(f"{'  C and the glue (a ready call less steps)':42}{ready - python:>8.0f}"
+              f"{(ready - python) / total:>8.0%}")
+        print(f"{'a call whose peer packet is already in':42}{ready:>8.0f}")
     print(f"{'whole call (best block of 500)':42}{total:>8.0f}")
 
 

@@ -12,7 +12,7 @@
  * run(plan, arrays, peers, links, kernel, tag, fp1, fp2, budget_s, yield, wake)
  *   plan    bytes of int64 (see ringlet/transport/fast.py: encode)
  *   arrays  tuple of the call's buffers, indexed by the plan's buffer numbers
- *   peers   tuple of the ShmPeer objects the plan talks to (head/tail/counters live there)
+ *   peers   tuple of the ShmPeer objects the plan talks to (head and tail live there)
  *   links   tuple of bytes, 8 int64 each (fast.pack_link): in_ctrl, in_data, in_cap,
  *           out_ctrl, out_data, out_cap, flag, counts - addresses but the capacities;
  *           counts: the peer's int64[4] of messages and bytes sent and received by C

@@ -414,7 +414,14 @@ def record_call(engine, collective: str, algorithm: str, waited: float, last_pee
     st = engine.coll_stats.get(collective)
     if st is None:
         st = engine.coll_stats[collective] = CallStats()
-    st.add(algorithm, waited, last_peer)
+    # (here, not in a method of CallStats: a Python call more is 1% of an 8 B call)
+    st.algorithm = algorithm
+    st.calls += 1
+    st.wait_s += waited
+    if waited >= st.max_wait_s:
+        st.max_wait_s = waited
+    if last_peer is not None:
+        st.last_arrival = last_peer
     if fast:
         st.fast_calls += 1
     elif handed_over:
@@ -429,15 +436,6 @@ class CallStats:
     def __init__(self):
         self.calls, self.fast_calls, self.handovers, self.wait_s, self.max_wait_s = 0, 0, 0, 0.0, 0.0
         self.last_arrival = self.algorithm = None
-
-    def add(self, algorithm: str, waited: float, last_peer) -> None:
-        self.algorithm = algorithm
-        self.calls += 1
-        self.wait_s += waited
-        if waited >= self.max_wait_s:
-            self.max_wait_s = waited
-        if last_peer is not None:
-            self.last_arrival = last_peer
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

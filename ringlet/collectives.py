@@ -44,20 +44,29 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
     from .cost.tune import explain_line
     hosts = g.host_indices()
     hosts = hosts if len(set(hosts)) > 1 else None
+    transport = "shm"
+    if hosts is not None and engine().backend == "tcp" and \
+            len({h.split("#")[0] for h in g.hosts}) == 1:
+        # one machine whose ranks talk TCP (backend="tcp"): they share its cores, as the
+        # profile's tcp host model prices; not hosts of their own
+        hosts, transport = None, "tcp"
     nbytes = cost.nbytes_of(collective, g.size, count, itemsize)
     name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
-                             itemsize=itemsize, shared=shared)
+                             itemsize=itemsize, shared=shared, transport=transport)
     why = explain_line(collective, nbytes, g.size, name, rows)
     if not shared:
         return name, why, False
     plain = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
-                        itemsize=itemsize)[0]
+                        itemsize=itemsize, transport=transport)[0]
     return name, f"{why} [rl.empty {', '.join(shared)}; with NumPy buffers: {plain}]", plain != name
 
 
 def _shared(bufs: dict) -> tuple:
-    """Names of the call's buffers that are rl.empty arrays."""
-    return tuple(name for name, arr in bufs.items() if locate(arr) is not None)
+    """Names of the call's buffers that are rl.empty arrays. A buffer only the root passes
+    (scatter's input, gather's output: empty elsewhere) counts, on the other ranks, as the
+    kind of the buffers they pass - as the root's must be, or auto picks differently."""
+    names = tuple(name for name, arr in bufs.items() if locate(arr) is not None)
+    return tuple(n for n, arr in bufs.items() if n in names or arr.size == 0) if names else ()
 
 
 class Prepared:

@@ -70,7 +70,7 @@ def _named_link(text: str) -> tuple[str, Link]:
         raise argparse.ArgumentTypeError("expected NAME=ALPHA_US,GBPS")
     name, spec = text.split("=", 1)
     link = _link_arg(spec)
-    return name, Link(link.alpha, link.bandwidth, name)
+    return name, link.with_name(name)
 
 
 def _run(fn, argv):

@@ -468,6 +468,65 @@ def _auto_by_buffer_kind(rank):
     rl.barrier(timeout=20)                                 # and the group carries on
 
 
+def _auto_over_tcp(rank, count, want):
+    p = rl.get_world_size()
+    x = np.full((p, count), rank + 1, np.float32)
+    out = np.empty(count, np.float32)
+    rl.reduce_scatter(out, x)
+    assert (out == p * (p + 1) / 2).all()
+    ran = rl.stats()["collectives"]["reduce_scatter"]["algorithm"]
+    assert ran == want, (ran, want)
+
+
+def test_auto_prices_one_machine_talking_tcp_with_its_tcp_model(tmp_path):
+    # ranks of backend="tcp" on one machine share its cores: auto prices them with the
+    # profile's tcp host model - not shared memory's, nor as hosts of their own (each
+    # picks another algorithm here)
+    from ringlet.cost import choose, nbytes_of, profile
+    from ringlet.transport import limits
+    tcp = {**HOST_PROFILE, "alpha": 3e-5, "alpha_rdv": 2e-4, "beta": 1e-10,
+           **limits.facts(False)["tcp"]}
+    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE), "tcp": tcp})
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    count = (1 << 20) // 12
+    nb = nbytes_of("reduce_scatter", 3, count)
+    want = choose("reduce_scatter", nb, 3, topology=prof, transport="tcp")[0]
+    assert want != choose("reduce_scatter", nb, 3, topology=prof)[0]
+    assert want != choose("reduce_scatter", nb, 3, topology=prof, hosts=(0, 1, 2))[0]
+    run(_auto_over_tcp, 3, count, want, backend="tcp", env={"RINGLET_PROFILE": str(path)})
+
+
+def _rooted_from_rl_empty(rank, count):
+    p = rl.get_world_size()
+    out = rl.empty(count, np.float32)
+    inp = rl.empty((p, count), np.float32) if rank == 0 else None
+    if rank == 0:
+        inp[...] = np.arange(p, dtype=np.float32)[:, None]
+    rl.scatter(out, inp, 0, timeout=20)
+    assert (out == rank).all()
+    assert rl.stats()["collectives"]["scatter"]["algorithm"] == "direct"
+    got = rl.empty((p, count), np.float32) if rank == 0 else None
+    rl.gather(out, got, 0, timeout=20)
+    if rank == 0:
+        assert (got == np.arange(p, dtype=np.float32)[:, None]).all()
+
+
+def test_auto_agrees_on_rooted_collectives_from_rl_empty(tmp_path):
+    # only the root passes scatter's input (gather's output): the other ranks must price
+    # it as the kind they pass, or the root picks direct (its input read in place) and
+    # they binomial, and the call fails as a mismatch
+    from ringlet.cost import choose, nbytes_of, profile
+    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)})
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    count = 1 << 18
+    nb = nbytes_of("scatter", 3, count)
+    assert choose("scatter", nb, 3, topology=prof, shared=("in", "out"))[0] == "direct"
+    assert choose("scatter", nb, 3, topology=prof, shared=("out",))[0] == "binomial"
+    run(_rooted_from_rl_empty, 3, count, env={"RINGLET_PROFILE": str(path)})
+
+
 def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
     from ringlet.cost import profile
     path = tmp_path / "profile.json"

@@ -1111,6 +1111,24 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
                              shared=("buf",)) == pytest.approx(ts["direct"])
 
 
+def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
+    """Where the transport reads private buffers in place (cma_min >= 0), a plain message
+    above cma_min costs what an rl.empty one does; below it, and without cma_min, it goes
+    through the ring."""
+    entry = {**HOST_PROFILE, "cma_min": shm.RING_BYTES}
+    cma = profile.Profile.from_fits({"shm": entry}).host_model("shm")
+    ring = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).host_model("shm")
+    assert (cma.cma_min, ring.cma_min) == (shm.RING_BYTES, -1)
+
+    def t(model, nbytes, shared=()):
+        s = _build("broadcast", "direct", 2, nbytes // 4)
+        return simulate(s, Topology.on_host(2, model), shared=shared).time
+    big = 8 << 20
+    assert t(cma, big) == pytest.approx(t(cma, big, ("buf",)))
+    assert t(cma, big) < t(ring, big)
+    assert t(cma, 1 << 20) == pytest.approx(t(ring, 1 << 20))
+
+
 def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save()
     for flags, winner in (([], "binomial"), (["--zero-copy"], "direct")):
@@ -1127,8 +1145,10 @@ def test_host_profile_drives_choose_predict_and_explain(capsys):
     loaded = load_profile()
     model = loaded.host_model("shm")
     assert model is not None and model.cores == 2 and loaded.host_model("tcp") is None
-    link = loaded.link("shm")               # plain-link view: 2 alpha + alpha_rdv, 2 beta
-    assert link.alpha == pytest.approx(2 * 4e-6 + 1.2e-5) and link.beta == pytest.approx(3.6e-11)
+    link = loaded.link("shm")     # plain-link view: 2 alpha + alpha_hop (+ alpha_rdv), 2 beta
+    assert link.alpha_eager == pytest.approx(2 * 4e-6 + 2.5e-6) and link.beta == pytest.approx(3.6e-11)
+    assert link.alpha == pytest.approx(2 * 4e-6 + 2.5e-6 + 1.2e-5)
+    assert link.time(link.eager) < link.time(link.eager + 1) - 1.1e-5
     alg, rows = choose("all_reduce", 16 << 20, 4)
     assert rows[0].method == "simulated (host model)"
     for r in rows:

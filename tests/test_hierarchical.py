@@ -265,6 +265,30 @@ def test_a_link_rate_prices_the_link_between_hosts():
     assert rows["ring"] > 5 * fast["ring"]
 
 
+def test_inter_host_messages_pay_the_rendezvous_only_above_tcps_eager_limit():
+    # TCP sends a message of up to its eager limit at once and a larger one after an
+    # RTS/CTS round trip: between hosts only the larger ones pay alpha_rdv
+    from conftest import HOST_PROFILE
+    from ringlet.cost.profile import Profile
+    from ringlet.transport import limits
+    tcp = {**HOST_PROFILE, "alpha_rdv": 4e-4, **limits.facts(False)["tcp"]}
+    prof = Profile.from_fits({"shm": dict(HOST_PROFILE), "tcp": tcp}).with_link_rate("1gbit")
+    inter = prof.link("inter")
+    eager = limits.TCP_EAGER_BYTES
+    assert inter.eager == eager and inter.alpha - inter.alpha_eager == pytest.approx(4e-4)
+    topo = Topology(2, 1, prof.link("shm"), inter)
+
+    def one(nbytes):
+        return simulate(build_schedule("broadcast", "direct", 2, nbytes), topo).time
+    wire = 4 * inter.beta
+    # (the schedule agrees first: an empty message each way, then the data)
+    assert one(eager) == pytest.approx(2 * inter.alpha_eager + eager * inter.beta)
+    assert one(eager + 4) - one(eager) == pytest.approx(4e-4 + wire)
+    # and auto sees it: a small all_reduce across hosts costs no round trip per message
+    small = {r.algorithm: r for r in choose("all_reduce", 1024, 4, topology=prof, hosts=2)[1]}
+    assert small["ring"].total < inter.alpha           # less than one round trip
+
+
 def test_ringlet_run_link_rate_reaches_auto(tmp_path):
     import subprocess
     import sys

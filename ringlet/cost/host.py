@@ -53,6 +53,9 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
+    # a larger message from ANY buffer is read in place by its receiver (cross-memory
+    # attach from a private one); -1: none is (limits.facts says where the transport does)
+    cma_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
@@ -79,19 +82,24 @@ class HostModel:
 
     @property
     def link(self) -> Link:
-        """The plain alpha-beta link closest to this model (for closed forms): one message
-        between two otherwise idle ranks costs 2 alpha + alpha_rdv and 2 beta per byte."""
-        a = 2 * self.alpha + self.alpha_rdv
-        return Link.from_beta(a, 2 * self.beta, "host") if self.beta > 0 else Link(a, 1e300, "host")
+        """The plain alpha-beta link closest to this model (closed forms, other hosts): one
+        message between two otherwise idle ranks costs 2 alpha + alpha_hop (both sides'
+        work, the hop) up to the rendezvous limit, alpha_rdv more above it (the round trip
+        before the data may go), and 2 beta per byte."""
+        eager = 2 * self.alpha + self.alpha_hop
+        limit = max(self.eager, self.rendezvous)
+        return Link(eager + self.alpha_rdv, 1 / (2 * self.beta) if self.beta > 0 else 1e300,
+                    "host", eager, limit)
 
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
-                                  "ring_bytes", "zero_copy_min", "fast_bytes", "idle_share",
+                                  "ring_bytes", "zero_copy_min", "cma_min", "fast_bytes",
+                                  "idle_share",
                                   "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min", "fast_bytes"):
+                  "zero_copy_min", "cma_min", "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

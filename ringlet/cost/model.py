@@ -42,30 +42,51 @@ class Link:
     """A point-to-point link: ``alpha`` seconds per message, ``bandwidth`` bytes/s.
 
     ``Link(alpha=3e-6, bandwidth=50e9)``; ``.beta`` is seconds per byte. ``name`` is only
-    a label for printouts."""
+    a label for printouts. A transport that sends small messages eagerly and larger ones
+    only after a rendezvous round trip (ringlet's TCP and shared memory) charges
+    ``alpha_eager`` instead of ``alpha`` for a message of at most ``eager`` bytes
+    (``eager`` -1: every message costs ``alpha``). The simulator prices each message by
+    its size; the closed forms, which count messages, not their sizes, use ``alpha``."""
     alpha: float
     bandwidth: float
     name: str = ""
+    alpha_eager: float | None = None
+    eager: int = -1
 
     def __post_init__(self):
         if not (isinstance(self.alpha, (int, float)) and self.alpha >= 0 and math.isfinite(self.alpha)):
             raise ValueError(f"Link alpha must be a finite number >= 0 seconds, got {self.alpha!r}")
         if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0):
             raise ValueError(f"Link bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+        if self.alpha_eager is not None and not (self.alpha_eager >= 0 and math.isfinite(self.alpha_eager)):
+            raise ValueError(f"Link alpha_eager must be a finite number >= 0 seconds, "
+                             f"got {self.alpha_eager!r}")
 
     @classmethod
-    def from_beta(cls, alpha: float, beta: float, name: str = "") -> "Link":
+    def from_beta(cls, alpha: float, beta: float, name: str = "", alpha_eager=None,
+                  eager: int = -1) -> "Link":
         if beta <= 0:
             raise ValueError(f"beta must be > 0 seconds per byte, got {beta!r}")
-        return cls(alpha, 1.0 / beta, name)
+        return cls(alpha, 1.0 / beta, name, alpha_eager, int(eager))
 
     @property
     def beta(self) -> float:
         return 1.0 / self.bandwidth
 
+    def with_name(self, name: str) -> "Link":
+        from dataclasses import replace
+        return replace(self, name=name)
+
+    def alphas(self, nbytes):
+        """Seconds per message of each size in ``nbytes`` (a number or an array)."""
+        if self.alpha_eager is None or self.eager < 0:
+            return self.alpha + 0.0 * nbytes
+        import numpy as np
+        return np.where(np.asarray(nbytes) <= self.eager, self.alpha_eager, self.alpha)
+
     def time(self, nbytes: float) -> float:
         """alpha + n*beta: one message of ``nbytes`` bytes."""
-        return self.alpha + nbytes / self.bandwidth
+        return float(self.alphas(nbytes)) + nbytes / self.bandwidth
 
     @property
     def crossover(self) -> float:
@@ -74,7 +95,9 @@ class Link:
 
     def __str__(self) -> str:
         label = f"{self.name}: " if self.name else ""
-        return f"{label}alpha {self.alpha * 1e6:.3g} us, {self.bandwidth / 1e9:.4g} GB/s"
+        eager = (f" ({self.alpha_eager * 1e6:.3g} us up to {self.eager} B)"
+                 if self.alpha_eager is not None and self.eager >= 0 else "")
+        return f"{label}alpha {self.alpha * 1e6:.3g} us{eager}, {self.bandwidth / 1e9:.4g} GB/s"
 
 
 # The textbook's interconnect tiers (representative orders of magnitude).

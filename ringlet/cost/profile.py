@@ -118,19 +118,19 @@ class Profile:
     def link(self, transport: str = "shm") -> Link:
         """The transport as a plain alpha-beta link (closed forms, other hosts); "inter" is
         the link between hosts (:meth:`with_link_rate`; else "tcp"). For a host
-        model that is the cost of one message between two otherwise idle ranks:
-        alpha = 2*alpha + alpha_rdv (both sides' overhead and the rendezvous), beta = 2*beta
-        (the sender's copy and the receiver's)."""
+        model that is the cost of one message between two otherwise idle ranks
+        (:attr:`HostModel.link`): both sides' overhead, plus the rendezvous above the
+        transport's limit; beta = 2*beta (the sender's copy and the receiver's)."""
         t = self.params(transport)
         if "rate" in t:
             return Link.from_beta(float(t["alpha"]), float(t["beta"]),
-                                  name=f"inter-host link ({float(t['rate']) * 8 / 1e9:g} Gbit/s)")
+                                  f"inter-host link ({float(t['rate']) * 8 / 1e9:g} Gbit/s)",
+                                  t.get("alpha_eager"), int(t.get("eager", -1)))
         if transport not in self.transports:   # "inter" with no link given: tcp's
             transport = "tcp"
         label = f"{transport} ({'calibrated' if self.calibrated else 'default'})"
         if t.get("model") == "host":
-            return Link.from_beta(2 * float(t["alpha"]) + float(t.get("alpha_rdv", 0.0)),
-                                  2 * float(t["beta"]), name=label)
+            return self.host_model(transport).link.with_name(label)
         return Link.from_beta(float(t["alpha"]), float(t["beta"]), name=label)
 
     def with_link_rate(self, rate, shared: float = 1.0, payload=None) -> "Profile":
@@ -146,6 +146,8 @@ class Profile:
         wire = payload if payload else rate * TCP_GOODPUT
         inter = {"alpha": tcp.alpha, "beta": max(tcp.beta, 1 / wire),
                  "gamma": self.gamma("tcp"), "rate": rate, "shared": float(shared)}
+        if tcp.alpha_eager is not None:     # TCP's small messages go without a rendezvous
+            inter.update(alpha_eager=tcp.alpha_eager, eager=tcp.eager)
         return Profile({**copy.deepcopy(self.transports), "inter": inter},
                        f"{self.source} + link {rate * 8 / 1e9:g} Gbit/s", self.host,
                        self.created, dict(self.extra))
@@ -537,7 +539,8 @@ def _host_entry(model, pred, y, keep, outliers) -> dict:
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), rendezvous=int(model.rendezvous),
                ring_bytes=int(model.ring_bytes),
-               zero_copy_min=int(model.zero_copy_min), fast_bytes=int(model.fast_bytes),
+               zero_copy_min=int(model.zero_copy_min), cma_min=int(model.cma_min),
+               fast_bytes=int(model.fast_bytes),
                idle_share=float(model.idle_share),
                imbalance=float(model.imbalance))
     if out["beta"] <= 0:

@@ -186,8 +186,9 @@ def simulate(schedule, topology: Topology | None = None, *, link: Link | str | N
     ``simulate(s, link="infiniband")`` is shorthand for a uniform topology; ``gamma``
     overrides the topology's. ``shared`` names the schedule's buffers that lie in shared
     memory (``rl.empty``): on a :class:`HostModel` their sends above its
-    ``zero_copy_min`` are read in place by the receiver. See the module docstring for
-    the model."""
+    ``zero_copy_min`` are read in place by the receiver (and any buffer's above its
+    ``cma_min``, where the transport reads private memory by cross-memory attach). See
+    the module docstring for the model."""
     p = int(schedule.p)
     if topology is None:
         if link is None:
@@ -275,14 +276,14 @@ class _Sim:
         queues its own messages at its own NIC's share only - a rank's messages to two
         ranks of one host are queued on its port, not also competing at that host's NIC."""
         topo, m = self.topo, len(src)
-        ai, bi = topo.intra.alpha, topo.intra.beta
+        ai, bi = topo.intra.alphas(nb), topo.intra.beta    # (by size: eager or rendezvous)
         if not self.uniform:
             host = topo.host_array
             hs, hd = host[src], host[dst]
             x = hs != hd
             nx = int(np.count_nonzero(x))
             if nx:
-                ae, be = topo.inter.alpha, topo.inter.beta
+                ae, be = topo.inter.alphas(nb), topo.inter.beta
                 if topo.nic_sharing:
                     p = self.p
                     kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)
@@ -413,18 +414,17 @@ class _Sim:
 
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
-                zero_copy_min: int = -1) -> float:
+                zero_copy_min: int = -1, cma_min: int = -1) -> float:
     """Bytes a job touches: every rank's buffers, plus the part of each shared ring that
     its pair's messages cycle through (up to the ring's size). A message its receiver
-    reads in place (from one of the ``shared`` buffers, indices into ``BUFFER_NAMES``, and
-    larger than ``zero_copy_min``; -1: none is) uses no ring."""
+    reads in place (see ``_read_in_place``) uses no ring."""
     isz = float(schedule.itemsize)
     total = float(sum(int(v) for v in schedule.buffers.values())) * schedule.p * isz
     biggest: dict = {}
     for rnd in schedule.rounds:
         c = rnd.cols
         msg = (c["src"] != c["dst"]) & ~_read_in_place(c["n"] * isz, c["sbuf"], shared,
-                                                        zero_copy_min)
+                                                        zero_copy_min, cma_min)
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -435,12 +435,16 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
 
 
-def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int) -> np.ndarray:
+def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1) -> np.ndarray:
     """Which messages their receiver reads in place: sent from one of the ``shared``
-    buffers (indices into ``BUFFER_NAMES``) and larger than ``zero_copy_min`` (-1: none)."""
-    if zero_copy_min < 0 or not len(shared):
-        return np.zeros(len(nbytes), bool)
-    return (nbytes > zero_copy_min) & np.isin(sbuf, shared)
+    buffers (indices into ``BUFFER_NAMES``) and larger than ``zero_copy_min``, or from any
+    buffer and larger than ``cma_min`` (cross-memory attach); -1: none."""
+    out = np.zeros(len(nbytes), bool)
+    if zero_copy_min >= 0 and len(shared):
+        out |= (nbytes > zero_copy_min) & np.isin(sbuf, shared)
+    if cma_min >= 0:
+        out |= nbytes > cma_min
+    return out
 
 
 def _overlap(prev, rank, buf, off, n) -> np.ndarray:
@@ -534,7 +538,7 @@ class _HostSim:
         s, m, p = self.s, self.m, self.p
         self.theta = m.theta
         self.isz = float(s.itemsize)
-        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min)
+        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min)
         self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         self.crowded = 1.0 if p > m.cores else 0.0
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
@@ -622,7 +626,7 @@ class _HostSim:
         recv[:, _TERM["gamma"]] = nb * red
         # read in place: the sender only announces it (RTS), the receiver's copy is the
         # one copy; no ring, so no lag of a one-way stream either
-        inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min)
+        inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min)
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
                 send[inplace, _TERM[term]] = 0.0

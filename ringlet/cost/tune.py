@@ -101,7 +101,9 @@ def _host_env(model, gamma=None) -> _Env:
     return _Env(model.link, model.gamma, None, ("host", model), model.delta, model)
 
 
-def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
+def environment(p, topology=None, hosts=None, gamma=None, transport: str = "shm") -> _Env:
+    """Where to predict (see :func:`choose`); ``transport``: what the ranks of one host
+    use to talk, with a profile ("shm", or "tcp" in a job of backend="tcp")."""
     ids = _host_ids(hosts, p)
     if isinstance(topology, Topology):
         if topology.p != p:
@@ -115,15 +117,17 @@ def environment(p, topology=None, hosts=None, gamma=None) -> _Env:
         return _Env(None, g, topology, ("topo", topology, g))
     if topology is None or isinstance(topology, Profile):
         prof = topology if topology is not None else load_profile()
-        g = prof.gamma("shm") if gamma is None else float(gamma)
+        if transport not in prof.transports:
+            transport = "shm"
+        g = prof.gamma(transport) if gamma is None else float(gamma)
         if ids is None:
-            model = prof.host_model("shm")
+            model = prof.host_model(transport)
             if model is not None:
                 return _host_env(model, gamma)
-            link, d = prof.link("shm"), prof.delta("shm")
+            link, d = prof.link(transport), prof.delta(transport)
             return _Env(link, g, None, ("link", link, g, d), d)
-        topo = Topology.from_host_ids(ids, prof.link("shm"), prof.link("inter"), g, prof.delta("shm"),
-                                      shared=prof.shared())
+        topo = Topology.from_host_ids(ids, prof.link(transport), prof.link("inter"), g,
+                                      prof.delta(transport), shared=prof.shared())
         return _Env(None, g, topo, ("topo", topo, g))
     link = tier(topology)
     g = 0.0 if gamma is None else float(gamma)
@@ -214,7 +218,8 @@ def two_tier_breakdown(collective, nbytes, p, algorithm, topo: Topology, gamma, 
     link = topo.inter
     if topo.nic_sharing and topo.ranks_per_host > 1:
         k = crossing(collective, algorithm, topo.ranks_per_host)
-        link = Link(link.alpha, link.bandwidth * (topo.shared if k > 1 else 1.0) / k, link.name)
+        from dataclasses import replace
+        link = replace(link, bandwidth=link.bandwidth * (topo.shared if k > 1 else 1.0) / k)
     return closed_form(collective, nbytes, p, algorithm, link, gamma, itemsize=itemsize)
 
 
@@ -311,7 +316,8 @@ _CACHE_MAX = 4096
 
 
 def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, candidates=None,
-           *, itemsize: int = 4, gamma: float | None = None, shared=()) -> tuple[str, list[Row]]:
+           *, itemsize: int = 4, gamma: float | None = None, shared=(),
+           transport: str = "shm") -> tuple[str, list[Row]]:
     """The algorithm with the least predicted time, and every candidate's prediction.
 
     ``topology``: None (this host's calibrated profile, see :mod:`ringlet.cost.profile`),
@@ -323,7 +329,9 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     ties go to the earlier algorithm in the catalog. ``nbytes`` follows the size
     convention of :mod:`ringlet.cost.model`. ``shared`` names the caller's buffers that
     are ``rl.empty`` arrays ("buf", "in", "out"): a calibrated host prices their large
-    sends as read in place by the receiver (one copy, not two through the ring)."""
+    sends as read in place by the receiver (one copy, not two through the ring).
+    ``transport``: with a profile, what the ranks of one host use to talk - "shm", or
+    "tcp" in a job of backend="tcp" (the profile's tcp host model prices it)."""
     check_collective(collective)
     if isinstance(p, bool) or int(p) != p or p < 1:
         raise ValueError(f"p (group size) must be an integer >= 1, got {p!r}")
@@ -337,11 +345,11 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     if topology is None:
         tk = ("profile", _profile_key(load_profile()))
     shared = tuple(sorted(shared))
-    key = (collective, int(nbytes), p, hk, ck, tk, itemsize, gamma, shared)
+    key = (collective, int(nbytes), p, hk, ck, tk, itemsize, gamma, shared, transport)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit[0], list(hit[1])
-    env = environment(p, topology, hosts, gamma)
+    env = environment(p, topology, hosts, gamma, transport)
     cands = candidates_for(collective, env.topology is not None, ck)
     order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
     rows = [predict_terms(collective, nbytes, p, a, env, itemsize, shared) for a in cands]
@@ -418,8 +426,8 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
 
     ``backend`` is the transport the ranks use: "shm" (the default inside a host) or
     "tcp" (every message over the profile's tcp link). ``algorithm="auto"`` (or None) is
-    resolved as the runtime resolves it: ``choose`` on the shared-memory profile of one
-    host. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
+    resolved as the runtime resolves it: ``choose`` on the profile of one host, for the
+    transport the ranks use. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
     ``shared``: the buffers that are ``rl.empty`` arrays (see :func:`choose`)."""
     check_collective(collective)
     if backend not in ("shm", "tcp"):
@@ -427,7 +435,7 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
     prof = profile if profile is not None else load_profile()
     if algorithm in (None, "auto"):
         algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize,
-                           shared=shared)[0]
+                           shared=shared, transport=backend)[0]
     check_algorithm(collective, algorithm)
     if backend == "shm":
         topology = prof

@@ -199,22 +199,16 @@ def bare_exchange(np, peer_addr: str, nbytes: int, listen: bool):
         srv.close()
     else:
         sock = socket.create_connection((peer_addr, int(port[0])))
-    sock.setblocking(False)
     src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
 
-    def exchange():
-        out, into, sent, got = memoryview(src), memoryview(dst), 0, 0
-        while sent < nbytes or got < nbytes:
-            if sent < nbytes:
-                try:
-                    sent += sock.send(out[sent:sent + (1 << 20)])
-                except BlockingIOError:
-                    pass
-            if got < nbytes:
-                try:
-                    got += sock.recv_into(into[got:])
-                except BlockingIOError:
-                    pass
+    def exchange():   # blocking calls, a thread each way: no spinning against the load
+        import threading
+        sender = threading.Thread(target=sock.sendall, args=(src,))
+        sender.start()
+        into, got = memoryview(dst), 0
+        while got < nbytes:
+            got += sock.recv_into(into[got:])
+        sender.join()
     return exchange, sock
 
 
@@ -237,18 +231,22 @@ def gloo_job(spec: dict) -> None:
         if p == 2:
             runs["bare"], sock = bare_exchange(np, spec["addrs"][1], nbytes, listen=r == 1)
         times = {k: [] for k in runs}
+        cpu = {k: [] for k in runs}
         for turn in range(spec["turns"] + 1):
             for name, fn in runs.items():
                 rl.barrier()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 fn()
-                dt = np.array([time.perf_counter() - t])
+                # the clock, and the CPU the process (all its threads) spent: load moves
+                # the first far more than the second
+                dt = np.array([time.perf_counter() - t, time.process_time() - c])
                 rl.all_reduce(dt, op=rl.ReduceOp.MAX)
                 if turn:
                     times[name].append(float(dt[0]))
+                    cpu[name].append(float(dt[1]))
         if sock is not None:
             sock.close()
-        out[nbytes] = times
+        out[nbytes] = {"time": times, "cpu": cpu}
     if r == 0:
         print("GLOO " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -286,24 +284,27 @@ def versus_gloo(rate, layout, sizes, turns, timeout):
     print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn ({turns} turns, medians): "
           f"{h} hosts x {m} ranks, link {rate if shaped else 'unshaped veth'}; "
           f"load {os.getloadavg()[0]:.1f}")
-    bare = "bare" in next(iter(out.values()))
+    bare = "bare" in next(iter(out.values()))["time"]
     print(f"{'size':>8}{'ringlet ms':>12}{'Gloo ms':>10}{'Gloo/ringlet':>14}"
           + (f"{'bare ms':>9}{'bare/ringlet':>14}" if bare else "")
+          + f"{'CPU ms: ringlet':>17}{'Gloo':>7}" + (f"{'bare':>7}" if bare else "")
           + f"{'ringlet busbw':>15}" + ("  of the link" if shaped else ""))
-    for nb, times in out.items():
-        nb = int(nb)
+    for nb, cell in out.items():
+        nb, times, cpu = int(nb), cell["time"], cell["cpu"]
         ours, theirs = statistics.median(times["ringlet"]), statistics.median(times["gloo"])
         floor = ""
         if bare:
             b = statistics.median(times["bare"])
             floor = f"{b * 1e3:>9.2f}{b / ours:>14.2f}"
+        work = "".join(f"{statistics.median(cpu[k]) * 1e3:>{w}.1f}"
+                       for k, w in (("ringlet", 17), ("gloo", 7), ("bare", 7)) if k in cpu)
         bus = nb * 2 * (p - 1) / p / ours
         util = ""
         if shaped:
             from ringlet.cost.profile import parse_rate
             util = f"{bus / parse_rate(rate):>13.0%}"
         print(f"{format_size(nb):>8}{ours * 1e3:>12.2f}{theirs * 1e3:>10.2f}{theirs / ours:>14.2f}"
-              f"{floor}{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
+              f"{floor}{work}{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
     if bare:
         print("bare: the same bytes (n each way) over one bare TCP connection, both ways at "
               "once, no protocol, no reduction: the floor for any all_reduce of 2 ranks")

@@ -382,6 +382,7 @@ class CollectiveWork(Work):
             peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
+                req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
                 reqs.append(req)
                 peer.post_send(req)
         self.reqs = reqs

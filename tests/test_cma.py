@@ -21,7 +21,7 @@ from ringlet.transport.shm import ShmPeer
 from conftest import run
 from test_collectives import in_rank_settings, make_input, reference
 
-RING = 64 << 10          # a small ring: messages above 64 KiB take the CMA path
+RING = 64 << 10          # a small ring: exchanged messages above 64 KiB take the CMA path
 SMALL_RING = {"RINGLET_SHM_RING": str(RING)}
 OPS = ("broadcast", "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "reduce",
        "gather", "scatter")
@@ -94,6 +94,8 @@ def _property(rank, examples):
         _call(rank, p, op, count, np.dtype(dtype), seed, rl.empty if shared else np.empty, algo)
 
     check()
+    for op in ("all_to_all", "all_gather"):     # exchanges: these offer their address
+        _call(rank, p, op, 3 * RING + 5, np.dtype(np.uint8), 3, np.empty)
     rl.barrier()
     got = np.array([_reads() - before], np.int64)
     rl.all_reduce(got)

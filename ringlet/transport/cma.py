@@ -11,8 +11,13 @@ for that peer, and the receiver answers CTS_OK instead, so the message streams t
 the ring as it would have without CMA — nothing is written into the receive buffer by a
 refused read. RINGLET_CMA=0 turns it off.
 
-A copy reads the whole message in one call into the destination; a reduction reads it in
-CHUNK pieces into a scratch buffer that stays in cache and reduces from there.
+Only where it wins, measured (bench/single_copy.py): the kernel's copy (pinning the
+sender's pages 16 at a time) runs at about a third of memcpy's speed on cached data here,
+while the ring's two copies run on two cores at once. So a sender offers its address only
+in a round where it receives too (all_to_all, all_gather, a chain's middle), where every
+rank copies anyway and one copy fewer each is a gain; a one-way message (a broadcast's
+root, point-to-point) streams, so that the sender's core shares the work, and a receiver
+that reduces declines the offer (CTS_OK) and takes the stream.
 """
 from __future__ import annotations
 
@@ -21,10 +26,6 @@ import ctypes.util
 import os
 
 import numpy as np
-
-from . import limits
-
-CHUNK = limits.CMA_CHUNK_BYTES
 
 
 class _IoVec(ctypes.Structure):
@@ -76,34 +77,18 @@ class Reader:
         self.ok = enabled()
         self.refused = 0            # errno of the read that turned CMA off (0: none)
         self.reads = 0              # messages read in place
-        self.scratch: np.ndarray | None = None
 
     def deliver(self, req, addr: int, nbytes: int) -> bool:
         """Read the ``nbytes`` message at ``addr`` into ``req`` (a RecvRequest at offset 0):
-        True when done; False when CMA is refused (``req`` untouched: stream it instead)."""
-        if not self.ok:
+        True when done; False when it is not for CMA (a reduction: reading into scratch and
+        reducing from there lost to the ring, which overlaps the sender's copy with the
+        receiver's reduce) or CMA is refused; then ``req`` is untouched: stream it."""
+        if not self.ok or req.ufunc is not None or not req.dst.flags.c_contiguous:
             return False
-        if req.ufunc is None and req.dst.flags.c_contiguous:
-            got = read(self.pid, addr, req.dst.view(np.uint8).reshape(-1))
-            if got < 0:
-                return self._refuse(-got)
-            req.offset = nbytes
-            self.reads += 1
-            return True
-        if self.scratch is None:
-            self.scratch = np.empty(CHUNK, np.uint8)
-        off = 0
-        while off < nbytes:
-            n = min(CHUNK, nbytes - off)
-            piece = self.scratch[:n]
-            got = read(self.pid, addr + off, piece)
-            if got < 0:
-                if off == 0:        # nothing reduced yet: the ring can still carry it all
-                    return self._refuse(-got)
-                raise OSError(-got, f"cross-memory read from process {self.pid} failed "
-                                    f"after {off} of {nbytes} bytes: {os.strerror(-got)}")
-            req.deliver(piece)
-            off += n
+        got = read(self.pid, addr, req.dst.view(np.uint8).reshape(-1))
+        if got < 0:
+            return self._refuse(-got)
+        req.offset = nbytes
         self.reads += 1
         return True
 

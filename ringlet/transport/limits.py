@@ -19,8 +19,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
   address in the RTS and the receiver reads it with process_vm_readv (cma.py): one copy
   instead of two. Not below: up to the ring's size a message streams without the round
-  trip the read needs. CMA_CHUNK_BYTES: a reduction reads that much at a time into a
-  scratch buffer that stays in cache (a copy reads the whole message at once).
+  trip the read needs. Offered only in a round where the sender also receives from
+  that peer, and taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer).
@@ -34,7 +34,6 @@ SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
-CMA_CHUNK_BYTES = 256 << 10
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 1 << 20

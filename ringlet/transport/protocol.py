@@ -7,10 +7,11 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
   (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
   the receiver read it in place: that one goes by RTS.)
-* A message of more than ``cma_min`` bytes in a plain buffer, on a link that can read a
-  local sender's memory (shm: process_vm_readv), names its address in the RTS
-  (RTS_CMA); the receiver reads it from there and answers CTS_DONE, or, when the kernel
-  refuses the read, answers CTS_OK and the DATA flows as for any large message.
+* A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
+  that also receives, on a link that can read a local sender's memory
+  (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
+  from there and answers CTS_DONE, or - when it reduces, or the kernel refuses the read -
+  answers CTS_OK and the DATA flows as for any large message.
 * A larger message is announced by RTS (ready to send). The receiver answers CTS (clear
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
@@ -67,7 +68,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -77,6 +78,7 @@ class SendRequest(Request):
         self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
         self.cma = False      # its RTS offers its address to be read (RTS_CMA)
+        self.receiving = False  # its round receives too (cma.py: then offer it)
 
 
 class RecvRequest(Request):
@@ -202,8 +204,8 @@ class Peer:
             return
         if self.zero_copy and req.nbytes > self.zc_min:
             req.zc = locate(req.data)      # (once: send_now is not asked again)
-            req.cma = (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
-                       and req.data.flags.c_contiguous)
+            req.cma = (req.receiving and req.zc is None and self.cma_min >= 0
+                       and req.nbytes > self.cma_min and req.data.flags.c_contiguous)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True

@@ -375,7 +375,10 @@ class CollectiveWork(Work):
                 ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
             else:
                 dst[...] = bufs[t.sbuf][t.s0:t.s1]
-        reqs = self._post_recvs(rnd.recvs)
+        # Sends before receives: a receive whose message was announced already from a
+        # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
+        # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
+        sent = []
         peers, tag, fp = self.engine.peers, self.tag, self.fp
         for t in rnd.sends:
             data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
@@ -383,8 +386,11 @@ class CollectiveWork(Work):
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
                 req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
-                reqs.append(req)
+                sent.append(req)
                 peer.post_send(req)
+        reqs = self._post_recvs(rnd.recvs)
+        if sent:
+            reqs += sent
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:

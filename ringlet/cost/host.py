@@ -53,6 +53,9 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
+    # a larger message from a plain buffer, sent in a round that also receives, into a
+    # receive that copies, is read by CMA (transport/cma.py; not priced yet); -1: never
+    cma_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
@@ -87,11 +90,11 @@ class HostModel:
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
-                                  "ring_bytes", "zero_copy_min", "fast_bytes", "idle_share",
-                                  "imbalance"}
+                                  "ring_bytes", "zero_copy_min", "cma_min", "fast_bytes",
+                                  "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min", "fast_bytes"):
+                  "zero_copy_min", "cma_min", "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

@@ -42,10 +42,14 @@ TCP_FRAG_BYTES = 1 << 20
 def facts(fast_path: bool) -> dict:
     """What each transport does, as the cost model prices it: eager limit, above how many
     bytes a message waits for CTS, bytes a pair cycles through, above how many bytes a send
-    from an rl.empty buffer is read in place (-1: never), largest message of a C call
-    (0: no fast path here). ``fast_path``: whether C runs calls here (``fast.enabled()``)."""
+    from an rl.empty buffer is read in place (-1: never), above how many bytes a send from
+    a plain buffer is read by CMA (-1: never; only in a round where the sender receives
+    too, only into a receive that copies, and only where the kernel allows it: see cma.py),
+    largest message of a C call (0: no fast path here). ``fast_path``: whether C runs calls
+    here (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
-                    "fast_bytes": FAST_BYTES if fast_path else 0},
+                    "cma_min": CMA_MIN, "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
-                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "fast_bytes": 0}}
+                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "cma_min": -1,
+                    "fast_bytes": 0}}

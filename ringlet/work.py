@@ -375,15 +375,22 @@ class CollectiveWork(Work):
                 ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
             else:
                 dst[...] = bufs[t.sbuf][t.s0:t.s1]
-        reqs = self._post_recvs(rnd.recvs)
+        # Sends before receives: a receive whose message was announced already from a
+        # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
+        # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
+        sent = []
         peers, tag, fp = self.engine.peers, self.tag, self.fp
         for t in rnd.sends:
             data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
             peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
-                reqs.append(req)
+                req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
+                sent.append(req)
                 peer.post_send(req)
+        reqs = self._post_recvs(rnd.recvs)
+        if sent:
+            reqs += sent
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:

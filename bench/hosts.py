@@ -183,31 +183,70 @@ def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
     print(f"measured in the predicted order: {'yes' if order else 'NO'}; load {os.getloadavg()[0]:.1f}")
 
 
+def bare_exchange(np, peer_addr: str, nbytes: int, listen: bool):
+    """The wire's floor for an all_reduce of two ranks: what any algorithm must move (n
+    bytes each way) exchanged over one bare TCP connection, both directions at once, with
+    no protocol and no reduction. Returns the exchange (a function) and the socket."""
+    import socket
+    from ringlet.launch import free_port
+    import ringlet as rl
+    port = np.array([free_port(peer_addr) if listen else 0], np.int64)
+    if listen:
+        srv = socket.create_server((peer_addr, int(port[0])))
+    rl.broadcast(port, 1)                     # rank 1 listens, rank 0 connects
+    if listen:
+        sock = srv.accept()[0]
+        srv.close()
+    else:
+        sock = socket.create_connection((peer_addr, int(port[0])))
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+
+    def exchange():   # blocking calls, a thread each way: no spinning against the load
+        import threading
+        sender = threading.Thread(target=sock.sendall, args=(src,))
+        sender.start()
+        into, got = memoryview(dst), 0
+        while got < nbytes:
+            got += sock.recv_into(into[got:])
+        sender.join()
+    return exchange, sock
+
+
 def gloo_job(spec: dict) -> None:
-    """ringlet's all_reduce (auto) against torch's Gloo, turn by turn, on the same ranks."""
+    """ringlet's all_reduce (auto) against torch's Gloo, turn by turn, on the same ranks;
+    with two ranks also the bare exchange of the same bytes (the wire's floor)."""
     import numpy as np
     import torch
     import torch.distributed as dist
     import ringlet as rl
     rl.init()
     dist.init_process_group("gloo")
-    r = rl.get_rank()
+    r, p = rl.get_rank(), rl.get_world_size()
     out = {}
     for nbytes in spec["sizes"]:
         x = np.ones(nbytes // 4, np.float32)
         y = torch.ones(nbytes // 4)
         runs = {"ringlet": lambda: rl.all_reduce(x), "gloo": lambda: dist.all_reduce(y)}
+        sock = None
+        if p == 2:
+            runs["bare"], sock = bare_exchange(np, spec["addrs"][1], nbytes, listen=r == 1)
         times = {k: [] for k in runs}
+        cpu = {k: [] for k in runs}
         for turn in range(spec["turns"] + 1):
             for name, fn in runs.items():
                 rl.barrier()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 fn()
-                dt = np.array([time.perf_counter() - t])
+                # the clock, and the CPU the process (all its threads) spent: load moves
+                # the first far more than the second
+                dt = np.array([time.perf_counter() - t, time.process_time() - c])
                 rl.all_reduce(dt, op=rl.ReduceOp.MAX)
                 if turn:
                     times[name].append(float(dt[0]))
-        out[nbytes] = times
+                    cpu[name].append(float(dt[1]))
+        if sock is not None:
+            sock.close()
+        out[nbytes] = {"time": times, "cpu": cpu}
     if r == 0:
         print("GLOO " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -225,6 +264,8 @@ def versus_gloo(rate, layout, sizes, turns, timeout):
     shaped = rate not in ("none", "unshaped")
     try:
         with Hosts(h, rate=rate if shaped else None) as hosts:
+            with open(spec_path, "w") as f:
+                json.dump({"sizes": sizes, "turns": turns, "addrs": hosts.addrs}, f)
             env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    "GLOO_SOCKET_IFNAME": "eth0"}
             if shaped:
@@ -240,20 +281,33 @@ def versus_gloo(rate, layout, sizes, turns, timeout):
             raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
     out = next(json.loads(line.split("GLOO ", 1)[1]) for _, o, _ in results
                for line in o.splitlines() if "GLOO " in line)
-    print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn: {h} hosts x {m} ranks, "
-          f"link {rate if shaped else 'unshaped veth'}; load {os.getloadavg()[0]:.1f}")
-    print(f"{'size':>8}{'ringlet ms':>12}{'Gloo ms':>10}{'Gloo/ringlet':>14}{'ringlet busbw':>15}"
-          + ("  of the link" if shaped else ""))
-    for nb, times in out.items():
-        nb = int(nb)
+    print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn ({turns} turns, medians): "
+          f"{h} hosts x {m} ranks, link {rate if shaped else 'unshaped veth'}; "
+          f"load {os.getloadavg()[0]:.1f}")
+    bare = "bare" in next(iter(out.values()))["time"]
+    print(f"{'size':>8}{'ringlet ms':>12}{'Gloo ms':>10}{'Gloo/ringlet':>14}"
+          + (f"{'bare ms':>9}{'bare/ringlet':>14}" if bare else "")
+          + f"{'CPU ms: ringlet':>17}{'Gloo':>7}" + (f"{'bare':>7}" if bare else "")
+          + f"{'ringlet busbw':>15}" + ("  of the link" if shaped else ""))
+    for nb, cell in out.items():
+        nb, times, cpu = int(nb), cell["time"], cell["cpu"]
         ours, theirs = statistics.median(times["ringlet"]), statistics.median(times["gloo"])
-        bus = nb * 2 * (p - 1) / p / min(times["ringlet"])
+        floor = ""
+        if bare:
+            b = statistics.median(times["bare"])
+            floor = f"{b * 1e3:>9.2f}{b / ours:>14.2f}"
+        work = "".join(f"{statistics.median(cpu[k]) * 1e3:>{w}.1f}"
+                       for k, w in (("ringlet", 17), ("gloo", 7), ("bare", 7)) if k in cpu)
+        bus = nb * 2 * (p - 1) / p / ours
         util = ""
         if shaped:
             from ringlet.cost.profile import parse_rate
             util = f"{bus / parse_rate(rate):>13.0%}"
         print(f"{format_size(nb):>8}{ours * 1e3:>12.2f}{theirs * 1e3:>10.2f}{theirs / ours:>14.2f}"
-              f"{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
+              f"{floor}{work}{bus * 8 / 1e9:>10.2f} Gbit/s{util}")
+    if bare:
+        print("bare: the same bytes (n each way) over one bare TCP connection, both ways at "
+              "once, no protocol, no reduction: the floor for any all_reduce of 2 ranks")
 
 
 # ---------------------------------------------------------------- the driver
@@ -451,6 +505,7 @@ def main(argv=None) -> int:
     ap.add_argument("--place", metavar="TP,TP_BYTES,DP_BYTES",
                     help="instead: verify ringlet place for tensor x data parallel on the "
                          "first layout and rate (e.g. 2,1M,16M)")
+    ap.add_argument("--turns", type=int, default=5, help="--gloo, --place: turns (default 5)")
     ap.add_argument("--layouts", default="2x2,2x4", help="hosts x ranks per host (default 2x2,2x4)")
     ap.add_argument("--rates", default="1gbit,10gbit", help="link rates, tc form")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
@@ -483,12 +538,13 @@ def main(argv=None) -> int:
         tp, tp_bytes, dp_bytes = a.place.split(",")
         layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
         placement(a.rates.split(",")[0], layout, int(tp), parse_size(tp_bytes),
-                  parse_size(dp_bytes), 5, a.timeout)
+                  parse_size(dp_bytes), a.turns, a.timeout)
         return 0
     if a.gloo:
         layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
         for rate in a.rates.split(","):
-            versus_gloo(rate, layout, [parse_size(x) for x in a.sizes.split(",")], 5, a.timeout)
+            versus_gloo(rate, layout, [parse_size(x) for x in a.sizes.split(",")], a.turns,
+                        a.timeout)
         return 0
     profile = load_profile()
     reps = [int(x) for x in a.reps.split(",")]

@@ -1,16 +1,20 @@
-"""Issue 5's performance targets, measured side by side in one run on this host, each
-printed as a ratio with whether it holds. Not a unit test: run it on a quiet machine.
+"""Issue 5's and 27's performance targets, measured side by side in one run on this host,
+each printed as a ratio with whether it holds. Not a unit test: run it on a quiet machine.
 
-    python bench/targets.py            # everything (several minutes)
+    python bench/targets.py            # everything (about 10 minutes on a quiet host)
     python bench/targets.py --quick    # fewer sizes and iterations
 
-Each side (ringlet, the peer) keeps its best of 5 runs, taken in turns (ringlet, peer,
-ringlet, peer, ...), so neither a burst of load from outside nor a drift of the host
-over the run favours one side. Whether a target holds is judged on those best runs; the
-ratio of the two sides' median runs is printed beside it, to show how much of a verdict
-the host's noise could turn. Needs the peers for the comparisons
-(bench/install_peers.sh: Open MPI + mpi4py, torch for Gloo); a missing peer is
-reported and its targets skipped.
+What the ratio is - the number a user would see: every measurement is a fresh job (ranks
+started, buffers allocated, 3 warm-up calls), whose time is the median over its timed calls
+(each between barriers, slowest rank): a warm call in a loop, as in training. Each side
+(ringlet with plain NumPy buffers, ringlet with rl.empty buffers, the peer) runs REPEATS
+such jobs, taken in turns (ringlet, rl.empty, peer, ringlet, ...), so a burst of load from
+outside or a drift of the host hits all sides alike. A target is judged on the ratio of the
+sides' MEDIAN jobs (peer time / ringlet time: > 1, ringlet is faster); the ratio of their
+best jobs is printed beside it, to show how much the host's noise moves it. Needs the peers
+for the comparisons (bench/install_peers.sh: Open MPI + mpi4py, torch for Gloo; mpi4py may
+be the system python3's, see ringlet.bench.run_peer); a missing peer is reported and its
+targets skipped.
 """
 from __future__ import annotations
 
@@ -40,22 +44,22 @@ class Report:
 
     def ratio(self, what: str, ours: dict, theirs: dict, p: int, need: float):
         a, b = busbw(ours, p), busbw(theirs, p)
-        r = a / b
-        self.rows.append((what, f"{a:.3g} vs {b:.3g} (busbw)", f"{r:.2f}x",
-                          f"{median_ratio(ours, theirs):.2f}x", f">= {need}x", r >= need))
+        med = median_ratio(ours, theirs)
+        self.rows.append((what, f"{a:.3g} vs {b:.3g} (busbw)", f"{a / b:.2f}x",
+                          f"{med:.2f}x", f">= {need}x", med >= need))
 
     def bound(self, what: str, row: dict, limit_us: float):
         value_us = row["time_us"]
         self.rows.append((what, f"{value_us:.1f} us", "", f"{row['median_us']:.1f} us",
-                          f"<= {limit_us:g} us", value_us <= limit_us))
+                          f"<= {limit_us:g} us", row["median_us"] <= limit_us))
 
     def skip(self, what: str, why: str):
         self.rows.append((what, why, "", "", "", None))
 
     def print(self):
         w = max(len(r[0]) for r in self.rows)
-        print(f"\n{'target':<{w}}  {'measured (best runs)':<36} {'ratio':>7} {'median':>9}  "
-              f"{'needed':<12} holds")
+        print(f"\n{'target':<{w}}  {'measured (best runs)':<36} {'best':>7} {'median':>9}  "
+              f"{'needed':<12} holds (on the median)")
         for what, meas, ratio, med, need, ok in self.rows:
             verdict = "skipped" if ok is None else ("yes" if ok else "NO")
             print(f"{what:<{w}}  {meas:<36} {ratio:>7} {med:>9}  {need:<12} {verdict}")
@@ -156,13 +160,20 @@ def main(argv=None) -> int:
         dump.append(row)
         rep.bound(f"all_reduce 8 B p={p} ({row.get('ran')})", row, limit)
 
-    # 3. The other collectives at >= 1 MiB, p = 2 and 4, vs Open MPI.
+    # 3. Every collective at >= 1 MiB, p = 2 and 4, vs Open MPI: plain buffers need 1.0x,
+    # rl.empty ones (one copy fewer by construction) 1.2x (issue 27).
     sizes = [MiB] if a.quick else [MiB, 8 * MiB]
-    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all", "all_reduce",
+               "reduce", "gather", "scatter"):
+        if op == "all_reduce" and not a.quick:
+            sizes_op = [MiB]         # (8 and 64 MiB: section 1)
+        else:
+            sizes_op = sizes
+
         for p in (2, 4):
-            got = interleaved({"plain": ours(op, p, sizes, iters=iters),
-                               "zc": ours(op, p, sizes, iters=iters, zero_copy=True),
-                               "mpi": theirs("mpi", op, p, sizes, iters)})
+            got = interleaved({"plain": ours(op, p, sizes_op, iters=iters),
+                               "zc": ours(op, p, sizes_op, iters=iters, zero_copy=True),
+                               "mpi": theirs("mpi", op, p, sizes_op, iters)})
             mine, zc = got["plain"], got["zc"]
             peer = by_size(got["mpi"], rep, f"{op} p={p} vs Open MPI")
             dump += mine + zc + list((peer or {}).values())
@@ -172,7 +183,7 @@ def main(argv=None) -> int:
                     rep.ratio(f"{op} p={p} {size} numpy ({r.get('ran')}) vs Open MPI",
                               r, peer[r["bytes"]], p, 1.0)
                     rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
-                              z, peer[r["bytes"]], p, 1.0)
+                              z, peer[r["bytes"]], p, 1.2)
 
     # 4. TCP between two emulated hosts vs Gloo (TCP loopback), Gloo measured again in
     # turns with it: section 1's figures are minutes old by now, on a host that drifts.

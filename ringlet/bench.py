@@ -227,15 +227,14 @@ def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> 
         if iters:
             args += ["--iters", str(iters)]
         if lib == "mpi":
-            try:
-                import mpi4py  # noqa: F401
-            except ImportError:
-                return ("mpi4py is not installed in this Python (bash bench/install_peers.sh, or "
-                        "pip install mpi4py; apt-get install openmpi-bin)")
+            python = _python_with("mpi4py")
+            if python is None:
+                return ("mpi4py is not installed in this Python nor in python3 on PATH (bash "
+                        "bench/install_peers.sh, or pip install mpi4py; apt-get install openmpi-bin)")
             if not shutil.which("mpirun"):
                 return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
-                   sys.executable, "-m", "ringlet.peers", "mpi", *args]
+                   python, "-m", "ringlet.peers", "mpi", *args]
         elif lib == "gloo":
             try:
                 import torch  # noqa: F401
@@ -245,11 +244,31 @@ def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> 
             cmd = [sys.executable, "-m", "ringlet.peers", "gloo", *args]
         else:
             return f"unknown peer {lib!r} (valid: mpi, gloo)"
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             return f"{lib} run failed: {proc.stderr.strip().splitlines()[-1:]}"
         with open(out) as f:
             return [json.loads(line) for line in f]
+
+
+def _python_with(module: str) -> str | None:
+    """A Python that imports ``module`` (and NumPy, which the peer scripts need): this one,
+    else python3 on PATH (the system's mpi4py when this is a venv without it). The peer
+    imports ringlet from this tree (run_peer puts it on PYTHONPATH)."""
+    try:
+        __import__(module)
+        return sys.executable
+    except ImportError:
+        pass
+    other = shutil.which("python3")
+    if other and os.path.realpath(other) != os.path.realpath(sys.executable):
+        ok = subprocess.run([other, "-c", f"import {module}, numpy"], capture_output=True)
+        if ok.returncode == 0:
+            return other
+    return None
 
 
 def _fmt_size(n: int) -> str:

@@ -585,8 +585,16 @@ def main(argv=None) -> int:
                          "your host")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
+    ap.add_argument("--link-rate", metavar="RATE",
+                    help="the link between hosts, e.g. 1gbit or 10gbit: saved in the profile "
+                         "as the inter-host link (TCP as calibrated, no faster per byte than "
+                         "the link), which algorithm='auto' then weighs on multi-host groups; "
+                         "with --transports '' only that, nothing measured")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if a.link_rate:
+            from .cost.profile import parse_rate
+            parse_rate(a.link_rate)
         sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else list(DEFAULT_SIZES)
         transports = [t for t in a.transports.split(",") if t]
         for t in transports:
@@ -598,6 +606,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
         return 2
+    if not transports:
+        return _link_only(a)
     kw = {"passes": a.passes}
     budget = a.budget
     if a.quick:
@@ -633,8 +643,32 @@ def main(argv=None) -> int:
             if old.calibrated:  # keep transports this run did not measure
                 for name, t in old.transports.items():
                     prof.transports.setdefault(name, t)
+        if a.link_rate:
+            prof = prof.with_link_rate(a.link_rate)
+            print(f"inter-host link: {a.link_rate}")
         path = prof.save(a.output)
         print(f"saved {path}")
+    return 0
+
+
+def _link_only(a) -> int:
+    """``--transports '' --link-rate RATE``: the saved profile (or the default one) with
+    that inter-host link, measuring nothing."""
+    import warnings
+
+    from .cost.profile import load_profile
+    if not a.link_rate:
+        print("ringlet calibrate: error: nothing to do: no transports and no --link-rate",
+              file=sys.stderr)
+        return 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = load_profile(a.output)   # (the default one if there is none yet)
+    prof = prof.with_link_rate(a.link_rate)
+    print(f"inter-host link: {a.link_rate} ({prof.link('inter').bandwidth / 1e6:.0f} MB/s "
+          f"of payload)")
+    if not a.dry_run:
+        print(f"saved {prof.save(a.output)}")
     return 0
 
 

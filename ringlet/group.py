@@ -35,6 +35,8 @@ class Group:
 
     def __post_init__(self):
         self._index = {w: g for g, w in enumerate(self.ranks)}
+        # (the tag's fixed bits, once: 3-digit integers cost an allocation per operation)
+        self._tag_base = (self.id << TAG_GROUP_SHIFT) | TAG_COLLECTIVE
         if not self.name:
             self.name = "world" if self.id == 0 else f"group{self.id}{list(self.ranks)}"
 
@@ -50,8 +52,8 @@ class Group:
 
     def next_collective_tag(self) -> tuple[int, int]:
         """(sequence number, wire tag) of the next collective on this group."""
-        self.seq += 1
-        return self.seq, (self.id << TAG_GROUP_SHIFT) | TAG_COLLECTIVE | (self.seq % TAG_COLLECTIVE)
+        seq = self.seq = self.seq + 1
+        return seq, self._tag_base | (seq % TAG_COLLECTIVE)
 
     def host_indices(self) -> tuple[int, ...]:
         """Host of each group rank as small integers (first appearance order)."""

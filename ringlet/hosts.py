@@ -125,6 +125,12 @@ class Hosts:
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
+        # A switch forwards frames; with br_netfilter loaded a Linux bridge would also run
+        # every frame through the (empty) IP firewall hooks: 10-25% more CPU per byte
+        # between hosts here. Off in the switch's own namespace only (the host keeps its own).
+        subprocess.run(["ip", "netns", "exec", self.switch, "sh", "-c",
+                        "for f in /proc/sys/net/bridge/bridge-nf-call-*; do "
+                        "[ -w $f ] && echo 0 > $f; done; true"], capture_output=True)
         for i, ns in enumerate(self.names):
             _ip("netns", "add", ns)
             _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{i}",

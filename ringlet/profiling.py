@@ -113,10 +113,11 @@ def profiled(name: str | None, blocking: bool | None = None):
     (None: unless its ``async_op`` argument is true).
 
     The wrapper has the function's own signature (written out and compiled once here):
-    with no profile open it is one plain Python call more, ~600 instructions of the ~32,000
-    a blocking 8 B all_reduce costs around its C part. A ``*args, **kw`` wrapper cost 1,450
-    (its tuple, its dict, a call through them; with a keyword argument the call cost 3,000
-    more than before the hook) - bench/blocking_callgrind.py."""
+    with no profile open it is one plain Python call more, ~600 instructions of the ~18,000
+    a blocking 8 B all_reduce costs around its C part (~32,000 before issue 27). A
+    ``*args, **kw`` wrapper cost 1,450 (its tuple, its dict, a call through them; with a
+    keyword argument the call cost 3,000 more than before the hook) -
+    bench/blocking_callgrind.py."""
     def wrap(fn):
         sig = inspect.signature(fn)
         params, passed = [], []

@@ -334,7 +334,8 @@ def engine() -> Engine:
 
 def resolve(group: Group | None) -> Group:
     """The group a call acts on; it must be live and include this rank."""
-    engine()
+    if _S.engine is None:
+        engine()      # (raises: not initialized)
     g = _S.world if group is None else group
     if not isinstance(g, Group) or g not in _S.groups:
         raise ValueError(f"{group!r} is not a live ringlet group")
@@ -478,16 +479,20 @@ def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float
 
 def _p2p(kind: str, buf, peer: int, group, tag: int) -> tuple:
     """A send's or receive's arguments, checked: (kind, world rank of the peer, wire tag,
-    the buffer as a flat array, what to call it in errors)."""
+    the buffer as a flat array, who: (peer, tag, group) to name it in errors by ``_what``)."""
     g = resolve(group)
     world = _peer(g, peer, kind)
-    if kind == "send":
-        flat = as_array(buf, "send buffer").reshape(-1)
-        what = f"send to rank {peer} (tag {tag}, {g.name})"
-    else:
-        flat = as_array(buf, "receive buffer", writable=True).reshape(-1)
-        what = f"recv from rank {peer} (tag {tag}, {g.name})"
-    return kind, world, _tag(g, tag), flat, what
+    arr = as_array(buf, "send buffer") if kind == "send" else \
+        as_array(buf, "receive buffer", writable=True)
+    flat = arr if arr.ndim == 1 else arr.reshape(-1)
+    # (what to call it is formatted only when a request is posted: 0.2 us of a blocking call)
+    return kind, world, _tag(g, tag), flat, (peer, tag, g)
+
+
+def _what(kind: str, who: tuple) -> str:
+    peer, tag, g = who
+    return (f"send to rank {peer}" if kind == "send" else f"recv from rank {peer}") + \
+        f" (tag {tag}, {g.name})"
 
 
 def _traced(op: str, args: tuple, group, tag: int):
@@ -501,8 +506,9 @@ def _traced_blocking(op: str, args: tuple, group, tag: int, timeout) -> None:
         tr.ran_in_c()
 
 
-def _post(kind: str, world: int, wire: int, flat, what: str, watch: bool = True,
+def _post(kind: str, world: int, wire: int, flat, who: tuple, watch: bool = True,
           tr=None) -> RequestWork:
+    what = _what(kind, who)
     eng = engine()
     eng.enter()
     try:
@@ -527,7 +533,7 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
     """A blocking send or receive of one EAGER packet (at most 512 KiB) to a local rank runs
     in C (transport/fast.py); anything else, or one C could not finish, is posted and
     waited for (traced by ``tr``, if given). True if C did it."""
-    eng = engine()
+    eng = _S.engine     # (_p2p's resolve found it initialized)
     spun = 0.0
     if eng.fast:
         kind, world, wire, flat, _ = args
@@ -535,7 +541,7 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
         if locked:
             eng.enter()
         try:
-            done, spun = fast.p2p(eng, kind, world, wire, flat.view(np.uint8))
+            done, spun = fast.p2p(eng, kind, world, wire, flat)
         finally:
             if locked:
                 eng.leave()
@@ -556,8 +562,9 @@ def stats() -> dict:
     out = {"sent": {}, "received": {}}
     with eng.lock:
         for r, p in sorted(eng.peers.items()):
-            out["sent"][r] = {"messages": p.msgs_sent, "bytes": p.bytes_sent}
-            out["received"][r] = {"messages": p.msgs_recv, "bytes": p.bytes_recv}
+            ms, bs, mr, br = (int(c) for c in p.fast_counts)   # (those C moved)
+            out["sent"][r] = {"messages": p.msgs_sent + ms, "bytes": p.bytes_sent + bs}
+            out["received"][r] = {"messages": p.msgs_recv + mr, "bytes": p.bytes_recv + br}
         out["collectives"] = {k: v.as_dict() for k, v in eng.coll_stats.items()}
     return out
 
@@ -567,4 +574,5 @@ def reset_stats() -> None:
     with eng.lock:
         for p in eng.peers.values():
             p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
+            p.fast_counts[:] = 0
         eng.coll_stats.clear()

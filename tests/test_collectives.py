@@ -328,6 +328,29 @@ def test_bad_input_and_disagreeing_ranks_raise_everywhere():
     run(_bad, 3)
 
 
+def _op_checked_with_the_plan(rank):
+    """The op/dtype check runs when a call's plan is made and cached (keyed by op and
+    dtype): a cached plan of another op or dtype never lets a bad pair through, and a
+    rejected call caches nothing."""
+    p = rl.get_world_size()
+    x = np.ones(8, np.float32)
+    rl.all_reduce(x)                              # (SUM, float32, 8) cached
+    for _ in range(2):
+        with pytest.raises(TypeError, match="BAND"):
+            rl.all_reduce(x, op=rl.ReduceOp.BAND)
+    i = np.ones(8, np.int32)
+    rl.all_reduce(i, op=rl.ReduceOp.BAND)         # (BAND, int32, 8) cached
+    with pytest.raises(TypeError, match="BAND"):
+        rl.all_reduce(i.view(np.float32), op="band")   # the same bytes as float32
+    with pytest.raises(TypeError, match="AVG"):
+        rl.reduce(i, dst=0, op="avg")
+    assert (x == p).all() and (i == 1).all()
+
+
+def test_the_op_dtype_check_cached_with_the_plan_cannot_go_stale():
+    run(_op_checked_with_the_plan, 2)
+
+
 # -- zero-copy buffers ------------------------------------------------------------------------
 def _zero_copy(rank):
     from ringlet.runtime import engine

@@ -38,10 +38,11 @@ class _Loopback:
         self.mem = np.zeros(128 + capacity + 8, np.uint8)      # ctrl, ring, asleep word
         base = self.mem.ctypes.data
         ring = (base, base + 128, capacity)
-        self.link = ring + ring + (base + 128 + capacity,)
+        self.fast_counts = np.zeros(4, np.int64)
+        self.link = fast.pack_link(*ring, *ring, base + 128 + capacity,
+                                   self.fast_counts.ctypes.data)
         self.head = self.tail = 0
         self.outq, self.unexpected, self.posted, self.dead = (), {}, {}, None
-        self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
 
 
 def _reduce_through_c(acc, incoming, ufunc):
@@ -53,7 +54,7 @@ def _reduce_through_c(acc, incoming, ufunc):
     bufs = {"acc": acc, "in": incoming}
     res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
                              fast.kernel(ufunc, acc.dtype), 7, 1, 2, 0.1, False, print)
-    assert res[:2] == (1, -1) and peer.msgs_recv == 1 and peer.tail == peer.head, res
+    assert res[:2] == (1, -1) and peer.fast_counts[2] == 1 and peer.tail == peer.head, res
 
 
 @settings(max_examples=400, deadline=None, database=None)
@@ -113,7 +114,7 @@ def test_a_reduction_over_a_misaligned_buffer_stays_in_python():
     bufs = {"acc": acc, "in": np.ones(5, np.float32)}
     assert fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,),
                               fast.kernel(np.add, acc.dtype), 7, 1, 2, 0.1, False, print) is None
-    assert peer.head == 0 and peer.msgs_sent == 0       # nothing was sent
+    assert peer.head == 0 and peer.fast_counts[0] == 0       # nothing was sent
 
 
 def _same_bits(rank):

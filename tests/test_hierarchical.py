@@ -1,5 +1,7 @@
 """Several hosts: the hierarchical collectives on real ranks of emulated hosts, what the
 cost model predicts for them, topology-aware auto, and the placement planner."""
+import os
+
 import numpy as np
 import pytest
 
@@ -303,3 +305,31 @@ def test_ringlet_run_link_rate_reaches_auto(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", "--link-rate",
                           "fast", str(script)], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "1gbit" in bad.stderr
+
+
+def test_calibrate_link_rate_is_saved_and_reaches_auto(tmp_path):
+    """`ringlet calibrate --link-rate` saves the inter-host link in the profile: every rank
+    of a job reads it (rank 0's), and auto prices multi-host groups with it."""
+    import subprocess
+    import sys
+    from ringlet.cost.profile import TCP_GOODPUT, load_profile
+    path = tmp_path / "profile.json"
+    env = dict(os.environ, RINGLET_PROFILE=str(path))
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "calibrate", "--transports", "",
+                           "--link-rate", "1gbit", "--output", str(path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert load_profile(path).link("inter").bandwidth == pytest.approx(1e9 / 8 * TCP_GOODPUT)
+    script = tmp_path / "job.py"
+    script.write_text("import ringlet as rl\nfrom ringlet.runtime import job_profile\nrl.init()\n"
+                      "print('inter', job_profile().link('inter').bandwidth)\nrl.destroy()\n")
+    run = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    got = [float(line.split()[-1]) for line in run.stdout.splitlines() if " inter " in line]
+    assert got == [pytest.approx(1e9 / 8 * TCP_GOODPUT)] * 2, run.stdout
+    for bad in (["--transports", "", "--link-rate", "fast"], ["--transports", ""]):
+        proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "calibrate", *bad,
+                               "--output", str(path)], capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert proc.returncode == 2 and "error" in proc.stderr, proc.stderr

@@ -1,11 +1,15 @@
 """A real multi-host job on emulated hosts (ringlet.hosts): network namespaces with their
 own hostname and /dev/shm, joined by a shaped link; `ringlet run` on each."""
+import os
 import re
 import subprocess
 
 import pytest
 
 from ringlet.hosts import Hosts, HostsUnavailable
+
+MACHINE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+MACHINE_NF_BEFORE = open(MACHINE_NF).read().strip() if os.path.exists(MACHINE_NF) else ""
 
 JOB = """
 import socket
@@ -63,9 +67,18 @@ def test_hosts_are_torn_down():
             names = hosts.names + [hosts.switch]
             shm = [hosts.run(i, ["sh", "-c", "touch /dev/shm/x-$(hostname); ls /dev/shm"],
                              capture_output=True, text=True).stdout.split() for i in range(2)]
+            # the switch forwards frames without the firewall hooks (where br_netfilter
+            # is loaded), the machine's own setting untouched
+            nf = subprocess.run(["ip", "netns", "exec", hosts.switch, "sh", "-c",
+                                 "cat /proc/sys/net/bridge/bridge-nf-call-iptables"],
+                                capture_output=True, text=True).stdout.strip()
     except HostsUnavailable as exc:
         pytest.skip(f"no emulated hosts here: {exc}")
     assert shm == [["x-h0"], ["x-h1"]]     # each host its own /dev/shm
+    assert nf in ("", "0"), nf
+    if os.path.exists(MACHINE_NF):
+        with open(MACHINE_NF) as f:
+            assert f.read().strip() == MACHINE_NF_BEFORE
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in left for n in names), left
 

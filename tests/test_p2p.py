@@ -500,10 +500,12 @@ def test_same_script_runs_under_mpirun(tmp_path):
     assert sorted(proc.stdout.split("\n"))[-3:] == [f"rank {r} of 3 ok" for r in range(3)]
 
 
-def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
+@pytest.mark.parametrize("nbytes", [10_000, 50_000])   # header and payload: one copy, a gather
+def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel(nbytes):
     """A send reported done with bytes still queued in user space needs its sender to keep
     driving progress — a sender that then computes, or waits at destroy's barrier, would
-    leave its peer waiting forever (seen as a rare 256 MiB TCP exchange timeout)."""
+    leave its peer waiting forever (seen as a rare 256 MiB TCP exchange timeout). What the
+    kernel did not take waits as views of the caller's buffer: they must arrive intact."""
     from ringlet.transport.protocol import SendRequest
     from ringlet.transport.tcp import TcpPeer
 
@@ -513,6 +515,9 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
 
         def send(self, data):
             return self.sock.send(memoryview(data)[:1000])
+
+        def sendmsg(self, parts):
+            return self.sock.send(b"".join(bytes(p) for p in parts)[:1000])
 
         def __getattr__(self, name):
             return getattr(self.sock, name)
@@ -532,16 +537,17 @@ def test_a_send_completes_only_when_its_last_byte_reaches_the_kernel():
         b, _ = srv.accept()
     peer = TcpPeer(Engine(), 1, a)
     peer.sock = Trickle(a)
-    req = SendRequest(1, 5, np.full(10_000, 3, np.uint8))   # eager: one packet
+    data = (np.arange(nbytes) % 251).astype(np.uint8)
+    req = SendRequest(1, 5, data)   # eager: one packet
     peer.post_send(req)
     assert not req.done, "reported done with most of its bytes still queued"
     while not req.done:
         peer.progress()
     got = b""
     b.settimeout(2)
-    while len(got) < 64 + 10_000:
+    while len(got) < 64 + nbytes:
         got += b.recv(65536)
-    assert got[64:] == b"\x03" * 10_000
+    assert got[64:] == data.tobytes()
     a.close(), b.close()
 
 

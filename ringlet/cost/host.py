@@ -53,8 +53,9 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
-    # a larger message from ANY buffer is read in place by its receiver (cross-memory
-    # attach from a private one); -1: none is (limits.facts says where the transport does)
+    # a larger message from a plain buffer is read by its receiver with cross-memory
+    # attach (transport/cma.py) - in a round where the sender receives too, into a receive
+    # that copies (not one that reduces); -1: never (limits.facts says where it is on)
     cma_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
@@ -95,8 +96,7 @@ class HostModel:
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
                                   "ring_bytes", "zero_copy_min", "cma_min", "fast_bytes",
-                                  "idle_share",
-                                  "imbalance"}
+                                  "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
                   "zero_copy_min", "cma_min", "fast_bytes"):

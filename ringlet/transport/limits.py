@@ -16,9 +16,21 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   receiver, one copy instead of two through the ring. Not below: an EAGER packet through
   the C fast path beats one copy fewer plus the RTS round trip.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
+* CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
+  address in the RTS and the receiver reads it with process_vm_readv (cma.py): one copy
+  instead of two. Not below: up to the ring's size a message streams without the round
+  trip the read needs. Offered only in a round where the sender also receives from
+  that peer, and taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
-TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer).
+TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
+costs the receiver a wakeup and a Python turn and the sender a sendmsg (header and payload
+in one call): 4 MiB packets took 10-15% less CPU per 64 MiB all_reduce between two
+namespace hosts than 1 MiB (256 KiB: 10% more), measured as process time, which load
+moves less than the clock (bench/hosts.py --gloo; tcp.py). One connection per pair: a
+bare exchange over 2 or 4 connections was no faster than over one on veth. No MSG_ZEROCOPY:
+a bare 64 MiB exchange with it took 28-31 ms of CPU against 22-33 ms without (load 11):
+the kernel copies the pages anyway when it hands them to a socket on this machine.
 """
 from __future__ import annotations
 
@@ -28,18 +40,23 @@ SHM_FRAG_BYTES = 256 << 10
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
 FAST_BYTES = SHM_EAGER_BYTES
+CMA_MIN = SHM_STREAM_BYTES
 
 TCP_EAGER_BYTES = 64 << 10
-TCP_FRAG_BYTES = 1 << 20
+TCP_FRAG_BYTES = 4 << 20
 
 
 def facts(fast_path: bool) -> dict:
     """What each transport does, as the cost model prices it: eager limit, above how many
     bytes a message waits for CTS, bytes a pair cycles through, above how many bytes a send
-    from an rl.empty buffer is read in place (-1: never), largest message of a C call
-    (0: no fast path here). ``fast_path``: whether C runs calls here (``fast.enabled()``)."""
+    from an rl.empty buffer is read in place (-1: never), above how many bytes a send from
+    a plain buffer is read by CMA (-1: never; only in a round where the sender receives
+    too, only into a receive that copies, and only where the kernel allows it: see cma.py),
+    largest message of a C call (0: no fast path here). ``fast_path``: whether C runs calls
+    here (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
-                    "fast_bytes": FAST_BYTES if fast_path else 0},
+                    "cma_min": CMA_MIN, "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
-                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "fast_bytes": 0}}
+                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "cma_min": -1,
+                    "fast_bytes": 0}}

@@ -7,6 +7,11 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
   (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
   the receiver read it in place: that one goes by RTS.)
+* A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
+  that also receives, on a link that can read a local sender's memory
+  (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
+  from there and answers CTS_DONE, or - when it reduces, or the kernel refuses the read -
+  answers CTS_OK and the DATA flows as for any large message.
 * A larger message is announced by RTS (ready to send). The receiver answers CTS (clear
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
@@ -35,6 +40,7 @@ EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
 RTS_STREAM = 2   # RTS flag: its DATA follows at once, without waiting for CTS
+RTS_CMA = 3      # RTS flag: the data sits at address aux in the sender's private memory
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
@@ -62,7 +68,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -71,6 +77,8 @@ class SendRequest(Request):
         self.data = data  # flat uint8 view of the caller's buffer
         self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
+        self.cma = False      # its RTS offers its address to be read (RTS_CMA)
+        self.receiving = False  # its round receives too (cma.py: then offer it)
 
 
 class RecvRequest(Request):
@@ -172,6 +180,9 @@ class Peer:
         self.dead: BaseException | None = None
         self.closing = False
         self.msgs_sent = self.bytes_sent = self.msgs_recv = self.bytes_recv = 0
+        # what the C fast path moved (messages, bytes sent; messages, bytes received): C adds
+        # to this array in place, which costs it nothing per call (4 attributes would)
+        self.fast_counts = np.zeros(4, np.int64)
 
     # -- posting -------------------------------------------------------------------------
     def send_now(self, tag: int, data, fp=NO_FP) -> bool:
@@ -196,6 +207,8 @@ class Peer:
             return
         if self.zero_copy and req.nbytes > self.zc_min:
             req.zc = locate(req.data)      # (once: send_now is not asked again)
+            req.cma = (req.receiving and req.zc is None and self.cma_min >= 0
+                       and req.nbytes > self.cma_min and req.data.flags.c_contiguous)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True
@@ -205,7 +218,7 @@ class Peer:
             req.msgid = self.next_msgid
             self.next_msgid += 1
             self.outq.append(("rts", req))
-            if req.nbytes <= self.stream_max and req.zc is None:
+            if req.nbytes <= self.stream_max and req.zc is None and not req.cma:
                 req.stream = True
                 self.outq.append(("data", req))
             else:
@@ -249,7 +262,10 @@ class Peer:
                     break
                 self._sent(item)
             elif kind == "rts":
-                if item.zc is None:
+                if item.cma:
+                    ok = self._write(RTS, RTS_CMA, item.tag, item.msgid, item.nbytes,
+                                     item.data.ctypes.data, None, *item.fp)
+                elif item.zc is None:
                     ok = self._write(RTS, RTS_STREAM if item.stream else 0, item.tag, item.msgid,
                                      item.nbytes, 0, None, *item.fp)
                 else:
@@ -319,7 +335,11 @@ class Peer:
                 self.incoming[msgid] = _Discard(msgid, length, 0, tag)
             self.engine.calls.mismatch(tag, q[0].fp, fp, self.rank)
             return
-        where = (zc >> 32, zc & 0xFFFFFFFF, aux) if kind == RTS and flags == RTS_ZC else None
+        where = None
+        if kind == RTS and flags == RTS_ZC:
+            where = (zc >> 32, zc & 0xFFFFFFFF, aux)
+        elif kind == RTS and flags == RTS_CMA:
+            where = aux          # an address in the sender's memory
         if q:
             if kind == EAGER:
                 self._finish_eager(_pop(self.posted, tag, q), payload)
@@ -401,9 +421,8 @@ class Peer:
         if length != req.nbytes:
             self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
-        elif where is not None and (src := self.remote_view(where, length)) is not None:
-            req.deliver(src)        # one copy (or reduce), straight from the sender's buffer
-            self._received(req)
+        elif where is not None and self.read_remote(req, where, length):
+            self._received(req)     # one copy (or reduce), straight from the sender's buffer
             self._queue_cts(msgid, CTS_DONE, 0)
         else:
             req.msgid = msgid
@@ -482,8 +501,13 @@ class Peer:
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly
     stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
-    def remote_view(self, where, nbytes):
-        return None
+    cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address
+
+    def read_remote(self, req: RecvRequest, where, nbytes: int) -> bool:
+        """Read the sender's message where its RTS says it lies (an rl.empty buffer's
+        (alloc id, fd, offset), or a private buffer's address) into ``req``: True when
+        done, False (``req`` untouched) when this link cannot: then it is streamed."""
+        return False
 
     def send_abort(self, tag, mine, theirs, culprit) -> None:
         self.outq.append(("abort", (tag, mine, theirs, culprit)))

@@ -21,7 +21,7 @@ import socket
 
 import numpy as np
 
-from . import limits
+from . import cma, limits
 from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
 
 SEG_HEADER = 64
@@ -29,6 +29,7 @@ SLOT_CTRL = 128
 # sizes: see limits.py
 RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
 STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
+CMA_MIN = limits.CMA_MIN
 
 
 def segment_size(slots: int, capacity: int) -> int:
@@ -94,15 +95,24 @@ class ShmPeer(Peer):
         self.stream_max = min(STREAM_BYTES, outbox.capacity)
         self.inbox, self.outbox = inbox, outbox
         self.doorbell, self.pid = doorbell, pid
+        self.cma = cma.Reader(pid)           # reads this peer's private buffers in place
+        # (above what streams: a ring smaller than CMA_MIN, RINGLET_SHM_RING, lowers it)
+        self.cma_min = min(CMA_MIN, self.stream_max) if self.cma.ok else -1
         self.tail = inbox.ctrl[8]
         self.head = outbox.ctrl[0]
 
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
 
-    def remote_view(self, where, nbytes):
+    def read_remote(self, req, where, nbytes) -> bool:
+        if isinstance(where, int):          # a private buffer's address: cma.py
+            return self.cma.deliver(req, where, nbytes)
         alloc, fd, offset = where
-        return self.engine.remote_maps.view(self.pid, alloc, fd, offset, nbytes)
+        src = self.engine.remote_maps.view(self.pid, alloc, fd, offset, nbytes)
+        if src is None:
+            return False
+        req.deliver(src)
+        return True
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         ring = self.outbox

@@ -16,6 +16,7 @@ from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
 # unexpected EAGER…) faster than we parse them must not keep progress() from returning,
 # or the waiter would never reach its deadline check.
 POLL_BUDGET = 1024
+IOV_MAX = 64          # parts of wpending handed to one sendmsg
 
 
 EAGER_BYTES, FRAG_BYTES = limits.TCP_EAGER_BYTES, limits.TCP_FRAG_BYTES   # (see limits.py)
@@ -47,20 +48,22 @@ class TcpPeer(Peer):
     # -- out -----------------------------------------------------------------------------
     def _flush(self) -> bool:
         while self.wpending:
-            buf = self.wpending[0]
-            try:
-                n = self.sock.send(buf)
+            try:   # all that is queued in one call (usually a header and its payload)
+                n = self.sock.sendmsg(self.wpending[:IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
                 self._lost(exc)
                 return False
             self.flushed += n
-            if n < len(buf):
-                self.wpending[0] = memoryview(buf)[n:]   # (a view: no copy of the rest)
-                self._complete_flushed()
-                return False
-            self.wpending.pop(0)
+            while n:
+                head = self.wpending[0]
+                if n < len(head):
+                    self.wpending[0] = memoryview(head)[n:]   # (a view: no copy of the rest)
+                    self._complete_flushed()
+                    return False
+                n -= len(head)
+                self.wpending.pop(0)
         self._complete_flushed()
         return True
 
@@ -85,31 +88,36 @@ class TcpPeer(Peer):
             Peer._sent(self, req)
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
-        if not self._flush():
+        if self.wpending and not self._flush():
             return False
         head = HEADER.pack(kind, flags, tag, msgid, length, aux, fp1, fp2, zc)
         if payload is None or length == 0:
             parts = [head]
         elif length <= 16 << 10:
-            parts = [head + bytes(payload)]
+            parts = [head + bytes(payload)]      # one small copy beats a gather of two
         else:
-            parts = [head, payload]
-        for i, part in enumerate(parts):
-            try:
-                n = self.sock.send(part)
-            except (BlockingIOError, InterruptedError):
+            parts = [head, memoryview(payload).cast("B")]
+        try:
+            n = self.sock.sendmsg(parts) if len(parts) > 1 else self.sock.send(parts[0])
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            # _lost() fails the peer, which empties outq: False keeps Peer.pump_out
+            # from popping the packet it no longer holds.
+            self._lost(exc)
+            return False
+        if n < sum(len(part) for part in parts):
+            # The rest waits here as views, not copies: every payload belongs to a send
+            # request, which completes only once its last byte is with the kernel (_sent).
+            rest = []
+            for part in parts:
+                if n >= len(part):
+                    n -= len(part)
+                    continue
+                rest.append(memoryview(part)[n:] if n else part)
                 n = 0
-            except OSError as exc:
-                # _lost() fails the peer, which empties outq: False keeps Peer.pump_out
-                # from popping the packet it no longer holds.
-                self._lost(exc)
-                return False
-            if n < len(part):
-                # The caller may reuse its buffer once we return: keep a private copy.
-                rest = [bytes(memoryview(part)[n:])] + [bytes(p) for p in parts[i + 1:]]
-                self.wpending.extend(rest)
-                self.queued += sum(len(r) for r in rest)
-                break
+            self.wpending.extend(rest)
+            self.queued += sum(len(r) for r in rest)
         return True
 
     def pump_out(self) -> bool:

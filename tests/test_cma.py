@@ -1,0 +1,177 @@
+"""Cross-memory attach (transport/cma.py): a large message from a plain NumPy buffer is read
+by its local receiver with process_vm_readv. Every collective against NumPy with plain and
+rl.empty buffers, odd sizes and dtypes, p = 2..4; and the fallback when the kernel refuses
+the read (a seccomp filter, as in some containers), which must stream the message through
+the ring instead and give the same result."""
+import ctypes
+import errno
+import platform
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ringlet as rl
+from ringlet import algorithms
+from ringlet.runtime import engine
+from ringlet.transport import cma
+from ringlet.transport.shm import ShmPeer
+from conftest import run
+from test_collectives import in_rank_settings, make_input, reference
+
+RING = 64 << 10          # a small ring: exchanged messages above 64 KiB take the CMA path
+SMALL_RING = {"RINGLET_SHM_RING": str(RING)}
+OPS = ("broadcast", "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "reduce",
+       "gather", "scatter")
+DTYPES = [np.int8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.complex128]
+
+
+def _reads() -> int:
+    return sum(p.cma.reads for p in engine().peers.values() if isinstance(p, ShmPeer))
+
+
+def _call(rank, p, op, count, dtype, seed, alloc, algo="auto"):
+    """Run ``op`` on buffers from ``alloc`` and check it against NumPy."""
+    red = "SUM"
+    root = seed % p
+    ins = [make_input(seed, r, (p, count), dtype, red) for r in range(p)]
+
+    def buf(a):
+        b = alloc(a.shape, a.dtype)
+        b[...] = a
+        return b
+
+    if op == "all_reduce":
+        x = buf(ins[rank][0])
+        rl.all_reduce(x, algorithm=algo)
+        np.testing.assert_array_equal(x, reference(red, [a[0] for a in ins]))
+    elif op == "reduce":
+        x = buf(ins[rank][0])
+        rl.reduce(x, root, algorithm=algo)
+        want = reference(red, [a[0] for a in ins]) if rank == root else ins[rank][0]
+        np.testing.assert_array_equal(x, want)
+    elif op == "broadcast":
+        x = buf(ins[rank][0])
+        rl.broadcast(x, root, algorithm=algo)
+        np.testing.assert_array_equal(x, ins[root][0])
+    elif op == "all_gather":
+        out = buf(np.zeros((p, count), dtype))
+        rl.all_gather(out, buf(ins[rank][0]), algorithm=algo)
+        np.testing.assert_array_equal(out, np.stack([a[0] for a in ins]))
+    elif op == "reduce_scatter":
+        out = buf(np.zeros(count, dtype))
+        rl.reduce_scatter(out, buf(ins[rank]), algorithm=algo)
+        np.testing.assert_array_equal(out, reference(red, ins)[rank])
+    elif op == "all_to_all":
+        out = buf(np.zeros((p, count), dtype))
+        rl.all_to_all(out, buf(ins[rank]), algorithm=algo)
+        np.testing.assert_array_equal(out, np.stack([ins[r][rank] for r in range(p)]))
+    elif op == "gather":
+        out = buf(np.zeros((p, count), dtype)) if rank == root else None
+        rl.gather(buf(ins[rank][0]), out, root, algorithm=algo)
+        if rank == root:
+            np.testing.assert_array_equal(out, np.stack([a[0] for a in ins]))
+    elif op == "scatter":
+        out = buf(np.zeros(count, dtype))
+        rl.scatter(out, buf(ins[root]) if rank == root else None, root, algorithm=algo)
+        np.testing.assert_array_equal(out, ins[root][rank])
+
+
+def _property(rank, examples):
+    p = rl.get_world_size()
+    before = _reads()
+
+    @in_rank_settings(examples)
+    @given(op=st.sampled_from(OPS), dtype=st.sampled_from(DTYPES),
+           nbytes=st.integers(RING // 2, 6 * RING), seed=st.integers(0, 2 ** 31),
+           shared=st.booleans(), algo=st.sampled_from(["auto", "auto", "ring", "direct"]))
+    def check(op, dtype, nbytes, seed, shared, algo):
+        count = max(nbytes // np.dtype(dtype).itemsize, 1) | 1      # odd element counts
+        if algo not in algorithms.CATALOG[op]:
+            algo = "auto"
+        _call(rank, p, op, count, np.dtype(dtype), seed, rl.empty if shared else np.empty, algo)
+
+    check()
+    for op in ("all_to_all", "all_gather"):     # exchanges: these offer their address
+        _call(rank, p, op, 3 * RING + 5, np.dtype(np.uint8), 3, np.empty)
+    rl.barrier()
+    got = np.array([_reads() - before], np.int64)
+    rl.all_reduce(got)
+    assert got[0] > 0, "no message took the cross-memory path"
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_every_collective_reads_plain_buffers_in_place(p):
+    run(_property, p, 40 if p < 4 else 25, env=SMALL_RING)
+
+
+def _large(rank):
+    """At the default ring: 8 MiB calls move 4 MiB (p = 2) messages by CMA."""
+    p = rl.get_world_size()
+    before = _reads()
+    n = (8 << 20) // 4 + 3
+    for op in ("all_gather", "all_to_all", "broadcast", "reduce_scatter"):
+        _call(rank, p, op, n // p, np.dtype(np.float32), 7, np.empty)
+    assert _reads() > before
+
+
+def test_large_messages_at_the_default_ring():
+    run(_large, 2)
+
+
+# -- the fallback: the kernel refuses the read --------------------------------------------
+_SYSCALL = {"x86_64": (0xC000003E, 310), "aarch64": (0xC00000B7, 270)}   # audit arch, nr
+
+
+def _forbid_process_vm_readv() -> None:
+    """Install a seccomp filter on this process that fails process_vm_readv with EPERM
+    (what a container's default profile does), everything else allowed."""
+    arch, nr = _SYSCALL[platform.machine()]
+    ld, jeq, ret = 0x20, 0x15, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow),   # another arch: allow
+            (ld, 0, 0, 0), (jeq, 0, 1, nr), (ret, 0, 0, deny), (ret, 0, 0, allow)]
+    raw = b"".join(struct.pack("<HBBI", *i) for i in prog)
+    buf = ctypes.create_string_buffer(raw)
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0                # PR_SET_NO_NEW_PRIVS
+    fprog = Prog(len(prog), ctypes.addressof(buf))
+    assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+
+
+def _refused(rank):
+    p = rl.get_world_size()
+    if rank == 1:
+        _forbid_process_vm_readv()
+        probe = np.zeros(4, np.uint8)
+        assert cma.read(1, 0, probe) == -errno.EPERM      # the filter is on
+    for seed, op in enumerate(OPS * 2):
+        for dtype in (np.float64, np.int16):
+            _call(rank, p, op, (3 * RING) // np.dtype(dtype).itemsize + 1, np.dtype(dtype),
+                  seed, np.empty)
+    peers = [q for q in engine().peers.values() if isinstance(q, ShmPeer)]
+    if rank == 1:
+        assert all(not q.cma.ok and q.cma.refused == errno.EPERM for q in peers)
+        assert sum(q.cma.reads for q in peers) == 0
+    else:       # the others still read in place (from each other, and from rank 1)
+        assert all(q.cma.ok for q in peers) and sum(q.cma.reads for q in peers) > 0
+
+
+@pytest.mark.skipif(platform.machine() not in _SYSCALL, reason="seccomp filter for x86_64/aarch64")
+def test_a_refused_read_streams_through_the_ring_instead():
+    run(_refused, 3, env=SMALL_RING)
+
+
+def _off(rank):
+    _call(rank, rl.get_world_size(), "all_gather", 3 * RING, np.dtype(np.uint8), 1, np.empty)
+    assert _reads() == 0
+
+
+def test_cma_off_by_environment():
+    run(_off, 2, env=dict(SMALL_RING, RINGLET_CMA="0"))

@@ -1096,8 +1096,9 @@ def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):
 def test_choose_prices_rl_empty_buffers_as_read_in_place():
     """With a calibrated host, choose() prices the caller's rl.empty buffers as read in
     place: 8 MiB broadcast at p = 4 turns from binomial to direct. A profile that did not
-    record the transport's in-place threshold gets it from the transport."""
-    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)})
+    record the transport's in-place threshold gets it from the transport. (Without
+    cross-memory attach: with it, plain buffers' exchanges are read in place too.)"""
+    prof = profile.Profile.from_fits({"shm": {**HOST_PROFILE, "cma_min": -1}})
     assert "zero_copy_min" not in HOST_PROFILE
     assert prof.host_model("shm").zero_copy_min == shm.ZERO_COPY_MIN
     plain, rows = choose("broadcast", 8 << 20, 4, topology=prof)
@@ -1112,25 +1113,37 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
 
 
 def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
-    """Where the transport reads private buffers in place (cma_min >= 0), a plain message
-    above cma_min costs what an rl.empty one does; below it, and without cma_min, it goes
-    through the ring."""
+    """Where the transport reads private buffers in place (cma_min >= 0: transport/cma.py),
+    a plain message above cma_min, in a round where its sender receives too and into a
+    receive that copies, costs what an rl.empty one does (plus beta_cma per byte, the
+    kernel's copy over memcpy's); a one-way message, a reduced one, a smaller one and any
+    without cma_min go through the ring."""
     entry = {**HOST_PROFILE, "cma_min": shm.RING_BYTES}
     cma = profile.Profile.from_fits({"shm": entry}).host_model("shm")
-    ring = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).host_model("shm")
+    slow = profile.Profile.from_fits({"shm": {**entry, "beta_cma": 1e-10}}).host_model("shm")
+    ring = profile.Profile.from_fits({"shm": {**HOST_PROFILE, "cma_min": -1}}).host_model("shm")
     assert (cma.cma_min, ring.cma_min) == (shm.RING_BYTES, -1)
 
-    def t(model, nbytes, shared=()):
-        s = _build("broadcast", "direct", 2, nbytes // 4)
+    def t(model, coll, nbytes, shared=()):
+        from ringlet.cost.model import count_of
+        s = _build(coll, "direct" if coll != "all_gather" else "ring", 2,
+                   count_of(coll, 2, nbytes))
         return simulate(s, Topology.on_host(2, model), shared=shared).time
-    big = 8 << 20
-    assert t(cma, big) == pytest.approx(t(cma, big, ("buf",)))
-    assert t(cma, big) < t(ring, big)
-    assert t(cma, 1 << 20) == pytest.approx(t(ring, 1 << 20))
+    big = 8 << 20                      # all_gather: 4 MiB each way, an exchange
+    assert t(cma, "all_gather", big) == pytest.approx(t(cma, "all_gather", big, ("in", "out")))
+    assert t(cma, "all_gather", big) < t(ring, "all_gather", big) < t(slow, "all_gather", big)
+    assert t(cma, "all_gather", 2 << 20) == pytest.approx(t(ring, "all_gather", 2 << 20))
+    assert t(cma, "broadcast", big) == pytest.approx(t(ring, "broadcast", big))   # one-way
+    from ringlet.cost.simulate import _read_in_place
+    nb, src, dst = np.array([4e6, 4e6]), np.array([0, 1]), np.array([1, 0])
+    for red, want in ((np.array([False, True]), [True, False]), (np.zeros(2, bool), [True, True])):
+        _, by_cma = _read_in_place(nb, np.zeros(2, int), (), 0, shm.RING_BYTES, src, dst, red)
+        assert list(by_cma) == want                 # a receive that reduces declines
 
 
 def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
-    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save()
+    # (without cross-memory attach, which reads plain buffers' exchanges in place too)
+    profile.Profile.from_fits({"shm": {**HOST_PROFILE, "cma_min": -1}}).save()
     for flags, winner in (([], "binomial"), (["--zero-copy"], "direct")):
         assert commands.explain_main(["broadcast", "--size", "8M", "-n", "4", *flags]) == 0
         out = capsys.readouterr().out

@@ -14,10 +14,10 @@ from .model import Link
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
 HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
               "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
-              "beta_lag")
+              "beta_lag", "beta_cma")
 _LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
                   "alpha_crowd")
-_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag")
+_BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag", "beta_cma")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
 
@@ -42,6 +42,8 @@ class HostModel:
     beta_share: float = 0.0       # CPU per byte per busy rank beyond the cores
     beta_crowd: float = 0.0       # CPU per byte moved when ranks outnumber cores
     beta_lag: float = 0.0         # delay per byte a one-way stream trails its slower side
+    beta_cma: float = 0.0         # extra CPU per byte the receiver reads by cross-memory
+                                  # attach (the kernel's copy), over a copy (beta)
     idle_share: float = 0.5       # share of a core an idle rank still takes
     imbalance: float = 0.0        # 1: a round runs at the pace of its most crowded core
     l2_bytes: int = 1 << 20

@@ -423,8 +423,9 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
     biggest: dict = {}
     for rnd in schedule.rounds:
         c = rnd.cols
-        msg = (c["src"] != c["dst"]) & ~_read_in_place(c["n"] * isz, c["sbuf"], shared,
-                                                        zero_copy_min, cma_min)
+        msg = (c["src"] != c["dst"]) & ~_read_in_place(
+            c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
+            c["reduce"].astype(bool))[0]
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -435,16 +436,23 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
 
 
-def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1) -> np.ndarray:
-    """Which messages their receiver reads in place: sent from one of the ``shared``
-    buffers (indices into ``BUFFER_NAMES``) and larger than ``zero_copy_min``, or from any
-    buffer and larger than ``cma_min`` (cross-memory attach); -1: none."""
-    out = np.zeros(len(nbytes), bool)
+def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, src=None,
+                   dst=None, reduce=None) -> tuple:
+    """(which messages their receiver reads in place, which of them by cross-memory
+    attach). In place: sent from one of the ``shared`` buffers (indices into
+    ``BUFFER_NAMES``) and larger than ``zero_copy_min``; by CMA (transport/cma.py): from
+    a private buffer, larger than ``cma_min``, by a sender that receives too in the round
+    (``src``, ``dst``: the round's messages) into a receive that copies (``reduce``
+    false). -1: none."""
+    zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
-        out |= (nbytes > zero_copy_min) & np.isin(sbuf, shared)
-    if cma_min >= 0:
-        out |= nbytes > cma_min
-    return out
+        zc = (nbytes > zero_copy_min) & np.isin(sbuf, shared)
+    cma = np.zeros(len(nbytes), bool)
+    if cma_min >= 0 and src is not None:
+        cma = (nbytes > cma_min) & ~zc & np.isin(src, dst)
+        if reduce is not None:
+            cma &= ~reduce
+    return zc | cma, cma
 
 
 def _overlap(prev, rank, buf, off, n) -> np.ndarray:
@@ -609,7 +617,7 @@ class _HostSim:
         self.path = self.path + stretch * per
         self.alone = self.alone + per
 
-    def _side_counts(self, nb, red, hot, sbuf, stretch):
+    def _side_counts(self, src, dst, nb, red, hot, sbuf, stretch):
         """Term counts of each message's work on its sending and its receiving side, and
         of its latency; and which messages the receiver reads in place."""
         m = self.m
@@ -626,10 +634,12 @@ class _HostSim:
         recv[:, _TERM["gamma"]] = nb * red
         # read in place: the sender only announces it (RTS), the receiver's copy is the
         # one copy; no ring, so no lag of a one-way stream either
-        inplace = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min)
+        inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
+                                      src, dst, red)
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
                 send[inplace, _TERM[term]] = 0.0
+            recv[:, _TERM["beta_cma"]] = nb * cma      # the kernel's copy, over memcpy's
         # what a rank touched in the previous round may still be in its caches
         send[:, _TERM["mem_l2"]] *= 1.0 - hot[0]
         send[:, _TERM["mem_l3"]] *= 1.0 - hot[1]
@@ -648,7 +658,7 @@ class _HostSim:
         start, path, alone = self.start, self.path, self.alone
         self.bytes_total += float(nb.sum())
         self.msgs_total += len(src)
-        send, recv, lat, inplace = self._side_counts(nb, red, hot, sbuf, k)
+        send, recv, lat, inplace = self._side_counts(src, dst, nb, red, hot, sbuf, k)
         w_send = k * (send @ th)
         w_recv = k * (recv @ th)
         s_src, s_dst = start[src], start[dst]

@@ -1141,6 +1141,7 @@ def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
         assert list(by_cma) == want                 # a receive that reduces declines
 
 
+@pytest.mark.filterwarnings("ignore:.*cma_min")     # (the profile says: no CMA, on purpose)
 def test_explain_zero_copy_shows_the_pick_for_rl_empty_buffers(capsys):
     # (without cross-memory attach, which reads plain buffers' exchanges in place too)
     profile.Profile.from_fits({"shm": {**HOST_PROFILE, "cma_min": -1}}).save()

@@ -939,6 +939,16 @@ def test_host_model_idle_ranks_share():
     assert res0.time == pytest.approx(2 * 1e-6 + 2 * 2e-6)
 
 
+def test_working_set_counts_the_buffers_each_rank_touches():
+    """A gather's gathered array exists at the root only: p = 4 direct gather of 4 x 1 MiB
+    touches each rank's 1 MiB input and the root's 4 MiB output (plus the rings), not
+    an output on every rank."""
+    block = 1 << 20
+    s = _build("gather", "direct", 4, block // 4).without_agreement()
+    rings = 3 * min(block, 4 << 20)
+    assert working_set(s, 4 << 20) == 4 * block + 4 * block + rings
+
+
 def test_host_model_memory_hierarchy_by_hand():
     """p = 2 binomial broadcast of 8 MiB: the working set is both ranks' buffers plus
     the ring space the message cycles through (4 MiB): W = 20 MiB. With a 10 MiB L3,

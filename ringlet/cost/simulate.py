@@ -415,14 +415,19 @@ class _Sim:
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
                 zero_copy_min: int = -1, cma_min: int = -1) -> float:
-    """Bytes a job touches: every rank's buffers, plus the part of each shared ring that
-    its pair's messages cycle through (up to the ring's size). A message its receiver
-    reads in place (see ``_read_in_place``) uses no ring."""
+    """Bytes a job touches: the buffers each rank reads or writes (a rooted collective's
+    other ranks never touch the root's gathered array), plus the part of each shared ring
+    that its pair's messages cycle through (up to the ring's size). A message its
+    receiver reads in place (see ``_read_in_place``) uses no ring."""
     isz = float(schedule.itemsize)
-    total = float(sum(int(v) for v in schedule.buffers.values())) * schedule.p * isz
+    touched = np.zeros((schedule.p, len(BUFFER_NAMES)), bool)
     biggest: dict = {}
     for rnd in schedule.rounds:
         c = rnd.cols
+        touched[c["src"], c["sbuf"]] = True
+        touched[c["dst"], c["dbuf"]] = True
+        acc = c["abuf"] >= 0
+        touched[c["dst"][acc], c["abuf"][acc]] = True
         msg = (c["src"] != c["dst"]) & ~_read_in_place(
             c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
             c["reduce"].astype(bool))[0]
@@ -433,6 +438,8 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
         for k, v in zip(pair.tolist(), nb.tolist()):
             if v > biggest.get(k, 0):
                 biggest[k] = v
+    sizes = np.array([int(schedule.buffers.get(b, 0)) for b in BUFFER_NAMES], float)
+    total = float((touched @ sizes).sum()) * isz
     return total + sum(min(v * isz, ring_bytes) for v in biggest.values())
 
 

@@ -64,6 +64,7 @@ def _worker(rank, op, size, blocks, calls, out):
         for _ in range(3):
             fns[k]()
     res = {k: [] for k in KINDS}
+    ran = {}
     use = {k: np.zeros(3) for k in KINDS}
     for _ in range(blocks):
         for k in KINDS:
@@ -77,13 +78,13 @@ def _worker(rank, op, size, blocks, calls, out):
                 fns[k]()
                 ts.append(time.perf_counter() - t0)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
+            ran[k] = rl.stats()["collectives"].get(op, {}).get("algorithm")   # (before the max below)
             use[k] += [r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw,
                        r1.ru_minflt - r0.ru_minflt]
             t = np.array([np.median(ts)])
             rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
             res[k].append(t[0] * 1e6)
     if rank == 0:
-        ran = rl.stats()["collectives"].get(op, {}).get("algorithm")
         with open(out, "w") as f:
             json.dump({"res": res, "use": {k: (v / (blocks * calls)).tolist()
                                            for k, v in use.items()}, "ran": ran}, f)
@@ -102,11 +103,11 @@ def main(argv=None) -> int:
         out = os.path.join(d, "out.json")
         spawn(_worker, a.n, args=(a.op, parse_size(a.size), a.blocks, a.calls, out))
         got = json.load(open(out))
-    print(f"{a.op} p={a.n} {a.size} (auto: {got['ran']}), load {os.getloadavg()[0]:.1f}")
+    print(f"{a.op} p={a.n} {a.size}, load {os.getloadavg()[0]:.1f}")
     for k in KINDS:
         v = got["res"][k]
         vol, invol, flt = got["use"][k]
-        print(f"  {k:<9} median {np.median(v):8.1f} us   blocks {' '.join(f'{x:.0f}' for x in v)}"
+        print(f"  {k:<9} {got['ran'][k]:<18} median {np.median(v):8.1f} us   blocks {' '.join(f'{x:.0f}' for x in v)}"
               f"   per call: {vol:.2f} voluntary, {invol:.2f} involuntary switches, "
               f"{flt:.2f} minor faults")
     return 0

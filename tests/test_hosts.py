@@ -28,7 +28,7 @@ out = np.empty((p, 3))
 rl.all_gather(out, np.full(3, float(r)))
 assert (out == np.arange(p)[:, None]).all()
 kinds = {q: type(peer).__name__ for q, peer in engine().peers.items()}
-print(f"rank {r} on {host}: {sorted(kinds.items())}", flush=True)
+print(f"rank {r} on {host}: {sorted(kinds.items())} machine {engine().same_machine}", flush=True)
 rl.destroy()
 """
 
@@ -59,6 +59,9 @@ def test_two_host_job_uses_shm_inside_and_tcp_between(two_hosts, tmp_path):
             if q != r:
                 kind = "ShmPeer" if q == local else "TcpPeer"
                 assert f"({q}, '{kind}')" in line, line
+        # both emulated hosts run on this one kernel: all 4 ranks share its cores (and
+        # wait by yielding when they outnumber them)
+        assert line.endswith("machine 4"), line
 
 
 def test_hosts_are_torn_down():

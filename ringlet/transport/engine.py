@@ -111,6 +111,13 @@ class CallEvents(Protocol):
         LIVENESS_EVERY seconds): a call with a dead member cannot complete."""
 
 
+
+def _boot_of(host_id: str):
+    """The kernel boot a detected host id names (shm.detect_host_id), or None for a
+    declared one (RINGLET_HOST_ID)."""
+    parts = host_id.split("/")
+    return parts[1] if len(parts) == 4 and parts[2].startswith("net") else None
+
 class Engine:
     def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
                  host_id: str, backend: str, master_addr: str, master_port: int,
@@ -148,7 +155,9 @@ class Engine:
             raise
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
-        self.crowded = local > (ncpu or 1)
+        # Crowded when more ranks than cores share this machine: the ranks of this host,
+        # or more when other "hosts" are containers on the same kernel (same boot id).
+        self.crowded = max(local, self.same_machine) > (ncpu or 1)
         self.spin = SPIN_CROWDED if self.crowded else SPIN_FREE
         # Small all-local calls run in C (transport/fast.py) for as long as a waiter would
         # spin or yield before sleeping; the sleep, and anything unusual, is this engine's.
@@ -162,6 +171,7 @@ class Engine:
         prefix = f"g{gen}/"
         use_shm = self.backend in ("auto", "shm")
         self.hosts = (self.host_id,)
+        self.same_machine = 1
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
@@ -217,6 +227,8 @@ class Engine:
                 listener.close()
         self._close_seg_fd()
         self.hosts = host_labels([info["host"] for info in infos], shared)
+        boot = _boot_of(self.host_id)
+        self.same_machine = sum(boot is not None and _boot_of(i["host"]) == boot for i in infos)
 
     def _open_local(self, infos: list) -> dict:
         """Rings and doorbells of the ranks that look like this host: {rank: (segment,

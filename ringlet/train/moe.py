@@ -102,8 +102,10 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     send_splits = counts.reshape(p, per).sum(1).tolist()
     recv_splits = recv_counts.sum(1).tolist()
     rows = x.reshape(T, int(np.prod(x.shape[1:], dtype=np.int64)))
-    lent = buffers.lend(len(order) * rows.shape[1] * rows.dtype.itemsize)   # (local peers read it in place)
-    send = np.take(rows, order // k, axis=0, out=buffers.lent_view(lent, (len(order), rows.shape[1]), rows.dtype))
+    # The packed rows go out of shared memory, so local peers read them in place.
+    lent = buffers.lend(len(order) * rows.shape[1] * rows.dtype.itemsize)
+    send = np.take(rows, order // k, axis=0,
+                   out=buffers.lent_view(lent, (len(order), rows.shape[1]), rows.dtype))
     recv = np.empty((sum(recv_splits), rows.shape[1]), x.dtype)
     try:
         all_to_all_single(recv, send, recv_splits, send_splits, group=g)

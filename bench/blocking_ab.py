@@ -116,16 +116,16 @@ def main() -> None:
         for name, kind, p in cases:
             for side in (("base", "this") if turn % 2 == 0 else ("this", "base")):
                 got[(name, side)].append(measure(sides[side], kind, p))
-    print(f"{'case':28} {'base (sorted turns)':>34} {'this (sorted turns)':>34}  this/base "
+    print(f"{'case':34} {'base (sorted turns)':>34} {'this (sorted turns)':>34}  this/base "
           f"(median, best)")
     for name, kind, _ in cases:
         b, t = sorted(got[(name, "base")]), sorted(got[(name, "this")])
         fmt = (lambda v: f"{v:.1f}") if kind == "small" else (lambda v: f"{v / 1e3:.1f}ms")
-        print(f"{name:28} {' '.join(map(fmt, b)):>34} {' '.join(map(fmt, t)):>34}  "
+        print(f"{name:34} {' '.join(map(fmt, b)):>34} {' '.join(map(fmt, t)):>34}  "
               f"{t[len(t) // 2] / b[len(b) // 2]:.2f}, {t[0] / b[0]:.2f}")
         if kind == "big":
             bus = lambda v: 64 * 2**20 / (v * 1e-6) / 1e9   # busbw at p = 2: 2(p-1)/p = 1
-            print(f"{'  busbw GB/s (median)':28} {bus(b[len(b) // 2]):>34.2f} "
+            print(f"{'  busbw GB/s (median)':34} {bus(b[len(b) // 2]):>34.2f} "
                   f"{bus(t[len(t) // 2]):>34.2f}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 

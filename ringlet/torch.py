@@ -30,7 +30,6 @@ import os
 import threading
 import weakref
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
@@ -287,9 +286,9 @@ def _adopted(t: torch.Tensor) -> bool:
 
 def _staged(t: torch.Tensor):
     """(a tensor in shared memory holding ``t``'s values, what copies it back into ``t``)."""
-    buf = buffers.lend(t.numel() * t.element_size())
-    s = torch.from_numpy(buffers.lent_view(buf, (t.numel() * t.element_size(),), np.uint8))
-    s = s.view(t.dtype).view(t.shape)
+    n = t.numel() * t.element_size()
+    buf = buffers.lend(n)
+    s = torch.from_numpy(buf[:n]).view(t.dtype).view(t.shape)
     s.copy_(t)
 
     def back():

@@ -322,58 +322,75 @@ def cells(collectives, sizes, reps_small, reps_large):
     return out
 
 
-_SINK = """
-import socket, sys
-srv = socket.create_server(("0.0.0.0", int(sys.argv[1])))
-conn, _ = srv.accept()
-buf = bytearray(1 << 20)
-while conn.recv_into(buf):
-    pass
-conn.sendall(b"!")
-"""
-_SOURCE = """
-import socket, sys, time
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-time.sleep(max(0.0, float(sys.argv[4]) - time.time()))     # every stream starts together
+_PEER = """
+import resource, socket, sys, threading, time
+listen, addr, nbytes, at, ports = sys.argv[1] == "1", sys.argv[2], int(sys.argv[3]), \\
+    float(sys.argv[4]), sys.argv[5:]
+if listen:
+    srvs = [socket.create_server(("0.0.0.0", int(port))) for port in ports]
+    print("ready", flush=True)
+    socks = [srv.accept()[0] for srv in srvs]
+else:
+    socks = [socket.create_connection((addr, int(port))) for port in ports]
+data = bytes(nbytes)
+def send(s):
+    s.sendall(data)
+def recv(s):
+    buf, got = bytearray(4 << 20), 0      # as ringlet's TCP receives: 4 MiB at a time
+    while got < nbytes:
+        got += s.recv_into(buf, min(len(buf), nbytes - got))
+threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, recv)]
+time.sleep(max(0.0, at - time.time()))     # every stream starts together
 t = time.time()
-s.sendall(bytes(int(sys.argv[3])))
-s.shutdown(socket.SHUT_WR)
-s.recv(1)
-print(t, time.time())
+for th in threads: th.start()
+for th in threads: th.join()
+u = resource.getrusage(resource.RUSAGE_SELF)
+print(t, time.time(), u.ru_utime + u.ru_stime, flush=True)
 """
 
 
-def link_rate(hosts, flows: int, nbytes: int) -> float:
+def link_rate(hosts, flows: int, nbytes: int) -> tuple[float, float]:
     """Payload bytes/s per direction that ``flows`` TCP streams each way between hosts 0
-    and 1 reach together (each direction's data meets the other's ACKs, as in a ring)."""
-    sinks, sources = [], []
-    for f in range(2 * flows):
-        sinks.append(hosts.popen(f % 2, [sys.executable, "-c", _SINK, str(30100 + f)]))
-    time.sleep(0.5)
-    start = time.time() + 1.0 + 0.2 * flows
-    for f in range(2 * flows):
-        dst = f % 2
-        sources.append(hosts.popen(1 - dst, [sys.executable, "-c", _SOURCE, hosts.addrs[dst],
-                                             str(30100 + f), str(nbytes), str(start)],
-                                   stdout=subprocess.PIPE, text=True))
-    spans = [tuple(map(float, p.communicate(timeout=120)[0].split())) for p in sources]
-    for p in sinks:
-        p.wait(30)
-    return flows * nbytes / (max(e for _, e in spans) - min(s for s, _ in spans))
+    and 1 reach together (each direction's data meets the other's ACKs, as in a ring),
+    and the CPU seconds spent per byte carried. One process per host, as a rank: a thread
+    sends and a thread receives on each stream. Its CPU includes the kernel's work that
+    is charged to it - an emulated link's work, on the cores the hosts share."""
+    ports = [str(30100 + f) for f in range(flows)]
+    start = time.time() + 1.5
+    listener = hosts.popen(1, [sys.executable, "-c", _PEER, "1", "", str(nbytes), str(start),
+                               *ports], stdout=subprocess.PIPE, text=True)
+    if listener.stdout.readline().strip() != "ready":
+        raise RuntimeError("link calibration: the listening peer did not start")
+    peers = [hosts.popen(0, [sys.executable, "-c", _PEER, "0", hosts.addrs[1], str(nbytes),
+                             str(start), *ports], stdout=subprocess.PIPE, text=True), listener]
+    spans = [tuple(map(float, p.communicate(timeout=120)[0].split())) for p in peers]
+    seconds = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
+    return flows * nbytes / seconds, sum(c for _, _, c in spans) / (2 * flows * nbytes)
 
 
 def calibrate_link(hosts, m, rate, base):
     """The profile for these hosts: the payload rate one TCP stream each way reaches on the
-    link, and the fraction of it m streams each way reach together (best of 2 each)."""
+    link, the fraction of it m streams each way reach together (best of 2 each), and -
+    the hosts share this machine's cores - the CPU a byte between them costs (the
+    least of the runs)."""
     from ringlet.cost.profile import parse_rate
     nbytes = int(min(64 << 20, max(16 << 20, parse_rate(rate) * 0.25)))
-    one = max(link_rate(hosts, 1, nbytes) for _ in range(2))
-    many = max(link_rate(hosts, m, nbytes // m) for _ in range(2)) if m > 1 else one
+    runs = [link_rate(hosts, 1, nbytes) for _ in range(2)]
+    one = max(r for r, _ in runs)
+    if m > 1:
+        runs2 = [link_rate(hosts, m, nbytes // m) for _ in range(2)]
+        many = max(r for r, _ in runs2)
+        runs += runs2
+    else:
+        many = one
     shared = min(1.0, many / one)
+    cpu = min(c for _, c in runs)
+    cores = os.cpu_count() or 1
     print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
-          f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); load "
+          f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
+          f"{cpu * 1e9:.3f} ns of CPU per byte between hosts ({cores} cores shared); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    return base.with_link_rate(rate, shared=shared, payload=one)
+    return base.with_link_rate(rate, shared=shared, payload=one, machine=(cores, cpu))
 
 
 def measure(layout, rate, spec, timeout, base, calibrate=True):
@@ -521,6 +538,9 @@ def main(argv=None) -> int:
                     help="measure nothing: price the cells of an earlier --json again")
     ap.add_argument("--rate-only", action="store_true",
                     help="price the link from its rate alone (no calibration on the hosts)")
+    ap.add_argument("--machine", metavar="CORES,S_PER_BYTE", help="--reprice: the cores the "
+                    "hosts share and the CPU per byte between them (else as measured)")
+    ap.add_argument("--shared", type=float, help="--reprice: this shared fraction instead")
     a = ap.parse_args(argv)
     if a.job:
         job(a.job)
@@ -559,8 +579,12 @@ def main(argv=None) -> int:
         runs: dict = {}
         for row in old:
             runs.setdefault((tuple(row["layout"]), row["rate"]), []).append(row)
-        measured = [(layout, rate, rows, profile.with_link_rate(rate, rows[0]["shared"],
-                                                                 rows[0]["payload"]))
+        def machine(row):
+            if a.machine:
+                return tuple(float(x) for x in a.machine.split(","))
+            return (row["cores"], row["cpu"]) if "cpu" in row else None
+        measured = [(layout, rate, rows, profile.with_link_rate(
+                        rate, a.shared or rows[0]["shared"], rows[0]["payload"], machine(rows[0])))
                     for (layout, rate), rows in runs.items()]
     else:
         measured = []
@@ -571,6 +595,8 @@ def main(argv=None) -> int:
                 for row in rows:
                     row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0],
                                shared=inter["shared"], payload=1 / inter["beta"])
+                    if "cpu" in inter:
+                        row.update(cores=inter["cores"], cpu=inter["cpu"])
                 measured.append((layout, rate, rows, prof))
     for layout, rate, rows, prof in measured:
         for row in rows:

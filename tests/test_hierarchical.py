@@ -267,6 +267,34 @@ def test_a_link_rate_prices_the_link_between_hosts():
     assert rows["ring"] > 5 * fast["ring"]
 
 
+def test_hosts_on_one_machine_share_its_cores():
+    # emulated hosts: each round of a schedule must also fit in the machine's CPU - its
+    # bytes between hosts at the measured CPU per byte, spread over the cores
+    from ringlet.cost.host import Machine
+    from ringlet.cost.model import Link
+    from ringlet.cost.profile import default_profile
+    n = 16 << 20
+    sched = build_schedule("all_reduce", "ring", 4, n, hosts=(0, 0, 1, 1))
+    links = (Link(0.0, 1e12), Link(0.0, 1e10))
+    alone = simulate(sched, Topology(2, 2, *links)).time
+    crossing = simulate(sched, Topology(2, 2, *links)).bytes["inter"]
+    slow = simulate(sched, Topology(2, 2, *links, machine=Machine(1, 1e-9))).time
+    assert slow == pytest.approx(crossing * 1e-9) and slow > 1.5 * alone   # CPU-bound
+    many = simulate(sched, Topology(2, 2, *links, machine=Machine(10 ** 6, 1e-9))).time
+    assert many == pytest.approx(alone)
+    with pytest.raises(ValueError, match="cores"):
+        Machine(0, 1e-9)
+    # the profile carries it from the link's calibration to auto
+    base = default_profile()
+    assert base.with_link_rate("10gbit").machine() is None
+    prof = base.with_link_rate("10gbit", machine=(1, 2e-9))
+    assert (prof.machine().cores, prof.machine().inter) == (1, 2e-9)
+    priced = {name: {r.algorithm: r.total for r in choose("all_reduce", n, 4, topology=p,
+                                                          hosts=2)[1]}
+              for name, p in (("link", base.with_link_rate("10gbit")), ("machine", prof))}
+    assert priced["machine"]["ring"] >= 1.5 * n * 2e-9 > priced["link"]["ring"]
+
+
 def test_inter_host_messages_pay_the_rendezvous_only_above_tcps_eager_limit():
     # TCP sends a message of up to its eager limit at once and a larger one after an
     # RTS/CTS round trip: between hosts only the larger ones pay alpha_rdv

@@ -123,4 +123,40 @@ class HostModel:
                 f"idle ranks take {self.idle_share:g} core")
 
 
-__all__ = ["HostModel", "HOST_TERMS"]
+@dataclass(frozen=True)
+class Machine:
+    """The cores that the ranks of several hosts share: emulated hosts (network
+    namespaces) or containers on one machine. Each round of a schedule must then also fit
+    in the machine's CPU: its work (seconds of CPU per byte of each kind, summed over every
+    rank) spread over ``cores``. On a cluster each host has its own cores and no Machine
+    applies. ``bench/hosts.py`` measures ``inter`` on the emulated link (both ends' CPU,
+    the kernel's TCP and the veth between); the others come from the host model."""
+    cores: int
+    inter: float          # CPU s per byte of a message between hosts (both ends, the kernel)
+    intra: float = 0.0    # ... of a message inside a host (both ends' copies)
+    reduce: float = 0.0   # ... per byte reduced (over the copy)
+    copy: float = 0.0     # ... per byte of a local copy
+    message: float = 0.0  # CPU s per message (both ends' engines)
+    crowd: float = 0.0    # ... more per message when ranks outnumber the cores (wake-ups)
+
+    def __post_init__(self):
+        if int(self.cores) < 1:
+            raise ValueError(f"Machine cores must be >= 1, got {self.cores!r}")
+        for name in ("inter", "intra", "reduce", "copy", "message", "crowd"):
+            v = getattr(self, name)
+            if not np.isfinite(v) or v < 0:
+                raise ValueError(f"Machine {name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def of(cls, cores: int, inter: float, model: "HostModel | None") -> "Machine":
+        """The machine whose hosts' ranks ``model`` prices (its per-byte work past the
+        caches: the large messages where the cores, not the latency, bind)."""
+        if model is None:
+            return cls(cores, inter)
+        side = model.beta + model.mem_l2 + model.mem_l3
+        return cls(cores, inter, 2 * side, model.gamma + model.mem_l2 + model.mem_l3,
+                   model.delta + model.mem_l2 + model.mem_l3, 2 * model.alpha,
+                   2 * model.alpha_crowd)
+
+
+__all__ = ["HostModel", "HOST_TERMS", "Machine"]

@@ -133,12 +133,14 @@ class Profile:
             return self.host_model(transport).link.with_name(label)
         return Link.from_beta(float(t["alpha"]), float(t["beta"]), name=label)
 
-    def with_link_rate(self, rate, shared: float = 1.0, payload=None) -> "Profile":
+    def with_link_rate(self, rate, shared: float = 1.0, payload=None, machine=None) -> "Profile":
         """This profile with hosts joined by a link of ``rate`` (bytes/s, or tc's form:
         "1gbit"): TCP as calibrated here, but never faster per byte than the link's payload
         rate (``payload`` bytes/s as measured, else TCP_GOODPUT of its rate); ``shared``:
         the fraction of that rate several flows sharing the link reach together (see
-        ``Topology.shared``). The per-message cost stays TCP's."""
+        ``Topology.shared``). The per-message cost stays TCP's. ``machine``: (cores, CPU
+        seconds per byte between hosts) when the hosts share one machine's cores
+        (emulated hosts; see :meth:`machine`)."""
         rate = parse_rate(rate)
         if not 0 < shared <= 1:
             raise ValueError(f"shared must be in (0, 1], got {shared!r}")
@@ -148,9 +150,20 @@ class Profile:
                  "gamma": self.gamma("tcp"), "rate": rate, "shared": float(shared)}
         if tcp.alpha_eager is not None:     # TCP's small messages go without a rendezvous
             inter.update(alpha_eager=tcp.alpha_eager, eager=tcp.eager)
+        if machine is not None:
+            inter.update(cores=int(machine[0]), cpu=float(machine[1]))
         return Profile({**copy.deepcopy(self.transports), "inter": inter},
                        f"{self.source} + link {rate * 8 / 1e9:g} Gbit/s", self.host,
                        self.created, dict(self.extra))
+
+    def machine(self):
+        """The :class:`ringlet.cost.host.Machine` whose cores every host shares, when the
+        inter-host link was measured between hosts on one machine; else None."""
+        t = self.params("inter") if "inter" in self.transports else {}
+        if "cores" not in t:
+            return None
+        from .host import Machine
+        return Machine.of(int(t["cores"]), float(t["cpu"]), self.host_model("shm"))
 
     def shared(self) -> float:
         """Of the inter-host link's rate, what several flows sharing it reach together."""

@@ -37,7 +37,7 @@ import numpy as np
 from ..algorithms import build
 from ..schedule import BUFFER_NAMES
 from ..transport import shm
-from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel
+from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel, Machine
 from .model import Link, Terms, _form, tier
 
 
@@ -59,6 +59,7 @@ class Topology:
     host_ids: tuple | None = None    # explicit host of each rank (see from_host_ids)
     host: HostModel | None = None    # one host priced by its calibrated HostModel
     shared: float = 1.0              # of the inter link's rate, when flows share it
+    machine: Machine | None = None   # the cores every host's ranks share (emulated hosts)
 
     def __post_init__(self):
         for name in ("hosts", "ranks_per_host"):
@@ -82,7 +83,7 @@ class Topology:
     @classmethod
     def from_host_ids(cls, host_ids, intra, inter=None, gamma: float = 0.0,
                       delta: float = 0.0, nic_sharing: bool = True,
-                      shared: float = 1.0) -> "Topology":
+                      shared: float = 1.0, machine: Machine | None = None) -> "Topology":
         """Rank r on host ``host_ids[r]`` (any hashable labels; hosts need not be
         contiguous or equal in size). ``ranks_per_host`` becomes the largest host's."""
         ids = list(host_ids)
@@ -94,11 +95,11 @@ class Topology:
         if len(labels) > 1 and all(norm[r] == r // counts[0] for r in range(len(norm))) \
                 and (counts == counts[0]).all():
             return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing,
-                       shared=shared)
+                       shared=shared, machine=machine)
         if len(labels) == 1:
-            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared)
+            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared, machine=machine)
         return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm,
-                   shared=shared)
+                   shared=shared, machine=machine)
 
     @classmethod
     def uniform(cls, p: int, link: Link | str, gamma: float = 0.0, delta: float = 0.0) -> "Topology":
@@ -237,14 +238,16 @@ class _Sim:
                 continue
             nrounds += 1
             dst, n, rflag = c["dst"], c["n"], c["reduce"]
+            before = self.start
             loc = src == dst
             if loc.any():
                 self._local_steps(src[loc], n[loc] * self.isz, rflag[loc].astype(bool))
-                if loc.all():
-                    continue
-                msg = ~loc
-                src, dst, n, rflag = src[msg], dst[msg], n[msg], rflag[msg]
-            self._messages(src, dst, n * self.isz, rflag)
+                if not loc.all():
+                    self._messages(src[~loc], dst[~loc], n[~loc] * self.isz, rflag[~loc])
+            else:
+                self._messages(src, dst, n * self.isz, rflag)
+            if self.topo.machine is not None:
+                self._machine_bound(before, src, dst, n * self.isz, rflag.astype(bool))
         start, lat, bw, red, xt = self.start, self.lat, self.bw, self.red, self.xt
         rank_terms = np.stack([lat, bw, red], axis=1)
         last = int(np.argmax(start)) if p else 0
@@ -267,6 +270,27 @@ class _Sim:
             cp = np.bincount(src[~reduce], nbytes[~reduce], p) * delta
             self.start = self.start + cp
             self.bw = self.bw + cp
+
+    def _machine_bound(self, before, src, dst, nb, reduce) -> None:
+        """Emulated hosts share one machine's cores: the round's work (every rank's CPU
+        per byte, :class:`Machine`) spread over them bounds when its ranks can be done,
+        counted from the first of them to start it."""
+        mach = self.topo.machine
+        loc = src == dst
+        host = self.topo.host_array
+        cross = ~loc & (host[src] != host[dst])
+        work = float(nb[cross].sum()) * mach.inter + float(nb[~loc & ~cross].sum()) * mach.intra
+        work += float(nb[reduce].sum()) * mach.reduce + float(nb[loc & ~reduce].sum()) * mach.copy
+        nmsg = int(np.count_nonzero(~loc))
+        work += nmsg * (mach.message + (mach.crowd if self.p > mach.cores else 0.0))
+        ranks = np.unique(np.concatenate([src, dst]))
+        bound = float(before[ranks].min()) + work / mach.cores
+        late = np.maximum(bound - self.start[ranks], 0.0)
+        if late.any():
+            self.start = self.start.copy()
+            self.bw = self.bw.copy()
+            self.start[ranks] += late
+            self.bw[ranks] += late
 
     def _link_costs(self, src, dst, nb):
         """(alpha, bandwidth seconds, which messages cross hosts or None, bandwidth seconds

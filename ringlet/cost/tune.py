@@ -127,7 +127,8 @@ def environment(p, topology=None, hosts=None, gamma=None, transport: str = "shm"
             link, d = prof.link(transport), prof.delta(transport)
             return _Env(link, g, None, ("link", link, g, d), d)
         topo = Topology.from_host_ids(ids, prof.link(transport), prof.link("inter"), g,
-                                      prof.delta(transport), shared=prof.shared())
+                                      prof.delta(transport), shared=prof.shared(),
+                                      machine=prof.machine() if transport == "shm" else None)
         return _Env(None, g, topo, ("topo", topo, g))
     link = tier(topology)
     g = 0.0 if gamma is None else float(gamma)

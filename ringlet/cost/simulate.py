@@ -274,7 +274,7 @@ class _Sim:
     def _machine_bound(self, before, src, dst, nb, reduce) -> None:
         """Emulated hosts share one machine's cores: the round's work (every rank's CPU
         per byte, :class:`Machine`) spread over them bounds when its ranks can be done,
-        counted from the first of them to start it."""
+        counted from when its first step can begin."""
         mach = self.topo.machine
         loc = src == dst
         host = self.topo.host_array
@@ -284,7 +284,9 @@ class _Sim:
         nmsg = int(np.count_nonzero(~loc))
         work += nmsg * (mach.message + (mach.crowd if self.p > mach.cores else 0.0))
         ranks = np.unique(np.concatenate([src, dst]))
-        bound = float(before[ranks].min()) + work / mach.cores
+        # a message begins once both its ends have begun the round
+        first = float(np.maximum(before[src], before[dst]).min())
+        bound = first + work / mach.cores
         late = np.maximum(bound - self.start[ranks], 0.0)
         if late.any():
             self.start = self.start.copy()

@@ -44,6 +44,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 #: algorithms left out: they only exist to be beaten (each moves p-1 times the data)
 SLOW = {("all_reduce", "naive_ring"), ("all_reduce", "direct")}
+#: tbf's bucket, seconds at the link rate (ringlet.hosts): the table and the placement case
+#: on a link where a 64 KiB message sees the rate; --gloo (the line rate) on the wide one,
+#: where a large transfer keeps all of it
+FINE, WIDE = 200e-6, 2e-3
+
+
+def bucket_for(rate, bucket=None):
+    """FINE below 10 Gbit/s (there a 200 us bucket is 250 KB, and a late timer would cost
+    rate, not spare a 64 KiB message: 52 us on such a link); else WIDE."""
+    from ringlet.cost.profile import parse_rate
+    if bucket:
+        return bucket
+    return FINE if rate not in (None, "none", "unshaped") and parse_rate(rate) < 1.25e9 else WIDE
 
 
 # ---------------------------------------------------------------- the job (each rank)
@@ -138,7 +151,7 @@ def place_job(spec: dict) -> None:
     rl.destroy()
 
 
-def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
+def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout, bucket=FINE):
     """``ringlet place``'s proposal for tensor x data parallel on the hosts (their link
     calibrated first), measured."""
     from ringlet import cost
@@ -148,7 +161,7 @@ def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
     comms = tensor_data_parallel(tp, h * m // tp, tp_bytes, dp_bytes)
     spec_path = f"/tmp/ringlet-bench-place-{os.getpid()}.json"
     try:
-        with Hosts(h, rate=rate) as hosts:
+        with Hosts(h, rate=rate, bucket=bucket) as hosts:
             prof = calibrate_link(hosts, m, rate, cost.load_profile())
             plan = place(comms, h, m, intra=prof.link("shm"), inter=prof.link("inter"),
                          gamma=prof.gamma("shm"), shared=prof.shared())
@@ -183,38 +196,67 @@ def placement(rate, layout, tp, tp_bytes, dp_bytes, turns, timeout):
     print(f"measured in the predicted order: {'yes' if order else 'NO'}; load {os.getloadavg()[0]:.1f}")
 
 
-def bare_exchange(np, peer_addr: str, nbytes: int, listen: bool):
+def bare_exchange(np, peer_addr: str, nbytes: int, listen: bool, streams: int = 1,
+                  sockbuf: int = 0):
     """The wire's floor for an all_reduce of two ranks: what any algorithm must move (n
-    bytes each way) exchanged over one bare TCP connection, both directions at once, with
-    no protocol and no reduction. Returns the exchange (a function) and the socket."""
+    bytes each way) exchanged over ``streams`` bare TCP connections (n/streams each), both
+    directions at once, with no protocol and no reduction; ``sockbuf``: SO_SNDBUF and
+    SO_RCVBUF (0: the kernel's autotuning). Returns the exchange (a function) and the
+    sockets."""
     import socket
+    import threading
     from ringlet.launch import free_port
     import ringlet as rl
     port = np.array([free_port(peer_addr) if listen else 0], np.int64)
     if listen:
         srv = socket.create_server((peer_addr, int(port[0])))
     rl.broadcast(port, 1)                     # rank 1 listens, rank 0 connects
+    socks = []
+    for _ in range(streams):
+        if listen:
+            sock = srv.accept()[0]
+        else:
+            sock = socket.socket()
+            if sockbuf:           # before connecting: the window scale is agreed then
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sockbuf)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sockbuf)
+            sock.connect((peer_addr, int(port[0])))
+        if sockbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sockbuf)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sockbuf)
+        socks.append(sock)
     if listen:
-        sock = srv.accept()[0]
         srv.close()
-    else:
-        sock = socket.create_connection((peer_addr, int(port[0])))
     src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    edges = [nbytes * i // streams for i in range(streams + 1)]
 
-    def exchange():   # blocking calls, a thread each way: no spinning against the load
-        import threading
-        sender = threading.Thread(target=sock.sendall, args=(src,))
-        sender.start()
-        into, got = memoryview(dst), 0
-        while got < nbytes:
+    def recv(sock, lo, hi):
+        into, got = memoryview(dst)[lo:hi], 0
+        while got < hi - lo:
             got += sock.recv_into(into[got:])
-        sender.join()
-    return exchange, sock
+
+    def exchange():   # blocking calls, a thread each way per stream: no spinning
+        work = [threading.Thread(target=sock.sendall, args=(memoryview(src)[lo:hi],))
+                for sock, lo, hi in zip(socks, edges, edges[1:])]
+        work += [threading.Thread(target=recv, args=(sock, lo, hi))
+                 for sock, lo, hi in zip(socks[1:], edges[1:], edges[2:])]
+        for t in work:
+            t.start()
+        recv(socks[0], edges[0], edges[1])
+        for t in work:
+            t.join()
+    return exchange, socks
+
+
+#: the bare exchanges --gloo times beside ringlet and Gloo: (streams, socket buffer bytes)
+BARE = {"bare": (1, 0), "bare 2 streams": (2, 0), "bare 4 streams": (4, 0),
+        "bare 4 MiB buffers": (1, 4 << 20), "bare 2 streams, 4 MiB": (2, 4 << 20)}
 
 
 def gloo_job(spec: dict) -> None:
     """ringlet's all_reduce (auto) against torch's Gloo, turn by turn, on the same ranks;
-    with two ranks also the bare exchange of the same bytes (the wire's floor)."""
+    with two ranks also bare exchanges of the same bytes (the wire's floor), over one or
+    several connections, with the kernel's or fixed socket buffers (BARE)."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -227,9 +269,12 @@ def gloo_job(spec: dict) -> None:
         x = np.ones(nbytes // 4, np.float32)
         y = torch.ones(nbytes // 4)
         runs = {"ringlet": lambda: rl.all_reduce(x), "gloo": lambda: dist.all_reduce(y)}
-        sock = None
+        socks = []
         if p == 2:
-            runs["bare"], sock = bare_exchange(np, spec["addrs"][1], nbytes, listen=r == 1)
+            for name, (streams, sockbuf) in BARE.items():
+                runs[name], s = bare_exchange(np, spec["addrs"][1], nbytes, r == 1, streams,
+                                              sockbuf)
+                socks += s
         times = {k: [] for k in runs}
         cpu = {k: [] for k in runs}
         for turn in range(spec["turns"] + 1):
@@ -244,8 +289,8 @@ def gloo_job(spec: dict) -> None:
                 if turn:
                     times[name].append(float(dt[0]))
                     cpu[name].append(float(dt[1]))
-        if sock is not None:
-            sock.close()
+        for s in socks:
+            s.close()
         out[nbytes] = {"time": times, "cpu": cpu}
     if r == 0:
         print("GLOO " + json.dumps(out), flush=True)
@@ -253,7 +298,7 @@ def gloo_job(spec: dict) -> None:
     rl.destroy()
 
 
-def versus_gloo(rate, layout, sizes, turns, timeout):
+def versus_gloo(rate, layout, sizes, turns, timeout, bucket=WIDE):
     from ringlet.cost import format_size
     from ringlet.hosts import Hosts
     h, m = layout
@@ -263,7 +308,7 @@ def versus_gloo(rate, layout, sizes, turns, timeout):
         json.dump({"sizes": sizes, "turns": turns}, f)
     shaped = rate not in ("none", "unshaped")
     try:
-        with Hosts(h, rate=rate if shaped else None) as hosts:
+        with Hosts(h, rate=rate if shaped else None, bucket=bucket) as hosts:
             with open(spec_path, "w") as f:
                 json.dump({"sizes": sizes, "turns": turns, "addrs": hosts.addrs}, f)
             env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -308,6 +353,20 @@ def versus_gloo(rate, layout, sizes, turns, timeout):
     if bare:
         print("bare: the same bytes (n each way) over one bare TCP connection, both ways at "
               "once, no protocol, no reduction: the floor for any all_reduce of 2 ranks")
+        # the floor with what the kernel offers: several connections, fixed socket buffers
+        print(f"{'size':>8}  {'bare variant':<24}{'median ms':>10}{'CPU ms':>8}"
+              f"{'Gloo/variant':>14}{'ringlet/variant':>17}")
+        for nb, cell in out.items():
+            times, cpu = cell["time"], cell["cpu"]
+            theirs, ours = statistics.median(times["gloo"]), statistics.median(times["ringlet"])
+            variants = sorted((k for k in times if k.startswith("bare")),
+                              key=lambda k: statistics.median(times[k]))
+            for k in variants:
+                t = statistics.median(times[k])
+                print(f"{format_size(int(nb)):>8}  {k:<24}{t * 1e3:>10.2f}"
+                      f"{statistics.median(cpu[k]) * 1e3:>8.1f}{theirs / t:>14.2f}{ours / t:>17.2f}")
+        print("the fastest variant is the ceiling: Gloo/variant is the most any all_reduce of "
+              "2 ranks could beat Gloo by on this machine")
 
 
 # ---------------------------------------------------------------- the driver
@@ -393,7 +452,7 @@ def calibrate_link(hosts, m, rate, base):
     return base.with_link_rate(rate, shared=shared, payload=one, machine=(cores, cpu))
 
 
-def measure(layout, rate, spec, timeout, base, calibrate=True):
+def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):
     """Run the job on fresh hosts (their link calibrated first, unless not ``calibrate``:
     then the link rate alone); the CELL records rank 0 printed, and the profile."""
     from ringlet.hosts import Hosts
@@ -403,7 +462,7 @@ def measure(layout, rate, spec, timeout, base, calibrate=True):
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     try:
-        with Hosts(h, rate=rate) as hosts:
+        with Hosts(h, rate=rate, bucket=bucket) as hosts:
             profile = calibrate_link(hosts, m, rate, base) if calibrate else base.with_link_rate(rate)
             with open(prof_path, "w") as f:
                 json.dump(profile.to_dict(), f)
@@ -540,6 +599,9 @@ def main(argv=None) -> int:
                     help="price the link from its rate alone (no calibration on the hosts)")
     ap.add_argument("--machine", metavar="CORES,S_PER_BYTE", help="--reprice: the cores the "
                     "hosts share and the CPU per byte between them (else as measured)")
+    ap.add_argument("--bucket", type=float, help=f"tbf's bucket in seconds at the rate "
+                    f"(default {FINE:g} below 10 Gbit/s, else {WIDE:g}; --gloo {WIDE:g}): see "
+                    f"ringlet.hosts")
     ap.add_argument("--shared", type=float, help="--reprice: this shared fraction instead")
     a = ap.parse_args(argv)
     if a.job:
@@ -558,13 +620,13 @@ def main(argv=None) -> int:
         tp, tp_bytes, dp_bytes = a.place.split(",")
         layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
         placement(a.rates.split(",")[0], layout, int(tp), parse_size(tp_bytes),
-                  parse_size(dp_bytes), a.turns, a.timeout)
+                  parse_size(dp_bytes), a.turns, a.timeout, bucket_for(a.rates.split(",")[0], a.bucket))
         return 0
     if a.gloo:
         layout = tuple(int(x) for x in a.layouts.split(",")[0].split("x"))
         for rate in a.rates.split(","):
             versus_gloo(rate, layout, [parse_size(x) for x in a.sizes.split(",")], a.turns,
-                        a.timeout)
+                        a.timeout, a.bucket or WIDE)
         return 0
     profile = load_profile()
     reps = [int(x) for x in a.reps.split(",")]
@@ -590,7 +652,8 @@ def main(argv=None) -> int:
         measured = []
         for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
             for rate in a.rates.split(","):
-                rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only)
+                rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only,
+                                     bucket_for(rate, a.bucket))
                 inter = prof.params("inter")
                 for row in rows:
                     row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0],

@@ -3,6 +3,8 @@ own hostname and /dev/shm, joined by a shaped link; `ringlet run` on each."""
 import os
 import re
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -189,3 +191,56 @@ def test_shared_memory_needs_both_sides_to_open_it():
     assert agreed == [{(0, 1)}] * 3
     assert host_labels(["a", "a", "a"], {(0, 1)}) == ("a#0", "a#0", "a#2")
     assert host_labels(["a", "a", "b"], {(0, 1)}) == ("a", "a", "b")
+
+
+PING = """
+import socket, sys, time
+n = 64 << 10
+if sys.argv[1] == "listen":
+    srv = socket.create_server(("0.0.0.0", 29502))
+    c = srv.accept()[0]
+else:
+    c = socket.create_connection((sys.argv[2], 29502))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+buf, took = bytearray(n), []
+for _ in range(20):
+    t = time.perf_counter()
+    if sys.argv[1] != "listen":
+        c.sendall(buf)
+    v, got = memoryview(buf), 0
+    while got < n:
+        got += c.recv_into(v[got:])
+    if sys.argv[1] == "listen":
+        c.sendall(buf)
+    took.append(time.perf_counter() - t)
+print(sorted(took)[0])
+"""
+
+
+def test_a_fine_bucket_makes_a_small_message_see_the_rate():
+    """tbf passes a message that fits its bucket at once: with the default 2 ms (256 KiB
+    at 1 Gbit/s) a 64 KiB message crosses faster than the link could carry it. With a
+    200 us bucket (and GSO packets cut to a third of it) even the fastest of 20 round
+    trips takes most of the wire's time."""
+    from ringlet.hosts import _burst
+    assert _burst("1gbit") == (256 << 10, 0)
+    burst, gso = _burst("1gbit", 200e-6)
+    assert burst <= 32 << 10 and 0 < gso <= burst // 3
+    assert _burst("10gbit", 200e-6)[1] == 0           # 250 KB: GSO packets fit
+    with pytest.raises(ValueError, match="tc's form"):
+        Hosts(2, rate="fast")
+    try:
+        with Hosts(2, rate="1gbit", bucket=200e-6) as hosts:
+            peer = hosts.popen(1, [sys.executable, "-c", PING, "listen"],
+                               stdout=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+            out = hosts.run(0, [sys.executable, "-c", PING, "connect", hosts.addrs[1]],
+                            capture_output=True, text=True, timeout=60).stdout
+            peer.wait(30)
+            qdisc = subprocess.run(["ip", "netns", "exec", hosts.names[0], "tc", "qdisc", "show",
+                                    "dev", "eth0"], capture_output=True, text=True).stdout
+    except HostsUnavailable as exc:
+        pytest.skip(f"no emulated hosts here: {exc}")
+    wire = 2 * (64 << 10) * 8 / 1e9          # there and back at 1 Gbit/s
+    assert "tbf" in qdisc, qdisc
+    assert float(out) > 0.6 * wire, (out, qdisc)

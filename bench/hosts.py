@@ -429,9 +429,9 @@ def link_rate(hosts, flows: int, nbytes: int) -> tuple[float, float]:
 
 def calibrate_link(hosts, m, rate, base):
     """The profile for these hosts: the payload rate one TCP stream each way reaches on the
-    link, the fraction of it m streams each way reach together (best of 2 each), and -
-    the hosts share this machine's cores - the CPU a byte between them costs (the
-    least of the runs)."""
+    link (or m streams, if faster), the fraction of it m streams each way reach together
+    (best of 2 each), and - the hosts share this machine's cores - the CPU a byte between
+    them costs (the least of the runs)."""
     from ringlet.cost.profile import parse_rate
     nbytes = int(min(64 << 20, max(16 << 20, parse_rate(rate) * 0.25)))
     runs = [link_rate(hosts, 1, nbytes) for _ in range(2)]
@@ -449,7 +449,10 @@ def calibrate_link(hosts, m, rate, base):
           f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
           f"{cpu * 1e9:.3f} ns of CPU per byte between hosts ({cores} cores shared); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    return base.with_link_rate(rate, shared=shared, payload=one, machine=(cores, cpu))
+    # the link carries what the faster of the two reached: when one stream is short of
+    # it, its process was short of CPU (load), which the machine's cores account for
+    return base.with_link_rate(rate, shared=shared, payload=max(one, many),
+                               machine=(cores, cpu))
 
 
 def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):

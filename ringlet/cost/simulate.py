@@ -97,7 +97,8 @@ class Topology:
             return cls(len(labels), int(counts[0]), intra, inter, gamma, delta, nic_sharing,
                        shared=shared, machine=machine)
         if len(labels) == 1:
-            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared, machine=machine)
+            return cls(1, len(ids), intra, inter, gamma, delta, nic_sharing, shared=shared,
+                       machine=machine)
         return cls(len(labels), int(counts.max()), intra, inter, gamma, delta, nic_sharing, norm,
                    shared=shared, machine=machine)
 

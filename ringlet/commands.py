@@ -507,7 +507,8 @@ def _explain_where(a, p: int):
             prof = load_profile()
             topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
                                 prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
-                                prof.delta("shm"), shared=prof.shared())
+                                prof.delta("shm"), shared=prof.shared(),
+                                machine=prof.machine())
         where = str(topology)
         gamma = topology.gamma
     elif a.tier is not None:

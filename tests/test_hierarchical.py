@@ -267,7 +267,7 @@ def test_a_link_rate_prices_the_link_between_hosts():
     assert rows["ring"] > 5 * fast["ring"]
 
 
-def test_hosts_on_one_machine_share_its_cores():
+def test_hosts_on_one_machine_share_its_cores(tmp_path, monkeypatch, capsys):
     # emulated hosts: each round of a schedule must also fit in the machine's CPU - its
     # bytes between hosts at the measured CPU per byte, spread over the cores
     from ringlet.cost.host import Machine
@@ -293,6 +293,12 @@ def test_hosts_on_one_machine_share_its_cores():
                                                           hosts=2)[1]}
               for name, p in (("link", base.with_link_rate("10gbit")), ("machine", prof))}
     assert priced["machine"]["ring"] >= 1.5 * n * 2e-9 > priced["link"]["ring"]
+    # and explain prices as auto does
+    from ringlet import commands
+    prof.save(tmp_path / "profile.json")
+    monkeypatch.setenv("RINGLET_PROFILE", str(tmp_path / "profile.json"))
+    assert commands.explain_main(["all_reduce", "-n", "4", "--size", "16M", "--hosts", "2"]) == 0
+    assert "one machine of 1 cores" in capsys.readouterr().out
 
 
 def test_inter_host_messages_pay_the_rendezvous_only_above_tcps_eager_limit():

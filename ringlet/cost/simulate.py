@@ -148,7 +148,10 @@ class Topology:
         if self.hosts == 1:
             return f"{self.p} ranks on one host ({self.intra})"
         return (f"{self.hosts} hosts x {self.ranks_per_host} ranks; intra {self.intra}; "
-                f"inter {self.inter}" + ("; shared NIC" if self.nic_sharing else ""))
+                f"inter {self.inter}" + ("; shared NIC" if self.nic_sharing else "")
+                + (f"; all on one machine of {self.machine.cores} cores, "
+                   f"{self.machine.inter * 1e9:.2g} ns of CPU per byte between hosts"
+                   if self.machine is not None else ""))
 
 
 @dataclass

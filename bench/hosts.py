@@ -670,14 +670,18 @@ def main(argv=None) -> int:
                                        else row["algorithm"], row["nbytes"], layout, prof)
         summary += report(rows, layout, rate)
         everything += rows
-    for label, part in (("all sizes", summary),
-                        ("16 MiB and up", [s for s in summary if s["nbytes"] >= 16 << 20])):
-        errors = [e for s in part for e in s["errors"]]
-        if errors:
-            print(f"\n{label}: median |error| {statistics.median(errors):.0%} over {len(errors)} "
-                  f"cells; predicted winner within 10% in {sum(s['winner_ok'] for s in part)}/"
-                  f"{len(part)} sizes; auto within 10% in {sum(s['auto_ok'] for s in part)}/"
-                  f"{len(part)}")
+    runs = {}
+    for s in summary:
+        runs.setdefault(f"{s['layout'][0]}x{s['layout'][1]} {s['rate']}", []).append(s)
+    for where, part_all in [("", summary)] + (list(runs.items()) if len(runs) > 1 else []):
+        for label, part in (("all sizes", part_all),
+                            ("16 MiB and up", [s for s in part_all if s["nbytes"] >= 16 << 20])):
+            errors = [e for s in part for e in s["errors"]]
+            if errors:
+                print(f"\n{where + ', ' if where else ''}{label}: median |error| "
+                      f"{statistics.median(errors):.0%} over {len(errors)} cells; predicted "
+                      f"winner within 10% in {sum(s['winner_ok'] for s in part)}/{len(part)} "
+                      f"sizes; auto within 10% in {sum(s['auto_ok'] for s in part)}/{len(part)}")
     if a.what_if and all(a.what_if):
         what_if(summary, a.what_if)
     print(f"load after {os.getloadavg()}")

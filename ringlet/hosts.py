@@ -294,9 +294,12 @@ def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ringlet.hosts", description=__doc__.split("\n\n")[0])
     ap.add_argument("n", type=int, nargs="?", default=2, help="hosts (default 2)")
     ap.add_argument("--rate", default="1gbit", help="link rate, tc form (default 1gbit)")
+    ap.add_argument("--bucket", type=float, default=2e-3,
+                    help="tbf's bucket, seconds at the rate (default 0.002; 0.0002: a 64 KiB "
+                         "message sees the rate)")
     a = ap.parse_args(argv)
     try:
-        with Hosts(a.n, a.rate) as hosts:
+        with Hosts(a.n, a.rate, bucket=a.bucket) as hosts:
             for i in range(a.n):
                 name = hosts.run(i, ["hostname"], capture_output=True, text=True).stdout.strip()
                 print(f"host {i}: {hosts.names[i]}  {hosts.addrs[i]}  hostname {name}")

@@ -429,9 +429,10 @@ def link_rate(hosts, flows: int, nbytes: int) -> tuple[float, float]:
 
 def calibrate_link(hosts, m, rate, base):
     """The profile for these hosts: the payload rate one TCP stream each way reaches on the
-    link (or m streams, if faster), the fraction of it m streams each way reach together
-    (best of 2 each), and - the hosts share this machine's cores - the CPU a byte between
-    them costs (the least of the runs)."""
+    link (or m streams, if faster; TCP's goodput if both are far short of it), the
+    fraction of it m streams each way reach together (best of 2 each), and - the hosts
+    share this machine's cores - the CPU a byte between them costs (the least of the
+    runs)."""
     from ringlet.cost.profile import parse_rate
     nbytes = int(min(64 << 20, max(16 << 20, parse_rate(rate) * 0.25)))
     runs = [link_rate(hosts, 1, nbytes) for _ in range(2)]
@@ -449,10 +450,16 @@ def calibrate_link(hosts, m, rate, base):
           f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
           f"{cpu * 1e9:.3f} ns of CPU per byte between hosts ({cores} cores shared); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    # the link carries what the faster of the two reached: when one stream is short of
-    # it, its process was short of CPU (load), which the machine's cores account for
-    return base.with_link_rate(rate, shared=shared, payload=max(one, many),
-                               machine=(cores, cpu))
+    # the link carries what the faster of the two reached - unless that is far short of
+    # TCP's goodput on the wire: then the streams were short of CPU (load), which the
+    # machine's cores account for, and the link is priced at the goodput
+    from ringlet.cost.profile import TCP_GOODPUT
+    wire = parse_rate(rate) * TCP_GOODPUT
+    payload = max(one, many) if max(one, many) >= 0.8 * wire else wire
+    if payload == wire:
+        print(f"link {rate}: the streams reached {max(one, many) / wire:.0%} of TCP's goodput "
+              f"on the wire (short of CPU): the link priced at the goodput", flush=True)
+    return base.with_link_rate(rate, shared=shared, payload=payload, machine=(cores, cpu))
 
 
 def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):

@@ -395,18 +395,20 @@ class CollectiveWork(Work):
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd.sends, bufs)
+            self.tr.posted(rnd.sends, bufs, bool(rnd.recvs), self.call.in_place)
 
     def _send(self, sends, rnd: PlanRound, sent: list) -> None:
         """Post ``sends`` (steps of ``rnd``); the requests of those not gone at once join
         ``sent``."""
         bufs, peers, tag, fp = self.bufs, self.engine.peers, self.tag, self.fp
+        in_place = self.call.in_place
         for t in sends:
             data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
             peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
                 req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
+                req.in_place = in_place
                 sent.append(req)
                 peer.post_send(req)
 

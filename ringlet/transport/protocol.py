@@ -6,7 +6,8 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
 * A message of at most ``eager`` bytes travels at once as one EAGER packet. If no receive
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
   (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
-  the receiver read it in place: that one goes by RTS.)
+  the receiver read it in place: that one goes by RTS. From a sender that does not
+  receive in its round, only above ``zc_oneway_min``: limits.py says why.)
 * A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
   that also receives, on a link that can read a local sender's memory
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
@@ -68,7 +69,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -79,6 +80,7 @@ class SendRequest(Request):
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
         self.cma = False      # its RTS offers its address to be read (RTS_CMA)
         self.receiving = False  # its round receives too (cma.py: then offer it)
+        self.in_place = True    # False: an rl.empty buffer's message takes the plain path
 
 
 class RecvRequest(Request):
@@ -205,7 +207,8 @@ class Peer:
         if self.dead:
             req.fail(self.dead)
             return
-        if self.zero_copy and req.nbytes > self.zc_min:
+        if self.zero_copy and req.in_place and \
+                req.nbytes > (self.zc_min if req.receiving else self.zc_oneway_min):
             req.zc = locate(req.data)      # (once: send_now is not asked again)
             req.cma = (req.receiving and req.zc is None and self.cma_min >= 0
                        and req.nbytes > self.cma_min and req.data.flags.c_contiguous)
@@ -499,6 +502,7 @@ class Peer:
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly
+    zc_oneway_min = 0   # ... or, from a sender that does not receive in its round, this many
     stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
     cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address

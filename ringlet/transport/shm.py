@@ -29,6 +29,7 @@ SLOT_CTRL = 128
 # sizes: see limits.py
 RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
 STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
+ZERO_COPY_ONEWAY_MIN = limits.ZERO_COPY_ONEWAY_MIN
 CMA_MIN = limits.CMA_MIN
 
 
@@ -93,6 +94,8 @@ class ShmPeer(Peer):
         super().__init__(engine, rank, min(eager, outbox.capacity // 2 - HEADER_SIZE), frag)
         self.zc_min = min(ZERO_COPY_MIN, self.eager)   # a tiny ring: RTS sooner, still in place
         self.stream_max = min(STREAM_BYTES, outbox.capacity)
+        # (a smaller ring takes less at once: a one-way message goes in place sooner)
+        self.zc_oneway_min = max(self.zc_min, min(ZERO_COPY_ONEWAY_MIN, self.stream_max * 7 // 8))
         self.inbox, self.outbox = inbox, outbox
         self.doorbell, self.pid = doorbell, pid
         self.cma = cma.Reader(pid)           # reads this peer's private buffers in place

@@ -152,3 +152,106 @@ def test_changed_paths_against_numpy_p3():
 
 def test_changed_paths_against_numpy_p4():
     run(_property, 4, 12)
+
+
+# -- a one-way message copied by both ends (transport/split.py) ----------------------------
+def test_split_copy_claims_every_chunk_once():
+    """Two threads (the C call releases the GIL) copy one message from both ends: every
+    chunk once, and a call naming another message copies nothing."""
+    import threading
+    from ringlet.transport import split
+    from ringlet.transport.fast import _fastpath
+    n = 37 * split.CHUNK + 12345
+    src = np.random.default_rng(0).integers(0, 255, n, dtype=np.uint8)
+    dst = np.zeros(n, np.uint8)
+    ctrl = np.zeros(2, np.uint64)
+    chunks = -(-n // split.CHUNK)
+    ctrl[0] = split.claim_word(70001, chunks)
+    addr = lambda a: a.__array_interface__["data"][0]   # noqa: E731
+    got = {}
+
+    def side(front):
+        got[front] = _fastpath.split_copy(addr(dst), addr(src), n, split.CHUNK, addr(ctrl),
+                                          front, 70001)
+    ts = [threading.Thread(target=side, args=(f,)) for f in (True, False)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got[True] + got[False] == chunks == int(ctrl[1])
+    np.testing.assert_array_equal(dst, src)
+    ctrl[0], ctrl[1] = split.claim_word(5, 3), 0
+    assert _fastpath.split_copy(addr(dst), addr(src), n, split.CHUNK, addr(ctrl), False, 6) == 0
+    assert int(ctrl[1]) == 0
+
+
+def _split_job(rank, slow_receiver):
+    """Broadcast from rl.empty buffers, p = 2: the receiver splits every message over
+    MIN_BYTES; with ``slow_receiver`` it starts its own copy late, so the sender (waiting
+    for CTS_DONE) must have copied chunks - and the result is right either way, odd sizes
+    and dtypes included."""
+    from ringlet.transport import split
+    peer = engine().peers[1 - rank]
+    if slow_receiver and rank == 1:
+        import time
+        real = split.fast._fastpath
+
+        class Late:
+            def split_copy(self, *a):
+                time.sleep(0.05)
+                return real.split_copy(*a)
+        split.fast._fastpath = Late()
+    try:
+        for dtype, count in ((np.float32, (8 << 20) // 4 + 3), (np.uint8, (1 << 20) + 4097),
+                             (np.float64, 3 * split.CHUNK // 8 * 5 + 1)):
+            x = rl.empty(count, dtype)
+            want = (np.arange(count) % 251).astype(dtype)
+            x[...] = want if rank == 0 else 0
+            rl.broadcast(x, 0, algorithm="direct")
+            np.testing.assert_array_equal(x, want)
+    finally:
+        if slow_receiver and rank == 1:
+            split.fast._fastpath = real
+    counts = np.array([peer.split_receiver.splits, peer.split_sender.helped], np.int64)
+    rl.all_reduce(counts)
+    assert counts[0] == 3, "the receiver did not split the one-way messages"
+    if slow_receiver:
+        assert counts[1] > 0, "the sender copied no chunk of a split message"
+
+
+def test_one_way_messages_are_copied_by_both_ends():
+    run(_split_job, 2, False)
+
+
+def test_sender_copies_while_the_receiver_is_late():
+    run(_split_job, 2, True)
+
+
+def _no_split_into_plain(rank):
+    """A receive into a plain NumPy buffer is not split (the sender cannot map it); one
+    with RINGLET_SPLIT=0 neither; both give the right bytes."""
+    n = (2 << 20) + 5
+    x = rl.empty(n, np.uint8) if rank == 0 else np.zeros(n, np.uint8)
+    x[...] = 3 if rank == 0 else 0
+    rl.broadcast(x, 0, algorithm="direct")
+    assert (x == 3).all()
+    peer = engine().peers[1 - rank]
+    assert peer.split_receiver is None or peer.split_receiver.splits == 0
+
+
+def test_no_split_into_a_plain_buffer_or_when_off():
+    run(_no_split_into_plain, 2)
+    run(_no_split_into_plain, 2, env={"RINGLET_SPLIT": "0"})
+
+
+def test_idle_spin_reads_the_runnable_count():
+    """A waiter spins past SPIN_FREE only while /proc/loadavg's runnable count is at most
+    the cores (engine.IDLE_SPIN): the count parses, and an unreadable file reads as busy."""
+    import os
+    from ringlet.transport import engine as eng
+    fd = os.open("/proc/loadavg", os.O_RDONLY)
+    try:
+        assert 1 <= eng._runnable(fd) < 1 << 20
+    finally:
+        os.close(fd)
+    assert eng._runnable(-1) == 1 << 30

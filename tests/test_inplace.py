@@ -159,7 +159,7 @@ def test_split_copy_claims_every_chunk_once():
     """Two threads (the C call releases the GIL) copy one message from both ends: every
     chunk once, and a call naming another message copies nothing."""
     import threading
-    from ringlet.transport import split
+    from ringlet.transport import fast, split
     from ringlet.transport.fast import _fastpath
     n = 37 * split.CHUNK + 12345
     src = np.random.default_rng(0).integers(0, 255, n, dtype=np.uint8)
@@ -172,7 +172,7 @@ def test_split_copy_claims_every_chunk_once():
 
     def side(front):
         got[front] = _fastpath.split_copy(addr(dst), addr(src), n, split.CHUNK, addr(ctrl),
-                                          front, 70001)
+                                          front, 70001, -1)
     ts = [threading.Thread(target=side, args=(f,)) for f in (True, False)]
     for t in ts:
         t.start()
@@ -181,8 +181,19 @@ def test_split_copy_claims_every_chunk_once():
     assert got[True] + got[False] == chunks == int(ctrl[1])
     np.testing.assert_array_equal(dst, src)
     ctrl[0], ctrl[1] = split.claim_word(5, 3), 0
-    assert _fastpath.split_copy(addr(dst), addr(src), n, split.CHUNK, addr(ctrl), False, 6) == 0
+    assert _fastpath.split_copy(addr(dst), addr(src), n, split.CHUNK, addr(ctrl), False, 6,
+                                -1) == 0
     assert int(ctrl[1]) == 0
+    # a reduction: dst = dst + src, float32, chunks from both ends
+    a = np.random.default_rng(1).standard_normal(n // 4 * 4 // 4).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal(a.size).astype(np.float32)
+    want = a + b
+    ctrl[0], ctrl[1] = split.claim_word(9, -(-a.nbytes // split.CHUNK)), 0
+    k = fast.kernel(np.add, a.dtype)
+    done = sum(_fastpath.split_copy(addr(a), addr(b), a.nbytes, split.CHUNK, addr(ctrl), f, 9, k)
+               for f in (True, False))
+    assert done == int(ctrl[1]) == -(-a.nbytes // split.CHUNK)
+    np.testing.assert_array_equal(a, want)
 
 
 def _split_job(rank, slow_receiver):
@@ -209,12 +220,23 @@ def _split_job(rank, slow_receiver):
             x[...] = want if rank == 0 else 0
             rl.broadcast(x, 0, algorithm="direct")
             np.testing.assert_array_equal(x, want)
+        # a reduction: the root's buffer gets op(root's, leaf's), the sender's chunks too
+        for dtype, op, count in ((np.float32, "SUM", (4 << 20) // 4 + 7),
+                                 (np.int16, "MAX", (1 << 20) + 3), (np.float64, "PROD", 200001)):
+            mine = ((np.arange(count) * (rank + 3)) % 7 + 1).astype(dtype)
+            x = rl.empty(count, dtype)
+            x[...] = mine
+            rl.reduce(x, 0, op=op, algorithm="binomial")
+            if rank == 0:
+                other = ((np.arange(count) * 4) % 7 + 1).astype(dtype)
+                f = {"SUM": np.add, "MAX": np.maximum, "PROD": np.multiply}[op]
+                np.testing.assert_array_equal(x, f(mine, other))
     finally:
         if slow_receiver and rank == 1:
             split.fast._fastpath = real
     counts = np.array([peer.split_receiver.splits, peer.split_sender.helped], np.int64)
     rl.all_reduce(counts)
-    assert counts[0] == 3, "the receiver did not split the one-way messages"
+    assert counts[0] == 6, "the receiver did not split the one-way messages"
     if slow_receiver:
         assert counts[1] > 0, "the sender copied no chunk of a split message"
 

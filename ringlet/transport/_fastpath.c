@@ -512,23 +512,37 @@ release:
     return NULL;
 }
 
-/* split_copy(dst, src, nbytes, chunk, ctrl, front, msg): one side of a message copied by
- * its receiver and its sender at once (transport/split.py). ctrl points at two uint64 in
- * shared memory: [0] the chunks not yet claimed, msg << 48 | (next from the front) << 24 |
- * (one past the last from the back), msg being the message's id mod 2^16; [1] chunks
- * copied. Each side claims a chunk with a CAS - the receiver from the front, the sender
- * from the back - copies it, and counts it done (a release: the bytes are visible before
- * the count), until none is left or the word names another message (this side came too
- * late). dst, src are addresses (the message's first byte in each). Returns the chunks
- * this side copied. The GIL is released: nothing here touches a Python object. */
+/* split_copy(dst, src, nbytes, chunk, ctrl, front, msg, kernel): one side of a message copied
+ * (or reduced) by its receiver and its sender at once (transport/split.py). ctrl points at
+ * two uint64 in shared memory: [0] the chunks not yet claimed, msg << 48 | (next from the
+ * front) << 24 | (one past the last from the back), msg being the message's id mod 2^16;
+ * [1] chunks done. Each side claims a chunk with a CAS - the receiver from the front, the
+ * sender from the back - copies it (kernel -1) or reduces it into dst (dst = op(dst, src),
+ * KERNELS[kernel]; chunk a multiple of the element size, both addresses aligned to it),
+ * and counts it done (a release: the bytes are visible before the count), until none is
+ * left or the word names another message (this side came too late). dst, src are
+ * addresses (the message's first byte in each). Returns the chunks this side did. The GIL
+ * is released: nothing here touches a Python object. */
 static PyObject *split_copy(PyObject *self, PyObject *args) {
     unsigned long long dst, src, ctrl;
     long long nbytes, chunk, msg;
-    int front;
-    if (!PyArg_ParseTuple(args, "KKLLKpL", &dst, &src, &nbytes, &chunk, &ctrl, &front, &msg))
+    int front, kernel;
+    if (!PyArg_ParseTuple(args, "KKLLKpLi", &dst, &src, &nbytes, &chunk, &ctrl, &front, &msg,
+                          &kernel))
         return NULL;
-    if (nbytes < 0 || chunk <= 0 || !ctrl) {
-        PyErr_SetString(PyExc_ValueError, "split_copy: bad size or control word");
+    kernel_fn reduce = NULL;
+    int64_t itemsize = 1;
+    if (kernel >= 0) {
+        static const int64_t SIZES[] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};   /* fast.py DTYPES */
+        if (kernel >= N_KERNELS || !(reduce = KERNELS[kernel])) {
+            PyErr_SetString(PyExc_ValueError, "split_copy: no such kernel");
+            return NULL;
+        }
+        itemsize = SIZES[kernel / 7];
+    }
+    if (nbytes < 0 || chunk <= 0 || chunk % itemsize || nbytes % itemsize || !ctrl ||
+        (reduce && (dst % itemsize || src % itemsize))) {
+        PyErr_SetString(PyExc_ValueError, "split_copy: bad size, alignment or control word");
         return NULL;
     }
     uint64_t *claim = (uint64_t *)(uintptr_t)ctrl, *done = claim + 1;
@@ -544,7 +558,10 @@ static PyObject *split_copy(PyObject *self, PyObject *args) {
             continue;
         long long at = (long long)k * chunk;
         long long n = nbytes - at < chunk ? nbytes - at : chunk;
-        memcpy((char *)(uintptr_t)dst + at, (const char *)(uintptr_t)src + at, (size_t)n);
+        char *d = (char *)(uintptr_t)dst + at;
+        const char *s = (const char *)(uintptr_t)src + at;
+        if (reduce) reduce(d, d, s, n / itemsize);
+        else memcpy(d, s, (size_t)n);
         __atomic_fetch_add(done, 1, __ATOMIC_RELEASE);
         mine++;
     }

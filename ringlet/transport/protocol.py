@@ -282,8 +282,8 @@ class Peer:
                 if not ok:
                     break
             elif kind == "cts":
-                msgid, flags, aux, zc = item
-                if not self._write(CTS, flags, 0, msgid, 0, aux, None, 0, 0, zc):
+                msgid, flags, aux, zc, length = item
+                if not self._write(CTS, flags, 0, msgid, length, aux, None, 0, 0, zc):
                     break
             elif kind == "abort":
                 tag, mine, theirs, culprit = item
@@ -327,7 +327,7 @@ class Peer:
         elif kind == ABORT:
             self.engine.calls.abort_received(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
-            self._on_cts(flags, msgid, aux, zc)
+            self._on_cts(flags, msgid, aux, zc, length)
         elif kind == BYE:
             self.closing = True
         elif kind != PAD:
@@ -390,12 +390,12 @@ class Peer:
             raise ProtocolError(f"streamed RTS of {length} bytes")
         return stream
 
-    def _on_cts(self, flags, msgid, aux, zc=0) -> None:
+    def _on_cts(self, flags, msgid, aux, zc=0, length=0) -> None:
         if flags == CTS_SPLIT:    # help copy it (it stays ours until CTS_DONE)
             req = self.awaiting_cts.get(msgid)
-            if req is None or req.zc is None or self.split_sender is None:
+            if req is None or req.zc is None or self.split_sender is None or length < 0:
                 raise ProtocolError(f"CTS_SPLIT for message {msgid}, not offered")
-            self.split_sender.help(req, aux, zc)
+            self.split_sender.help(req, aux, zc, length - 1)   # (length: C's kernel + 1)
             return
         req = self.awaiting_cts.pop(msgid, None)
         if req is None:
@@ -443,14 +443,14 @@ class Peer:
             self._queue_cts(msgid, CTS_OK, 0)
         self.pump_out()
 
-    def _queue_cts(self, msgid: int, flags: int, aux: int, zc: int = 0) -> None:
+    def _queue_cts(self, msgid: int, flags: int, aux: int, zc: int = 0, length: int = 0) -> None:
         """A CTS goes ahead of our DATA still queued (after other control packets): queued
         behind a long message of ours, it would hold the peer's message back until ours
         is out, and the two directions of a link would take turns instead of both
         streaming (half the rate of a shaped TCP link). DATA names its message and
         offset, so a CTS may come between two fragments."""
         i = next((k for k, (kind, _) in enumerate(self.outq) if kind == "data"), len(self.outq))
-        self.outq.insert(i, ("cts", (msgid, flags, aux, zc)))
+        self.outq.insert(i, ("cts", (msgid, flags, aux, zc, length)))
 
     def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
         """A streamed message met its receive: its DATA goes straight there."""

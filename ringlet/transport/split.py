@@ -1,4 +1,4 @@
-"""A one-way message read in place, copied by both of its ends at once.
+"""A one-way message read in place, copied (or reduced) by both of its ends at once.
 
 An rl.empty message read in place costs its receiver the whole copy while its sender, with
 nothing else to do in its round (a broadcast's root, a gather's leaf, point-to-point),
@@ -11,7 +11,10 @@ chunk is copied twice and the faster side simply copies more: a sender still bus
 its own copy when the offer is taken helps with what is left, or not at all. The receiver
 completes once every chunk is counted done (the sender's last one included: nothing writes
 into its buffer after the receive returns) and answers CTS_DONE as for any message read in
-place. RINGLET_SPLIT=0 turns it off.
+place. A receive that reduces in place (dst = op(dst, message), a reduce's or an
+all_reduce's one-way step) is split the same way when C has the kernel (fast.kernel): the
+sender reduces its chunks into the receiver's buffer with the same elementwise kernel.
+RINGLET_SPLIT=0 turns it off.
 """
 from __future__ import annotations
 
@@ -59,8 +62,14 @@ class Receiver:
         sender's help: False (nothing done) when it cannot - a reduction, or a destination
         not in an rl.empty buffer."""
         dst = req.dst
-        if req.ufunc is not None or nbytes < MIN_BYTES or not dst.flags.c_contiguous:
+        if nbytes < MIN_BYTES or not dst.flags.c_contiguous:
             return False
+        kernel = -1
+        if req.ufunc is not None:   # dst = op(dst, message), in C's kernel
+            kernel = fast.kernel(req.ufunc, req.dtype)
+            if kernel is None or req.acc is not dst or _addr(dst) % req.itemsize \
+                    or _addr(src) % req.itemsize:
+                return False
         where = locate(dst)
         if where is None:
             return False
@@ -70,10 +79,10 @@ class Receiver:
         ctrl[0] = claim_word(msgid, chunks)      # (before the CTS that lets the sender in)
         alloc, fd, offset = where
         peer = self.peer
-        peer._queue_cts(msgid, CTS_SPLIT, offset, alloc << 32 | fd)
+        peer._queue_cts(msgid, CTS_SPLIT, offset, alloc << 32 | fd, kernel + 1)
         peer.pump_out()
         fast._fastpath.split_copy(_addr(dst), _addr(src), nbytes, CHUNK, _addr(ctrl), True,
-                                  msgid)
+                                  msgid, kernel)
         # the sender's last chunk may still be on its way: it writes into dst, so wait
         spins = 0
         while int(ctrl[1]) < chunks:
@@ -96,13 +105,16 @@ class Sender:
         self.ctrl = ctrl_of(peer.outbox)
         self.helped = 0          # chunks this end copied
 
-    def help(self, req, offset: int, zc: int) -> None:
-        """Copy chunks of ``req`` (awaiting CTS_DONE) into the receiver's destination at
-        ``offset`` in its allocation ``zc`` (alloc << 32 | fd), while any are left."""
+    def help(self, req, offset: int, zc: int, kernel: int) -> None:
+        """Copy (``kernel`` -1) or reduce (C's kernel ``kernel``) chunks of ``req``
+        (awaiting CTS_DONE) into the receiver's destination at ``offset`` in its allocation
+        ``zc`` (alloc << 32 | fd), while any are left."""
         peer = self.peer
+        if kernel >= fast.N_KERNELS or (kernel >= 0 and _addr(req.data) % fast.itemsize_of(kernel)):
+            return                 # not one we can do: the receiver does it all
         dst = peer.engine.remote_maps.view(peer.pid, zc >> 32, zc & 0xFFFFFFFF, offset,
                                            req.nbytes, writable=True)
         if dst is None:
-            return                 # cannot map it: the receiver copies it all
+            return                 # cannot map it: the receiver does it all
         self.helped += fast._fastpath.split_copy(_addr(dst), _addr(req.data), req.nbytes, CHUNK,
-                                                 _addr(self.ctrl), False, req.msgid)
+                                                 _addr(self.ctrl), False, req.msgid, kernel)

@@ -24,6 +24,11 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   blocks, load 3.6): in place / plain on the median block, one-way 768 KiB 1.52, 896 KiB
   1.45, 1 MiB 0.90, 2 MiB 0.41; exchange (all_to_all) 384 KiB 1.00, 512 KiB 1.03,
   640 KiB 0.82, 1 MiB 0.64.
+* SPLIT_MIN: from it, a one-way message read in place whose receive lies in an rl.empty
+  buffer too is copied (or reduced) by both ends at once, the receiver from the front and
+  the sender from the back, in SPLIT_CHUNK pieces each claims by compare-and-swap
+  (split.py): with an idle sender, each end does about half; a sender busy elsewhere in
+  its round (a scatter's root copying its own block) takes what is left when it gets to it.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
   address in the RTS and the receiver reads it with process_vm_readv (cma.py): one copy
@@ -49,6 +54,8 @@ SHM_FRAG_BYTES = 256 << 10
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
 ZERO_COPY_ONEWAY_MIN = 896 << 10
+SPLIT_MIN = 1 << 20
+SPLIT_CHUNK = 256 << 10
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 
@@ -63,7 +70,8 @@ def facts(fast_path: bool) -> dict:
     a plain buffer is read by CMA (-1: never; only in a round where the sender receives
     too, only into a receive that copies, and only where the kernel allows it: see cma.py),
     the same as zero_copy_min for a sender that does not receive in its round, largest
-    message of a C call (0: no fast path here). ``fast_path``: whether C runs calls
+    message of a C call (0: no fast path here). (SPLIT_MIN is not among them yet: the
+    model does not price a message copied by both ends; it prices the receiver's copy.) ``fast_path``: whether C runs calls
     here (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,

@@ -23,11 +23,11 @@ import os
 import numpy as np
 
 from ..buffers import locate
-from . import fast
+from . import fast, limits
 from .protocol import CTS_SPLIT
 
-CHUNK = 256 << 10        # bytes a side claims at a time
-MIN_BYTES = 1 << 20      # smaller messages: one side copies it all (less to share than to set up)
+CHUNK = limits.SPLIT_CHUNK       # bytes a side claims at a time
+MIN_BYTES = limits.SPLIT_MIN     # smaller messages: one side copies it all
 
 
 def enabled() -> bool:

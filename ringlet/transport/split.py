@@ -19,10 +19,12 @@ RINGLET_SPLIT=0 turns it off.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
 from ..buffers import locate
+from ..errors import TimeoutError
 from . import fast, limits
 from .protocol import CTS_SPLIT
 
@@ -85,13 +87,20 @@ class Receiver:
                                   msgid, kernel)
         # the sender's last chunk may still be on its way: it writes into dst, so wait
         spins = 0
+        deadline = time.monotonic() + peer.engine.timeout
         while int(ctrl[1]) < chunks:
             spins += 1
             if spins & 1023 == 0:
                 os.sched_yield()
-                if spins & 0xFFFFF == 0 and not peer.check_alive():
-                    req.fail(peer.dead)      # (its process exited mid-copy)
-                    return True
+                if spins & 0xFFFF == 0:
+                    if not peer.check_alive():
+                        req.fail(peer.dead)      # (its process exited mid-copy)
+                        return True
+                    if time.monotonic() > deadline:
+                        req.fail(TimeoutError(
+                            f"recv from rank {peer.rank}: its copy of a shared message "
+                            f"({nbytes} B) stalled for {peer.engine.timeout:g} s"))
+                        return True
         req.offset = nbytes
         self.splits += 1
         return True

@@ -277,3 +277,38 @@ def test_idle_spin_reads_the_runnable_count():
     finally:
         os.close(fd)
     assert eng._runnable(-1) == 1 << 30
+
+
+def _idle_spin(rank):
+    """With the cores idle (the runnable count patched to 1), a rank waiting on its large
+    message in flight does not sleep before IDLE_SPIN has passed (it would after SPIN_FREE)."""
+    import time
+    from ringlet.transport import engine as eng_mod
+    eng = engine()
+    n = 2 << 20
+    x = rl.empty(n, np.uint8)
+    x[...] = 1 + rank
+    if rank == 0:
+        eng_mod._runnable = lambda fd: 1
+        slept = []
+        real = eng._sleep
+        rl.barrier()
+        eng._sleep = lambda s: (slept.append(time.monotonic()), real(s))
+        t0 = time.monotonic()
+        rl.send(x, 1)
+        del eng._sleep
+        assert eng_mod.IDLE_SPIN >= 5e-4
+        if slept:
+            assert slept[0] - t0 >= 0.9 * eng_mod.IDLE_SPIN, \
+                f"slept {1e6 * (slept[0] - t0):.0f} us into the wait, cores idle"
+    else:
+        rl.barrier()
+        t = time.perf_counter()
+        while time.perf_counter() - t < 5e-4:    # late by 500 us: past SPIN_FREE
+            pass
+        rl.recv(x, 0)
+        assert (x == 1).all()
+
+
+def test_waiter_spins_while_the_cores_are_idle():
+    run(_idle_spin, 2)

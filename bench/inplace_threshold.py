@@ -51,7 +51,7 @@ def _worker(rank, sizes, blocks, calls, out):
             for b in range(blocks + 1):
                 for k in PATHS:
                     for q in peers:   # the sender decides the protocol of its message
-                        q.zc_min = 0 if k == "in place" else 1 << 62
+                        q.zc_min = q.zc_oneway_min = 0 if k == "in place" else 1 << 62
                     ts = []
                     for _ in range(calls):
                         rl.barrier()

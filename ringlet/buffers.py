@@ -136,22 +136,26 @@ def locate(arr: np.ndarray):
 
 
 class RemoteMaps:
-    """A rank's read-only mappings of local peers' allocations, by (pid, alloc id)."""
+    """A rank's mappings of local peers' allocations, by (pid, alloc id): read-only ones
+    (messages read in place), and writable ones (a receiver's buffer a sender copies part
+    of a message into: transport/split.py)."""
 
     def __init__(self):
-        self.maps: dict[tuple[int, int], np.ndarray] = {}
+        self.maps: dict[tuple, np.ndarray] = {}
 
-    def view(self, pid: int, alloc: int, fd: int, offset: int, nbytes: int) -> np.ndarray | None:
-        key = (pid, alloc)
+    def view(self, pid: int, alloc: int, fd: int, offset: int, nbytes: int,
+             writable: bool = False) -> np.ndarray | None:
+        key = (pid, alloc, True) if writable else (pid, alloc)
         whole = self.maps.get(key)
         if whole is None:
             try:
-                rfd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
+                rfd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR if writable else os.O_RDONLY)
             except OSError:
                 return None            # not allowed here: the sender streams instead
             try:
                 size = os.fstat(rfd).st_size
-                whole = np.frombuffer(mmap.mmap(rfd, size, prot=mmap.PROT_READ), np.uint8)
+                prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+                whole = np.frombuffer(mmap.mmap(rfd, size, prot=prot), np.uint8)
             except (OSError, ValueError):
                 return None            # not a mappable buffer (corrupt header): stream instead
             finally:

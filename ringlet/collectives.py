@@ -24,7 +24,8 @@ _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 
 
 def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, shared=()):
-    """(algorithm to run, why, whether auto picked it for rl.empty buffers) for a call."""
+    """(algorithm to run, why, whether auto picked it for rl.empty buffers, whether its
+    messages may be read in place) for a call."""
     table = algorithms.CATALOG[collective]
     if algorithm == "auto":
         return _auto(collective, g, count, itemsize, shared)
@@ -32,14 +33,17 @@ def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, 
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                          f"auto, {', '.join(table)}")
     return algorithm, (f"{collective} {count} x {itemsize} B p={g.size}: {algorithm} "
-                       f"(forced by algorithm=)"), False
+                       f"(forced by algorithm=)"), False, True
 
 
 def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
     """Least predicted time under the job's profile (rank 0's, so every rank agrees).
     ``shared``: the call's buffers that are rl.empty arrays, whose large sends peers read
     in place; when that changes the pick, the fingerprint says so, and ranks that pass
-    other kinds of buffers learn why they disagree instead of deadlocking."""
+    other kinds of buffers learn why they disagree instead of deadlocking. An rl.empty
+    buffer's message can always take the plain path instead (as a NumPy buffer's does):
+    when the plain pick is predicted faster than every pick read in place, the call runs
+    it, and its messages are not read in place - the same call as with NumPy buffers."""
     from . import cost
     from .cost.tune import explain_line
     hosts = g.host_indices()
@@ -55,10 +59,15 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
                              itemsize=itemsize, shared=shared, transport=transport)
     why = explain_line(collective, nbytes, g.size, name, rows)
     if not shared:
-        return name, why, False
-    plain = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
-                        itemsize=itemsize, transport=transport)[0]
-    return name, f"{why} [rl.empty {', '.join(shared)}; with NumPy buffers: {plain}]", plain != name
+        return name, why, False, True
+    plain, prows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
+                               itemsize=itemsize, transport=transport)
+    if prows[0].total < rows[0].total:
+        return plain, (f"{explain_line(collective, nbytes, g.size, plain, prows)} [rl.empty "
+                       f"{', '.join(shared)}: the plain path, predicted faster than "
+                       f"{name} read in place]"), False, False
+    return (name, f"{why} [rl.empty {', '.join(shared)}; with NumPy buffers: {plain}]",
+            plain != name, True)
 
 
 def _shared(bufs: dict) -> tuple:
@@ -71,9 +80,11 @@ def _shared(bufs: dict) -> tuple:
 
 class Prepared:
     """What a call needs that does not depend on its buffers' addresses."""
-    __slots__ = ("collective", "algorithm", "plan", "tmp", "pool", "ufunc", "fp", "why", "fast")
+    __slots__ = ("collective", "algorithm", "plan", "tmp", "pool", "ufunc", "fp", "why", "fast",
+                 "in_place")
 
-    def __init__(self, collective, algorithm, plan, tmp, pool, ufunc, fp, why, fast):
+    def __init__(self, collective, algorithm, plan, tmp, pool, ufunc, fp, why, fast,
+                 in_place=True):
         self.collective, self.algorithm = collective, algorithm
         self.plan = plan        # this rank's compiled plan (work.compile_plan)
         self.tmp = tmp          # elements of scratch ("tmp") it needs
@@ -82,6 +93,7 @@ class Prepared:
         self.fp = fp            # the call's fingerprint
         self.why = why          # why this algorithm (RINGLET_DEBUG=algo)
         self.fast = fast        # its fast.FastCall, or None when C cannot run it
+        self.in_place = in_place   # its rl.empty messages may be read in place (else: plain path)
 
 
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
@@ -100,7 +112,8 @@ def _prepare(key: tuple) -> Prepared:
             check_op_dtype(op, dtype)
         # Uneven all-to-all is priced at its mean block size.
         mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
-        name, why, by_kind = _pick(collective, algorithm, g, mean, dtype.itemsize, shared)
+        name, why, by_kind, in_place = _pick(collective, algorithm, g, mean, dtype.itemsize,
+                                             shared)
         hosts = g.host_indices() if name == "hierarchical" else None
         sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                                  root=0 if root is None else root, hosts=hosts, splits=splits)
@@ -111,7 +124,7 @@ def _prepare(key: tuple) -> Prepared:
         plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
         ufunc = reducer(op, dtype) if op is not None else None
         hit = Prepared(collective, name, plan, tmp, pool, ufunc, fp, why,
-                       fast.prepare(engine(), plan, ufunc, dtype))
+                       fast.prepare(engine(), plan, ufunc, dtype), in_place)
         if len(_CALLS) > 4096:
             _CALLS.clear()
         _CALLS[key] = hit

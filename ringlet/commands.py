@@ -483,6 +483,13 @@ def _explain_main(argv) -> int:
                    "cores = how much of the total comes from ranks sharing cores (part of the "
                    "others)"))
     _explain_table(rows, winner, env, host, gamma)
+    if shared:   # auto runs an rl.empty call on the plain path where that is predicted faster
+        plain, prows = choose(coll, nb, p, topology=topology, candidates=a.algorithms,
+                              itemsize=a.itemsize, gamma=gamma)
+        if prows[0].total < rows[0].total:
+            print(_fit(f"auto runs {plain} on the plain path here (nothing read in place): "
+                       f"{prows[0].total * 1e6:.1f} us predicted, against {winner}'s "
+                       f"{rows[0].total * 1e6:.1f} us read in place"))
     cross, sweep = _explain_crossovers(a, coll, p, topology, gamma, shared, env, rows, winner)
     if a.plot:
         _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])

@@ -159,13 +159,15 @@ class Call:
         self.path = "python"
         self.start = time.perf_counter()
 
-    def posted(self, sends, bufs) -> None:
-        """A round's sends went out (or were queued): one event each, with its path."""
+    def posted(self, sends, bufs, receiving: bool = False, in_place: bool = True) -> None:
+        """A round's sends went out (or were queued): one event each, with its path
+        (``receiving``, ``in_place``: see :func:`path_of`)."""
         now, msgs, tag, seq, peers = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq, self.peers
         for t in sends:
             b = bufs[t.sbuf]
             msgs.append(("send", t.dst, (t.s1 - t.s0) * b.itemsize,
-                         path_of(peers[t.dst], b, t.s0, t.s1), now, tag, seq))
+                         path_of(peers[t.dst], b, t.s0, t.s1, receiving, in_place), now, tag,
+                         seq))
 
     def round_done(self, recvs, bufs) -> None:
         now, msgs, tag, seq = time.perf_counter(), self.rec.msgs, self.tag, self.what.seq
@@ -246,12 +248,15 @@ class P2P:
                               (self.peer, self.user_tag, msg)))
 
 
-def path_of(peer, buf, start: int, stop: int) -> str:
+def path_of(peer, buf, start: int, stop: int, receiving: bool = False,
+            in_place: bool = True) -> str:
     """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
-    ``Peer.send_now`` and ``Peer.post_send``. (A receiver cannot tell; the merge gives a
-    receive its send's.)"""
+    ``Peer.send_now`` and ``Peer.post_send`` (``receiving``: its round receives too;
+    ``in_place``: its call lets rl.empty messages be read in place). (A receiver cannot
+    tell; the merge gives a receive its send's.)"""
     n = (stop - start) * buf.itemsize
-    if peer.zero_copy and n > peer.zc_min and locate(buf[start:stop]) is not None:
+    least = peer.zc_min if receiving else peer.zc_oneway_min
+    if peer.zero_copy and in_place and n > least and locate(buf[start:stop]) is not None:
         return "read in place"
     if n <= peer.eager:
         return "eager"

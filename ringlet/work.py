@@ -12,6 +12,7 @@ import numpy as np
 from .errors import PeerFailure
 from .profiling import profiled
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
+from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
 from .transport.protocol import RecvRequest, SendRequest
 
 
@@ -365,7 +366,16 @@ class CollectiveWork(Work):
             self.tr.end(self.waited, self.last_peer, error)
 
     def _post(self, rnd: PlanRound) -> None:
-        bufs, ufunc = self.bufs, self.ufunc
+        bufs = self.bufs
+        sent = []
+        late = rnd.sends
+        if rnd.local and late and (late[0].s1 - late[0].s0) * bufs[late[0].sbuf].itemsize > BIG:
+            # A large send whose bytes no local step of this round writes goes first: it is
+            # announced (read in place, by CMA, or streamed) while this rank copies, so the
+            # peer's copy of it overlaps ours instead of following it.
+            early, late = _independent(rnd, bufs)
+            self._send(early, rnd, sent)
+        ufunc = self.ufunc
         for t in rnd.local:
             dst = bufs[t.dbuf][t.d0:t.d1]
             if t.reduce:
@@ -378,23 +388,29 @@ class CollectiveWork(Work):
         # Sends before receives: a receive whose message was announced already from a
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
-        sent = []
-        peers, tag, fp = self.engine.peers, self.tag, self.fp
-        for t in rnd.sends:
-            data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
-            peer = peers[t.dst]
-            if not peer.send_now(tag, data, fp):   # small sends mostly go at once
-                req = SendRequest(t.dst, tag, data, fp)
-                req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
-                sent.append(req)
-                peer.post_send(req)
+        self._send(late, rnd, sent)
         reqs = self._post_recvs(rnd.recvs)
         if sent:
             reqs += sent
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd.sends, bufs)
+            self.tr.posted(rnd.sends, bufs, bool(rnd.recvs), self.call.in_place)
+
+    def _send(self, sends, rnd: PlanRound, sent: list) -> None:
+        """Post ``sends`` (steps of ``rnd``); the requests of those not gone at once join
+        ``sent``."""
+        bufs, peers, tag, fp = self.bufs, self.engine.peers, self.tag, self.fp
+        in_place = self.call.in_place
+        for t in sends:
+            data = bufs[t.sbuf][t.s0:t.s1].view(np.uint8)
+            peer = peers[t.dst]
+            if not peer.send_now(tag, data, fp):   # small sends mostly go at once
+                req = SendRequest(t.dst, tag, data, fp)
+                req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
+                req.in_place = in_place
+                sent.append(req)
+                peer.post_send(req)
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
@@ -412,6 +428,18 @@ class CollectiveWork(Work):
             reqs.append(req)
             peers[t.src].post_recv(req)
         return reqs
+
+
+def _independent(rnd: PlanRound, bufs: dict) -> tuple[tuple, tuple]:
+    """(sends of ``rnd`` whose source no local step of it writes, the other sends). By
+    memory, not by name: a caller's buffers may overlap (an in-place all_gather's "in" is a
+    block of its "out"); a possible overlap counts as one (the send waits for the step)."""
+    dsts = [bufs[t.dbuf][t.d0:t.d1] for t in rnd.local]
+    early, late = [], []
+    for t in rnd.sends:
+        src = bufs[t.sbuf][t.s0:t.s1]
+        (late if any(np.may_share_memory(src, d) for d in dsts) else early).append(t)
+    return tuple(early), tuple(late)
 
 
 def record_call(engine, collective: str, algorithm: str, waited: float, last_peer,

@@ -19,7 +19,7 @@ def _new(algorithm, p, count, itemsize, tmp=0):
 
 def ring(p, count, *, itemsize=4):
     """Ring: each rank copies its block into place, then in step k passes block (i−k) mod p
-    to rank i+1.
+    to rank i+1 (step 0 sends it from "in", so the message need not wait for the copy).
 
     p−1 messages of n per rank:  T = (p−1)α + (p−1)nβ.
     """
@@ -30,8 +30,11 @@ def ring(p, count, *, itemsize=4):
     for k in range(p - 1):
         if k:
             rnd = s.round()
-        c = (r - k) % p
-        rnd.copy(src=r, dst=(r + 1) % p, n=count, buf="out", off=c * count)
+            c = (r - k) % p
+            rnd.copy(src=r, dst=(r + 1) % p, n=count, buf="out", off=c * count)
+        else:
+            rnd.copy(src=r, dst=(r + 1) % p, n=count, sbuf="in", soff=0, dbuf="out",
+                     doff=r * count)
     return s
 
 
@@ -57,8 +60,12 @@ def recursive_doubling(p, count, *, itemsize=4):
         if d > 1 or rem:                        # without a fold, step 1 shares round 0
             rnd = s.round()
         first = u & ~(d - 1)
-        rnd.copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
-                 buf="out", off=edge[first])
+        if d == 1 and not rem:   # its own block: sent from "in", not waiting for the copy
+            rnd.copy(src=core, dst=core[u ^ d], n=count, sbuf="in", soff=0, dbuf="out",
+                     doff=core * count)
+        else:
+            rnd.copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
+                     buf="out", off=edge[first])
         d *= 2
     if rem:                                     # fold out
         s.round().copy(src=extra - 1, dst=extra, n=p * count, buf="out")

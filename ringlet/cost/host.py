@@ -55,6 +55,8 @@ class HostModel:
     # a larger message from a buffer in shared memory (rl.empty) is read in place by its
     # receiver; -1: this transport never does that
     zero_copy_min: int = shm.ZERO_COPY_MIN
+    # ... where its sender does not receive in the round, only above this (limits.py)
+    zero_copy_oneway_min: int = shm.ZERO_COPY_ONEWAY_MIN
     # a larger message from a plain buffer is read by its receiver with cross-memory
     # attach (transport/cma.py) - in a round where the sender receives too, into a receive
     # that copies (not one that reduces); -1: never (limits.facts says where it is on)
@@ -97,11 +99,12 @@ class HostModel:
     @classmethod
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
-                                  "ring_bytes", "zero_copy_min", "cma_min", "fast_bytes",
+                                  "ring_bytes", "zero_copy_min", "zero_copy_oneway_min",
+                                  "cma_min", "fast_bytes",
                                   "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min", "cma_min", "fast_bytes"):
+                  "zero_copy_min", "zero_copy_oneway_min", "cma_min", "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

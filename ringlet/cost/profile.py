@@ -553,7 +553,8 @@ def _host_entry(model, pred, y, keep, outliers) -> dict:
     out.update(l2_bytes=int(model.l2_bytes), l3_bytes=int(model.l3_bytes), cores=int(model.cores),
                eager=int(model.eager), rendezvous=int(model.rendezvous),
                ring_bytes=int(model.ring_bytes),
-               zero_copy_min=int(model.zero_copy_min), cma_min=int(model.cma_min),
+               zero_copy_min=int(model.zero_copy_min),
+               zero_copy_oneway_min=int(model.zero_copy_oneway_min), cma_min=int(model.cma_min),
                fast_bytes=int(model.fast_bytes),
                idle_share=float(model.idle_share),
                imbalance=float(model.imbalance))

@@ -512,9 +512,68 @@ release:
     return NULL;
 }
 
+/* split_copy(dst, src, nbytes, chunk, ctrl, front, msg, kernel): one side of a message copied
+ * (or reduced) by its receiver and its sender at once (transport/split.py). ctrl points at
+ * two uint64 in shared memory: [0] the chunks not yet claimed, msg << 48 | (next from the
+ * front) << 24 | (one past the last from the back), msg being the message's id mod 2^16;
+ * [1] chunks done. Each side claims a chunk with a CAS - the receiver from the front, the
+ * sender from the back - copies it (kernel -1) or reduces it into dst (dst = op(dst, src),
+ * KERNELS[kernel]; chunk a multiple of the element size, both addresses aligned to it),
+ * and counts it done (a release: the bytes are visible before the count), until none is
+ * left or the word names another message (this side came too late). dst, src are
+ * addresses (the message's first byte in each). Returns the chunks this side did. The GIL
+ * is released: nothing here touches a Python object. */
+static PyObject *split_copy(PyObject *self, PyObject *args) {
+    unsigned long long dst, src, ctrl;
+    long long nbytes, chunk, msg;
+    int front, kernel;
+    if (!PyArg_ParseTuple(args, "KKLLKpLi", &dst, &src, &nbytes, &chunk, &ctrl, &front, &msg,
+                          &kernel))
+        return NULL;
+    kernel_fn reduce = NULL;
+    int64_t itemsize = 1;
+    if (kernel >= 0) {
+        static const int64_t SIZES[] = {1, 1, 2, 2, 4, 4, 8, 8, 4, 8};   /* fast.py DTYPES */
+        if (kernel >= N_KERNELS || !(reduce = KERNELS[kernel])) {
+            PyErr_SetString(PyExc_ValueError, "split_copy: no such kernel");
+            return NULL;
+        }
+        itemsize = SIZES[kernel / 7];
+    }
+    if (nbytes < 0 || chunk <= 0 || chunk % itemsize || nbytes % itemsize || !ctrl ||
+        (reduce && (dst % itemsize || src % itemsize))) {
+        PyErr_SetString(PyExc_ValueError, "split_copy: bad size, alignment or control word");
+        return NULL;
+    }
+    uint64_t *claim = (uint64_t *)(uintptr_t)ctrl, *done = claim + 1;
+    long long mine = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        uint64_t w = __atomic_load_n(claim, __ATOMIC_ACQUIRE), next;
+        uint64_t id = w >> 48, lo = (w >> 24) & 0xFFFFFFu, hi = w & 0xFFFFFFu, k;
+        if (id != ((uint64_t)msg & 0xFFFFu) || lo >= hi) break;
+        if (front) { k = lo; next = id << 48 | (lo + 1) << 24 | hi; }
+        else { k = hi - 1; next = id << 48 | lo << 24 | (hi - 1); }
+        if (!__atomic_compare_exchange_n(claim, &w, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        long long at = (long long)k * chunk;
+        long long n = nbytes - at < chunk ? nbytes - at : chunk;
+        char *d = (char *)(uintptr_t)dst + at;
+        const char *s = (const char *)(uintptr_t)src + at;
+        if (reduce) reduce(d, d, s, n / itemsize);
+        else memcpy(d, s, (size_t)n);
+        __atomic_fetch_add(done, 1, __ATOMIC_RELEASE);
+        mine++;
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(mine);
+}
+
 static PyMethodDef METHODS[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "Run a compiled all-eager shared-memory plan; see the module source."},
+    {"split_copy", split_copy, METH_VARARGS,
+     "Copy one side's share of a message both ends copy; see the function's comment."},
     {NULL, NULL, 0, NULL},
 };
 

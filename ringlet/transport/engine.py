@@ -49,6 +49,24 @@ SPIN_CROWDED = 0.0       # when ranks outnumber cores, yield at once
 # tens of microseconds, paid on every hop of a chain (naive ring, tree) whose ranks wait
 # their turn: a rank that yields instead is ready when its turn comes.
 YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 1000)) * 1e-6
+# Past SPIN_FREE, a rank with a core of its own that waits on a large message in flight
+# (one announced and not yet answered, or coming in) goes on spinning up to this long
+# while no process waits for a core (the host's runnable count, /proc/loadavg, is at most
+# its cores): the peer is copying, the spin takes nobody's time, and a sleeper's wake-up
+# costs 50-600 us (issue 27: a large exchange's ranks wait 100-300 us on each other's
+# copies). On a busy host it sleeps after SPIN_FREE as before: spinning 400 us at load 9
+# made an 8 MiB broadcast 2-4x slower. RINGLET_IDLE_SPIN_US=0 turns it off.
+IDLE_SPIN = float(os.environ.get("RINGLET_IDLE_SPIN_US", 1000)) * 1e-6
+IDLE_CHECK = 20e-6       # ... looking at the runnable count this often
+
+
+def _runnable(fd: int) -> int:
+    """Processes running or waiting for a core on this host now (/proc/loadavg's 4th
+    field, before the slash); a large number when it cannot be read."""
+    try:
+        return int(os.pread(fd, 64, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return 1 << 30
 
 
 def _read_check_switch() -> None:
@@ -119,6 +137,8 @@ def _boot_of(host_id: str):
     return parts[1] if len(parts) == 4 and parts[2].startswith("net") else None
 
 class Engine:
+    _loadavg = -1    # /proc/loadavg, open (see IDLE_SPIN)
+
     def __init__(self, rank: int, world_size: int, store, token: str, job: str, *,
                  host_id: str, backend: str, master_addr: str, master_port: int,
                  timeout: float, calls: CallEvents, generation: int = 0):
@@ -164,6 +184,11 @@ class Engine:
         # Only in one-host jobs: there, no TCP link waits for the progress a call makes.
         self.fast = fast.enabled() and not self.tcp_peers
         self.fast_budget = YIELD_CROWDED if self.crowded else self.spin
+        self.ncpu = ncpu or 1
+        try:
+            self._loadavg = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._loadavg = -1
         self.fast_p2p: dict = {}    # (send or recv, peer, bytes) -> its FastCall, or None
 
     # -- setup ---------------------------------------------------------------------------
@@ -455,6 +480,7 @@ class Engine:
         start = time.monotonic()
         deadline = start + limit
         idle_since = None
+        idle_until = 0.0          # spinning on past SPIN_FREE until then: the cores are idle
         while True:
             if self.progress():
                 idle_since = None
@@ -476,12 +502,20 @@ class Engine:
                     self.on_long_wait()
             if now > deadline:
                 raise TimeoutError(describe(limit))
-            if now - idle_since < self.spin:
+            if now - idle_since < self.spin or now < idle_until:
+                continue
+            if not self.crowded and now - idle_since < IDLE_SPIN and self._loadavg >= 0 \
+                    and self._large_in_flight() and _runnable(self._loadavg) <= self.ncpu:
+                idle_until = now + IDLE_CHECK
                 continue
             if self.crowded and now - idle_since < YIELD_CROWDED:
                 os.sched_yield()
                 continue
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
+
+    def _large_in_flight(self) -> bool:
+        """A message above the eager limit is on its way, in or out (see IDLE_SPIN)."""
+        return any(p.awaiting_cts or p.incoming for p in self.peers.values())
 
     def _sleep(self, seconds: float) -> None:
         self._nap(1)
@@ -555,3 +589,6 @@ class Engine:
         if self.doorbell is not None:
             self.doorbell.close()
         self._close_seg_fd()
+        if self._loadavg >= 0:
+            os.close(self._loadavg)
+            self._loadavg = -1

@@ -50,6 +50,14 @@ def enabled() -> bool:
     return _fastpath is not None and os.environ.get("RINGLET_NO_FASTPATH") != "1"
 
 
+N_KERNELS = len(_DTYPES) * 7
+
+
+def itemsize_of(kernel: int) -> int:
+    """The element size kernel ``kernel`` works on."""
+    return _DTYPES[kernel // 7][1]
+
+
 def kernel(ufunc, dtype: np.dtype) -> int | None:
     """Index of the C reduce kernel for ``ufunc`` on ``dtype`` (-1 when nothing reduces),
     or None if C has none (bool, float16, byte-swapped …): then the call stays in Python."""

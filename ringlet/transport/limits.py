@@ -12,9 +12,23 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
 * SHM_FRAG_BYTES: the largest DATA fragment of a longer message (a quarter of the ring).
 * SHM_STREAM_BYTES: up to the ring's size a larger message's DATA follows its RTS at once
   (a receiver not ready parks it, bounded as an eager one is).
-* ZERO_COPY_MIN: above it, a send from an rl.empty buffer is read in place by the
-  receiver, one copy instead of two through the ring. Not below: an EAGER packet through
-  the C fast path beats one copy fewer plus the RTS round trip.
+* ZERO_COPY_MIN: above it, a send from an rl.empty buffer, in a round where its sender
+  receives too, is read in place by the receiver: one copy instead of two through the
+  ring. Not below: an EAGER packet through the C fast path beats one copy fewer plus the
+  RTS round trip. ZERO_COPY_ONEWAY_MIN: the same for a sender that only sends in its
+  round (a broadcast's root, point-to-point): up to about what the ring takes at once the
+  plain path lets it go on as soon as its own copy is in the ring, while read in place it
+  waits for the receiver's copy and the round trip. An rl.empty message below these
+  takes the plain path, exactly as a NumPy buffer's. Measured at p = 2 (p2p-sized
+  messages, bench/inplace_threshold.py, same rl.empty buffers, both paths in alternating
+  blocks, load 3.6): in place / plain on the median block, one-way 768 KiB 1.52, 896 KiB
+  1.45, 1 MiB 0.90, 2 MiB 0.41; exchange (all_to_all) 384 KiB 1.00, 512 KiB 1.03,
+  640 KiB 0.82, 1 MiB 0.64.
+* SPLIT_MIN: from it, a one-way message read in place whose receive lies in an rl.empty
+  buffer too is copied (or reduced) by both ends at once, the receiver from the front and
+  the sender from the back, in SPLIT_CHUNK pieces each claims by compare-and-swap
+  (split.py): with an idle sender, each end does about half; a sender busy elsewhere in
+  its round (a scatter's root copying its own block) takes what is left when it gets to it.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
   address in the RTS and the receiver reads it with process_vm_readv (cma.py): one copy
@@ -39,6 +53,9 @@ SHM_EAGER_BYTES = 512 << 10
 SHM_FRAG_BYTES = 256 << 10
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
+ZERO_COPY_ONEWAY_MIN = 896 << 10
+SPLIT_MIN = 1 << 20
+SPLIT_CHUNK = 256 << 10
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 
@@ -52,11 +69,14 @@ def facts(fast_path: bool) -> dict:
     from an rl.empty buffer is read in place (-1: never), above how many bytes a send from
     a plain buffer is read by CMA (-1: never; only in a round where the sender receives
     too, only into a receive that copies, and only where the kernel allows it: see cma.py),
-    largest message of a C call (0: no fast path here). ``fast_path``: whether C runs calls
+    the same as zero_copy_min for a sender that does not receive in its round, largest
+    message of a C call (0: no fast path here). (SPLIT_MIN is not among them yet: the
+    model does not price a message copied by both ends; it prices the receiver's copy.) ``fast_path``: whether C runs calls
     here (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
-                    "cma_min": CMA_MIN, "fast_bytes": FAST_BYTES if fast_path else 0},
+                    "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN, "cma_min": CMA_MIN, "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
-                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1, "cma_min": -1,
+                    "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
+                    "zero_copy_oneway_min": -1, "cma_min": -1,
                     "fast_bytes": 0}}

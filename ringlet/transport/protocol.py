@@ -6,7 +6,8 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
 * A message of at most ``eager`` bytes travels at once as one EAGER packet. If no receive
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
   (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
-  the receiver read it in place: that one goes by RTS.)
+  the receiver read it in place: that one goes by RTS. From a sender that does not
+  receive in its round, only above ``zc_oneway_min``: limits.py says why.)
 * A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
   that also receives, on a link that can read a local sender's memory
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
@@ -38,7 +39,9 @@ HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp
 HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
+CTS_SPLIT = 3    # CTS flag: copy your RTS_ZC_HELP message's back chunks into my buffer (split.py)
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
+RTS_ZC_HELP = 4  # RTS flag: as RTS_ZC, and the sender can write into the receiver's buffer
 RTS_STREAM = 2   # RTS flag: its DATA follows at once, without waiting for CTS
 RTS_CMA = 3      # RTS flag: the data sits at address aux in the sender's private memory
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
@@ -68,7 +71,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -79,6 +82,7 @@ class SendRequest(Request):
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
         self.cma = False      # its RTS offers its address to be read (RTS_CMA)
         self.receiving = False  # its round receives too (cma.py: then offer it)
+        self.in_place = True    # False: an rl.empty buffer's message takes the plain path
 
 
 class RecvRequest(Request):
@@ -205,7 +209,8 @@ class Peer:
         if self.dead:
             req.fail(self.dead)
             return
-        if self.zero_copy and req.nbytes > self.zc_min:
+        if self.zero_copy and req.in_place and \
+                req.nbytes > (self.zc_min if req.receiving else self.zc_oneway_min):
             req.zc = locate(req.data)      # (once: send_now is not asked again)
             req.cma = (req.receiving and req.zc is None and self.cma_min >= 0
                        and req.nbytes > self.cma_min and req.data.flags.c_contiguous)
@@ -270,13 +275,15 @@ class Peer:
                                      item.nbytes, 0, None, *item.fp)
                 else:
                     alloc, fd, off = item.zc
-                    ok = self._write(RTS, RTS_ZC, item.tag, item.msgid, item.nbytes, off, None,
+                    # a sender that only sends in its round offers to copy half (split.py)
+                    flag = RTS_ZC_HELP if self.split_sender and not item.receiving else RTS_ZC
+                    ok = self._write(RTS, flag, item.tag, item.msgid, item.nbytes, off, None,
                                      *item.fp, alloc << 32 | fd)
                 if not ok:
                     break
             elif kind == "cts":
-                msgid, flags, aux = item
-                if not self._write(CTS, flags, 0, msgid, 0, aux, None):
+                msgid, flags, aux, zc, length = item
+                if not self._write(CTS, flags, 0, msgid, length, aux, None, 0, 0, zc):
                     break
             elif kind == "abort":
                 tag, mine, theirs, culprit = item
@@ -320,7 +327,7 @@ class Peer:
         elif kind == ABORT:
             self.engine.calls.abort_received(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
-            self._on_cts(flags, msgid, aux)
+            self._on_cts(flags, msgid, aux, zc, length)
         elif kind == BYE:
             self.closing = True
         elif kind != PAD:
@@ -336,8 +343,8 @@ class Peer:
             self.engine.calls.mismatch(tag, q[0].fp, fp, self.rank)
             return
         where = None
-        if kind == RTS and flags == RTS_ZC:
-            where = (zc >> 32, zc & 0xFFFFFFFF, aux)
+        if kind == RTS and (flags == RTS_ZC or flags == RTS_ZC_HELP):
+            where = (zc >> 32, zc & 0xFFFFFFFF, aux, flags == RTS_ZC_HELP)
         elif kind == RTS and flags == RTS_CMA:
             where = aux          # an address in the sender's memory
         if q:
@@ -383,7 +390,13 @@ class Peer:
             raise ProtocolError(f"streamed RTS of {length} bytes")
         return stream
 
-    def _on_cts(self, flags, msgid, aux) -> None:
+    def _on_cts(self, flags, msgid, aux, zc=0, length=0) -> None:
+        if flags == CTS_SPLIT:    # help copy it (it stays ours until CTS_DONE)
+            req = self.awaiting_cts.get(msgid)
+            if req is None or req.zc is None or self.split_sender is None or length < 0:
+                raise ProtocolError(f"CTS_SPLIT for message {msgid}, not offered")
+            self.split_sender.help(req, aux, zc, length - 1)   # (length: C's kernel + 1)
+            return
         req = self.awaiting_cts.pop(msgid, None)
         if req is None:
             raise ProtocolError(f"CTS for unknown message {msgid}")
@@ -421,7 +434,7 @@ class Peer:
         if length != req.nbytes:
             self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
-        elif where is not None and self.read_remote(req, where, length):
+        elif where is not None and self.read_remote(req, where, length, msgid):
             self._received(req)     # one copy (or reduce), straight from the sender's buffer
             self._queue_cts(msgid, CTS_DONE, 0)
         else:
@@ -430,14 +443,14 @@ class Peer:
             self._queue_cts(msgid, CTS_OK, 0)
         self.pump_out()
 
-    def _queue_cts(self, msgid: int, flags: int, aux: int) -> None:
+    def _queue_cts(self, msgid: int, flags: int, aux: int, zc: int = 0, length: int = 0) -> None:
         """A CTS goes ahead of our DATA still queued (after other control packets): queued
         behind a long message of ours, it would hold the peer's message back until ours
         is out, and the two directions of a link would take turns instead of both
         streaming (half the rate of a shaped TCP link). DATA names its message and
         offset, so a CTS may come between two fragments."""
         i = next((k for k, (kind, _) in enumerate(self.outq) if kind == "data"), len(self.outq))
-        self.outq.insert(i, ("cts", (msgid, flags, aux)))
+        self.outq.insert(i, ("cts", (msgid, flags, aux, zc, length)))
 
     def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
         """A streamed message met its receive: its DATA goes straight there."""
@@ -499,15 +512,19 @@ class Peer:
 
     zero_copy = False   # transports that can read a local sender's rl.empty buffer say so
     zc_min = 0          # ... and above how many bytes such a message goes by RTS, not eagerly
+    zc_oneway_min = 0   # ... or, from a sender that does not receive in its round, this many
     stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
     cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address
 
-    def read_remote(self, req: RecvRequest, where, nbytes: int) -> bool:
-        """Read the sender's message where its RTS says it lies (an rl.empty buffer's
-        (alloc id, fd, offset), or a private buffer's address) into ``req``: True when
-        done, False (``req`` untouched) when this link cannot: then it is streamed."""
+    def read_remote(self, req: RecvRequest, where, nbytes: int, msgid: int) -> bool:
+        """Read the sender's message ``msgid`` where its RTS says it lies (an rl.empty
+        buffer's (alloc id, fd, offset, whether the sender offers to copy half), or a
+        private buffer's address) into ``req``: True when done, False (``req`` untouched)
+        when this link cannot: then it is streamed."""
         return False
+
+    split_sender = None   # a transport whose senders copy half of a split message: its split.Sender
 
     def send_abort(self, tag, mine, theirs, culprit) -> None:
         self.outq.append(("abort", (tag, mine, theirs, culprit)))

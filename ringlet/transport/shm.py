@@ -21,7 +21,7 @@ import socket
 
 import numpy as np
 
-from . import cma, limits
+from . import cma, limits, split
 from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
 
 SEG_HEADER = 64
@@ -29,6 +29,7 @@ SLOT_CTRL = 128
 # sizes: see limits.py
 RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
 STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
+ZERO_COPY_ONEWAY_MIN = limits.ZERO_COPY_ONEWAY_MIN
 CMA_MIN = limits.CMA_MIN
 
 
@@ -93,25 +94,33 @@ class ShmPeer(Peer):
         super().__init__(engine, rank, min(eager, outbox.capacity // 2 - HEADER_SIZE), frag)
         self.zc_min = min(ZERO_COPY_MIN, self.eager)   # a tiny ring: RTS sooner, still in place
         self.stream_max = min(STREAM_BYTES, outbox.capacity)
+        # (a smaller ring takes less at once: a one-way message goes in place sooner)
+        self.zc_oneway_min = max(self.zc_min, min(ZERO_COPY_ONEWAY_MIN, self.stream_max * 7 // 8))
         self.inbox, self.outbox = inbox, outbox
         self.doorbell, self.pid = doorbell, pid
         self.cma = cma.Reader(pid)           # reads this peer's private buffers in place
         # (above what streams: a ring smaller than CMA_MIN, RINGLET_SHM_RING, lowers it)
         self.cma_min = min(CMA_MIN, self.stream_max) if self.cma.ok else -1
+        # one-way messages read in place, copied by both ends (split.py)
+        on = split.enabled()
+        self.split_sender = split.Sender(self) if on else None
+        self.split_receiver = split.Receiver(self) if on else None
         self.tail = inbox.ctrl[8]
         self.head = outbox.ctrl[0]
 
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
 
-    def read_remote(self, req, where, nbytes) -> bool:
+    def read_remote(self, req, where, nbytes, msgid) -> bool:
         if isinstance(where, int):          # a private buffer's address: cma.py
             return self.cma.deliver(req, where, nbytes)
-        alloc, fd, offset = where
+        alloc, fd, offset, helper = where
         src = self.engine.remote_maps.view(self.pid, alloc, fd, offset, nbytes)
         if src is None:
             return False
-        req.deliver(src)
+        if not (helper and self.split_receiver is not None
+                and self.split_receiver.read(req, src, msgid, nbytes)):
+            req.deliver(src)
         return True
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
@@ -178,6 +187,7 @@ class ShmPeer(Peer):
 
     def close(self) -> None:
         self.inbox = self.outbox = None    # (their views pin the segments' mappings)
+        self.split_sender = self.split_receiver = None     # (theirs too)
         self.doorbell.close()
 
     # -- liveness ------------------------------------------------------------------------

@@ -386,6 +386,7 @@ class CollectiveWork(Work):
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
                 req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
+                req.ways = len(rnd.sends)         # (cma.py shares a one-way copy by it)
                 sent.append(req)
                 peer.post_send(req)
         reqs = self._post_recvs(rnd.recvs)
@@ -400,6 +401,7 @@ class CollectiveWork(Work):
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
+        ways = len(recvs)
         for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
@@ -409,6 +411,7 @@ class CollectiveWork(Work):
                 req = RecvRequest(t.src, tag, dst, ufunc, acc, fp)
             else:
                 req = RecvRequest(t.src, tag, dst, None, None, fp)
+            req.ways = ways           # (cma.py shares a one-way copy by it)
             reqs.append(req)
             peers[t.src].post_recv(req)
         return reqs

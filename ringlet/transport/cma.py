@@ -118,14 +118,17 @@ class Reader:
         self.reads += 1
         return True
 
-    def head_bytes(self, n: int) -> int:
+    def head_bytes(self, n: int, senders: int, receivers: int) -> int:
         """How many leading bytes of an ``n``-byte one-way message its sender is to write
-        into our buffer: half (page-aligned), while we read the other half; all of it
+        into our buffer while we read the rest: the copy shared by how busy each side is
+        (``senders``: messages the sender has in flight in its round, ``receivers``: ours),
+        so that a scatter's root writes a quarter of each of its 3 messages and a gather's
+        3 senders three quarters of theirs (p = 2: half each); page-aligned. All of it
         where the kernel refuses our reads."""
         if not self.ok:
             return n
-        half = n // 2
-        return half - half % 4096 if half >= 4096 else half
+        head = n * receivers // (senders + receivers)
+        return head - head % 4096 if 4096 <= head < n else head
 
     def read_tail(self, req, addr: int, head: int) -> bool:
         """Read bytes ``head`` to the end of the message at ``addr`` into the same bytes of

@@ -78,7 +78,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "ways")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -89,10 +89,11 @@ class SendRequest(Request):
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
         self.cma = 0          # its RTS offers its address: RTS_CMA, RTS_OFFER (0: no)
         self.receiving = False  # its round receives too (cma.py: then offer it)
+        self.ways = 1           # large messages its round sends (cma.py shares the copy by it)
 
 
 class RecvRequest(Request):
-    __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize", "tail")
+    __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize", "tail", "ways")
 
     def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None,
                  fp=NO_FP):
@@ -104,6 +105,7 @@ class RecvRequest(Request):
         self.dtype = dst.dtype
         self.itemsize = dst.dtype.itemsize
         self.tail = 0             # bytes at its end already in place (read by CMA)
+        self.ways = 1             # messages its round receives (cma.py shares the copy by it)
 
     def deliver(self, payload) -> None:
         """Apply one in-order piece of the message (a bytes-like of whole elements)."""
@@ -165,10 +167,11 @@ class _Parked:
 
 class _Offer:
     """Where an RTS_OFFER's message lies: an address in the sender's private memory."""
-    __slots__ = ("addr",)
+    __slots__ = ("addr", "ways")
 
-    def __init__(self, addr: int):
+    def __init__(self, addr: int, ways: int):
         self.addr = addr
+        self.ways = max(int(ways), 1)    # large messages the sender sends in its round
 
 
 class Unasked:
@@ -290,7 +293,7 @@ class Peer:
             elif kind == "rts":
                 if item.cma:
                     ok = self._write(RTS, item.cma, item.tag, item.msgid, item.nbytes,
-                                     item.data.ctypes.data, None, *item.fp)
+                                     item.data.ctypes.data, None, *item.fp, item.ways)
                 elif item.zc is None:
                     ok = self._write(RTS, RTS_STREAM if item.stream else 0, item.tag, item.msgid,
                                      item.nbytes, 0, None, *item.fp)
@@ -373,7 +376,7 @@ class Peer:
         elif kind == RTS and flags == RTS_CMA:
             where = aux          # an address in the sender's memory
         elif kind == RTS and flags == RTS_OFFER and self.cma is not None:
-            where = _Offer(aux)  # ... and the sender will write a part of it
+            where = _Offer(aux, zc)  # ... and the sender will write a part of it
         if q:
             if kind == EAGER:
                 self._finish_eager(_pop(self.posted, tag, q), payload)
@@ -458,7 +461,7 @@ class Peer:
             self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
         elif type(where) is _Offer:
-            self._take_offer(req, msgid, where.addr)
+            self._take_offer(req, msgid, where)
         elif where is not None and self.read_remote(req, where, length):
             self._received(req)     # one copy (or reduce), straight from the sender's buffer
             self._queue_cts(msgid, CTS_DONE, 0)
@@ -480,7 +483,7 @@ class Peer:
                              else (msgid, length)))
 
     # -- a one-way message from a plain buffer, copied by both sides at once (cma.py) -------
-    def _take_offer(self, req: RecvRequest, msgid: int, addr: int) -> None:
+    def _take_offer(self, req: RecvRequest, msgid: int, offer: _Offer) -> None:
         """Receiver: ask the sender to write the head into our buffer (CTS_PUT), and read
         the tail meanwhile; the receive completes on the sender's PUT (_on_put). A receive
         that reduces, or a buffer not contiguous, takes the stream (CTS_OK) instead; one
@@ -490,8 +493,16 @@ class Peer:
         if req.ufunc is not None or not req.dst.flags.c_contiguous:
             self._queue_cts(msgid, CTS_OK, 0)
             return
-        n = req.nbytes
-        head = self.cma.head_bytes(n)
+        n, addr = req.nbytes, offer.addr
+        head = self.cma.head_bytes(n, offer.ways, req.ways)
+        if head == 0:             # we read it all (the sender is the busier side)
+            if self.cma.deliver(req, addr, n):
+                del self.incoming[msgid]
+                self._received(req)
+                self._queue_cts(msgid, CTS_DONE, 0)
+            else:
+                self._queue_cts(msgid, CTS_OK, 0)
+            return
         self._queue_cts(msgid, CTS_PUT, req.dst.ctypes.data, head)
         self.pump_out()           # the sender starts on the head now
         if head < n and self.cma.read_tail(req, addr, head):

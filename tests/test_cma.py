@@ -24,7 +24,8 @@ from conftest import run
 from test_collectives import in_rank_settings, make_input, reference
 
 RING = 64 << 10          # a small ring: exchanged messages above 64 KiB take the CMA path
-SMALL_RING = {"RINGLET_SHM_RING": str(RING)}
+# (and one-way messages split even where ranks outnumber cores, as they do at p = 3-4 here)
+SMALL_RING = {"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_PUT": "1"}
 OPS = ("broadcast", "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "reduce",
        "gather", "scatter")
 DTYPES = [np.int8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.complex128]
@@ -127,7 +128,24 @@ def _large(rank):
 
 
 def test_large_messages_at_the_default_ring():
-    run(_large, 2)
+    run(_large, 2, env={"RINGLET_CMA_PUT": "1"})
+
+
+def _crowded(rank):
+    """By default a one-way message streams where ranks outnumber cores (there the split
+    lost), and is split where each rank has a core."""
+    p = rl.get_world_size()
+    before = _puts()
+    _call(rank, p, "broadcast", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
+    _call(rank, p, "scatter", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
+    got = np.array([_puts() - before], np.int64)
+    rl.all_reduce(got)
+    assert (got[0] == 0) == engine().crowded
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_split_only_where_ranks_have_cores(p):
+    run(_crowded, p, env={"RINGLET_SHM_RING": str(RING)})
 
 
 def _p2p(rank, examples):
@@ -236,3 +254,12 @@ def _off(rank):
 
 def test_cma_off_by_environment():
     run(_off, 2, env=dict(SMALL_RING, RINGLET_CMA="0"))
+
+
+def _no_split(rank):
+    _call(rank, rl.get_world_size(), "broadcast", 3 * RING, np.dtype(np.uint8), 1, np.empty)
+    assert _puts() == 0
+
+
+def test_split_off_by_environment():
+    run(_no_split, 2, env=dict(SMALL_RING, RINGLET_CMA_PUT="0"))

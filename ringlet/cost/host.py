@@ -59,9 +59,10 @@ class HostModel:
     # attach (transport/cma.py) - in a round where the sender receives too, into a receive
     # that copies (not one that reduces); -1: never (limits.facts says where it is on)
     cma_min: int = -1
-    # a larger one-way message from a plain buffer is split by CMA: the sender writes its
-    # first half into the receive buffer while the receiver reads the second (cma.py);
-    # -1: never (not priced yet: such a message is priced as streamed)
+    # a larger one-way message from a plain buffer is split by CMA where ranks do not
+    # outnumber cores: the sender writes its first half into the receive buffer while the
+    # receiver reads the second (limits.facts, cma.py); -1: never (not priced yet: such a
+    # message is priced as streamed)
     cma_put_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before

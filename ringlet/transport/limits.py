@@ -21,8 +21,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   a message streams without the round trip the read needs. In a round where the sender
   also receives, the receiver reads it whole with process_vm_readv; sent one-way, the
   sender writes the first half into the receive buffer (process_vm_writev) while the
-  receiver reads the second (CMA_PUT_MIN, the same limit). Taken only by a receive that
-  copies (cma.py says why).
+  receiver reads the second (CMA_PUT_MIN, the same limit; only where ranks do not
+  outnumber cores). Taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
@@ -56,9 +56,11 @@ def facts(fast_path: bool) -> dict:
     a plain buffer is read whole by CMA (-1: never; only in a round where the sender
     receives too, only into a receive that copies, and only where the kernel allows it:
     see cma.py), above how many bytes a one-way send from a plain buffer is split by CMA
-    (-1: never; the sender writes the first half of the bytes into the receive buffer
-    while the receiver reads the second half, each at the kernel's copy speed, beta +
-    beta_cma per byte, the two at once; only into a receive that copies), largest message
+    (-1: never; only where ranks do not outnumber cores, only into a receive that copies:
+    the sender writes the first r/(s+r) of the bytes into the receive buffer while the
+    receiver reads the rest, each at the kernel's copy speed, beta + beta_cma per byte,
+    the two at once; s, r: the large messages the sender's and the receiver's rounds have
+    in flight, so p = 2 halves it: cma.py), largest message
     of a C call (0: no fast path here). ``fast_path``: whether C runs calls here
     (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,

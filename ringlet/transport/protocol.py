@@ -237,7 +237,8 @@ class Peer:
             if (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
                     and req.data.flags.c_contiguous):
                 # read whole where every rank copies anyway; split where the sender idles
-                req.cma = RTS_CMA if req.receiving else RTS_OFFER if self.cma.put_ok else 0
+                req.cma = (RTS_CMA if req.receiving else
+                           RTS_OFFER if self.cma.splits(self.engine.crowded) else 0)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True

@@ -365,16 +365,10 @@ class CollectiveWork(Work):
             self.tr.end(self.waited, self.last_peer, error)
 
     def _post(self, rnd: PlanRound) -> None:
-        bufs, ufunc = self.bufs, self.ufunc
-        for t in rnd.local:
-            dst = bufs[t.dbuf][t.d0:t.d1]
-            if t.reduce:
-                # The accumulator is usually the destination: one view for both keeps
-                # NumPy off its overlap check (a third of a small call's reduce time).
-                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
-                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
-            else:
-                dst[...] = bufs[t.sbuf][t.s0:t.s1]
+        bufs = self.bufs
+        late = rnd.sends and rnd.local and _local_last(rnd, bufs, self.engine.peers)
+        if rnd.local and not late:
+            self._local(rnd.local)
         # Sends before receives: a receive whose message was announced already from a
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
@@ -386,16 +380,31 @@ class CollectiveWork(Work):
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
                 req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
-                req.ways = len(rnd.sends)         # (cma.py shares a one-way copy by it)
+                # (cma.py shares a one-way copy by the copies this rank makes meanwhile)
+                req.ways = len(rnd.sends) + (len(rnd.local) if late else 0)
                 sent.append(req)
                 peer.post_send(req)
         reqs = self._post_recvs(rnd.recvs)
         if sent:
             reqs += sent
+        if late:
+            self._local(rnd.local)
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
             self.tr.posted(rnd.sends, bufs)
+
+    def _local(self, steps) -> None:
+        bufs, ufunc = self.bufs, self.ufunc
+        for t in steps:
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
+                # The accumulator is usually the destination: one view for both keeps
+                # NumPy off its overlap check (a third of a small call's reduce time).
+                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
+            else:
+                dst[...] = bufs[t.sbuf][t.s0:t.s1]
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
@@ -415,6 +424,28 @@ class CollectiveWork(Work):
             reqs.append(req)
             peers[t.src].post_recv(req)
         return reqs
+
+
+def _local_last(rnd: PlanRound, bufs: dict, peers: dict) -> bool:
+    """Whether a round's local copies may run after its messages are posted, so that a
+    receiver starts on a message it moves by cross-memory attach meanwhile (a scatter's
+    root copying its own block; cma.py shares the copy by this): only plain copies, in a
+    round with such a message, none writing what a send reads or a receive writes, nor
+    reading what a receive writes (in memory: buffers may be views of one array)."""
+    if not any(0 <= peers[u.dst].cma_min < (u.s1 - u.s0) * bufs[u.sbuf].itemsize
+               for u in rnd.sends):
+        return False
+    for t in rnd.local:
+        if t.reduce:
+            return False
+        dst, src = bufs[t.dbuf][t.d0:t.d1], bufs[t.sbuf][t.s0:t.s1]
+        if any(np.may_share_memory(dst, bufs[u.sbuf][u.s0:u.s1]) for u in rnd.sends):
+            return False
+        for u in rnd.recvs:
+            into = bufs[u.dbuf][u.d0:u.d1]
+            if np.may_share_memory(dst, into) or np.may_share_memory(src, into):
+                return False
+    return True
 
 
 def record_call(engine, collective: str, algorithm: str, waited: float, last_peer,

@@ -367,7 +367,8 @@ class CollectiveWork(Work):
     def _post(self, rnd: PlanRound) -> None:
         bufs = self.bufs
         # (a small call's rounds stop at the first test: its messages are not for CMA)
-        late = (rnd.local and rnd.sends and rnd.sends[0].s1 - rnd.sends[0].s0 > 1024
+        late = (rnd.local and rnd.sends and not rnd.recvs
+                and rnd.sends[0].s1 - rnd.sends[0].s0 > 1024
                 and _local_last(rnd, bufs, self.engine.peers))
         if rnd.local and not late:
             self._local(rnd.local)
@@ -433,7 +434,8 @@ def _local_last(rnd: PlanRound, bufs: dict, peers: dict) -> bool:
     receiver starts on a message it moves by cross-memory attach meanwhile (a scatter's
     root copying its own block; cma.py shares the copy by this): only plain copies, in a
     round with such a message, none writing what a send reads or a receive writes, nor
-    reading what a receive writes (in memory: buffers may be views of one array)."""
+    reading what a receive writes (in memory: buffers may be views of one array).
+    (Asked only of one-way rounds: in an exchange it was not measured.)"""
     if not any(0 <= peers[u.dst].cma_min < (u.s1 - u.s0) * bufs[u.sbuf].itemsize
                for u in rnd.sends):
         return False

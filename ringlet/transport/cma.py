@@ -132,9 +132,11 @@ class Reader:
     def head_bytes(self, n: int, senders: int, receivers: int) -> int:
         """How many leading bytes of an ``n``-byte one-way message its sender is to write
         into our buffer while we read the rest: the copy shared by how busy each side is
-        (``senders``: messages the sender has in flight in its round, ``receivers``: ours),
-        so that a scatter's root writes a quarter of each of its 3 messages and a gather's
-        3 senders three quarters of theirs (p = 2: half each); page-aligned. All of it
+        (``senders``: the copies the sender makes in its round - large messages, and its
+        local copies when they wait for the messages (work._local_last) - ``receivers``:
+        the messages our round receives). So a point-to-point send or a broadcast at p = 2
+        is halved, a scatter's root at p = 2, copying its own block meanwhile, writes a
+        third, and a gather's 3 senders at p = 4 three quarters; page-aligned. All of it
         where the kernel refuses our reads."""
         if not self.ok:
             return n

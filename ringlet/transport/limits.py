@@ -20,8 +20,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   address in the RTS (cma.py): one copy instead of two. Not below: up to the ring's size
   a message streams without the round trip the read needs. In a round where the sender
   also receives, the receiver reads it whole with process_vm_readv; sent one-way, the
-  sender writes the first half into the receive buffer (process_vm_writev) while the
-  receiver reads the second (CMA_PUT_MIN, the same limit; only where ranks do not
+  sender writes a head into the receive buffer (process_vm_writev; p = 2: half) while
+  the receiver reads the rest (CMA_PUT_MIN, the same limit; only where ranks do not
   outnumber cores). Taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
@@ -59,9 +59,10 @@ def facts(fast_path: bool) -> dict:
     (-1: never; only where ranks do not outnumber cores, only into a receive that copies:
     the sender writes the first r/(s+r) of the bytes into the receive buffer while the
     receiver reads the rest, each at the kernel's copy speed, beta + beta_cma per byte,
-    the two at once; s, r: the large messages the sender's and the receiver's rounds have
-    in flight, so p = 2 halves it: cma.py), largest message
-    of a C call (0: no fast path here). ``fast_path``: whether C runs calls here
+    the two at once; s: the large messages the sender's round sends, plus its local copies
+    where they wait for them (a scatter's root), r: the messages the receiver's round
+    receives; so a broadcast at p = 2 halves it, a scatter's root at p = 2 writes a
+    third: cma.py), largest message of a C call (0: no fast path here). ``fast_path``: whether C runs calls here
     (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,

@@ -9,7 +9,7 @@ bench/single_copy.py.
 
 The senders decide per message (their ``cma.put_ok``), so a block turns it off on every
 rank. Splitting is forced on (RINGLET_CMA_PUT=1) so that crowded ranks (p > cores) can be
-compared too. Prints per row the median and best call (slowest rank) of each, and the ratio
+compared too. Ranks are pinned as mpirun pins Open MPI's (ringlet.bench.bind_like_mpirun). Prints per row the median and best call (slowest rank) of each, and the ratio
 stream / split (> 1: the split is faster), with the load average.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import ringlet as rl
-from ringlet.bench import parse_sizes
+from ringlet.bench import bind_like_mpirun, parse_sizes
 from ringlet.runtime import engine
 from ringlet.transport.shm import ShmPeer
 
@@ -35,6 +35,7 @@ def _split(on: bool) -> None:
 
 def _job(rank, op, nbytes, blocks, per):
     p = rl.get_world_size()
+    bind_like_mpirun(rank, p)
     m = nbytes // 4 // p * p
     if op == "broadcast":
         x = np.ones(m, np.float32)

@@ -413,7 +413,8 @@ class CollectiveWork(Work):
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
-        ways = len(recvs)
+        # (0: this round copied locally first, and its receives take no split: cma.py)
+        ways = 0 if self.plan[self.i].local else len(recvs)
         for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue

@@ -491,7 +491,7 @@ class Peer:
         whose reads the kernel refuses asks for the whole message to be written."""
         req.msgid = msgid
         self.incoming[msgid] = req
-        if req.ufunc is not None or not req.dst.flags.c_contiguous:
+        if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways:
             self._queue_cts(msgid, CTS_OK, 0)
             return
         n, addr = req.nbytes, offer.addr

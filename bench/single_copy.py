@@ -23,7 +23,7 @@ import numpy as np
 
 from ringlet.bench import parse_sizes, run_peer, run_ringlet
 
-VARIANTS = ("cma", "two_copy", "rl.empty", "mpi")
+VARIANTS = ("cma", "no_put", "two_copy", "rl.empty", "mpi")
 BASE_JOB = ("import json, sys; from ringlet.bench import run_ringlet; "
             "print(json.dumps(run_ringlet(sys.argv[1], int(sys.argv[2]), [int(sys.argv[3])], "
             "['auto'], iters=json.loads(sys.argv[4]), zero_copy=sys.argv[5] == '1', "
@@ -41,7 +41,7 @@ def one(variant, op, p, size, iters, base=None):
     if variant == "mpi":
         got = run_peer("mpi", op, p, [size], iters)
         return float("nan") if isinstance(got, str) else got[0]["time_us"]
-    env = {"RINGLET_CMA": "0"} if variant == "two_copy" else None
+    env = {"two_copy": {"RINGLET_CMA": "0"}, "no_put": {"RINGLET_CMA_PUT": "0"}}.get(variant)
     row = run_ringlet(op, p, [size], ["auto"], iters=iters, env=env,
                       zero_copy=variant == "rl.empty", progress=False)[0]
     return row["time_us"], row.get("ran")
@@ -55,8 +55,12 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--base", help="another ringlet tree (built in place) to run in turns too")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="which to run (mpi is needed for the ratios): cma (one-way messages "
+                         "split, the default), no_put (RINGLET_CMA_PUT=0: one-way messages "
+                         "stream), two_copy (RINGLET_CMA=0), rl.empty, mpi")
     a = ap.parse_args(argv)
-    variants = VARIANTS + (("base", "base rl.empty") if a.base else ())
+    variants = tuple(a.variants.split(",")) + (("base", "base rl.empty") if a.base else ())
     print(f"{'row':<28} {'variant':<9} {'median us':>10} {'ran':<20} turns (us)")
     for op in a.ops.split(","):
         for p in map(int, a.p.split(",")):
@@ -75,13 +79,10 @@ def main(argv=None) -> int:
                 for v in variants:
                     print(f"{row:<28} {v:<9} {med[v]:>10.1f} {ran.get(v, ''):<20} "
                           f"{' '.join(f'{t:.0f}' for t in times[v])}")
-                mpi = med["mpi"]
-                print(f"{row:<28} x Open MPI (median): cma {mpi / med['cma']:.2f}  two_copy "
-                      f"{mpi / med['two_copy']:.2f}  rl.empty {mpi / med['rl.empty']:.2f};  cma vs "
-                      f"two_copy {med['two_copy'] / med['cma']:.2f}x;  "
-                      + (f"base plain {mpi / med['base']:.2f}  base rl.empty "
-                         f"{mpi / med['base rl.empty']:.2f};  " if a.base else "") + "load "
-                      f"{' '.join(f'{x:.1f}' for x in loads)}", flush=True)
+                mpi = med.get("mpi", float("nan"))
+                print(f"{row:<28} x Open MPI (median): "
+                      + "  ".join(f"{v} {mpi / med[v]:.2f}" for v in variants if v != "mpi")
+                      + "; load " + " ".join(f"{x:.1f}" for x in loads), flush=True)
     return 0
 
 

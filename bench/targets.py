@@ -9,7 +9,9 @@ started, buffers allocated, 3 warm-up calls), whose time is the median over its 
 (each between barriers, slowest rank): a warm call in a loop, as in training. Each side
 (ringlet with plain NumPy buffers, ringlet with rl.empty buffers, the peer) runs REPEATS
 such jobs, taken in turns (ringlet, rl.empty, peer, ringlet, ...), so a burst of load from
-outside or a drift of the host hits all sides alike. A target is judged on the ratio of the
+outside or a drift of the host hits all sides alike. Ranks are placed alike: mpirun pins
+each Open MPI rank to a core when there are enough (rank r on core r at np = 2; none at
+np = 4 on 2 cores), and ringlet.bench pins ringlet's the same way (bench.bind_like_mpirun). A target is judged on the ratio of the
 sides' MEDIAN jobs (peer time / ringlet time: > 1, ringlet is faster); the ratio of their
 best jobs is printed beside it, to show how much the host's noise moves it. Needs the peers
 for the comparisons (bench/install_peers.sh: Open MPI + mpi4py, torch for Gloo; mpi4py may

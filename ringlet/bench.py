@@ -129,9 +129,24 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
 
+def bind_like_mpirun(rank: int, p: int) -> None:
+    """Pin this rank to one core, as ``mpirun`` pins Open MPI's ranks by default here
+    (``--report-bindings``: rank r on core r at np = 2; no binding when ranks outnumber
+    the cores, as at np = 4 with ``--oversubscribe``), so both sides of a comparison run
+    placed alike. Unbound, two ranks of a loaded host often share one core for a whole
+    job: fresh jobs of scatter p = 2 8 MiB at load 5 took 1241-2776 us unbound against
+    153-322 us bound (Open MPI 150-264). Called after init, which counts the cores a rank
+    may use to decide whether ranks are crowded."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if 1 < p <= len(cores):
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
 def _worker(rank, cfg, out_path):
     import ringlet as rl
     p = rl.get_world_size()
+    if cfg.get("bind", True):
+        bind_like_mpirun(rank, p)
     dtype = dtype_named(cfg["dtype"])
     rows = []
     bar = None
@@ -205,13 +220,16 @@ def _predict(row: dict, backend: str) -> float | None:
 
 
 def run_ringlet(op, n, sizes, algos, dtype="float32", iters=None, warmup=3, check=False,
-                backend=None, env=None, zero_copy=False, progress=True) -> list[dict]:
-    """Measure ringlet on ``n`` local ranks; one row per (algorithm, size)."""
+                backend=None, env=None, zero_copy=False, progress=True,
+                bind=True) -> list[dict]:
+    """Measure ringlet on ``n`` local ranks; one row per (algorithm, size). ``bind``: pin
+    each rank to a core as mpirun does Open MPI's (bind_like_mpirun)."""
     from .launch import spawn
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "rows.json")
         cfg = {"op": op, "sizes": sizes, "algos": algos, "dtype": dtype, "iters": iters,
-               "warmup": warmup, "check": check, "zero_copy": zero_copy, "progress": progress}
+               "warmup": warmup, "check": check, "zero_copy": zero_copy, "progress": progress,
+               "bind": bind}
         spawn(_worker, n, args=(cfg, path), backend=backend, env=env)
         with open(path) as f:
             rows = json.load(f)
@@ -295,6 +313,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, default=1,
                     help="emulate this many hosts with RINGLET_HOST_ID (TCP between them)")
     ap.add_argument("--compare", default="", help="peers to run too: mpi,gloo")
+    ap.add_argument("--no-bind", action="store_true",
+                    help="leave ranks unpinned (by default each is pinned to a core when "
+                         "there are enough, as mpirun pins Open MPI's)")
     ap.add_argument("--json", help="append one JSON object per row to this file")
     ap.add_argument("--plot", metavar="FILE.png",
                     help="save time and bus bandwidth vs size, the model's prediction "
@@ -324,7 +345,8 @@ def main(argv=None) -> int:
         if a.hosts != 2:
             ap.error("--hosts supports 1 or 2 emulated hosts")
     rows = run_ringlet(a.op, a.n, sizes, algos, a.dtype, a.iters, a.warmup, a.check,
-                       a.backend, env, a.zero_copy, progress=sys.stdout.isatty() and sys.stderr.isatty())
+                       a.backend, env, a.zero_copy, progress=sys.stdout.isatty() and sys.stderr.isatty(),
+                       bind=not a.no_bind)
     backend = "tcp" if (a.backend == "tcp" or a.hosts > 1) else "shm"
     for r in rows:
         _finish_row(r, a.n)

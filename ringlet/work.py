@@ -372,23 +372,16 @@ class CollectiveWork(Work):
         if rnd.local and late and (late[0].s1 - late[0].s0) * bufs[late[0].sbuf].itemsize > BIG:
             # A large send whose bytes no local step of this round writes goes first: it is
             # announced (read in place, by CMA, or streamed) while this rank copies, so the
-            # peer's copy of it overlaps ours instead of following it.
+            # peer's copy of it overlaps ours instead of following it. (cma.py shares a
+            # one-way copy by the copies this rank makes meanwhile: its local ones too.)
             early, late = _independent(rnd, bufs)
-            self._send(early, rnd, sent)
-        ufunc = self.ufunc
-        for t in rnd.local:
-            dst = bufs[t.dbuf][t.d0:t.d1]
-            if t.reduce:
-                # The accumulator is usually the destination: one view for both keeps
-                # NumPy off its overlap check (a third of a small call's reduce time).
-                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
-                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
-            else:
-                dst[...] = bufs[t.sbuf][t.s0:t.s1]
+            self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))
+        if rnd.local:
+            self._local(rnd.local)
         # Sends before receives: a receive whose message was announced already from a
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
-        self._send(late, rnd, sent)
+        self._send(late, rnd, sent, len(rnd.sends))
         reqs = self._post_recvs(rnd.recvs)
         if sent:
             reqs += sent
@@ -397,9 +390,10 @@ class CollectiveWork(Work):
         if self.tr is not None:
             self.tr.posted(rnd.sends, bufs, bool(rnd.recvs), self.call.in_place)
 
-    def _send(self, sends, rnd: PlanRound, sent: list) -> None:
+    def _send(self, sends, rnd: PlanRound, sent: list, ways: int) -> None:
         """Post ``sends`` (steps of ``rnd``); the requests of those not gone at once join
-        ``sent``."""
+        ``sent``. ``ways``: the copies this rank makes while they go (cma.py shares a
+        one-way copy by it)."""
         bufs, peers, tag, fp = self.bufs, self.engine.peers, self.tag, self.fp
         in_place = self.call.in_place
         for t in sends:
@@ -409,13 +403,28 @@ class CollectiveWork(Work):
                 req = SendRequest(t.dst, tag, data, fp)
                 req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
                 req.in_place = in_place
+                req.ways = ways
                 sent.append(req)
                 peer.post_send(req)
+
+    def _local(self, steps) -> None:
+        bufs, ufunc = self.bufs, self.ufunc
+        for t in steps:
+            dst = bufs[t.dbuf][t.d0:t.d1]
+            if t.reduce:
+                # The accumulator is usually the destination: one view for both keeps
+                # NumPy off its overlap check (a third of a small call's reduce time).
+                acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
+                ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
+            else:
+                dst[...] = bufs[t.sbuf][t.s0:t.s1]
 
     def _post_recvs(self, recvs, skip: int = 0) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
+        # (0: this round copied locally first, and its receives take no split: cma.py)
+        ways = 0 if self.plan[self.i].local else len(recvs)
         for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
@@ -425,6 +434,7 @@ class CollectiveWork(Work):
                 req = RecvRequest(t.src, tag, dst, ufunc, acc, fp)
             else:
                 req = RecvRequest(t.src, tag, dst, None, None, fp)
+            req.ways = ways           # (cma.py shares a one-way copy by it)
             reqs.append(req)
             peers[t.src].post_recv(req)
         return reqs

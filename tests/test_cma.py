@@ -1,8 +1,10 @@
 """Cross-memory attach (transport/cma.py): a large message from a plain NumPy buffer is read
-by its local receiver with process_vm_readv. Every collective against NumPy with plain and
-rl.empty buffers, odd sizes and dtypes, p = 2..4; and the fallback when the kernel refuses
-the read (a seccomp filter, as in some containers), which must stream the message through
-the ring instead and give the same result."""
+by its local receiver with process_vm_readv - whole where the sender receives too, and where
+it sends one-way the sender writes the head into the receive buffer (process_vm_writev)
+while the receiver reads the tail. Every collective against NumPy with plain and rl.empty
+buffers, odd sizes and dtypes, p = 2..4, and point-to-point; and the fallbacks when the
+kernel refuses the read, the write or both (a seccomp filter, as in some containers), which
+must stream what is missing through the ring instead and give the same result."""
 import ctypes
 import errno
 import platform
@@ -22,7 +24,8 @@ from conftest import run
 from test_collectives import in_rank_settings, make_input, reference
 
 RING = 64 << 10          # a small ring: exchanged messages above 64 KiB take the CMA path
-SMALL_RING = {"RINGLET_SHM_RING": str(RING)}
+# (and one-way messages split even where ranks outnumber cores, as they do at p = 3-4 here)
+SMALL_RING = {"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_PUT": "1"}
 OPS = ("broadcast", "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "reduce",
        "gather", "scatter")
 DTYPES = [np.int8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.complex128]
@@ -30,6 +33,10 @@ DTYPES = [np.int8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.com
 
 def _reads() -> int:
     return sum(p.cma.reads for p in engine().peers.values() if isinstance(p, ShmPeer))
+
+
+def _puts() -> int:
+    return sum(p.cma.puts for p in engine().peers.values() if isinstance(p, ShmPeer))
 
 
 def _call(rank, p, op, count, dtype, seed, alloc, algo="auto"):
@@ -81,7 +88,7 @@ def _call(rank, p, op, count, dtype, seed, alloc, algo="auto"):
 
 def _property(rank, examples):
     p = rl.get_world_size()
-    before = _reads()
+    before, puts = _reads(), _puts()
 
     @in_rank_settings(examples)
     @given(op=st.sampled_from(OPS), dtype=st.sampled_from(DTYPES),
@@ -96,10 +103,13 @@ def _property(rank, examples):
     check()
     for op in ("all_to_all", "all_gather"):     # exchanges: these offer their address
         _call(rank, p, op, 3 * RING + 5, np.dtype(np.uint8), 3, np.empty)
+    for op in ("broadcast", "scatter"):          # one-way: the sender writes the head
+        _call(rank, p, op, 3 * RING + 5, np.dtype(np.uint8), 3, np.empty)
     rl.barrier()
-    got = np.array([_reads() - before], np.int64)
+    got = np.array([_reads() - before, _puts() - puts], np.int64)
     rl.all_reduce(got)
     assert got[0] > 0, "no message took the cross-memory path"
+    assert got[1] > 0, "no one-way message was split between sender and receiver"
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
@@ -118,21 +128,76 @@ def _large(rank):
 
 
 def test_large_messages_at_the_default_ring():
-    run(_large, 2)
+    run(_large, 2, env={"RINGLET_CMA_PUT": "1"})
+
+
+def _crowded(rank):
+    """By default a one-way message streams where ranks outnumber cores (there the split
+    lost), and is split where each rank has a core."""
+    p = rl.get_world_size()
+    before = _puts()
+    _call(rank, p, "broadcast", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
+    _call(rank, p, "scatter", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
+    got = np.array([_puts() - before], np.int64)
+    rl.all_reduce(got)
+    assert (got[0] == 0) == engine().crowded
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_split_only_where_ranks_have_cores(p):
+    run(_crowded, p, env={"RINGLET_SHM_RING": str(RING)})
+
+
+def _p2p(rank, examples):
+    """Point-to-point sends are one-way: split, and every byte lands, whatever the size,
+    dtype, alignment of the views and whether the receive was posted first."""
+    other = 1 - rank
+
+    @in_rank_settings(examples)
+    @given(nbytes=st.integers(RING + 1, 6 * RING), dtype=st.sampled_from(DTYPES),
+           skip=st.integers(0, 3), late=st.booleans(), seed=st.integers(0, 2 ** 31))
+    def check(nbytes, dtype, skip, late, seed):
+        count = max(nbytes // np.dtype(dtype).itemsize, 1)
+        want = make_input(seed, 0, (count + skip,), np.dtype(dtype), "SUM")[skip:]
+        if rank == 0:
+            src = np.empty(count + skip, dtype)[skip:]     # (an unaligned view too)
+            src[...] = want
+            rl.send(src, other)
+        else:
+            dst = np.zeros(count + skip, dtype)[skip:]
+            if late:                # the RTS is waiting when the receive is posted
+                import time
+                time.sleep(0.002)
+            rl.recv(dst, other)
+            np.testing.assert_array_equal(dst, want)
+
+    before = _puts()
+    check()
+    if rank == 0:
+        assert _puts() > before
+
+
+def test_point_to_point_one_way_is_split():
+    run(_p2p, 2, 30, env=SMALL_RING)
 
 
 # -- the fallback: the kernel refuses the read --------------------------------------------
-_SYSCALL = {"x86_64": (0xC000003E, 310), "aarch64": (0xC00000B7, 270)}   # audit arch, nr
+# audit arch, process_vm_readv's number (process_vm_writev's is the next)
+_SYSCALL = {"x86_64": (0xC000003E, 310), "aarch64": (0xC00000B7, 270)}
 
 
-def _forbid_process_vm_readv() -> None:
-    """Install a seccomp filter on this process that fails process_vm_readv with EPERM
-    (what a container's default profile does), everything else allowed."""
+def _forbid(read: bool, write: bool) -> None:
+    """Install a seccomp filter on this process that fails process_vm_readv (``read``)
+    and/or process_vm_writev (``write``) with EPERM (what a container's default profile
+    does), everything else allowed."""
     arch, nr = _SYSCALL[platform.machine()]
     ld, jeq, ret = 0x20, 0x15, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow),   # another arch: allow
-            (ld, 0, 0, 0), (jeq, 0, 1, nr), (ret, 0, 0, deny), (ret, 0, 0, allow)]
+            (ld, 0, 0, 0)]
+    for n in [nr] * read + [nr + 1] * write:
+        prog += [(jeq, 0, 1, n), (ret, 0, 0, deny)]
+    prog.append((ret, 0, 0, allow))
     raw = b"".join(struct.pack("<HBBI", *i) for i in prog)
     buf = ctypes.create_string_buffer(raw)
 
@@ -145,27 +210,41 @@ def _forbid_process_vm_readv() -> None:
     assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
 
 
-def _refused(rank):
+def _refused(rank, read, write):
     p = rl.get_world_size()
     if rank == 1:
-        _forbid_process_vm_readv()
+        _forbid(read, write)
         probe = np.zeros(4, np.uint8)
-        assert cma.read(1, 0, probe) == -errno.EPERM      # the filter is on
+        if read:
+            assert cma.read(1, 0, probe) == -errno.EPERM      # the filter is on
+        if write:
+            assert cma.write(1, 0, probe) == -errno.EPERM
     for seed, op in enumerate(OPS * 2):
         for dtype in (np.float64, np.int16):
             _call(rank, p, op, (3 * RING) // np.dtype(dtype).itemsize + 1, np.dtype(dtype),
                   seed, np.empty)
-    peers = [q for q in engine().peers.values() if isinstance(q, ShmPeer)]
+    peers = {r: q for r, q in engine().peers.items() if isinstance(q, ShmPeer)}
     if rank == 1:
-        assert all(not q.cma.ok and q.cma.refused == errno.EPERM for q in peers)
-        assert sum(q.cma.reads for q in peers) == 0
-    else:       # the others still read in place (from each other, and from rank 1)
-        assert all(q.cma.ok for q in peers) and sum(q.cma.reads for q in peers) > 0
+        assert all(q.cma.ok != read for q in peers.values())
+        assert all(q.cma.put_ok != write for q in peers.values())
+        if read:
+            assert all(q.cma.refused == errno.EPERM and q.cma.reads == 0 for q in peers.values())
+        if write:
+            assert all(q.cma.put_refused == errno.EPERM and q.cma.puts == 0
+                       for q in peers.values())
+    else:       # the others still read and write in place (each other, and rank 1's)
+        assert all(q.cma.ok and q.cma.put_ok for q in peers.values())
+        assert sum(q.cma.reads for q in peers.values()) > 0
+        assert sum(q.cma.puts for q in peers.values()) > 0
+        if read and not write:   # rank 1 cannot read: heads became whole messages for it
+            assert peers[1].cma.puts > 0
 
 
 @pytest.mark.skipif(platform.machine() not in _SYSCALL, reason="seccomp filter for x86_64/aarch64")
-def test_a_refused_read_streams_through_the_ring_instead():
-    run(_refused, 3, env=SMALL_RING)
+@pytest.mark.parametrize("read,write", [(True, False), (False, True), (True, True)],
+                         ids=["read", "write", "both"])
+def test_a_refused_read_or_write_streams_through_the_ring_instead(read, write):
+    run(_refused, 3, read, write, env=SMALL_RING)
 
 
 def _off(rank):
@@ -175,3 +254,12 @@ def _off(rank):
 
 def test_cma_off_by_environment():
     run(_off, 2, env=dict(SMALL_RING, RINGLET_CMA="0"))
+
+
+def _no_split(rank):
+    _call(rank, rl.get_world_size(), "broadcast", 3 * RING, np.dtype(np.uint8), 1, np.empty)
+    assert _puts() == 0
+
+
+def test_split_off_by_environment():
+    run(_no_split, 2, env=dict(SMALL_RING, RINGLET_CMA_PUT="0"))

@@ -61,6 +61,11 @@ class HostModel:
     # attach (transport/cma.py) - in a round where the sender receives too, into a receive
     # that copies (not one that reduces); -1: never (limits.facts says where it is on)
     cma_min: int = -1
+    # a larger one-way message from a plain buffer is split by CMA where ranks do not
+    # outnumber cores: the sender writes its first half into the receive buffer while the
+    # receiver reads the second (limits.facts, cma.py); -1: never (not priced yet: such a
+    # message is priced as streamed)
+    cma_put_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
@@ -100,11 +105,12 @@ class HostModel:
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
                                   "ring_bytes", "zero_copy_min", "zero_copy_oneway_min",
-                                  "cma_min", "fast_bytes",
+                                  "cma_min", "cma_put_min", "fast_bytes",
                                   "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
-                  "zero_copy_min", "zero_copy_oneway_min", "cma_min", "fast_bytes"):
+                  "zero_copy_min", "zero_copy_oneway_min", "cma_min", "cma_put_min",
+                  "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

@@ -1,23 +1,34 @@
-"""Cross-memory attach: a receiver on the same host reads a large message straight out of
-the sender's private memory with ``process_vm_readv`` — one copy instead of two through
-the ring (the sender's copy in, the receiver's copy out), for plain NumPy buffers that no
+"""Cross-memory attach: a large message from a plain NumPy buffer moves between ranks on
+the same host by ``process_vm_readv``/``process_vm_writev`` — one copy instead of two
+through the ring (the sender's copy in, the receiver's copy out), for plain buffers that no
 peer can map (``rl.empty`` ones are mapped instead: buffers.RemoteMaps).
 
-The sender names its buffer's address in the RTS (protocol.RTS_CMA) and keeps the buffer
-until the receiver answers CTS_DONE. The kernel allows the read only where ptrace would
-be (same user, ``kernel.yama.ptrace_scope`` <= 1 for a non-ancestor, no seccomp filter
-refusing the call, as in some containers): the first read a peer refuses turns CMA off
-for that peer, and the receiver answers CTS_OK instead, so the message streams through
-the ring as it would have without CMA — nothing is written into the receive buffer by a
-refused read. RINGLET_CMA=0 turns it off.
+Two ways, by what the sender does meanwhile (bench/single_copy.py):
 
-Only where it wins, measured (bench/single_copy.py): the kernel's copy (pinning the
-sender's pages 16 at a time) runs at about a third of memcpy's speed on cached data here,
-while the ring's two copies run on two cores at once. So a sender offers its address only
-in a round where it receives too (all_to_all, all_gather, a chain's middle), where every
-rank copies anyway and one copy fewer each is a gain; a one-way message (a broadcast's
-root, point-to-point) streams, so that the sender's core shares the work, and a receiver
-that reduces declines the offer (CTS_OK) and takes the stream.
+* A round where the sender receives too (all_to_all, all_gather, a chain's middle): every
+  rank copies anyway, so the sender names its buffer's address in the RTS (RTS_CMA) and
+  the receiver reads the whole message in one call; CTS_DONE lets the sender go.
+* A one-way message (a broadcast's root, scatter, gather, point-to-point): the sender is
+  otherwise idle. It offers its address (RTS_OFFER); a receiver that copies names its own
+  buffer in the CTS (CTS_PUT) and reads the message's second half while the sender writes
+  the first half there - both cores copy at once, half each. The sender says what it
+  wrote (PUT); the receiver answers CTS_DONE.
+  Measured here (two processes, 8 MiB, warm, load ~1): memcpy 130 us, one read of the
+  whole 8 MiB 270 us (the kernel pins and copies page by page: about half memcpy's speed),
+  the split 130-175 us. Open MPI reads the whole message, as the first way does.
+
+A receiver that reduces declines (CTS_OK) and takes the stream: reading into scratch and
+reducing from there lost to the ring, which overlaps the sender's copy with the
+receiver's reduce. So does one whose round copied locally first (a gather's root, its
+own block): there the split lost to the stream (gather p = 2 8 MiB, ranks pinned, load
+4.5, in-job A/B: 0.37-0.78x), declining it ties (0.98-1.00x). The kernel allows the calls only where ptrace would be (same user,
+``kernel.yama.ptrace_scope`` <= 1 for a non-ancestor, no seccomp filter refusing them, as
+in some containers): a refused read turns reads from that peer off, a refused write writes
+to it; whatever part was refused streams through the ring from the first byte missing (a
+receiver that cannot read asks for the whole message to be written). RINGLET_CMA=0 turns
+CMA off; RINGLET_CMA_PUT=0 only the one-way split (those messages stream, as before it),
+which by default runs only where ranks do not outnumber cores (RINGLET_CMA_PUT=1: also
+there).
 """
 from __future__ import annotations
 
@@ -32,13 +43,14 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def _load():
-    """libc's process_vm_readv, or None (not Linux, or a libc without it)."""
+def _load(name: str):
+    """libc's process_vm_readv or process_vm_writev, or None (not Linux, or a libc without
+    it)."""
     if not hasattr(os, "sched_getaffinity"):      # (Linux only)
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.process_vm_readv
+        fn = getattr(libc, name)
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_ssize_t
@@ -47,7 +59,8 @@ def _load():
     return fn
 
 
-_readv = _load()
+_readv = _load("process_vm_readv")
+_writev = _load("process_vm_writev")
 
 
 def enabled() -> bool:
@@ -59,24 +72,42 @@ def enabled() -> bool:
 def read(pid: int, addr: int, dst: np.ndarray) -> int:
     """Copy ``dst.nbytes`` bytes at ``addr`` in process ``pid`` into the contiguous array
     ``dst``: the bytes read (all of them), or -errno (nothing usable was read)."""
-    n = dst.nbytes
-    local = _IoVec(dst.ctypes.data, n)
-    remote = _IoVec(addr, n)
-    got = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return _move(_readv, pid, dst.ctypes.data, addr, dst.nbytes)
+
+
+def write(pid: int, addr: int, src: np.ndarray) -> int:
+    """Copy the contiguous array ``src`` to ``addr`` in process ``pid``: the bytes written
+    (all of them), or -errno (then what was written there is not to be used)."""
+    return _move(_writev, pid, src.ctypes.data, addr, src.nbytes)
+
+
+def _move(fn, pid: int, here: int, there: int, n: int) -> int:
+    if fn is None:
+        return -38        # ENOSYS
+    local = _IoVec(here, n)
+    remote = _IoVec(there, n)
+    got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
     if got < 0:
         return -ctypes.get_errno()
-    return got if got == n else -5    # a short read (EIO): part of the range is not mapped
+    return got if got == n else -5    # a short copy (EIO): part of the range is not mapped
 
 
 class Reader:
-    """One local peer's messages read in place: ``deliver`` them into receives while the
-    kernel allows it (``ok``)."""
+    """One local peer's messages moved by CMA, while the kernel allows it: ``deliver`` reads
+    a message whole into a receive, ``read_tail`` reads a one-way message's tail, ``put``
+    writes the head of a message of ours into the peer's receive buffer (``ok``: reads
+    work; ``put_ok``: writes do)."""
 
     def __init__(self, pid: int):
         self.pid = pid
         self.ok = enabled()
-        self.refused = 0            # errno of the read that turned CMA off (0: none)
-        self.reads = 0              # messages read in place
+        mode = os.environ.get("RINGLET_CMA_PUT", "auto")
+        self.put_ok = self.ok and _writev is not None and mode != "0"
+        self.put_crowded = mode == "1"      # split even when ranks outnumber cores
+        self.refused = 0            # errno of the read that turned reads off (0: none)
+        self.put_refused = 0        # errno of the write that turned writes off (0: none)
+        self.reads = 0              # messages (or tails) read in place
+        self.puts = 0               # heads written into the peer's receive buffer
 
     def deliver(self, req, addr: int, nbytes: int) -> bool:
         """Read the ``nbytes`` message at ``addr`` into ``req`` (a RecvRequest at offset 0):
@@ -90,6 +121,53 @@ class Reader:
             return self._refuse(-got)
         req.offset = nbytes
         self.reads += 1
+        return True
+
+    def splits(self, crowded: bool) -> bool:
+        """Whether a one-way message of ours is offered to be split: where the kernel lets
+        us write, and only while every rank has a core (``crowded``: not), since the split
+        wins by using the idle sender's core. With more ranks than cores it lost to the
+        stream (in-job A/B under load 15: 0.67-1.01x at p = 3-4) - and a core taken by the
+        sender is one a receiver lacks."""
+        return self.put_ok and (self.put_crowded or not crowded)
+
+    def head_bytes(self, n: int, senders: int, receivers: int) -> int:
+        """How many leading bytes of an ``n``-byte one-way message its sender is to write
+        into our buffer while we read the rest: the copy shared by how busy each side is
+        (``senders``: the copies the sender makes in its round - large messages, and its
+        local copies when they wait for the messages (work._local_last) - ``receivers``:
+        the messages our round receives). So a point-to-point send or a broadcast at p = 2
+        is halved, and a scatter's root at p = 2, copying its own block meanwhile, writes a
+        third; page-aligned. All of it where the kernel refuses our reads."""
+        if not self.ok:
+            return n
+        head = n * receivers // (senders + receivers)
+        return head - head % 4096 if 4096 <= head < n else head
+
+    def read_tail(self, req, addr: int, head: int) -> bool:
+        """Read bytes ``head`` to the end of the message at ``addr`` into the same bytes of
+        ``req.dst`` (a copy receive, contiguous): True when done, False when refused (then
+        the tail is to be streamed)."""
+        if not self.ok:
+            return False
+        got = read(self.pid, addr + head, req.dst.view(np.uint8).reshape(-1)[head:])
+        if got < 0:
+            return self._refuse(-got)
+        self.reads += 1
+        return True
+
+    def put(self, data: np.ndarray, addr: int) -> bool:
+        """Write ``data`` (contiguous bytes: a message's head) at ``addr`` in the peer (the
+        receive buffer it named): True when done, False when refused (then the head is to be
+        streamed; nothing the peer may use was written)."""
+        if not self.put_ok:
+            return False
+        got = write(self.pid, addr, data)
+        if got < 0:
+            self.put_ok = False
+            self.put_refused = -got
+            return False
+        self.puts += 1
         return True
 
     def _refuse(self, errno: int) -> bool:

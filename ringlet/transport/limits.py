@@ -31,10 +31,12 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   its round (a scatter's root copying its own block) takes what is left when it gets to it.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
-  address in the RTS and the receiver reads it with process_vm_readv (cma.py): one copy
-  instead of two. Not below: up to the ring's size a message streams without the round
-  trip the read needs. Offered only in a round where the sender also receives from
-  that peer, and taken only by a receive that copies (cma.py says why).
+  address in the RTS (cma.py): one copy instead of two. Not below: up to the ring's size
+  a message streams without the round trip the read needs. In a round where the sender
+  also receives, the receiver reads it whole with process_vm_readv; sent one-way, the
+  sender writes a head into the receive buffer (process_vm_writev; p = 2: half) while
+  the receiver reads the rest (CMA_PUT_MIN, the same limit; only where ranks do not
+  outnumber cores). Taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
@@ -58,6 +60,7 @@ SPLIT_MIN = 1 << 20
 SPLIT_CHUNK = 256 << 10
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
+CMA_PUT_MIN = CMA_MIN
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20
@@ -67,16 +70,26 @@ def facts(fast_path: bool) -> dict:
     """What each transport does, as the cost model prices it: eager limit, above how many
     bytes a message waits for CTS, bytes a pair cycles through, above how many bytes a send
     from an rl.empty buffer is read in place (-1: never), above how many bytes a send from
-    a plain buffer is read by CMA (-1: never; only in a round where the sender receives
-    too, only into a receive that copies, and only where the kernel allows it: see cma.py),
-    the same as zero_copy_min for a sender that does not receive in its round, largest
-    message of a C call (0: no fast path here). (SPLIT_MIN is not among them yet: the
-    model does not price a message copied by both ends; it prices the receiver's copy.) ``fast_path``: whether C runs calls
-    here (``fast.enabled()``)."""
+    a plain buffer is read whole by CMA (-1: never; only in a round where the sender
+    receives too, only into a receive that copies, and only where the kernel allows it:
+    see cma.py), the same as zero_copy_min for a sender that does not receive in its round,
+    above how many bytes a one-way send from a plain buffer is split by CMA
+    (-1: never; only where ranks do not outnumber cores, only into a receive that copies:
+    the sender writes the first r/(s+r) of the bytes into the receive buffer while the
+    receiver reads the rest, each at the kernel's copy speed, beta + beta_cma per byte,
+    the two at once; s: the large messages the sender's round sends, plus its local copies
+    where they wait for them (a scatter's root), r: the messages the receiver's round
+    receives; so a broadcast at p = 2 halves it, a scatter's root at p = 2 writes a
+    third: cma.py), largest message of a C call (0: no fast path here). (SPLIT_MIN is not
+    among them yet: the model does not price an rl.empty message copied by both ends; it
+    prices the receiver's copy.) ``fast_path``: whether C runs calls here
+    (``fast.enabled()``)."""
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
-                    "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN, "cma_min": CMA_MIN, "fast_bytes": FAST_BYTES if fast_path else 0},
+                    "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN,
+                    "cma_min": CMA_MIN, "cma_put_min": CMA_PUT_MIN,
+                    "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
                     "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
                     "zero_copy_oneway_min": -1, "cma_min": -1,
-                    "fast_bytes": 0}}
+                    "cma_put_min": -1, "fast_bytes": 0}}

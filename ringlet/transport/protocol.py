@@ -13,6 +13,13 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
   from there and answers CTS_DONE, or - when it reduces, or the kernel refuses the read -
   answers CTS_OK and the DATA flows as for any large message.
+* Such a message sent one-way (its round receives nothing: a broadcast's root, a scatter, a
+  point-to-point send) offers its address as RTS_OFFER: a receiver that copies answers
+  CTS_PUT naming its own buffer and how many leading bytes (the head) the sender is to
+  write there (process_vm_writev), and reads the tail itself meanwhile - both cores copy
+  at once. The sender answers PUT (the head's bytes written, 0 if the kernel refused);
+  the receiver then answers CTS_DONE, or CTS_OK when a part was refused: the rest
+  streams as DATA from where the message is complete up to (transport/cma.py).
 * A larger message is announced by RTS (ready to send). The receiver answers CTS (clear
   to send) only once a receive for that tag is posted — or rejects it if the sizes differ —
   and only then do DATA fragments flow. So an unmatched large message never blocks the
@@ -38,12 +45,15 @@ from ..group import group_of
 HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
+PUT = 8      # (shm only: not in KINDS, which TCP accepts) the sender wrote a head: cma.py
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
 CTS_SPLIT = 3    # CTS flag: copy your RTS_ZC_HELP message's back chunks into my buffer (split.py)
+CTS_PUT = 4      # CTS flag: write the message's first ``length`` bytes at address aux (cma.py)
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
 RTS_ZC_HELP = 4  # RTS flag: as RTS_ZC, and the sender can write into the receiver's buffer
 RTS_STREAM = 2   # RTS flag: its DATA follows at once, without waiting for CTS
 RTS_CMA = 3      # RTS flag: the data sits at address aux in the sender's private memory
+RTS_OFFER = 5    # RTS flag: ... and the sender, idle, can write its head into the receiver's
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
@@ -71,7 +81,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place", "ways")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -80,13 +90,14 @@ class SendRequest(Request):
         self.data = data  # flat uint8 view of the caller's buffer
         self.zc = None    # (alloc id, fd, offset) when data lies in an rl.empty buffer
         self.stream = False   # its DATA follows its RTS at once (RTS_STREAM)
-        self.cma = False      # its RTS offers its address to be read (RTS_CMA)
+        self.cma = 0          # its RTS offers its address: RTS_CMA, RTS_OFFER (0: no)
         self.receiving = False  # its round receives too (cma.py: then offer it)
         self.in_place = True    # False: an rl.empty buffer's message takes the plain path
+        self.ways = 1           # large messages its round sends (cma.py shares the copy by it)
 
 
 class RecvRequest(Request):
-    __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize")
+    __slots__ = ("dst", "acc", "ufunc", "dtype", "itemsize", "tail", "ways")
 
     def __init__(self, peer, tag, dst: np.ndarray, ufunc=None, acc: np.ndarray | None = None,
                  fp=NO_FP):
@@ -97,6 +108,8 @@ class RecvRequest(Request):
         self.acc = dst if acc is None else acc
         self.dtype = dst.dtype
         self.itemsize = dst.dtype.itemsize
+        self.tail = 0             # bytes at its end already in place (read by CMA)
+        self.ways = 1             # messages its round receives (cma.py shares the copy by it)
 
     def deliver(self, payload) -> None:
         """Apply one in-order piece of the message (a bytes-like of whole elements)."""
@@ -120,11 +133,15 @@ class RecvRequest(Request):
 
 class _Discard:
     """Sink for the rest of a message whose receive was cancelled or refused."""
-    __slots__ = ("msgid", "nbytes", "offset", "tag", "ufunc", "done", "error")
+    __slots__ = ("msgid", "nbytes", "offset", "tag", "ufunc", "done", "error", "keep")
+    tail = 0
 
-    def __init__(self, msgid: int, nbytes: int, offset: int, tag: int):
+    def __init__(self, msgid: int, nbytes: int, offset: int, tag: int, keep=None):
         self.msgid, self.nbytes, self.offset, self.tag = msgid, nbytes, offset, tag
         self.ufunc, self.done, self.error = True, True, None
+        # A failed receive's buffer, kept alive while a peer may still write a head into it
+        # (CTS_PUT): freed and reused meanwhile, another allocation would be overwritten.
+        self.keep = keep
 
     def deliver(self, payload) -> None:
         self.offset += len(payload) if not isinstance(payload, np.ndarray) else payload.nbytes
@@ -137,6 +154,7 @@ class _Parked:
     """The fragments so far of a streamed message nobody has asked for yet: a copy of each
     as it arrives (nothing allocated by the claimed size; no regrowing buffer either)."""
     __slots__ = ("msgid", "nbytes", "offset", "tag", "pieces")
+    tail = 0
 
     def __init__(self, msgid: int, nbytes: int, tag: int):
         self.msgid, self.nbytes, self.offset, self.tag = msgid, nbytes, 0, tag
@@ -149,6 +167,15 @@ class _Parked:
 
     def fail(self, exc) -> None:
         pass  # nobody waits on it
+
+
+class _Offer:
+    """Where an RTS_OFFER's message lies: an address in the sender's private memory."""
+    __slots__ = ("addr", "ways")
+
+    def __init__(self, addr: int, ways: int):
+        self.addr = addr
+        self.ways = max(int(ways), 1)    # large messages the sender sends in its round
 
 
 class Unasked:
@@ -212,8 +239,11 @@ class Peer:
         if self.zero_copy and req.in_place and \
                 req.nbytes > (self.zc_min if req.receiving else self.zc_oneway_min):
             req.zc = locate(req.data)      # (once: send_now is not asked again)
-            req.cma = (req.receiving and req.zc is None and self.cma_min >= 0
-                       and req.nbytes > self.cma_min and req.data.flags.c_contiguous)
+            if (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
+                    and req.data.flags.c_contiguous):
+                # read whole where every rank copies anyway; split where the sender idles
+                req.cma = (RTS_CMA if req.receiving else
+                           RTS_OFFER if self.cma.splits(self.engine.crowded) else 0)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True
@@ -268,8 +298,8 @@ class Peer:
                 self._sent(item)
             elif kind == "rts":
                 if item.cma:
-                    ok = self._write(RTS, RTS_CMA, item.tag, item.msgid, item.nbytes,
-                                     item.data.ctypes.data, None, *item.fp)
+                    ok = self._write(RTS, item.cma, item.tag, item.msgid, item.nbytes,
+                                     item.data.ctypes.data, None, *item.fp, item.ways)
                 elif item.zc is None:
                     ok = self._write(RTS, RTS_STREAM if item.stream else 0, item.tag, item.msgid,
                                      item.nbytes, 0, None, *item.fp)
@@ -284,6 +314,10 @@ class Peer:
             elif kind == "cts":
                 msgid, flags, aux, zc, length = item
                 if not self._write(CTS, flags, 0, msgid, length, aux, None, 0, 0, zc):
+                    break
+            elif kind == "put":
+                msgid, length = item
+                if not self._write(PUT, 0, 0, msgid, length, 0, None):
                     break
             elif kind == "abort":
                 tag, mine, theirs, culprit = item
@@ -328,6 +362,8 @@ class Peer:
             self.engine.calls.abort_received(tag, fp, (msgid, length), flags, self.rank)
         elif kind == CTS:
             self._on_cts(flags, msgid, aux, zc, length)
+        elif kind == PUT and self.cma is not None:
+            self._on_put(msgid, length)
         elif kind == BYE:
             self.closing = True
         elif kind != PAD:
@@ -347,6 +383,8 @@ class Peer:
             where = (zc >> 32, zc & 0xFFFFFFFF, aux, flags == RTS_ZC_HELP)
         elif kind == RTS and flags == RTS_CMA:
             where = aux          # an address in the sender's memory
+        elif kind == RTS and flags == RTS_OFFER and self.cma is not None:
+            where = _Offer(aux, zc)  # ... and the sender will write a part of it
         if q:
             if kind == EAGER:
                 self._finish_eager(_pop(self.posted, tag, q), payload)
@@ -402,6 +440,8 @@ class Peer:
             raise ProtocolError(f"CTS for unknown message {msgid}")
         if flags == CTS_DONE:     # the receiver read it from our shared buffer
             self._sent(req)
+        elif flags == CTS_PUT:
+            self._put_head(req, aux, length)
         elif flags == CTS_REJECT:
             req.fail(ValueError(
                 f"send to rank {self.rank} failed: the message has {req.nbytes} bytes but "
@@ -417,7 +457,7 @@ class Peer:
         return req
 
     def data_done(self, req: RecvRequest) -> None:
-        if req.offset == req.nbytes:
+        if req.offset + req.tail == req.nbytes:
             del self.incoming[req.msgid]
             if isinstance(req, RecvRequest):   # (not a sink: _Discard, _Parked)
                 self._received(req)
@@ -434,6 +474,8 @@ class Peer:
         if length != req.nbytes:
             self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
+        elif type(where) is _Offer:
+            self._take_offer(req, msgid, where)
         elif where is not None and self.read_remote(req, where, length, msgid):
             self._received(req)     # one copy (or reduce), straight from the sender's buffer
             self._queue_cts(msgid, CTS_DONE, 0)
@@ -443,14 +485,70 @@ class Peer:
             self._queue_cts(msgid, CTS_OK, 0)
         self.pump_out()
 
-    def _queue_cts(self, msgid: int, flags: int, aux: int, zc: int = 0, length: int = 0) -> None:
-        """A CTS goes ahead of our DATA still queued (after other control packets): queued
-        behind a long message of ours, it would hold the peer's message back until ours
-        is out, and the two directions of a link would take turns instead of both
+    def _queue_cts(self, msgid: int, flags: int, aux: int, zc: int = 0, length: int = 0,
+                   kind: str = "cts") -> None:
+        """A CTS (or PUT) goes ahead of our DATA still queued (after other control packets):
+        queued behind a long message of ours, it would hold the peer's message back until
+        ours is out, and the two directions of a link would take turns instead of both
         streaming (half the rate of a shaped TCP link). DATA names its message and
         offset, so a CTS may come between two fragments."""
         i = next((k for k, (kind, _) in enumerate(self.outq) if kind == "data"), len(self.outq))
-        self.outq.insert(i, ("cts", (msgid, flags, aux, zc, length)))
+        self.outq.insert(i, (kind, (msgid, flags, aux, zc, length) if kind == "cts"
+                             else (msgid, length)))
+
+    # -- a one-way message from a plain buffer, copied by both sides at once (cma.py) -------
+    def _take_offer(self, req: RecvRequest, msgid: int, offer: _Offer) -> None:
+        """Receiver: ask the sender to write the head into our buffer (CTS_PUT), and read
+        the tail meanwhile; the receive completes on the sender's PUT (_on_put). A receive
+        that reduces, or a buffer not contiguous, takes the stream (CTS_OK) instead; one
+        whose reads the kernel refuses asks for the whole message to be written."""
+        req.msgid = msgid
+        self.incoming[msgid] = req
+        if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways:
+            self._queue_cts(msgid, CTS_OK, 0)
+            return
+        n, addr = req.nbytes, offer.addr
+        head = self.cma.head_bytes(n, offer.ways, req.ways)
+        if head == 0:             # we read it all (the sender is the busier side)
+            if self.cma.deliver(req, addr, n):
+                del self.incoming[msgid]
+                self._received(req)
+                self._queue_cts(msgid, CTS_DONE, 0)
+            else:
+                self._queue_cts(msgid, CTS_OK, 0)
+            return
+        self._queue_cts(msgid, CTS_PUT, req.dst.ctypes.data, length=head)
+        self.pump_out()           # the sender starts on the head now
+        if head < n and self.cma.read_tail(req, addr, head):
+            req.tail = n - head
+
+    def _put_head(self, req: SendRequest, addr: int, head: int) -> None:
+        """Sender: write our message's first ``head`` bytes at ``addr`` in the receiver (the
+        buffer its CTS_PUT named), say how many went (PUT: 0 if the kernel refused), and
+        wait for its answer: CTS_DONE, or CTS_OK to stream the rest from there."""
+        if req.cma != RTS_OFFER or not 0 < head <= req.nbytes:
+            raise ProtocolError(f"CTS_PUT of {head} bytes for message {req.msgid}, which was "
+                                f"not offered so")
+        wrote = head if self.cma.put(req.data[:head], addr) else 0
+        req.offset = wrote
+        self.awaiting_cts[req.msgid] = req
+        self._queue_cts(req.msgid, 0, 0, length=wrote, kind="put")
+
+    def _on_put(self, msgid: int, length: int) -> None:
+        """Receiver: the sender wrote our message's first ``length`` bytes (0: refused).
+        Complete when the tail is in too (CTS_DONE: the sender may let go of its buffer);
+        else the rest streams from the first byte missing (CTS_OK)."""
+        req = self.data_target(msgid, length, 0)
+        req.offset += length
+        if req.offset + req.tail < req.nbytes and isinstance(req, RecvRequest):
+            req.tail = 0
+            self._queue_cts(msgid, CTS_OK, 0)
+        else:                     # (a failed receive's sink: the sender may let go too)
+            del self.incoming[msgid]
+            if isinstance(req, RecvRequest):
+                self._received(req)
+            self._queue_cts(msgid, CTS_DONE, 0)
+        self.pump_out()
 
     def _accept_stream(self, req: RecvRequest, msgid: int, length: int) -> None:
         """A streamed message met its receive: its DATA goes straight there."""
@@ -516,6 +614,7 @@ class Peer:
     stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
     cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address
+    cma = None          # ... and the cma.Reader that moves such messages (shm)
 
     def read_remote(self, req: RecvRequest, where, nbytes: int, msgid: int) -> bool:
         """Read the sender's message ``msgid`` where its RTS says it lies (an rl.empty
@@ -540,7 +639,8 @@ class Peer:
             if req.tag == tag and not isinstance(req, _Discard):
                 req.fail(exc)
                 # Fragments may still be on their way: drain them instead of failing the link.
-                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, tag)
+                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, tag,
+                                                getattr(req, "dst", None))
 
     def retire(self, below: int, exc) -> None:
         """Forget the receives and unasked-for messages of every group whose id is below
@@ -554,7 +654,8 @@ class Peer:
         for msgid, req in list(self.incoming.items()):
             if group_of(req.tag) < below and not isinstance(req, _Discard):
                 req.fail(exc)
-                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag)
+                self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag,
+                                                getattr(req, "dst", None))
 
     def pending(self) -> bool:
         return bool(self.outq or self.incoming or self.awaiting_cts

@@ -310,10 +310,11 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
 
 
 #: the full calibration's fit (see :func:`ringlet.cost.fit_host`): two starts, each idle
-#: share and imbalance from both, and the L3 the job really gets (more starts and a finer
-#: grid of idle shares found the same fits here, at twice the time)
+#: share and imbalance from both, and the L3 the job really gets, each tried in 3
+#: iterations and the best iterated on (with 500 timings of p = 2-6, full iterations
+#: for every try of a finer grid took minutes per transport)
 FULL_FIT = {"l3_fractions": L3_FRACTIONS, "starts": (1.0, 0.3), "idle_shares": (0.0, 0.25, 0.5),
-            "imbalances": (0.0, 0.5, 1.0), "iterations": 8}
+            "imbalances": (0.0, 0.5, 1.0), "iterations": 8, "grid_iterations": 3}
 _K, _M = 1 << 10, 1 << 20
 #: at large sizes: an exchange that reduces, direct's many concurrent messages, a chain, a
 #: copy-only ring, a chain of copies and a message read in place
@@ -343,8 +344,10 @@ def fit_seconds(n_samples: int, fit: dict) -> float:
     starts = len(fit.get("starts", (1.0, 0.3, 3.0)))
     grid = len(fit.get("idle_shares", (0.0, 0.25, 0.5, 0.75, 1.0))) * len(
         fit.get("imbalances", (0.0, 0.5, 1.0))) * (2 if starts > 1 else 1)
-    tries = starts + 1 + grid + len(fit.get("l3_fractions", (1.0,))) - 1
-    return n_samples * tries * fit.get("iterations", 12) * 0.6 * SIMULATE_SECONDS
+    full = fit.get("iterations", 12)
+    quick = fit.get("grid_iterations") or full
+    tries = (starts + 2) * full + (grid + len(fit.get("l3_fractions", (1.0,))) - 1) * quick
+    return n_samples * tries * 0.6 * SIMULATE_SECONDS
 
 
 def jobs(ranks, sizes, cells=None, cores=None) -> list[tuple[int, list, dict]]:
@@ -545,8 +548,6 @@ def describe(t: dict) -> str:
          f"extra per byte past the L2s ({format_size(t['l2_bytes'])}), x (1 - L2/W)"),
         ("mem_l3", t["mem_l3"] * 1e12, "ps/B",
          f"extra per byte past the L3 ({format_size(t['l3_bytes'])} as fitted), x (1 - L3/W)"),
-        ("mem_share", t.get("mem_share", 0.0) * 1e12, "ps/B",
-         "... and per byte other ranks stream past the L3 meanwhile (memory bandwidth)"),
         ("beta_share", t.get("beta_share", 0.0) * 1e12, "ps/B",
          "extra per byte per busy rank beyond the cores, x (k - 1)"),
         ("beta_crowd", t.get("beta_crowd", 0.0) * 1e12, "ps/B",

@@ -13,12 +13,12 @@ from .model import Link
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
 HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
-              "beta", "gamma", "delta", "mem_l2", "mem_l3", "mem_share", "beta_share",
-              "beta_crowd", "beta_lag", "beta_cma")
+              "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
+              "beta_lag", "beta_cma")
 _LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
                   "alpha_crowd")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag", "beta_cma")
-_MEMORY_TERMS = ("mem_l2", "mem_l3", "mem_share")
+_MEMORY_TERMS = ("mem_l2", "mem_l3")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,6 @@ class HostModel:
     alpha_crowd: float = 0.0      # latency per message when ranks outnumber cores
     mem_l2: float = 0.0           # CPU per byte streamed past the L2 caches
     mem_l3: float = 0.0           # ... past the L3
-    mem_share: float = 0.0        # ... per byte other ranks stream past the L3 meanwhile
-                                  # (they share the memory's bandwidth)
     beta_share: float = 0.0       # CPU per byte per busy rank beyond the cores
     beta_crowd: float = 0.0       # CPU per byte moved when ranks outnumber cores
     beta_lag: float = 0.0         # delay per byte a one-way stream trails its slower side
@@ -118,8 +116,7 @@ class HostModel:
                 f"{self.alpha_hop * 1e6:.3g} us per hop + rendezvous "
                 f"{self.alpha_rdv * 1e6:.3g} us (+{self.alpha_crowd * 1e6:.3g} us when crowded); "
                 f"beta {self.beta:.3g} s/B per side, gamma {self.gamma:.3g}, delta {self.delta:.3g}; "
-                f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3, "
-                f"+{self.mem_share:.3g} per byte others stream meanwhile) s/B; "
+                f"memory +{self.mem_l2:.3g} (past L2) +{self.mem_l3:.3g} (past L3) s/B; "
                 f"{self.cores} cores, +{self.beta_share:.3g} s/B per extra rank per core, "
                 f"+{self.beta_crowd:.3g} s/B when crowded; one-way streams trail "
                 f"{self.beta_lag:.3g} s/B; "

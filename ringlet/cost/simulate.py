@@ -623,7 +623,6 @@ class _HostSim:
         # each rank's CPU work in the round as if alone, for how much sharing stretches it
         one = np.ones(self.p)
         work = np.zeros(self.p)
-        sides = None
         if len(lsrc):
             work += np.bincount(lsrc, self._local_counts(lsrc, lnb, lred, one) @ self.theta,
                                 self.p)
@@ -632,30 +631,10 @@ class _HostSim:
             work += np.bincount(src, sides[0] @ self.theta, self.p)
             work += np.bincount(dst, sides[1] @ self.theta, self.p)
         stretch = self._stretch(work)
-        share = self._memory_share(lsrc, lnb, lred, src, dst, sides)
         if len(lsrc):
-            self._local_steps(lsrc, lnb, lred, stretch, share)
+            self._local_steps(lsrc, lnb, lred, stretch)
         if len(src):
             self._messages(src, dst, nb, sides, stretch)
-
-    def _memory_share(self, lsrc, lnb, lred, src, dst, sides) -> np.ndarray:
-        """The ranks' streams past the L3 share the memory's bandwidth: while rank r
-        streams its M_r bytes, every other rank j streams min(M_j, M_r) of its own. Adds
-        that, spread over r's streams in proportion (the mem_share count), to the message
-        sides; returns each rank's ratio for its local steps."""
-        col = _TERM["mem_l3"]
-        mem = np.zeros(self.p)
-        if len(lsrc):
-            mem += np.bincount(lsrc, lnb * self.spill[1], self.p)
-        if len(src):
-            mem += np.bincount(src, sides[0][:, col], self.p)
-            mem += np.bincount(dst, sides[1][:, col], self.p)
-        others = np.minimum(mem[None, :], mem[:, None]).sum(axis=1) - mem
-        ratio = np.divide(others, mem, out=np.zeros(self.p), where=mem > 0)
-        if len(src):
-            sides[0][:, _TERM["mem_share"]] = sides[0][:, col] * ratio[src]
-            sides[1][:, _TERM["mem_share"]] = sides[1][:, col] * ratio[dst]
-        return ratio
 
     def _local_counts(self, src, nb, red, stretch) -> np.ndarray:
         """Term counts of a round's local steps (copies and reduces on their own rank)."""
@@ -669,12 +648,10 @@ class _HostSim:
         counts[:, _TERM["beta_share"]] = nb * (k - 1) / k
         return counts
 
-    def _local_steps(self, src, nb, red, stretch, share) -> None:
-        """A round's local steps, before its messages (``stretch``, ``share``: per rank)."""
-        counts = self._local_counts(src, nb, red, stretch)
-        counts[:, _TERM["mem_share"]] = counts[:, _TERM["mem_l3"]] * share[src]
+    def _local_steps(self, src, nb, red, stretch) -> None:
+        """A round's local steps, before its messages (``stretch``: per rank)."""
         per = np.zeros((self.p, _N_TERMS))
-        np.add.at(per, src, counts)
+        np.add.at(per, src, self._local_counts(src, nb, red, stretch))
         k = stretch[:, None]
         self.start = self.start + stretch * (per @ self.theta)
         self.path = self.path + k * per
@@ -690,8 +667,8 @@ class _HostSim:
         send = np.zeros((n, _N_TERMS))
         send[:, self.per_message] = 1.0
         send[:, _TERM["beta"]] = nb
-        # memory stalls: the sender's reading of the source, the receiver's writing of the
-        # destination (what a rank touched in the previous round may still be cached)
+        # memory stalls of each side's copy (what a rank touched in the previous round may
+        # still be cached)
         send[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[0])
         send[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[1])
         recv = send.copy()
@@ -699,13 +676,12 @@ class _HostSim:
         recv[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[3])
         recv[:, _TERM["gamma"]] = nb * red
         # read in place: the sender only announces it (RTS), the receiver's copy is the
-        # one copy - it reads the source and writes the destination, so it streams both
-        # through the memory hierarchy; no ring, so no lag of a one-way stream either
+        # one copy; no ring, so no lag of a one-way stream either. (Charging that copy the
+        # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
+        # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red)
         if inplace.any():
-            for term in ("mem_l2", "mem_l3"):
-                recv[inplace, _TERM[term]] += send[inplace, _TERM[term]]
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0
             recv[:, _TERM["beta_cma"]] = nb * cma      # the kernel's copy, over memcpy's
@@ -714,9 +690,7 @@ class _HostSim:
         lat = np.zeros((n, _N_TERMS))
         lat[:, _TERM["alpha_hop"]] = 1.0
         lat[:, _TERM["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
-        # ranks outnumber the cores: a waiting rank yields its core, so every message it
-        # waits for costs it a turn of the scheduler - its receives pay them one by one
-        recv[:, _TERM["alpha_crowd"]] = self.crowded
+        lat[:, _TERM["alpha_crowd"]] = self.crowded
         return send, recv, lat, inplace
 
     def _shared_counts(self, side, k) -> None:

@@ -1,14 +1,17 @@
 """``ringlet calibrate``: measure how this host's transports spend time and save the profile.
 
 For each transport (``shm``: shared memory between local ranks; ``tcp``: sockets, what
-ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3 and 4:
-on a 2-core machine the last two measure what sharing cores costs) time a few
-collectives - barrier, broadcast (binomial), all_reduce (ring, direct, recursive
+ranks on different hosts use) small jobs of ``p`` local ranks (by default p = 2, 3, 4 and 6:
+on a 2-core machine the last three measure what sharing cores costs) time a few
+collectives - barrier, broadcast (binomial, pipeline), all_reduce (ring, direct, recursive
 doubling, binomial tree, naive ring, Rabenseifner, double binary tree), all_gather (ring,
-recursive doubling, direct) and a direct broadcast from rl.empty buffers - at sizes from 4 KiB to 64 MiB (16 MiB when the
+recursive doubling, direct), reduce and gather (direct), scatter (binomial),
+reduce_scatter (ring), all_to_all (direct), and a direct broadcast, a ring all_gather and
+a direct gather from rl.empty buffers - at sizes from 4 KiB to 64 MiB (16 MiB when the
 ranks outnumber the cores), in several passes that are separate jobs spread over time
 (passes slowed down by other processes are left out or run again). Each job first
-sends 8 MiB through every shared-memory ring, whose first lap page-faults.
+sends 8 MiB through every shared-memory ring, whose first lap page-faults. The profile
+keeps the timings: ``ringlet calibrate --refit`` fits a changed model to them again.
 
 :func:`ringlet.cost.fit_host` then fits a :class:`ringlet.cost.host.HostModel` to
 the timings: the simulator prices the very schedules that ran, and its named terms
@@ -32,26 +35,32 @@ import tempfile
 import time
 
 from .transport import fast, limits
-from .cost.model import Link, format_size, parse_size
+from .cost.model import Link, count_of, format_size, nbytes_of, parse_size
 from .cost.profile import FIT_START, Profile, fit_host, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 #: (all_gather's many concurrent messages price what all_reduce's do not; without them
-#: the fit cannot tell direct from recursive doubling at a few ranks and MiB)
+#: the fit cannot tell direct from recursive doubling at a few ranks and MiB; a root that
+#: receives from every rank at once (reduce, gather direct), a scatter, an exchange of
+#: reductions (reduce_scatter ring), of copies (all_to_all direct) and a pipelined chain
+#: are what the rooted and exchange collectives run, which all_reduce's schedules do not)
 EXPERIMENTS = (("broadcast", "binomial"), ("all_reduce", "ring"), ("all_reduce", "direct"),
                ("all_reduce", "recursive_doubling"), ("all_reduce", "tree"),
                ("all_reduce", "naive_ring"), ("all_reduce", "rabenseifner"),
                ("all_reduce", "double_tree"), ("all_gather", "ring"),
-               ("all_gather", "recursive_doubling"), ("all_gather", "direct"))
+               ("all_gather", "recursive_doubling"), ("all_gather", "direct"),
+               ("reduce", "direct"), ("gather", "direct"), ("scatter", "binomial"),
+               ("reduce_scatter", "ring"), ("all_to_all", "direct"), ("broadcast", "pipeline"))
 #: ... and from rl.empty buffers, whose receivers read each message in place after an RTS
 #: round trip: since messages up to the ring's size stream without one, these are what
 #: shows the fit alpha_rdv at the sizes where it matters (at 64 KiB it was fitted to 0
-#: without them, and rl.empty calls predicted 47-79% short)
-ZERO_COPY_EXPERIMENTS = (("broadcast", "direct"),)
+#: without them, and rl.empty calls predicted 47-79% short); a gather's root reads every
+#: rank's message in place, an all_gather ring reads while it is read
+ZERO_COPY_EXPERIMENTS = (("broadcast", "direct"), ("all_gather", "ring"), ("gather", "direct"))
 # 256 KiB and 1 MiB: the largest eager (one fragment) and streamed (no CTS) messages of
 # shm, where the protocol changes
 DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
-DEFAULT_RANKS = (2, 3, 4)
+DEFAULT_RANKS = (2, 3, 4, 6)
 #: the L3 the fit may find the job really has, as fractions of what sysfs reports (on a VM
 #: the L3 is shared with other tenants; here 16-24 of 32 MiB fit the timings best)
 L3_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
@@ -88,6 +97,43 @@ def prefault_rings(rl, nbytes: int = 8 << 20) -> None:
     x = np.zeros(max(nbytes // 4, 1), np.float32)
     rl.all_reduce(x, algorithm="direct")
     rl.barrier()
+
+
+def _operands(rl, np, coll, p, nb, shared) -> dict:
+    """A call's arrays for ``nb`` bytes in the size convention of ``ringlet.cost.model``
+    (plain NumPy, or ``rl.zeros`` when ``shared``), and its ``count`` per block."""
+    count = max(1, count_of(coll, p, nb))
+    new = (lambda *s: rl.zeros(s, np.float32)) if shared else (lambda *s: np.zeros(s, np.float32))
+    if coll in ("broadcast", "reduce", "all_reduce"):
+        out = {"buf": new(count)}
+    elif coll in ("all_gather", "gather"):
+        out = {"in": new(count), "out": new(p, count)}
+    elif coll in ("reduce_scatter", "scatter"):
+        out = {"in": new(p, count), "out": new(count)}
+    else:                                                    # all_to_all
+        out = {"in": new(p, count), "out": new(p, count)}
+    out["count"] = count
+    return out
+
+
+def _run(rl, coll, b, alg) -> None:
+    """One call of ``coll`` with ``algorithm=alg`` on the arrays of :func:`_operands`."""
+    if coll == "broadcast":
+        rl.broadcast(b["buf"], 0, algorithm=alg)
+    elif coll == "reduce":
+        rl.reduce(b["buf"], 0, algorithm=alg)
+    elif coll == "all_reduce":
+        rl.all_reduce(b["buf"], algorithm=alg)
+    elif coll == "all_gather":
+        rl.all_gather(b["out"], b["in"], algorithm=alg)
+    elif coll == "reduce_scatter":
+        rl.reduce_scatter(b["out"], b["in"], algorithm=alg)
+    elif coll == "all_to_all":
+        rl.all_to_all(b["out"], b["in"], algorithm=alg)
+    elif coll == "gather":
+        rl.gather(b["in"], b["out"], 0, algorithm=alg)
+    else:
+        rl.scatter(b["out"], b["in"], 0, algorithm=alg)
 
 
 def _child(rank, out_path, sizes, budget, max_reps, passes=1, only=None):
@@ -127,34 +173,23 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1, only=None):
         return float(t[0]), reps
 
     prefault_rings(rl)
-    bufs = {nb: np.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
-    shared_bufs = {nb: rl.zeros(max(nb // 4, 1), np.float32) for nb in sizes}
     for i in range(passes):
         warm = 2 if i == 0 else 1
         t, reps = timed(rl.barrier, warm)
         rows.append(("barrier", "dissemination", 0, t, reps, []))
         for nb in sizes:
-            buf = bufs[nb]
-            # all_gather: nb bytes out, a p-th of them in from each rank
-            gin, gout = buf[:max(buf.size // p, 1)], np.zeros((p, max(buf.size // p, 1)), np.float32)
-            for coll, alg in EXPERIMENTS:
-                if only and nb in only and (coll, alg) not in only[nb]:
-                    continue
-                if coll == "broadcast":
-                    t, reps = timed(lambda: rl.broadcast(buf, 0, algorithm=alg), warm, buf)
-                elif coll == "all_gather":
-                    t, reps = timed(lambda: rl.all_gather(gout, gin, algorithm=alg), warm, gin)
-                    rows.append((coll, alg, gout.nbytes, t, reps, []))
-                    continue
-                else:
-                    t, reps = timed(lambda: rl.all_reduce(buf, algorithm=alg), warm, buf)
-                rows.append((coll, alg, buf.nbytes, t, reps, []))
-            sbuf = shared_bufs[nb]
-            for coll, alg in ZERO_COPY_EXPERIMENTS:
-                if only and nb in only and (coll, alg) not in only[nb]:
-                    continue
-                t, reps = timed(lambda: rl.broadcast(sbuf, 0, algorithm=alg), warm, sbuf)
-                rows.append((coll, alg, sbuf.nbytes, t, reps, ["buf"]))
+            for shared, experiments in ((False, EXPERIMENTS), (True, ZERO_COPY_EXPERIMENTS)):
+                bufs = {}
+                for coll, alg in experiments:
+                    if only and nb in only and (coll, alg) not in only[nb]:
+                        continue
+                    if coll not in bufs:
+                        bufs[coll] = _operands(rl, np, coll, p, nb, shared)
+                    b = bufs[coll]
+                    t, reps = timed(lambda: _run(rl, coll, b, alg), warm, b.get("buf", b.get("in")))
+                    rows.append((coll, alg, nbytes_of(coll, p, b["count"]), t, reps,
+                                 [k for k in b if k != "count"] if shared else []))
+                del bufs
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"p": p, "rows": rows}, f)
@@ -274,9 +309,12 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
     return load
 
 
-#: the full calibration's fit (see :func:`ringlet.cost.fit_host`): three starts, every
-#: idle share and imbalance from two of them, and the L3 the job really gets
-FULL_FIT = {"l3_fractions": L3_FRACTIONS}
+#: the full calibration's fit (see :func:`ringlet.cost.fit_host`): two starts, each idle
+#: share and imbalance from both, and the L3 the job really gets, each tried in 3
+#: iterations and the best iterated on (with 500 timings of p = 2-6, full iterations
+#: for every try of a finer grid took minutes per transport)
+FULL_FIT = {"l3_fractions": L3_FRACTIONS, "starts": (1.0, 0.3), "idle_shares": (0.0, 0.25, 0.5),
+            "imbalances": (0.0, 0.5, 1.0), "iterations": 8, "grid_iterations": 3}
 _K, _M = 1 << 10, 1 << 20
 #: at large sizes: an exchange that reduces, direct's many concurrent messages, a chain, a
 #: copy-only ring, a chain of copies and a message read in place
@@ -306,8 +344,10 @@ def fit_seconds(n_samples: int, fit: dict) -> float:
     starts = len(fit.get("starts", (1.0, 0.3, 3.0)))
     grid = len(fit.get("idle_shares", (0.0, 0.25, 0.5, 0.75, 1.0))) * len(
         fit.get("imbalances", (0.0, 0.5, 1.0))) * (2 if starts > 1 else 1)
-    tries = starts + 1 + grid + len(fit.get("l3_fractions", (1.0,))) - 1
-    return n_samples * tries * fit.get("iterations", 12) * 0.6 * SIMULATE_SECONDS
+    full = fit.get("iterations", 12)
+    quick = fit.get("grid_iterations") or full
+    tries = (starts + 2) * full + (grid + len(fit.get("l3_fractions", (1.0,))) - 1) * quick
+    return n_samples * tries * 0.6 * SIMULATE_SECONDS
 
 
 def jobs(ranks, sizes, cells=None, cores=None) -> list[tuple[int, list, dict]]:
@@ -444,11 +484,43 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
             s_["predicted"] = pred
         f["ranks"] = ranks
         f["others_load"] = round(statistics.median(busy), 2)
+        f["timings"] = [_timing(s_) for s_ in samples]   # (for `ringlet calibrate --refit`)
         fits[tr] = f
         all_samples[tr] = samples
     if prog is not None:
         prog.close()
     return Profile.from_fits(fits, sizes=sorted({nb for _, szs, _ in plan for nb in szs})), all_samples
+
+
+def _timing(sample: dict) -> dict:
+    """What the fit needs of a sample (saved in the profile, for a refit)."""
+    return {k: sample[k] for k in ("collective", "algorithm", "p", "nbytes", "shared", "seconds")}
+
+
+def refit(prof: Profile, fit=None) -> tuple[Profile, dict]:
+    """The profile's transports fitted again to the timings saved in it (a profile from
+    ``ringlet calibrate`` keeps them): for a changed host model, nothing measured.
+    Returns (profile, samples by transport) as :func:`calibrate`."""
+    from .cost.host import HostModel
+    mc = machine()
+    fits, all_samples = {}, {}
+    for tr, t in prof.transports.items():
+        samples = [dict(s) for s in t.get("timings", ())]
+        if not samples:
+            continue
+        base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
+                         cores=mc["cores"], **limits.facts(fast.enabled())[tr])
+        f = fit_host(samples, base, **(FULL_FIT if fit is None else fit))
+        for s_, pred in zip(samples, f.pop("predicted")):
+            s_["predicted"] = pred
+        f.update({k: t[k] for k in ("ranks", "others_load", "timings", "quick") if k in t})
+        fits[tr] = f
+        all_samples[tr] = samples
+    if not fits:
+        raise ValueError(f"{prof.source} keeps no timings to fit again; run `ringlet calibrate`")
+    out = Profile.from_fits({**prof.transports, **fits}, **prof.extra)
+    out.created = prof.created      # (when it was measured)
+    return out, all_samples
 
 
 def describe(t: dict) -> str:
@@ -565,8 +637,8 @@ def main(argv=None) -> int:
                     "collectives with local ranks, fit the host model by least squares, and "
                     "save the profile predictions use by default.")
     ap.add_argument("-n", "--nranks", default=",".join(map(str, DEFAULT_RANKS)),
-                    help="comma-separated group sizes to time (default 2,3,4: on a 2-core "
-                         "machine 3 and 4 ranks measure what sharing cores costs)")
+                    help="comma-separated group sizes to time (default 2,3,4,6: on a 2-core "
+                         "machine 3, 4 and 6 ranks measure what sharing cores costs)")
     ap.add_argument("--transports", default="shm,tcp", help="comma-separated: shm, tcp")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated sizes (default 4K,64K,256K,1M,4M,16M,64M)")
@@ -586,6 +658,9 @@ def main(argv=None) -> int:
                          "timings are what make it worse (42-79%% at load 6-15 here: "
                          "calibrate fully there). bench/quick_accuracy.py measures both on "
                          "your host")
+    ap.add_argument("--refit", action="store_true",
+                    help="measure nothing: fit the host model again to the timings the "
+                         "profile keeps (after a change of the model)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="also print every timing beside the fitted model's")
     ap.add_argument("--link-rate", metavar="RATE",
@@ -609,6 +684,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
         return 2
+    if a.refit:
+        return _refit_only(a)
     if not transports:
         return _link_only(a)
     kw = {"passes": a.passes}
@@ -654,6 +731,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def _refit_only(a) -> int:
+    """``--refit``: the saved profile's timings fitted again and saved."""
+    from .cost.profile import load_profile
+    t0 = time.monotonic()
+    try:
+        prof, samples = refit(load_profile(a.output, strict=True))
+    except ValueError as exc:
+        print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    print(report(prof, samples, verbose=a.verbose))
+    print()
+    print(summary_table(prof, samples))
+    print(f"took {_minutes(time.monotonic() - t0)}")
+    if not a.dry_run:
+        print(f"saved {prof.save(a.output)}")
+    return 0
+
+
 def _link_only(a) -> int:
     """``--transports '' --link-rate RATE``: the saved profile (or the default one) with
     that inter-host link, measuring nothing."""
@@ -679,5 +774,5 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-__all__ = ["calibrate", "estimate_seconds", "Progress", "summary_table", "QUICK", "measure", "critical_counts", "report", "describe", "main", "others_load",
+__all__ = ["calibrate", "refit", "estimate_seconds", "Progress", "summary_table", "QUICK", "measure", "critical_counts", "report", "describe", "main", "others_load",
            "wait_quiet", "prefault_rings"]

@@ -397,7 +397,7 @@ FIT_START = dict(alpha=5e-6, alpha_fast=1e-6, alpha_fast_call=2e-6, alpha_hop=2e
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
              imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None,
-             l3_fractions=(1.0,), starts=(1.0, 0.3, 3.0)) -> dict:
+             l3_fractions=(1.0,), starts=(1.0, 0.3, 3.0), grid_iterations=None) -> dict:
     """Fit a :class:`ringlet.cost.host.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
@@ -419,7 +419,8 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     ``idle_shares`` x ``imbalances`` by the same error (each pair tried from the best
     model so far, and from ``base`` too when there are several starts), and so is the L3 the job really
     has: ``l3_fractions`` of ``base.l3_bytes`` (on a virtual machine the L3 that sysfs
-    reports is shared with other tenants). With ``robust``, samples the
+    reports is shared with other tenants). ``grid_iterations``: fewer iterations for each
+    of those tries (the best is then iterated ``iterations`` times again). With ``robust``, samples the
     first fit misses by more than max(50%, 3x the median) - at most a quarter - are set
     aside as outliers, as in :func:`fit`. Returns the profile entry: every
     parameter, ``"model": "host"``, ``samples``, ``outliers``, ``residuals``, and
@@ -444,18 +445,25 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         outliers = sorted(int(i) for i in worst if rel[i] > limit)
         keep[outliers] = False
         best = fit.alternate(best[1], keep)
+    quick = _HostFit.__new__(_HostFit)
+    quick.__dict__.update(fit.__dict__, iterations=grid_iterations or iterations)
+    tried = best
     for share in idle_shares:
         for imb in imbalances:
             for start in (best[1], base) if len(starts) > 1 else (best[1],):
-                got = fit.alternate(replace(start, idle_share=float(share), imbalance=float(imb)),
-                                    keep)
-                if got[0] < best[0]:
-                    best = got
+                got = quick.alternate(replace(start, idle_share=float(share),
+                                              imbalance=float(imb)), keep)
+                if got[0] < tried[0]:
+                    tried = got
     for frac in l3_fractions:
         if frac != 1.0:
-            got = fit.alternate(replace(best[1], l3_bytes=max(1, int(base.l3_bytes * frac))), keep)
-            if got[0] < best[0]:
-                best = got
+            got = quick.alternate(replace(tried[1], l3_bytes=max(1, int(base.l3_bytes * frac))),
+                                  keep)
+            if got[0] < tried[0]:
+                tried = got
+    if tried is not best:
+        got = fit.alternate(tried[1], keep) if grid_iterations else tried
+        best = got if got[0] < best[0] else best
     _, model, pred = best
     return _host_entry(model, pred, y, keep, outliers)
 

@@ -485,12 +485,17 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     receive that copies (``reduce`` false). -1: none."""
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
-        zc = (nbytes > zero_copy_min) & np.isin(sbuf, shared)
-        if zero_copy_oneway_min is not None and src is not None and zero_copy_oneway_min > zero_copy_min:
-            zc &= np.isin(src, dst) | (nbytes > zero_copy_oneway_min)
+        zc = nbytes > zero_copy_min
+        if zc.any():
+            zc &= np.isin(sbuf, shared)
+            if zero_copy_oneway_min is not None and src is not None \
+                    and zero_copy_oneway_min > zero_copy_min:
+                zc &= np.isin(src, dst) | (nbytes > zero_copy_oneway_min)
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
-        cma = (nbytes > cma_min) & ~zc & np.isin(src, dst)
+        cma = (nbytes > cma_min) & ~zc
+        if cma.any():
+            cma &= np.isin(src, dst)
         if reduce is not None:
             cma &= ~reduce
     return zc | cma, cma
@@ -619,90 +624,132 @@ class _HostSim:
             self._round(c, hot)
         return self._result(nrounds)
 
-    def _stretch(self, src, dst) -> float:
-        """How much sharing the cores stretches a round's CPU work (>= 1)."""
+    def _stretch(self, work) -> np.ndarray:
+        """How much sharing the cores stretches each rank's CPU work in a round (>= 1),
+        from the round's CPU seconds per rank ``work`` (as if alone): the ranks share the
+        cores equally while they work (processor sharing), so while rank r does its W_r,
+        a rank j with less does all of its W_j and then, waiting, takes ``idle_share`` of
+        a core, as a rank with nothing to do in the round does; r's work stretches by
+        those ranks' total over ``cores`` x W_r. With ``imbalance``, ranks that do not
+        divide evenly over the cores (3 on 2) run at the most crowded core's pace. A root
+        that copies from every rank is slowed by senders only as long as they copy."""
         m, p = self.m, self.p
-        busy = np.zeros(p, bool)
-        busy[src] = True
-        busy[dst] = True
-        n_busy = np.count_nonzero(busy)
-        return max(1.0, (n_busy + m.idle_share * (p - n_busy)) / m.cores
-                   + m.imbalance * (-(-n_busy // m.cores) - n_busy / m.cores))
+        busy = work > 0
+        if not busy.any():
+            return np.ones(p)
+        w = np.where(busy, work, 0.0)
+        less = np.minimum(w[None, :], w[:, None])
+        n_work = less.sum(axis=1) / np.where(busy, w, 1.0)
+        n_idle = (w[:, None] - less).sum(axis=1) / np.where(busy, w, 1.0)
+        load = (n_work + m.idle_share * n_idle) / m.cores
+        n = np.round(n_work)
+        k = load + m.imbalance * (np.ceil(n / m.cores) - n / m.cores)
+        return np.where(busy, np.maximum(1.0, k), 1.0)
 
     def _round(self, c, hot) -> None:
         src, dst = c["src"], c["dst"]
         nb = c["n"] * self.isz
         red = c["reduce"].astype(bool)
         sbuf = c["sbuf"]
-        stretch = self._stretch(src, dst)
         loc = src == dst
-        if loc.any():
-            self._local_steps(src[loc], nb[loc], red[loc], stretch)
-            msg = ~loc
-            src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg],
-                                            hot[:, msg], sbuf[msg])
+        lsrc, lnb, lred = src[loc], nb[loc], red[loc]
+        msg = ~loc
+        src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg], hot[:, msg],
+                                        sbuf[msg])
+        # each rank's CPU work in the round as if alone, for how much sharing stretches it
+        one = np.ones(self.p)
+        work = np.zeros(self.p)
+        if len(lsrc):
+            work += np.bincount(lsrc, self._local_counts(lsrc, lnb, lred, one) @ self.theta,
+                                self.p)
         if len(src):
-            self._messages(src, dst, nb, red, hot, sbuf, stretch)
+            sides = self._side_counts(src, dst, nb, red, hot, sbuf)
+            work += np.bincount(src, sides[0] @ self.theta, self.p)
+            work += np.bincount(dst, sides[1] @ self.theta, self.p)
+        stretch = self._stretch(work)
+        if len(lsrc):
+            self._local_steps(lsrc, lnb, lred, stretch)
+        if len(src):
+            self._messages(src, dst, nb, sides, stretch)
 
-    def _local_steps(self, src, nb, red, stretch) -> None:
-        """A round's local steps (copies and reduces on their own rank), before its messages."""
+    def _local_counts(self, src, nb, red, stretch) -> np.ndarray:
+        """Term counts of a round's local steps (copies and reduces on their own rank)."""
         f2, f3 = self.spill
+        k = stretch[src]
         counts = np.zeros((len(src), _N_TERMS))
         counts[:, _TERM["delta"]] = nb
         counts[:, _TERM["gamma"]] = nb * red
         counts[:, _TERM["mem_l2"]] = nb * f2
         counts[:, _TERM["mem_l3"]] = nb * f3
-        counts[:, _TERM["beta_share"]] = nb * (stretch - 1) / stretch
+        counts[:, _TERM["beta_share"]] = nb * (k - 1) / k
+        return counts
+
+    def _local_steps(self, src, nb, red, stretch) -> None:
+        """A round's local steps, before its messages (``stretch``: per rank)."""
         per = np.zeros((self.p, _N_TERMS))
-        np.add.at(per, src, counts)
+        np.add.at(per, src, self._local_counts(src, nb, red, stretch))
+        k = stretch[:, None]
         self.start = self.start + stretch * (per @ self.theta)
-        self.path = self.path + stretch * per
+        self.path = self.path + k * per
         self.alone = self.alone + per
 
-    def _side_counts(self, src, dst, nb, red, hot, sbuf, stretch):
-        """Term counts of each message's work on its sending and its receiving side, and
-        of its latency; and which messages the receiver reads in place."""
+    def _side_counts(self, src, dst, nb, red, hot, sbuf):
+        """Term counts of each message's work on its sending and its receiving side (those
+        of sharing the cores left to ``_shared_counts``), and of its latency; and which
+        messages the receiver reads in place."""
         m = self.m
         f2, f3 = self.spill
         n = len(nb)
         send = np.zeros((n, _N_TERMS))
         send[:, self.per_message] = 1.0
         send[:, _TERM["beta"]] = nb
-        send[:, _TERM["mem_l2"]] = nb * f2
-        send[:, _TERM["mem_l3"]] = nb * f3
-        send[:, _TERM["beta_share"]] = nb * (stretch - 1) / stretch
-        send[:, _TERM["beta_crowd"]] = nb * self.crowded / stretch
+        # memory stalls of each side's copy (what a rank touched in the previous round may
+        # still be cached)
+        send[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[0])
+        send[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[1])
         recv = send.copy()
+        recv[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[2])
+        recv[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[3])
         recv[:, _TERM["gamma"]] = nb * red
         # read in place: the sender only announces it (RTS), the receiver's copy is the
-        # one copy; no ring, so no lag of a one-way stream either
+        # one copy; no ring, so no lag of a one-way stream either. (Charging that copy the
+        # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
+        # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red, m.zero_copy_oneway_min)
         if inplace.any():
-            for term in ("beta", "mem_l2", "mem_l3", "beta_share", "beta_crowd"):
+            for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0
             recv[:, _TERM["beta_cma"]] = nb * cma      # the kernel's copy, over memcpy's
-        # what a rank touched in the previous round may still be in its caches
-        send[:, _TERM["mem_l2"]] *= 1.0 - hot[0]
-        send[:, _TERM["mem_l3"]] *= 1.0 - hot[1]
-        recv[:, _TERM["mem_l2"]] *= 1.0 - hot[2]
-        recv[:, _TERM["mem_l3"]] *= 1.0 - hot[3]
+        for side in (send, recv):
+            side[:, _TERM["beta_crowd"]] = side[:, _TERM["beta"]] * self.crowded
         lat = np.zeros((n, _N_TERMS))
         lat[:, _TERM["alpha_hop"]] = 1.0
         lat[:, _TERM["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
         lat[:, _TERM["alpha_crowd"]] = self.crowded
         return send, recv, lat, inplace
 
-    def _messages(self, src, dst, nb, red, hot, sbuf, stretch) -> None:
+    def _shared_counts(self, side, k) -> None:
+        """A side's counts of sharing the cores, stretched ``k`` (per message): each byte
+        it copies pays beta_share for every rank beyond the cores (k - 1, once the whole
+        side is stretched k) and beta_crowd once when the job is crowded."""
+        moved = side[:, _TERM["beta"]]
+        side[:, _TERM["beta_share"]] = moved * (k - 1) / k
+        side[:, _TERM["beta_crowd"]] = moved * self.crowded / k
+
+    def _messages(self, src, dst, nb, sides, stretch) -> None:
         """A round's messages: when each side's work can start, each rank's own work in
         order, and the round's end on every rank."""
-        m, th, k = self.m, self.theta, stretch
+        m, th = self.m, self.theta
         start, path, alone = self.start, self.path, self.alone
         self.bytes_total += float(nb.sum())
         self.msgs_total += len(src)
-        send, recv, lat, inplace = self._side_counts(src, dst, nb, red, hot, sbuf, k)
-        w_send = k * (send @ th)
-        w_recv = k * (recv @ th)
+        send, recv, lat, inplace = sides
+        k_s, k_d = stretch[src], stretch[dst]
+        self._shared_counts(send, k_s)
+        self._shared_counts(recv, k_d)
+        w_send = k_s * (send @ th)
+        w_recv = k_d * (recv @ th)
         s_src, s_dst = start[src], start[dst]
         # A rendezvous message starts when both ends have started the round (plus its
         # latency) and streams through the ring, both sides copying at once. An eager
@@ -716,31 +763,34 @@ class _HostSim:
         base_alone = alone[later] + lat
         # a sender copies its eager messages in the order it posts them
         queued = _cumsum_by(src, send * eager[:, None])
-        arrive = s_src + k * (queued @ th) + lat @ th
+        arrive = s_src + k_s * (queued @ th) + lat @ th
         late = eager & (arrive > s_dst)          # the receiver waits for the data
         release_send = np.where(eager, s_src, t0)
         release_recv = np.where(eager, np.maximum(arrive, s_dst), t0)
         e = eager[:, None]
         before_send = np.where(e, path[src], base_path), np.where(e, alone[src], base_alone)
-        before_recv = (np.where(late[:, None], path[src] + k * queued + lat,
+        before_recv = (np.where(late[:, None], path[src] + k_s[:, None] * queued + lat,
                                 np.where(e, path[dst], base_path)),
                        np.where(late[:, None], alone[src] + queued + lat,
                                 np.where(e, alone[dst], base_alone)))
         own = _own_work(np.concatenate([src, dst]),
                         np.concatenate([release_send, release_recv]),
                         np.concatenate([w_send, w_recv]),
-                        np.concatenate([k * send, k * recv]), np.concatenate([send, recv]),
+                        np.concatenate([k_s[:, None] * send, k_d[:, None] * recv]),
+                        np.concatenate([send, recv]),
                         np.concatenate([before_send[0], before_recv[0]]),
                         np.concatenate([before_send[1], before_recv[1]]))
         # a rendezvous message is done when the slower side could have finished it,
         # plus the lag; it holds both ends
-        slower = np.where((w_send >= w_recv)[:, None], send, recv)
+        by_send = (w_send >= w_recv)[:, None]
+        slower = np.where(by_send, send, recv)
+        k_slow = np.where(by_send[:, 0], k_s, k_d)[:, None]
         lag = np.zeros((len(src), _N_TERMS))
         lag[:, _TERM["beta_lag"]] = nb * ~inplace
         done = t0 + np.maximum(w_send, w_recv) + lag @ th
         rdv = ~eager
         held = (np.concatenate([src[rdv], dst[rdv]]), np.tile(done[rdv], 2),
-                np.tile((base_path + k * slower + lag)[rdv], (2, 1)),
+                np.tile((base_path + k_slow * slower + lag)[rdv], (2, 1)),
                 np.tile((base_alone + slower + lag)[rdv], (2, 1)))
         self._end_round(own, held)
 

@@ -60,12 +60,8 @@ def recursive_doubling(p, count, *, itemsize=4):
         if d > 1 or rem:                        # without a fold, step 1 shares round 0
             rnd = s.round()
         first = u & ~(d - 1)
-        if d == 1 and not rem:   # its own block: sent from "in", not waiting for the copy
-            rnd.copy(src=core, dst=core[u ^ d], n=count, sbuf="in", soff=0, dbuf="out",
-                     doff=core * count)
-        else:
-            rnd.copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
-                     buf="out", off=edge[first])
+        rnd.copy(src=core, dst=core[u ^ d], n=edge[first + d] - edge[first],
+                 buf="out", off=edge[first])
         d *= 2
     if rem:                                     # fold out
         s.round().copy(src=extra - 1, dst=extra, n=p * count, buf="out")

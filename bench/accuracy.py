@@ -115,22 +115,8 @@ def _buffers(rl, np, kind, c, p, count, rank):
 
 
 def _call(rl, c, b, alg):
-    if c == "broadcast":
-        rl.broadcast(b["buf"], 0, algorithm=alg)
-    elif c == "reduce":
-        rl.reduce(b["buf"], 0, algorithm=alg)
-    elif c == "all_reduce":
-        rl.all_reduce(b["buf"], algorithm=alg)
-    elif c == "all_gather":
-        rl.all_gather(b["out"], b["in"], algorithm=alg)
-    elif c == "reduce_scatter":
-        rl.reduce_scatter(b["out"], b["in"], algorithm=alg)
-    elif c == "all_to_all":
-        rl.all_to_all(b["out"], b["in"], algorithm=alg)
-    elif c == "gather":
-        rl.gather(b["in"], b["out"], 0, algorithm=alg)
-    else:
-        rl.scatter(b["out"], b["in"], 0, algorithm=alg)
+    from ringlet.calibrate import run_collective
+    run_collective(rl, c, b, alg)
 
 
 def _auto_pick(c, count):

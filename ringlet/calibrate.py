@@ -116,8 +116,9 @@ def _operands(rl, np, coll, p, nb, shared) -> dict:
     return out
 
 
-def _run(rl, coll, b, alg) -> None:
-    """One call of ``coll`` with ``algorithm=alg`` on the arrays of :func:`_operands`."""
+def run_collective(rl, coll, b, alg) -> None:
+    """One call of ``coll`` with ``algorithm=alg`` on the arrays of :func:`_operands`
+    (``bench/accuracy.py`` times its calls with it too)."""
     if coll == "broadcast":
         rl.broadcast(b["buf"], 0, algorithm=alg)
     elif coll == "reduce":
@@ -186,7 +187,7 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1, only=None):
                     if coll not in bufs:
                         bufs[coll] = _operands(rl, np, coll, p, nb, shared)
                     b = bufs[coll]
-                    t, reps = timed(lambda: _run(rl, coll, b, alg), warm, b.get("buf", b.get("in")))
+                    t, reps = timed(lambda: run_collective(rl, coll, b, alg), warm, b.get("buf", b.get("in")))
                     rows.append((coll, alg, nbytes_of(coll, p, b["count"]), t, reps,
                                  [k for k in b if k != "count"] if shared else []))
                 del bufs

@@ -20,10 +20,10 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
+from ringlet.bench import slowest_median_us
 from ringlet.cost.model import parse_size
 
 PATTERNS = {"one-way": ("broadcast", "direct"), "exchange": ("all_to_all", "pairwise")}
@@ -52,16 +52,9 @@ def _worker(rank, sizes, blocks, calls, out):
                 for k in PATHS:
                     for q in peers:   # the sender decides the protocol of its message
                         q.zc_min = q.zc_oneway_min = 0 if k == "in place" else 1 << 62
-                    ts = []
-                    for _ in range(calls):
-                        rl.barrier()
-                        t0 = time.perf_counter()
-                        fn()
-                        ts.append(time.perf_counter() - t0)
-                    t = np.array([np.median(ts)])
-                    rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
+                    t = slowest_median_us(rl, fn, calls)
                     if b:      # (block 0 warms both paths up)
-                        got[k].append(t[0] * 1e6)
+                        got[k].append(t)
             res[f"{pat} {size}"] = got
     if rank == 0:
         with open(out, "w") as f:

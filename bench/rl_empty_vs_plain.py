@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -34,7 +33,7 @@ KINDS = ("plain", "plain'", "rl.empty")
 
 def _job(rank, op, size, blocks, calls, kinds, out):
     import ringlet as rl
-    from ringlet.bench import _make_call
+    from ringlet.bench import _make_call, slowest_median_us
     p = rl.get_world_size()
     fns = {k: _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto", k == "rl.empty")
            for k in kinds}
@@ -49,16 +48,7 @@ def _job(rank, op, size, blocks, calls, kinds, out):
     for _ in range(blocks):
         for k in kinds:
             call, reset, _ = fns[k]
-            ts = []
-            for _ in range(calls):
-                reset()
-                rl.barrier()
-                t0 = time.perf_counter()
-                call()
-                ts.append(time.perf_counter() - t0)
-            t = np.array([np.median(ts)])
-            rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
-            res[k].append(t[0] * 1e6)
+            res[k].append(slowest_median_us(rl, call, calls, reset))
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"res": res, "ran": ran}, f)

@@ -129,6 +129,22 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
 
+def slowest_median_us(rl, call, calls: int, reset=None) -> float:
+    """``calls`` timed calls of ``call`` (``reset`` first, untimed; then a barrier, then
+    the call): the slowest rank's median, in microseconds, as every row here reports."""
+    ts = np.empty(calls)
+    for i in range(calls):
+        if reset is not None:
+            reset()
+        rl.barrier()
+        t0 = time.perf_counter()
+        call()
+        ts[i] = time.perf_counter() - t0
+    t = np.array([np.median(ts)])
+    rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="recursive_doubling")
+    return float(t[0]) * 1e6
+
+
 def bind_like_mpirun(rank: int, p: int) -> None:
     """Pin this rank to one core, as ``mpirun`` pins Open MPI's ranks by default here
     (``--report-bindings``: rank r on core r at np = 2; no binding when ranks outnumber

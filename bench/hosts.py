@@ -400,11 +400,13 @@ def recv(s):
         got += s.recv_into(buf, min(len(buf), nbytes - got))
 threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, recv)]
 time.sleep(max(0.0, at - time.time()))     # every stream starts together
-t = time.time()
+# the transfer's CPU only: the interpreter's start and bytes(n) had been ~0.1 s of it
+u = resource.getrusage(resource.RUSAGE_SELF)
+c, t = u.ru_utime + u.ru_stime, time.time()
 for th in threads: th.start()
 for th in threads: th.join()
 u = resource.getrusage(resource.RUSAGE_SELF)
-print(t, time.time(), u.ru_utime + u.ru_stime, flush=True)
+print(t, time.time(), u.ru_utime + u.ru_stime - c, flush=True)
 """
 
 
@@ -427,6 +429,78 @@ def link_rate(hosts, flows: int, nbytes: int) -> tuple[float, float]:
     return flows * nbytes / seconds, sum(c for _, _, c in spans) / (2 * flows * nbytes)
 
 
+#: bytes each way per call (over the m pairs) at which the link's CPU is measured through
+#: ringlet: a line through them separates a call's fixed work from its work per byte
+CPU_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
+
+def _cpu_seconds() -> float:
+    import resource
+    u = resource.getrusage(resource.RUSAGE_SELF)     # every thread of this rank
+    return u.ru_utime + u.ru_stime
+
+
+def cpu_job(spec: dict) -> None:
+    """A rank of the link's CPU calibration (2 hosts x m ranks): each rank exchanges n/m
+    bytes each way with its counterpart on the other host through ringlet's own transport
+    (irecv + isend, as a step of a ring), every pair at once; rank 0 prints, per call, the
+    bytes carried, the CPU of all ranks (user + system: the kernel's TCP and veth work
+    charged to them) and the slowest rank's clock."""
+    import numpy as np
+    import ringlet as rl
+    rl.init()
+    r, p = rl.get_rank(), rl.get_world_size()
+    m = p // 2
+    hosts = rl.runtime._S.world.host_indices()
+    peer = (r + m) % p
+    if hosts[peer] == hosts[r]:
+        raise RuntimeError(f"cpu_job: rank {r}'s counterpart {peer} is on its own host")
+    bufs = [(nb, np.ones(max(1, nb // m), np.uint8), np.ones(max(1, nb // m), np.uint8))
+            for nb in spec["sizes"]]
+    samples = []
+    for turn in range(spec["turns"] + 1):
+        for nb, src, dst in bufs:
+            rl.barrier()
+            t, c = time.perf_counter(), _cpu_seconds()
+            for w in [rl.irecv(dst, peer), rl.isend(src, peer)]:
+                w.wait()
+            cpu = np.array([_cpu_seconds() - c])
+            wall = np.array([time.perf_counter() - t])
+            rl.all_reduce(cpu)
+            rl.all_reduce(wall, op=rl.ReduceOp.MAX)
+            if turn:
+                samples.append([2 * m * src.nbytes, float(cpu[0]), float(wall[0])])
+    if r == 0:
+        print("LINKCPU " + json.dumps(samples), flush=True)
+    rl.destroy()
+
+
+def link_cpu_ringlet(hosts, m, turns=3, timeout=180.0):
+    """CPU seconds per byte between hosts 0 and 1 and per call (``cost.host.link_cpu``),
+    measured through ringlet's transport (``cpu_job``, m ranks per host), the samples,
+    and the payload rate (bytes/s each way) of the fastest call at the largest size."""
+    from ringlet.cost.host import link_cpu
+    spec_path = f"/tmp/ringlet-bench-cpu-{os.getpid()}.json"
+    with open(spec_path, "w") as f:
+        json.dump({"sizes": list(CPU_SIZES), "turns": turns}, f)
+    try:
+        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m, args=["--cpu-job", spec_path],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = hosts.wait(procs, timeout)
+    finally:
+        os.unlink(spec_path)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"link CPU calibration: host {i} failed ({code}): {e[-3000:]}")
+    samples = next(json.loads(line.split("LINKCPU ", 1)[1]) for _, o, _ in results
+                   for line in o.splitlines() if "LINKCPU " in line)
+    per_byte, per_call = link_cpu([(b, c) for b, c, _ in samples])
+    big = max(b for b, _, _ in samples)
+    rate = max(b / 2 / w for b, _, w in samples if b == big)
+    return per_byte, per_call, samples, rate
+
+
 def calibrate_link(hosts, m, rate, base):
     """The profile for these hosts: the payload rate one TCP stream each way reaches on the
     link (or m streams, if faster; TCP's goodput if both are far short of it), the
@@ -444,12 +518,19 @@ def calibrate_link(hosts, m, rate, base):
     else:
         many = one
     shared = min(1.0, many / one)
-    cpu = min(c for _, c in runs)
+    bare = min(c for _, c in runs)
+    # the CPU a byte between hosts costs, as ringlet's own transport moves it (its packets,
+    # its wake-ups; whatever the transport does, the calibration follows)
+    cpu, per_call, samples, through = link_cpu_ringlet(hosts, m)
     cores = os.cpu_count() or 1
+    spread = sorted(c / b for b, c, _ in samples if b == max(s[0] for s in samples))
     print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
           f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
-          f"{cpu * 1e9:.3f} ns of CPU per byte between hosts ({cores} cores shared); load "
-          f"{os.getloadavg()[0]:.1f}", flush=True)
+          f"{cpu * 1e9:.3f} ns of CPU per byte between hosts through ringlet + "
+          f"{per_call * 1e3:.2f} ms per call ({m} pair(s); largest size per byte "
+          f"{spread[0] * 1e9:.3f}-{spread[-1] * 1e9:.3f} ns; ringlet's pairs "
+          f"{through * 8 / 1e9:.3f} Gbit/s; bare sockets {bare * 1e9:.3f} ns); "
+          f"{cores} cores shared; load {os.getloadavg()[0]:.1f}", flush=True)
     # the link carries what the faster of the two reached - unless that is far short of
     # TCP's goodput on the wire: then the streams were short of CPU (load), which the
     # machine's cores account for, and the link is priced at the goodput
@@ -585,6 +666,10 @@ def main(argv=None) -> int:
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--place-job", help=argparse.SUPPRESS)
     ap.add_argument("--gloo-job", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-job", help=argparse.SUPPRESS)
+    ap.add_argument("--calibrations", type=int, metavar="N",
+                    help="instead: calibrate the link N times on each layout and rate (the "
+                         "readings' spread), measuring no collective")
     ap.add_argument("--gloo", action="store_true",
                     help="instead: all_reduce against torch's Gloo on the first layout, at "
                          "each rate ('unshaped': plain veth), sizes from --sizes")
@@ -614,6 +699,9 @@ def main(argv=None) -> int:
                     f"ringlet.hosts")
     ap.add_argument("--shared", type=float, help="--reprice: this shared fraction instead")
     a = ap.parse_args(argv)
+    if os.environ.get("RINGLET_HOSTS_PREFIX"):   # several benchmarks on one machine: own names
+        import ringlet.hosts
+        ringlet.hosts.PREFIX = os.environ["RINGLET_HOSTS_PREFIX"]
     if a.job:
         job(a.job)
         return 0
@@ -624,6 +712,19 @@ def main(argv=None) -> int:
     if a.gloo_job:
         with open(a.gloo_job) as f:
             gloo_job(json.load(f))
+        return 0
+    if a.cpu_job:
+        with open(a.cpu_job) as f:
+            cpu_job(json.load(f))
+        return 0
+    if a.calibrations:
+        from ringlet.cost import load_profile
+        from ringlet.hosts import Hosts
+        for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
+            for rate in a.rates.split(","):
+                with Hosts(layout[0], rate=rate, bucket=bucket_for(rate, a.bucket)) as hosts:
+                    for _ in range(a.calibrations):
+                        calibrate_link(hosts, layout[1], rate, load_profile())
         return 0
     from ringlet.cost import load_profile, parse_size
     if a.place:

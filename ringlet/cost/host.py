@@ -138,8 +138,9 @@ class Machine:
     namespaces) or containers on one machine. Each round of a schedule must then also fit
     in the machine's CPU: its work (seconds of CPU per byte of each kind, summed over every
     rank) spread over ``cores``. On a cluster each host has its own cores and no Machine
-    applies. ``bench/hosts.py`` measures ``inter`` on the emulated link (both ends' CPU,
-    the kernel's TCP and the veth between); the others come from the host model."""
+    applies. ``bench/hosts.py`` measures ``inter`` on the emulated link through ringlet's
+    own TCP transport (both ends' CPU, the kernel's TCP and the veth between, as the ranks'
+    processes are charged: :func:`link_cpu`); the others come from the host model."""
     cores: int
     inter: float          # CPU s per byte of a message between hosts (both ends, the kernel)
     intra: float = 0.0    # ... of a message inside a host (both ends' copies)
@@ -168,4 +169,28 @@ class Machine:
                    2 * model.alpha_crowd)
 
 
-__all__ = ["HostModel", "HOST_TERMS", "Machine"]
+def link_cpu(samples) -> tuple[float, float]:
+    """(CPU seconds per byte, CPU seconds per call) of moving bytes between hosts, from
+    ``samples`` of (bytes carried, CPU seconds of every process taking part): a line
+    through each size's median, so a call's fixed work (waking up, the protocol's
+    packets) is not read as work per byte, and one slow repetition moves nothing. With
+    one size, or a line that falls with size (noise), the largest size's median per byte.
+    :attr:`Machine.inter` is the first."""
+    by: dict = {}
+    for nbytes, cpu in samples:
+        if not (nbytes > 0 and np.isfinite(cpu) and cpu >= 0):
+            raise ValueError(f"link_cpu: a sample needs bytes > 0 and CPU >= 0 seconds, got "
+                             f"{(nbytes, cpu)!r}")
+        by.setdefault(float(nbytes), []).append(float(cpu))
+    if not by:
+        raise ValueError("link_cpu: no samples")
+    x = np.array(sorted(by))
+    y = np.array([np.median(by[n]) for n in x])
+    if len(x) > 1:
+        slope, fixed = np.polyfit(x, y, 1)
+        if slope > 0:
+            return float(slope), float(max(fixed, 0.0))
+    return float(y[-1] / x[-1]), 0.0
+
+
+__all__ = ["HostModel", "HOST_TERMS", "Machine", "link_cpu"]

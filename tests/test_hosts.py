@@ -244,3 +244,43 @@ def test_a_fine_bucket_makes_a_small_message_see_the_rate():
     wire = 2 * (64 << 10) * 8 / 1e9          # there and back at 1 Gbit/s
     assert "tbf" in qdisc, qdisc
     assert float(out) > 0.6 * wire, (out, qdisc)
+
+
+def test_link_cpu_fits_work_per_byte_apart_from_work_per_call():
+    from ringlet.cost.host import link_cpu
+    per_byte, per_call = 0.6e-9, 2e-3
+    sizes = [2 << 20, 8 << 20, 32 << 20, 128 << 20]
+    samples = [(n, per_call + per_byte * n) for n in sizes for _ in range(3)]
+    samples.append((sizes[-1], 10 * (per_call + per_byte * sizes[-1])))   # one slow call
+    b, c = link_cpu(samples)
+    assert b == pytest.approx(per_byte, rel=1e-6) and c == pytest.approx(per_call, rel=1e-6)
+    # the whole call over its bytes would read the fixed work as work per byte
+    assert (per_call + per_byte * sizes[0]) / sizes[0] > 1.5 * per_byte
+    # one size, or a line falling with size (noise): the largest size's CPU per byte
+    assert link_cpu([(1000, 2e-6), (1000, 4e-6), (1000, 3e-6)]) == (pytest.approx(3e-9), 0.0)
+    assert link_cpu([(1000, 5e-6), (2000, 4e-6)]) == (pytest.approx(2e-9), 0.0)
+    for bad in ([], [(0, 1.0)], [(10, -1.0)], [(10, float("nan"))]):
+        with pytest.raises(ValueError, match="link_cpu"):
+            link_cpu(bad)
+
+
+def test_link_cpu_is_measured_through_ringlet_per_transfer():
+    """bench/hosts.py measures the CPU a byte between hosts costs through ringlet's own
+    transport: only the transfer's CPU (a 64 MiB call costs far more than a 1 MiB one;
+    counting the processes' start would make them alike), every pair's, per byte."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_hosts", os.path.join(os.path.dirname(__file__), "..", "bench", "hosts.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    try:
+        with Hosts(2, rate="1gbit") as hosts:
+            per_byte, per_call, samples, rate = bench.link_cpu_ringlet(hosts, 1, turns=1,
+                                                                       timeout=120)
+    except HostsUnavailable as exc:
+        pytest.skip(f"no emulated hosts here: {exc}")
+    assert sorted(b for b, _, _ in samples) == [2 * n for n in bench.CPU_SIZES]
+    cpu = {b: c for b, c, _ in samples}
+    assert cpu[2 * bench.CPU_SIZES[-1]] > 4 * cpu[2 * bench.CPU_SIZES[0]], samples
+    assert 0.02e-9 < per_byte < 50e-9 and per_call >= 0, (per_byte, per_call)
+    assert rate < 1e9 / 8 * 1.05, rate            # it crossed the 1 Gbit/s link

@@ -501,7 +501,30 @@ def link_cpu_ringlet(hosts, m, turns=3, timeout=180.0):
     return per_byte, per_call, samples, rate
 
 
-def calibrate_link(hosts, m, rate, base):
+_SPIN = """
+import resource, sys, time
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+c, t = cpu(), time.perf_counter()
+while time.perf_counter() - t < float(sys.argv[1]):
+    pass
+print((cpu() - c) / (time.perf_counter() - t))
+"""
+
+
+def cores_available(n: int, seconds: float = 0.5) -> float:
+    """The cores n busy processes get together on this machine now: all of them on a
+    quiet machine, their share beside the other processes that keep it busy (the ranks of
+    a job share the cores with those the same way)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    got = sum(float(p.communicate(timeout=60)[0]) for p in procs)
+    cores = os.cpu_count() or 1
+    return min(float(cores), max(got, 0.05))
+
+
+def calibrate_link(hosts, m, rate, base, all_cores=False):
     """The profile for these hosts: the payload rate one TCP stream each way reaches on the
     link (or m streams, if faster; TCP's goodput if both are far short of it), the
     fraction of it m streams each way reach together (best of 2 each), and - the hosts
@@ -523,6 +546,8 @@ def calibrate_link(hosts, m, rate, base):
     # its wake-ups; whatever the transport does, the calibration follows)
     cpu, per_call, samples, through = link_cpu_ringlet(hosts, m)
     cores = os.cpu_count() or 1
+    # the cores the job's ranks will get (other processes' load takes the rest)
+    free = float(cores) if all_cores else cores_available(hosts.n * m)
     spread = sorted(c / b for b, c, _ in samples if b == max(s[0] for s in samples))
     print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
           f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
@@ -530,7 +555,8 @@ def calibrate_link(hosts, m, rate, base):
           f"{per_call * 1e3:.2f} ms per call ({m} pair(s); largest size per byte "
           f"{spread[0] * 1e9:.3f}-{spread[-1] * 1e9:.3f} ns; ringlet's pairs "
           f"{through * 8 / 1e9:.3f} Gbit/s; bare sockets {bare * 1e9:.3f} ns); "
-          f"{cores} cores shared; load {os.getloadavg()[0]:.1f}", flush=True)
+          f"{cores} cores shared, {hosts.n * m} busy processes get {free:.2f} of them; "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
     # the link carries what the faster of the two reached - unless that is far short of
     # TCP's goodput on the wire: then the streams were short of CPU (load), which the
     # machine's cores account for, and the link is priced at the goodput
@@ -540,10 +566,11 @@ def calibrate_link(hosts, m, rate, base):
     if payload == wire:
         print(f"link {rate}: the streams reached {max(one, many) / wire:.0%} of TCP's goodput "
               f"on the wire (short of CPU): the link priced at the goodput", flush=True)
-    return base.with_link_rate(rate, shared=shared, payload=payload, machine=(cores, cpu))
+    return base.with_link_rate(rate, shared=shared, payload=payload,
+                               machine=(cores, cpu, free if free < cores else 0.0))
 
 
-def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):
+def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE, all_cores=False):
     """Run the job on fresh hosts (their link calibrated first, unless not ``calibrate``:
     then the link rate alone); the CELL records rank 0 printed, and the profile."""
     from ringlet.hosts import Hosts
@@ -554,7 +581,8 @@ def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):
         json.dump(spec, f)
     try:
         with Hosts(h, rate=rate, bucket=bucket) as hosts:
-            profile = calibrate_link(hosts, m, rate, base) if calibrate else base.with_link_rate(rate)
+            profile = (calibrate_link(hosts, m, rate, base, all_cores) if calibrate
+                       else base.with_link_rate(rate))
             with open(prof_path, "w") as f:
                 json.dump(profile.to_dict(), f)
             env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -563,6 +591,9 @@ def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE):
                                       args=["--job", spec_path], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             results = hosts.wait(procs, timeout)
+            if calibrate and not all_cores:   # how the load moved while the job ran
+                print(f"after the job, {h * m} busy processes get "
+                      f"{cores_available(h * m):.2f} cores; load {os.getloadavg()[0]:.1f}")
     finally:
         os.unlink(spec_path)
         if os.path.exists(prof_path):
@@ -692,8 +723,12 @@ def main(argv=None) -> int:
                     help="measure nothing: price the cells of an earlier --json again")
     ap.add_argument("--rate-only", action="store_true",
                     help="price the link from its rate alone (no calibration on the hosts)")
-    ap.add_argument("--machine", metavar="CORES,S_PER_BYTE", help="--reprice: the cores the "
-                    "hosts share and the CPU per byte between them (else as measured)")
+    ap.add_argument("--machine", metavar="CORES,S_PER_BYTE[,FREE]", help="--reprice: the "
+                    "cores the hosts share, the CPU per byte between them and the cores the "
+                    "job gets of them (else as measured)")
+    ap.add_argument("--all-cores", action="store_true",
+                    help="price as if the job had every core (do not measure, or with "
+                         "--reprice do not use, the cores other processes' load leaves it)")
     ap.add_argument("--bucket", type=float, help=f"tbf's bucket in seconds at the rate "
                     f"(default {FINE:g} below 10 Gbit/s, else {WIDE:g}; --gloo {WIDE:g}): see "
                     f"ringlet.hosts")
@@ -724,7 +759,7 @@ def main(argv=None) -> int:
             for rate in a.rates.split(","):
                 with Hosts(layout[0], rate=rate, bucket=bucket_for(rate, a.bucket)) as hosts:
                     for _ in range(a.calibrations):
-                        calibrate_link(hosts, layout[1], rate, load_profile())
+                        calibrate_link(hosts, layout[1], rate, load_profile(), a.all_cores)
         return 0
     from ringlet.cost import load_profile, parse_size
     if a.place:
@@ -755,7 +790,9 @@ def main(argv=None) -> int:
         def machine(row):
             if a.machine:
                 return tuple(float(x) for x in a.machine.split(","))
-            return (row["cores"], row["cpu"]) if "cpu" in row else None
+            if "cpu" not in row:
+                return None
+            return (row["cores"], row["cpu"], 0.0 if a.all_cores else row.get("available", 0.0))
         measured = [(layout, rate, rows, profile.with_link_rate(
                         rate, a.shared or rows[0]["shared"], rows[0]["payload"], machine(rows[0])))
                     for (layout, rate), rows in runs.items()]
@@ -764,13 +801,14 @@ def main(argv=None) -> int:
         for layout in [tuple(int(x) for x in s.split("x")) for s in a.layouts.split(",")]:
             for rate in a.rates.split(","):
                 rows, prof = measure(layout, rate, spec, a.timeout, profile, not a.rate_only,
-                                     bucket_for(rate, a.bucket))
+                                     bucket_for(rate, a.bucket), a.all_cores)
                 inter = prof.params("inter")
                 for row in rows:
                     row.update(layout=list(layout), rate=rate, load=os.getloadavg()[0],
                                shared=inter["shared"], payload=1 / inter["beta"])
                     if "cpu" in inter:
-                        row.update(cores=inter["cores"], cpu=inter["cpu"])
+                        row.update(cores=inter["cores"], cpu=inter["cpu"],
+                                   available=inter.get("available", 0.0))
                 measured.append((layout, rate, rows, prof))
     for layout, rate, rows, prof in measured:
         for row in rows:

@@ -284,11 +284,21 @@ def test_hosts_on_one_machine_share_its_cores(tmp_path, monkeypatch, capsys):
     assert many == pytest.approx(alone)
     with pytest.raises(ValueError, match="cores"):
         Machine(0, 1e-9)
+    # other processes' load leaves the job part of the cores: the CPU-bound rounds stretch
+    half = simulate(sched, Topology(2, 2, *links, machine=Machine(2, 1e-9, available=0.5))).time
+    assert half == pytest.approx(2 * slow)
+    assert Machine(2, 1e-9).capacity == 2 and Machine(2, 1e-9, available=0.5).capacity == 0.5
+    for bad in (-0.5, 3.0):
+        with pytest.raises(ValueError, match="available"):
+            Machine(2, 1e-9, available=bad)
     # the profile carries it from the link's calibration to auto
     base = default_profile()
     assert base.with_link_rate("10gbit").machine() is None
     prof = base.with_link_rate("10gbit", machine=(1, 2e-9))
     assert (prof.machine().cores, prof.machine().inter) == (1, 2e-9)
+    assert prof.machine().capacity == 1
+    loaded = base.with_link_rate("10gbit", machine=(2, 2e-9, 0.7)).machine()
+    assert (loaded.cores, loaded.available) == (2, 0.7)
     priced = {name: {r.algorithm: r.total for r in choose("all_reduce", n, 4, topology=p,
                                                           hosts=2)[1]}
               for name, p in (("link", base.with_link_rate("10gbit")), ("machine", prof))}

@@ -148,25 +148,37 @@ class Machine:
     copy: float = 0.0     # ... per byte of a local copy
     message: float = 0.0  # CPU s per message (both ends' engines)
     crowd: float = 0.0    # ... more per message when ranks outnumber the cores (wake-ups)
+    # the cores the job's ranks get: fewer than ``cores`` while other processes load the
+    # machine (measured beside the link: bench/hosts.py); 0: all of them
+    available: float = 0.0
 
     def __post_init__(self):
         if int(self.cores) < 1:
             raise ValueError(f"Machine cores must be >= 1, got {self.cores!r}")
+        if not 0 <= self.available <= self.cores:
+            raise ValueError(f"Machine available must be between 0 and its {self.cores} "
+                             f"cores, got {self.available!r}")
         for name in ("inter", "intra", "reduce", "copy", "message", "crowd"):
             v = getattr(self, name)
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"Machine {name} must be a finite number >= 0, got {v!r}")
 
+    @property
+    def capacity(self) -> float:
+        """Cores' worth of CPU a round's work is spread over."""
+        return self.available or float(self.cores)
+
     @classmethod
-    def of(cls, cores: int, inter: float, model: "HostModel | None") -> "Machine":
+    def of(cls, cores: int, inter: float, model: "HostModel | None",
+           available: float = 0.0) -> "Machine":
         """The machine whose hosts' ranks ``model`` prices (its per-byte work past the
         caches: the large messages where the cores, not the latency, bind)."""
         if model is None:
-            return cls(cores, inter)
+            return cls(cores, inter, available=available)
         side = model.beta + model.mem_l2 + model.mem_l3
         return cls(cores, inter, 2 * side, model.gamma + model.mem_l2 + model.mem_l3,
                    model.delta + model.mem_l2 + model.mem_l3, 2 * model.alpha,
-                   2 * model.alpha_crowd)
+                   2 * model.alpha_crowd, available)
 
 
 def link_cpu(samples) -> tuple[float, float]:

@@ -139,8 +139,8 @@ class Profile:
         rate (``payload`` bytes/s as measured, else TCP_GOODPUT of its rate); ``shared``:
         the fraction of that rate several flows sharing the link reach together (see
         ``Topology.shared``). The per-message cost stays TCP's. ``machine``: (cores, CPU
-        seconds per byte between hosts) when the hosts share one machine's cores
-        (emulated hosts; see :meth:`machine`)."""
+        seconds per byte between hosts[, the cores the job gets of them]) when the hosts
+        share one machine's cores (emulated hosts; see :meth:`machine`)."""
         rate = parse_rate(rate)
         if not 0 < shared <= 1:
             raise ValueError(f"shared must be in (0, 1], got {shared!r}")
@@ -152,6 +152,8 @@ class Profile:
             inter.update(alpha_eager=tcp.alpha_eager, eager=tcp.eager)
         if machine is not None:
             inter.update(cores=int(machine[0]), cpu=float(machine[1]))
+            if len(machine) > 2 and machine[2]:
+                inter.update(available=float(machine[2]))
         return Profile({**copy.deepcopy(self.transports), "inter": inter},
                        f"{self.source} + link {rate * 8 / 1e9:g} Gbit/s", self.host,
                        self.created, dict(self.extra))
@@ -163,7 +165,8 @@ class Profile:
         if "cores" not in t:
             return None
         from .host import Machine
-        return Machine.of(int(t["cores"]), float(t["cpu"]), self.host_model("shm"))
+        return Machine.of(int(t["cores"]), float(t["cpu"]), self.host_model("shm"),
+                          float(t.get("available", 0.0)))
 
     def shared(self) -> float:
         """Of the inter-host link's rate, what several flows sharing it reach together."""

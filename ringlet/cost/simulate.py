@@ -149,7 +149,9 @@ class Topology:
             return f"{self.p} ranks on one host ({self.intra})"
         return (f"{self.hosts} hosts x {self.ranks_per_host} ranks; intra {self.intra}; "
                 f"inter {self.inter}" + ("; shared NIC" if self.nic_sharing else "")
-                + (f"; all on one machine of {self.machine.cores} cores, "
+                + (f"; all on one machine of {self.machine.cores} cores"
+                   + (f" ({self.machine.available:.2g} free)" if self.machine.available else "")
+                   + ", "
                    f"{self.machine.inter * 1e9:.2g} ns of CPU per byte between hosts"
                    if self.machine is not None else ""))
 
@@ -290,7 +292,7 @@ class _Sim:
         ranks = np.unique(np.concatenate([src, dst]))
         # a message begins once both its ends have begun the round
         first = float(np.maximum(before[src], before[dst]).min())
-        bound = first + work / mach.cores
+        bound = first + work / mach.capacity
         late = np.maximum(bound - self.start[ranks], 0.0)
         if late.any():
             self.start = self.start.copy()

@@ -475,7 +475,7 @@ def cpu_job(spec: dict) -> None:
     rl.destroy()
 
 
-def link_cpu_ringlet(hosts, m, turns=3, timeout=180.0):
+def link_cpu_ringlet(hosts, m, turns=5, timeout=180.0):
     """CPU seconds per byte between hosts 0 and 1 and per call (``cost.host.link_cpu``),
     measured through ringlet's transport (``cpu_job``, m ranks per host), the samples,
     and the payload rate (bytes/s each way) of the fastest call at the largest size."""
@@ -549,6 +549,9 @@ def calibrate_link(hosts, m, rate, base, all_cores=False):
     # the cores the job's ranks will get (other processes' load takes the rest)
     free = float(cores) if all_cores else cores_available(hosts.n * m)
     spread = sorted(c / b for b, c, _ in samples if b == max(s[0] for s in samples))
+    print("link CPU per byte by size (ns, each call): " + "; ".join(
+        f"{b // 2 >> 20} MiB " + " ".join(f"{c / b * 1e9:.2f}" for bb, c, _ in samples if bb == b)
+        for b in sorted({s[0] for s in samples})), flush=True)
     print(f"link {rate}: one stream each way {one * 8 / 1e9:.3f} Gbit/s of payload, {m} "
           f"streams each way {many * 8 / 1e9:.3f} together (shared {shared:.2f}); "
           f"{cpu * 1e9:.3f} ns of CPU per byte between hosts through ringlet + "
@@ -564,8 +567,12 @@ def calibrate_link(hosts, m, rate, base, all_cores=False):
     wire = parse_rate(rate) * TCP_GOODPUT
     payload = max(one, many) if max(one, many) >= 0.8 * wire else wire
     if payload == wire:
+        # ... and then what m streams reached beside one says nothing of the link either
+        # (one run at load 11: 0.48, where the tbf link carries m streams as one)
         print(f"link {rate}: the streams reached {max(one, many) / wire:.0%} of TCP's goodput "
-              f"on the wire (short of CPU): the link priced at the goodput", flush=True)
+              f"on the wire (short of CPU): the link priced at the goodput, shared by "
+              f"streams as one (not {shared:.2f})", flush=True)
+        shared = 1.0
     return base.with_link_rate(rate, shared=shared, payload=payload,
                                machine=(cores, cpu, free if free < cores else 0.0))
 

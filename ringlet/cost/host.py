@@ -184,10 +184,11 @@ class Machine:
 def link_cpu(samples) -> tuple[float, float]:
     """(CPU seconds per byte, CPU seconds per call) of moving bytes between hosts, from
     ``samples`` of (bytes carried, CPU seconds of every process taking part): a line
-    through each size's median, so a call's fixed work (waking up, the protocol's
-    packets) is not read as work per byte, and one slow repetition moves nothing. With
-    one size, or a line that falls with size (noise), the largest size's median per byte.
-    :attr:`Machine.inter` is the first."""
+    through each size's least CPU, so a call's fixed work (waking up, the protocol's
+    packets) is not read as work per byte. The least, not the median: on a busy machine
+    other processes' kernel work (their packets' softirqs) is charged to whoever runs, and
+    that only ever adds. With one size, or a line that falls with size (noise), the
+    largest size's least CPU per byte. :attr:`Machine.inter` is the first."""
     by: dict = {}
     for nbytes, cpu in samples:
         if not (nbytes > 0 and np.isfinite(cpu) and cpu >= 0):
@@ -197,7 +198,7 @@ def link_cpu(samples) -> tuple[float, float]:
     if not by:
         raise ValueError("link_cpu: no samples")
     x = np.array(sorted(by))
-    y = np.array([np.median(by[n]) for n in x])
+    y = np.array([min(by[n]) for n in x])
     if len(x) > 1:
         slope, fixed = np.polyfit(x, y, 1)
         if slope > 0:

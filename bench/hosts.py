@@ -513,7 +513,7 @@ print((cpu() - c) / (time.perf_counter() - t))
 """
 
 
-def cores_available(n: int, seconds: float = 0.5) -> float:
+def cores_available(n: int, seconds: float = 1.0) -> float:
     """The cores n busy processes get together on this machine now: all of them on a
     quiet machine, their share beside the other processes that keep it busy (the ranks of
     a job share the cores with those the same way)."""
@@ -598,9 +598,16 @@ def measure(layout, rate, spec, timeout, base, calibrate=True, bucket=FINE, all_
                                       args=["--job", spec_path], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             results = hosts.wait(procs, timeout)
-            if calibrate and not all_cores:   # how the load moved while the job ran
-                print(f"after the job, {h * m} busy processes get "
-                      f"{cores_available(h * m):.2f} cores; load {os.getloadavg()[0]:.1f}")
+            inter = profile.params("inter")
+            if calibrate and not all_cores:
+                # the load moves while the job runs: the job is priced with the mean of the
+                # cores it could get before and after (its ranks chose with the first)
+                before = inter.get("available") or float(inter["cores"])
+                after = cores_available(h * m)
+                free = (before + after) / 2
+                inter["available"] = free if free < inter["cores"] else 0.0
+                print(f"after the job, {h * m} busy processes get {after:.2f} cores (before "
+                      f"{before:.2f}: priced with {free:.2f}); load {os.getloadavg()[0]:.1f}")
     finally:
         os.unlink(spec_path)
         if os.path.exists(prof_path):

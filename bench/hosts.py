@@ -475,16 +475,26 @@ def cpu_job(spec: dict) -> None:
     rl.destroy()
 
 
-def link_cpu_ringlet(hosts, m, turns=5, timeout=180.0):
+#: the calibration's ranks sleep as soon as they wait (no yielding, no spinning while the
+#: machine is idle): a waiting rank's CPU would grow with the transfer's time, not its
+#: bytes, and in a job it is given up to any rank with work (yielding) or taken from idle
+#: cores. (Under load 13-17 it made no difference: 2x2 at 1 Gbit/s 1.83 and 1.81 ns per
+#: byte without, 1.88 and 1.44 with; there the yields find other processes to run.)
+NO_WAITING = {"RINGLET_YIELD_US": "0", "RINGLET_IDLE_SPIN_US": "0"}
+
+
+def link_cpu_ringlet(hosts, m, turns=5, timeout=180.0, waiting=False):
     """CPU seconds per byte between hosts 0 and 1 and per call (``cost.host.link_cpu``),
-    measured through ringlet's transport (``cpu_job``, m ranks per host), the samples,
-    and the payload rate (bytes/s each way) of the fastest call at the largest size."""
+    measured through ringlet's transport (``cpu_job``, m ranks per host; unless
+    ``waiting``, ranks that sleep as soon as they wait: NO_WAITING), the samples, and the
+    payload rate (bytes/s each way) of the fastest call at the largest size."""
     from ringlet.cost.host import link_cpu
     spec_path = f"/tmp/ringlet-bench-cpu-{os.getpid()}.json"
     with open(spec_path, "w") as f:
         json.dump({"sizes": list(CPU_SIZES), "turns": turns}, f)
     try:
-        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **({} if waiting else NO_WAITING)}
         procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m, args=["--cpu-job", spec_path],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         results = hosts.wait(procs, timeout)

@@ -6,11 +6,15 @@ Needs root (namespaces, tc).
         [--sizes 64K,1M,16M,64M] [--collectives all_reduce,all_gather,...] [--json out.json]
     .venv/bin/python bench/hosts.py --layouts 2x2 --rates 1gbit --place 2,1M,16M
     .venv/bin/python bench/hosts.py --layouts 2x1,2x2 --rates unshaped,1gbit --sizes 8M,64M --gloo
+    .venv/bin/python bench/hosts.py --layouts 2x2,2x4 --rates 10gbit --calibrations 3
+    .venv/bin/python bench/hosts.py --reprice out.json [--machine 2,0.7e-9[,FREE]] [--all-cores]
 
 For every layout (hosts x ranks per host) and link rate it builds the hosts, calibrates
 the link between them (the payload rate of one TCP stream each way, and what m streams
-each way reach together: ``Topology.shared``; ``--rate-only`` skips this and prices the
-link from its rate), writes that into the profile every rank reads (RINGLET_PROFILE), then
+each way reach together: ``Topology.shared``; the CPU a byte between the hosts costs,
+measured through ringlet's own transport by m pairs of ranks, and the cores the job's
+ranks get beside other processes' load: ``cost.host.Machine``; ``--rate-only`` skips this
+and prices the link from its rate), writes that into the profile every rank reads (RINGLET_PROFILE), then
 launches ``ringlet run --nnodes H --node-rank i --master-addr <host 0>`` inside each
 namespace (one job: shared memory inside a host, TCP between) and times every algorithm
 of every collective at every size, forced and under ``auto``: each cell is the slowest

@@ -16,6 +16,12 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
   Measured here (two processes, 8 MiB, warm, load ~1): memcpy 130 us, one read of the
   whole 8 MiB 270 us (the kernel pins and copies page by page: about half memcpy's speed),
   the split 130-175 us. Open MPI reads the whole message, as the first way does.
+  Only where every rank has a core: where ranks outnumber cores (p = 3-4 on 2) the
+  receiver reads a one-way message whole too (RTS_CMA), as Open MPI's scatter, gather and
+  broadcast do there (strace: each receiver of a scatter p = 4 reads its 2 MiB block in
+  one process_vm_readv): the sender copies nothing, and the receivers read at once on the
+  cores there are; streamed, the sender (a scatter's root) copied every message into the
+  ring alone. RINGLET_CMA_CROWDED=0: those stream, as before.
 
 A receiver that reduces declines (CTS_OK) and takes the stream: reading into scratch and
 reducing from there lost to the ring, which overlaps the sender's copy with the
@@ -104,6 +110,8 @@ class Reader:
         mode = os.environ.get("RINGLET_CMA_PUT", "auto")
         self.put_ok = self.ok and _writev is not None and mode != "0"
         self.put_crowded = mode == "1"      # split even when ranks outnumber cores
+        # crowded, a one-way message is read whole by its receiver instead of streaming
+        self.whole_crowded = self.ok and os.environ.get("RINGLET_CMA_CROWDED", "1") != "0"
         self.refused = 0            # errno of the read that turned reads off (0: none)
         self.put_refused = 0        # errno of the write that turned writes off (0: none)
         self.reads = 0              # messages (or tails) read in place
@@ -130,6 +138,14 @@ class Reader:
         stream (in-job A/B under load 15: 0.67-1.01x at p = 3-4) - and a core taken by the
         sender is one a receiver lacks."""
         return self.put_ok and (self.put_crowded or not crowded)
+
+    def reads_whole(self, crowded: bool) -> bool:
+        """Whether a one-way message of ours is offered to be read whole (RTS_CMA, as in an
+        exchange round) instead of split: where ranks outnumber cores and the split is not
+        forced. There the sender copies nothing and each receiver reads its own message, as
+        Open MPI's do, several at once on the cores there are; streamed, the sender copied
+        every message into the ring alone."""
+        return crowded and self.whole_crowded and not self.put_crowded
 
     def head_bytes(self, n: int, senders: int, receivers: int) -> int:
         """How many leading bytes of an ``n``-byte one-way message its sender is to write

@@ -241,9 +241,11 @@ class Peer:
             req.zc = locate(req.data)      # (once: send_now is not asked again)
             if (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
                     and req.data.flags.c_contiguous):
-                # read whole where every rank copies anyway; split where the sender idles
-                req.cma = (RTS_CMA if req.receiving else
-                           RTS_OFFER if self.cma.splits(self.engine.crowded) else 0)
+                # read whole where every rank copies anyway, or ranks outnumber cores;
+                # split where the sender idles with a core of its own (cma.py)
+                crowded = self.engine.crowded
+                req.cma = (RTS_CMA if req.receiving or self.cma.reads_whole(crowded) else
+                           RTS_OFFER if self.cma.splits(crowded) else 0)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True

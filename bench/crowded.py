@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="fresh jobs per side")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--no-zc", action="store_true", help="skip the rl.empty sides")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain NumPy sides")
     ap.add_argument("--no-mpi", action="store_true")
+    ap.add_argument("--only-a", action="store_true", help="skip the B sides (compare --algos)")
     a = ap.parse_args(argv)
     targets.REPEATS = a.repeats
     sizes = parse_sizes(a.sizes)
@@ -47,8 +49,8 @@ def main(argv=None) -> int:
         for p in map(int, a.p.split(",")):
             jobs = {}
             for algo in algos:
-                for zc in ([False] if a.no_zc else [False, True]):
-                    for on in ("1", "0"):
+                for zc in [False] * (not a.no_plain) + [True] * (not a.no_zc):
+                    for on in ("1",) if a.only_a else ("1", "0"):
                         name = f"{'zc' if zc else 'plain'} {'A' if on == '1' else 'B'} {algo}"
                         jobs[name] = (lambda zc=zc, on=on, algo=algo: run_ringlet(
                             op, p, sizes, [algo], iters=a.iters, progress=False,

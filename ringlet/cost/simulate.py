@@ -445,7 +445,7 @@ class _Sim:
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
                 zero_copy_min: int = -1, cma_min: int = -1,
-                zero_copy_oneway_min: int | None = None) -> float:
+                zero_copy_oneway_min: int | None = None, crowded: bool = False) -> float:
     """Bytes a job touches: the buffers each rank reads or writes (a rooted collective's
     other ranks never touch the root's gathered array), plus the part of each shared ring
     that its pair's messages cycle through (up to the ring's size). A message its
@@ -461,7 +461,7 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
         touched[c["dst"][acc], c["abuf"][acc]] = True
         msg = (c["src"] != c["dst"]) & ~_read_in_place(
             c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
-            c["reduce"].astype(bool), zero_copy_oneway_min)[0]
+            c["reduce"].astype(bool), zero_copy_oneway_min, crowded)[0]
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -475,14 +475,17 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
 
 
 def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, src=None,
-                   dst=None, reduce=None, zero_copy_oneway_min: int | None = None) -> tuple:
+                   dst=None, reduce=None, zero_copy_oneway_min: int | None = None,
+                   crowded: bool = False) -> tuple:
     """(which messages their receiver reads in place, which of them by cross-memory
     attach). In place: sent from one of the ``shared`` buffers (indices into
     ``BUFFER_NAMES``) and larger than ``zero_copy_min`` - or, by a sender that does not
     receive in the round, than ``zero_copy_oneway_min`` (None: the same; limits.py says
     why); by CMA (transport/cma.py): from a private buffer, larger than ``cma_min``, by a
-    sender that receives too in the round (``src``, ``dst``: the round's messages) into a
-    receive that copies (``reduce`` false). -1: none."""
+    sender that receives too in the round (``src``, ``dst``: the round's messages), or by
+    any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole), into a
+    receive that copies (``reduce`` false). -1: none. (A one-way message split where each
+    rank has a core is priced as streamed.)"""
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min
@@ -494,7 +497,7 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
-        if cma.any():
+        if cma.any() and not crowded:
             cma &= np.isin(src, dst)
         if reduce is not None:
             cma &= ~reduce
@@ -592,10 +595,10 @@ class _HostSim:
         s, m, p = self.s, self.m, self.p
         self.theta = m.theta
         self.isz = float(s.itemsize)
-        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
-                         m.zero_copy_oneway_min)
-        self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         self.crowded = 1.0 if p > m.cores else 0.0
+        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
+                         m.zero_copy_oneway_min, bool(self.crowded))
+        self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
         largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
@@ -716,7 +719,8 @@ class _HostSim:
         # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
         # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
-                                      src, dst, red, m.zero_copy_oneway_min)
+                                      src, dst, red, m.zero_copy_oneway_min,
+                                      bool(self.crowded))
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0

@@ -7,6 +7,10 @@ so a spell of load hits every side alike.
     python bench/crowded.py                                  # scatter, p = 4, 1 and 8 MiB
     python bench/crowded.py --ops scatter,broadcast,gather,reduce --p 3,4 --repeats 5
     python bench/crowded.py --env RINGLET_SPLIT --algos direct,binomial
+    python bench/crowded.py --before /work/main --ops scatter,gather --p 2,4   # A: this tree
+
+With --before, B is another checkout of ringlet (its own PYTHONPATH) instead of VAR=0: each
+job of either side is started from a fresh Python that imports its tree.
 
 Prints per row the median job (and the range over jobs) of each side, in microseconds, and
 Open MPI's median over each side's (> 1: that side is faster), with the load average.
@@ -14,7 +18,9 @@ Open MPI's median over each side's (> 1: that side is faster), with the load ave
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -23,6 +29,22 @@ import targets
 from targets import interleaved, theirs
 
 from ringlet.bench import parse_sizes, run_ringlet
+
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _in_tree(tree, op, p, sizes, algo, iters, zc):
+    """run_ringlet's rows, from a Python that imports ringlet from ``tree``."""
+    code = ("import json, sys; from ringlet.bench import run_ringlet; "
+            f"print(json.dumps(run_ringlet({op!r}, {p}, {sizes!r}, [{algo!r}], iters={iters!r}, "
+            f"progress=False, zero_copy={zc!r})))")
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=tree)
+    if out.returncode:
+        return f"{tree}: {out.stderr.strip().splitlines()[-1:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -40,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plain", action="store_true", help="skip the plain NumPy sides")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--only-a", action="store_true", help="skip the B sides (compare --algos)")
+    ap.add_argument("--before", help="B: this checkout of ringlet (A: this one), not VAR=0")
     a = ap.parse_args(argv)
     targets.REPEATS = a.repeats
     sizes = parse_sizes(a.sizes)
@@ -52,13 +75,19 @@ def main(argv=None) -> int:
                 for zc in [False] * (not a.no_plain) + [True] * (not a.no_zc):
                     for on in ("1",) if a.only_a else ("1", "0"):
                         name = f"{'zc' if zc else 'plain'} {'A' if on == '1' else 'B'} {algo}"
+                        if a.before:
+                            tree = HERE if on == "1" else a.before
+                            jobs[name] = (lambda zc=zc, tree=tree, algo=algo: _in_tree(
+                                tree, op, p, sizes, algo, a.iters, zc))
+                            continue
                         jobs[name] = (lambda zc=zc, on=on, algo=algo: run_ringlet(
                             op, p, sizes, [algo], iters=a.iters, progress=False,
                             zero_copy=zc, env={a.env: on}))
             if not a.no_mpi:
                 jobs["mpi"] = theirs("mpi", op, p, sizes, a.iters)
             got = interleaved(jobs)
-            print(f"\n{op} p={p}  (A: {a.env}=1, B: {a.env}=0; us: median job (best job) of "
+            what = f"A: {HERE}, B: {a.before}" if a.before else f"A: {a.env}=1, B: {a.env}=0"
+            print(f"\n{op} p={p}  ({what}; us: median job (best job) of "
                   f"{a.repeats}; mpi/side on medians)  load "
                   f"{open('/proc/loadavg').read().split()[:3]}")
             mpi = got.get("mpi")

@@ -157,6 +157,13 @@ def _crowded(rank, whole):
     assert (got[1] == 0) == engine().crowded
     if engine().crowded:
         assert (got[0] > 0) == whole
+    # a direct gather's root copies its own block first: it takes the stream, read whole
+    # or split alike (cma.py)
+    before, puts = _reads(), _puts()
+    _call(rank, p, "gather", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty, "direct")
+    got = np.array([_reads() - before, _puts() - puts], np.int64)
+    rl.all_reduce(got)
+    assert (got == 0).all(), got
 
 
 @pytest.mark.parametrize("p,whole", [(2, True), (3, True), (3, False), (4, True)])

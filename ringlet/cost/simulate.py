@@ -461,7 +461,8 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
         touched[c["dst"][acc], c["abuf"][acc]] = True
         msg = (c["src"] != c["dst"]) & ~_read_in_place(
             c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
-            c["reduce"].astype(bool), zero_copy_oneway_min, crowded)[0]
+            c["reduce"].astype(bool), zero_copy_oneway_min, crowded,
+            c["src"][c["src"] == c["dst"]])[0]
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -476,15 +477,16 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
 
 def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, src=None,
                    dst=None, reduce=None, zero_copy_oneway_min: int | None = None,
-                   crowded: bool = False) -> tuple:
+                   crowded: bool = False, local=None) -> tuple:
     """(which messages their receiver reads in place, which of them by cross-memory
     attach). In place: sent from one of the ``shared`` buffers (indices into
     ``BUFFER_NAMES``) and larger than ``zero_copy_min`` - or, by a sender that does not
     receive in the round, than ``zero_copy_oneway_min`` (None: the same; limits.py says
     why); by CMA (transport/cma.py): from a private buffer, larger than ``cma_min``, by a
     sender that receives too in the round (``src``, ``dst``: the round's messages), or by
-    any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole), into a
-    receive that copies (``reduce`` false). -1: none. (A one-way message split where each
+    any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole; not to a
+    rank with a local step in the round, ``local``: it declines, as a gather's root does),
+    into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
     rank has a core is priced as streamed.)"""
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
@@ -497,8 +499,12 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
-        if cma.any() and not crowded:
-            cma &= np.isin(src, dst)
+        if cma.any():
+            one_way = ~np.isin(src, dst)
+            if not crowded:
+                cma &= ~one_way
+            elif local is not None and len(local):
+                cma &= ~(one_way & np.isin(dst, local))
         if reduce is not None:
             cma &= ~reduce
     return zc | cma, cma
@@ -666,7 +672,7 @@ class _HostSim:
             work += np.bincount(lsrc, self._local_counts(lsrc, lnb, lred, one) @ self.theta,
                                 self.p)
         if len(src):
-            sides = self._side_counts(src, dst, nb, red, hot, sbuf)
+            sides = self._side_counts(src, dst, nb, red, hot, sbuf, lsrc)
             work += np.bincount(src, sides[0] @ self.theta, self.p)
             work += np.bincount(dst, sides[1] @ self.theta, self.p)
         stretch = self._stretch(work)
@@ -696,7 +702,7 @@ class _HostSim:
         self.path = self.path + k * per
         self.alone = self.alone + per
 
-    def _side_counts(self, src, dst, nb, red, hot, sbuf):
+    def _side_counts(self, src, dst, nb, red, hot, sbuf, local=None):
         """Term counts of each message's work on its sending and its receiving side (those
         of sharing the cores left to ``_shared_counts``), and of its latency; and which
         messages the receiver reads in place."""
@@ -720,7 +726,7 @@ class _HostSim:
         # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red, m.zero_copy_oneway_min,
-                                      bool(self.crowded))
+                                      bool(self.crowded), local)
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0

@@ -17,11 +17,16 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
   whole 8 MiB 270 us (the kernel pins and copies page by page: about half memcpy's speed),
   the split 130-175 us. Open MPI reads the whole message, as the first way does.
   Only where every rank has a core: where ranks outnumber cores (p = 3-4 on 2) the
-  receiver reads a one-way message whole too (RTS_CMA), as Open MPI's scatter, gather and
+  receiver reads a one-way message whole instead, as Open MPI's scatter, gather and
   broadcast do there (strace: each receiver of a scatter p = 4 reads its 2 MiB block in
   one process_vm_readv): the sender copies nothing, and the receivers read at once on the
   cores there are; streamed, the sender (a scatter's root) copied every message into the
-  ring alone. RINGLET_CMA_CROWDED=0: those stream, as before.
+  ring alone. The sender offers it (RTS_OFFER) and the receiver answers as for a split
+  with no head: it reads the message whole (CTS_DONE), or declines (CTS_OK) where it
+  would decline a split - a reduction, or a round that copied locally first: a gather's
+  root reading every block alone lost to the stream, where its senders copy in at once
+  (gather p = 4 8 MiB direct, fresh jobs in turns, load 9-12: 10393 us read whole against
+  6781 streamed). RINGLET_CMA_CROWDED=0: those stream, as before.
 
 A receiver that reduces declines (CTS_OK) and takes the stream: reading into scratch and
 reducing from there lost to the ring, which overlaps the sender's copy with the
@@ -140,9 +145,8 @@ class Reader:
         return self.put_ok and (self.put_crowded or not crowded)
 
     def reads_whole(self, crowded: bool) -> bool:
-        """Whether a one-way message of ours is offered to be read whole (RTS_CMA, as in an
-        exchange round) instead of split: where ranks outnumber cores and the split is not
-        forced. There the sender copies nothing and each receiver reads its own message, as
+        """Whether a one-way message offered (RTS_OFFER) is read whole by its receiver
+        instead of split: where ranks outnumber cores and the split is not forced. There the sender copies nothing and each receiver reads its own message, as
         Open MPI's do, several at once on the cores there are; streamed, the sender copied
         every message into the ring alone."""
         return crowded and self.whole_crowded and not self.put_crowded

@@ -21,7 +21,10 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
   broadcast do there (strace: each receiver of a scatter p = 4 reads its 2 MiB block in
   one process_vm_readv): the sender copies nothing, and the receivers read at once on the
   cores there are; streamed, the sender (a scatter's root) copied every message into the
-  ring alone. The sender offers it (RTS_OFFER) and the receiver answers as for a split
+  ring alone (in-job A/B, bench/one_way.py --whole: auto's algorithms, plain 8 MiB, 20
+  alternating blocks of 10 calls, load 12-16; stream/whole on the median call: scatter
+  p = 4 1.13-1.35, p = 3 1.43-1.57; gather p = 4 1.03-1.17, p = 3 0.88-1.00; broadcast,
+  a pipeline, p = 4 0.96-0.97, p = 3 0.95-1.06). The sender offers it (RTS_OFFER) and the receiver answers as for a split
   with no head: it reads the message whole (CTS_DONE), or declines (CTS_OK) where it
   would decline a split - a reduction, or a round that copied locally first: a gather's
   root reading every block alone lost to the stream, where its senders copy in at once

@@ -1,7 +1,8 @@
 """Cross-memory attach (transport/cma.py): a large message from a plain NumPy buffer is read
 by its local receiver with process_vm_readv - whole where the sender receives too, and where
 it sends one-way the sender writes the head into the receive buffer (process_vm_writev)
-while the receiver reads the tail. Every collective against NumPy with plain and rl.empty
+while the receiver reads the tail - or, where ranks outnumber cores, the receiver reads it
+whole too. Every collective against NumPy with plain and rl.empty
 buffers, odd sizes and dtypes, p = 2..4, and point-to-point; and the fallbacks when the
 kernel refuses the read, the write or both (a seccomp filter, as in some containers), which
 must stream what is missing through the ring instead and give the same result."""
@@ -86,7 +87,9 @@ def _call(rank, p, op, count, dtype, seed, alloc, algo="auto"):
         np.testing.assert_array_equal(out, ins[root][rank])
 
 
-def _property(rank, examples):
+def _property(rank, examples, split=True):
+    """``split``: one-way messages are split (forced by RINGLET_CMA_PUT=1); else, crowded,
+    each receiver reads them whole."""
     p = rl.get_world_size()
     before, puts = _reads(), _puts()
 
@@ -109,12 +112,22 @@ def _property(rank, examples):
     got = np.array([_reads() - before, _puts() - puts], np.int64)
     rl.all_reduce(got)
     assert got[0] > 0, "no message took the cross-memory path"
-    assert got[1] > 0, "no one-way message was split between sender and receiver"
+    if split:
+        assert got[1] > 0, "no one-way message was split between sender and receiver"
+    elif engine().crowded:
+        assert got[1] == 0, "a crowded one-way message was split, not read whole"
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_every_collective_reads_plain_buffers_in_place(p):
     run(_property, p, 40 if p < 4 else 25, env=SMALL_RING)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_crowded_one_way_messages_are_read_whole(p):
+    """The default where ranks outnumber cores (p = 3-4 on this 2-core host): one-way
+    messages are read whole by their receivers, every collective as NumPy says."""
+    run(_property, p, 30 if p < 4 else 20, False, env={"RINGLET_SHM_RING": str(RING)})
 
 
 def _large(rank):
@@ -131,21 +144,32 @@ def test_large_messages_at_the_default_ring():
     run(_large, 2, env={"RINGLET_CMA_PUT": "1"})
 
 
-def _crowded(rank):
-    """By default a one-way message streams where ranks outnumber cores (there the split
-    lost), and is split where each rank has a core."""
+def _crowded(rank, whole):
+    """By default a one-way message is split where each rank has a core, and read whole by
+    its receiver where ranks outnumber cores (there the split lost; ``whole`` false,
+    RINGLET_CMA_CROWDED=0: it streams, as before)."""
     p = rl.get_world_size()
-    before = _puts()
+    before, puts = _reads(), _puts()
     _call(rank, p, "broadcast", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
     _call(rank, p, "scatter", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty)
-    got = np.array([_puts() - before], np.int64)
+    got = np.array([_reads() - before, _puts() - puts], np.int64)
     rl.all_reduce(got)
-    assert (got[0] == 0) == engine().crowded
+    assert (got[1] == 0) == engine().crowded
+    if engine().crowded:
+        assert (got[0] > 0) == whole
+    # a direct gather's root copies its own block first: it takes the stream, read whole
+    # or split alike (cma.py)
+    before, puts = _reads(), _puts()
+    _call(rank, p, "gather", 3 * RING + 5, np.dtype(np.uint8), 0, np.empty, "direct")
+    got = np.array([_reads() - before, _puts() - puts], np.int64)
+    rl.all_reduce(got)
+    assert (got == 0).all(), got
 
 
-@pytest.mark.parametrize("p", [2, 3])
-def test_split_only_where_ranks_have_cores(p):
-    run(_crowded, p, env={"RINGLET_SHM_RING": str(RING)})
+@pytest.mark.parametrize("p,whole", [(2, True), (3, True), (3, False), (4, True)])
+def test_split_only_where_ranks_have_cores(p, whole):
+    run(_crowded, p, whole,
+        env={"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_CROWDED": str(int(whole))})
 
 
 def _p2p(rank, examples):
@@ -210,7 +234,7 @@ def _forbid(read: bool, write: bool) -> None:
     assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
 
 
-def _refused(rank, read, write):
+def _refused(rank, read, write, split=True):
     p = rl.get_world_size()
     if rank == 1:
         _forbid(read, write)
@@ -235,8 +259,9 @@ def _refused(rank, read, write):
     else:       # the others still read and write in place (each other, and rank 1's)
         assert all(q.cma.ok and q.cma.put_ok for q in peers.values())
         assert sum(q.cma.reads for q in peers.values()) > 0
-        assert sum(q.cma.puts for q in peers.values()) > 0
-        if read and not write:   # rank 1 cannot read: heads became whole messages for it
+        if split:
+            assert sum(q.cma.puts for q in peers.values()) > 0
+        if read and not write and split:   # rank 1 cannot read: heads became whole messages
             assert peers[1].cma.puts > 0
 
 
@@ -245,6 +270,13 @@ def _refused(rank, read, write):
                          ids=["read", "write", "both"])
 def test_a_refused_read_or_write_streams_through_the_ring_instead(read, write):
     run(_refused, 3, read, write, env=SMALL_RING)
+
+
+@pytest.mark.skipif(platform.machine() not in _SYSCALL, reason="seccomp filter for x86_64/aarch64")
+def test_a_refused_whole_read_of_a_crowded_one_way_message_streams_instead():
+    """Crowded (p = 3 on 2 cores), one-way messages are read whole: those to the rank that
+    cannot read stream through the ring, the rest are still read."""
+    run(_refused, 3, True, False, False, env={"RINGLET_SHM_RING": str(RING)})
 
 
 def _off(rank):

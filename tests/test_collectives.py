@@ -445,7 +445,7 @@ def test_in_place_all_gather_and_gather_copy_nothing(alloc):
 
 
 def _auto_by_buffer_kind(rank):
-    """Under a calibrated host profile, 8 MiB broadcast at p = 3 is scatter_allgather from
+    """Under a calibrated host profile, 8 MiB broadcast at p = 2 is scatter_allgather from
     NumPy buffers but direct from rl.empty ones (the root's one announcement per peer,
     each peer copying in place, beats forwarding). Ranks that pass different kinds of
     buffers disagree, and say why, on every rank."""
@@ -536,7 +536,9 @@ def test_auto_agrees_on_rooted_collectives_from_rl_empty(tmp_path):
 
 
 def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
+    # (p = 2: at p = 3 on this profile's 2 cores a plain buffer's one-way messages are
+    # read whole too (transport/cma.py), and both kinds pick direct)
     from ringlet.cost import profile
     path = tmp_path / "profile.json"
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
-    run(_auto_by_buffer_kind, 3, env={"RINGLET_PROFILE": str(path)})
+    run(_auto_by_buffer_kind, 2, env={"RINGLET_PROFILE": str(path)})

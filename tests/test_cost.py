@@ -1178,6 +1178,21 @@ def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
     for red, want in ((np.array([False, True]), [True, False]), (np.zeros(2, bool), [True, True])):
         _, by_cma = _read_in_place(nb, np.zeros(2, int), (), 0, shm.RING_BYTES, src, dst, red)
         assert list(by_cma) == want                 # a receive that reduces declines
+    # where ranks outnumber cores a one-way message is read whole too (cma.Reader.reads_whole)
+    one_way = np.array([0, 0]), np.array([1, 2])
+    for crowded, want in ((False, [False, False]), (True, [True, True])):
+        _, by_cma = _read_in_place(nb, np.zeros(2, int), (), 0, shm.RING_BYTES, *one_way,
+                                   np.zeros(2, bool), crowded=crowded)
+        assert list(by_cma) == want
+
+    def t4(model, coll):
+        s = _build(coll, "direct", 4, count_of(coll, 4, big))
+        return simulate(s, Topology.on_host(4, model)).time
+    from ringlet.cost.model import count_of
+    for coll in ("scatter", "broadcast"):     # p = 4 on HOST_PROFILE's 2 cores
+        assert t4(cma, coll) < t4(ring, coll)
+    # ... but not by a rank whose round copied locally first (a gather's root declines)
+    assert t4(cma, "gather") == pytest.approx(t4(ring, "gather"))
 
 
 @pytest.mark.filterwarnings("ignore:.*cma_min")     # (the profile says: no CMA, on purpose)

@@ -447,7 +447,7 @@ class _Sim:
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
                 zero_copy_min: int = -1, cma_min: int = -1,
-                zero_copy_oneway_min: int | None = None) -> float:
+                zero_copy_oneway_min: int | None = None, crowded: bool = False) -> float:
     """Bytes a job touches: the buffers each rank reads or writes (a rooted collective's
     other ranks never touch the root's gathered array), plus the part of each shared ring
     that its pair's messages cycle through (up to the ring's size). A message its
@@ -463,7 +463,8 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
         touched[c["dst"][acc], c["abuf"][acc]] = True
         msg = (c["src"] != c["dst"]) & ~_read_in_place(
             c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
-            c["reduce"].astype(bool), zero_copy_oneway_min)[0]
+            c["reduce"].astype(bool), zero_copy_oneway_min, crowded,
+            c["src"][c["src"] == c["dst"]])[0]
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -477,14 +478,18 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
 
 
 def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, src=None,
-                   dst=None, reduce=None, zero_copy_oneway_min: int | None = None) -> tuple:
+                   dst=None, reduce=None, zero_copy_oneway_min: int | None = None,
+                   crowded: bool = False, local=None) -> tuple:
     """(which messages their receiver reads in place, which of them by cross-memory
     attach). In place: sent from one of the ``shared`` buffers (indices into
     ``BUFFER_NAMES``) and larger than ``zero_copy_min`` - or, by a sender that does not
     receive in the round, than ``zero_copy_oneway_min`` (None: the same; limits.py says
     why); by CMA (transport/cma.py): from a private buffer, larger than ``cma_min``, by a
-    sender that receives too in the round (``src``, ``dst``: the round's messages) into a
-    receive that copies (``reduce`` false). -1: none."""
+    sender that receives too in the round (``src``, ``dst``: the round's messages), or by
+    any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole; not to a
+    rank with a local step in the round, ``local``: it declines, as a gather's root does),
+    into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
+    rank has a core is priced as streamed.)"""
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min
@@ -497,7 +502,11 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
         if cma.any():
-            cma &= np.isin(src, dst)
+            one_way = ~np.isin(src, dst)
+            if not crowded:
+                cma &= ~one_way
+            elif local is not None and len(local):
+                cma &= ~(one_way & np.isin(dst, local))
         if reduce is not None:
             cma &= ~reduce
     return zc | cma, cma
@@ -594,10 +603,10 @@ class _HostSim:
         s, m, p = self.s, self.m, self.p
         self.theta = m.theta
         self.isz = float(s.itemsize)
-        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
-                         m.zero_copy_oneway_min)
-        self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         self.crowded = 1.0 if p > m.cores else 0.0
+        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
+                         m.zero_copy_oneway_min, bool(self.crowded))
+        self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
         largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
@@ -665,7 +674,7 @@ class _HostSim:
             work += np.bincount(lsrc, self._local_counts(lsrc, lnb, lred, one) @ self.theta,
                                 self.p)
         if len(src):
-            sides = self._side_counts(src, dst, nb, red, hot, sbuf)
+            sides = self._side_counts(src, dst, nb, red, hot, sbuf, lsrc)
             work += np.bincount(src, sides[0] @ self.theta, self.p)
             work += np.bincount(dst, sides[1] @ self.theta, self.p)
         stretch = self._stretch(work)
@@ -695,7 +704,7 @@ class _HostSim:
         self.path = self.path + k * per
         self.alone = self.alone + per
 
-    def _side_counts(self, src, dst, nb, red, hot, sbuf):
+    def _side_counts(self, src, dst, nb, red, hot, sbuf, local=None):
         """Term counts of each message's work on its sending and its receiving side (those
         of sharing the cores left to ``_shared_counts``), and of its latency; and which
         messages the receiver reads in place."""
@@ -718,7 +727,8 @@ class _HostSim:
         # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
         # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
-                                      src, dst, red, m.zero_copy_oneway_min)
+                                      src, dst, red, m.zero_copy_oneway_min,
+                                      bool(self.crowded), local)
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0

@@ -16,6 +16,20 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
   Measured here (two processes, 8 MiB, warm, load ~1): memcpy 130 us, one read of the
   whole 8 MiB 270 us (the kernel pins and copies page by page: about half memcpy's speed),
   the split 130-175 us. Open MPI reads the whole message, as the first way does.
+  Only where every rank has a core: where ranks outnumber cores (p = 3-4 on 2) the
+  receiver reads a one-way message whole instead, as Open MPI's scatter, gather and
+  broadcast do there (strace: each receiver of a scatter p = 4 reads its 2 MiB block in
+  one process_vm_readv): the sender copies nothing, and the receivers read at once on the
+  cores there are; streamed, the sender (a scatter's root) copied every message into the
+  ring alone (in-job A/B, bench/one_way.py --whole: auto's algorithms, plain 8 MiB, 20
+  alternating blocks of 10 calls, load 12-16; stream/whole on the median call: scatter
+  p = 4 1.13-1.35, p = 3 1.43-1.57; gather p = 4 1.03-1.17, p = 3 0.88-1.00; broadcast,
+  a pipeline, p = 4 0.96-0.97, p = 3 0.95-1.06). The sender offers it (RTS_OFFER) and the receiver answers as for a split
+  with no head: it reads the message whole (CTS_DONE), or declines (CTS_OK) where it
+  would decline a split - a reduction, or a round that copied locally first: a gather's
+  root reading every block alone lost to the stream, where its senders copy in at once
+  (gather p = 4 8 MiB direct, fresh jobs in turns, load 9-12: 10393 us read whole against
+  6781 streamed). RINGLET_CMA_CROWDED=0: those stream, as before.
 
 A receiver that reduces declines (CTS_OK) and takes the stream: reading into scratch and
 reducing from there lost to the ring, which overlaps the sender's copy with the
@@ -104,6 +118,8 @@ class Reader:
         mode = os.environ.get("RINGLET_CMA_PUT", "auto")
         self.put_ok = self.ok and _writev is not None and mode != "0"
         self.put_crowded = mode == "1"      # split even when ranks outnumber cores
+        # crowded, a one-way message is read whole by its receiver instead of streaming
+        self.whole_crowded = self.ok and os.environ.get("RINGLET_CMA_CROWDED", "1") != "0"
         self.refused = 0            # errno of the read that turned reads off (0: none)
         self.put_refused = 0        # errno of the write that turned writes off (0: none)
         self.reads = 0              # messages (or tails) read in place
@@ -130,6 +146,13 @@ class Reader:
         stream (in-job A/B under load 15: 0.67-1.01x at p = 3-4) - and a core taken by the
         sender is one a receiver lacks."""
         return self.put_ok and (self.put_crowded or not crowded)
+
+    def reads_whole(self, crowded: bool) -> bool:
+        """Whether a one-way message offered (RTS_OFFER) is read whole by its receiver
+        instead of split: where ranks outnumber cores and the split is not forced. There the sender copies nothing and each receiver reads its own message, as
+        Open MPI's do, several at once on the cores there are; streamed, the sender copied
+        every message into the ring alone."""
+        return crowded and self.whole_crowded and not self.put_crowded
 
     def head_bytes(self, n: int, senders: int, receivers: int) -> int:
         """How many leading bytes of an ``n``-byte one-way message its sender is to write

@@ -36,7 +36,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   also receives, the receiver reads it whole with process_vm_readv; sent one-way, the
   sender writes a head into the receive buffer (process_vm_writev; p = 2: half) while
   the receiver reads the rest (CMA_PUT_MIN, the same limit; only where ranks do not
-  outnumber cores). Taken only by a receive that copies (cma.py says why).
+  outnumber cores: where they do, the receiver reads it whole, as in an exchange round).
+  Taken only by a receive that copies (cma.py says why).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
@@ -74,7 +75,8 @@ def facts(fast_path: bool) -> dict:
     receives too, only into a receive that copies, and only where the kernel allows it:
     see cma.py), the same as zero_copy_min for a sender that does not receive in its round,
     above how many bytes a one-way send from a plain buffer is split by CMA
-    (-1: never; only where ranks do not outnumber cores, only into a receive that copies:
+    (-1: never; only where ranks do not outnumber cores - where they do, it is read whole,
+    priced as cma_min's - only into a receive that copies:
     the sender writes the first r/(s+r) of the bytes into the receive buffer while the
     receiver reads the rest, each at the kernel's copy speed, beta + beta_cma per byte,
     the two at once; s: the large messages the sender's round sends, plus its local copies

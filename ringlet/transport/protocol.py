@@ -241,9 +241,12 @@ class Peer:
             req.zc = locate(req.data)      # (once: send_now is not asked again)
             if (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
                     and req.data.flags.c_contiguous):
-                # read whole where every rank copies anyway; split where the sender idles
+                # read whole where every rank copies anyway; offered where the sender
+                # idles: split, or read whole where ranks outnumber cores (cma.py)
+                crowded = self.engine.crowded
                 req.cma = (RTS_CMA if req.receiving else
-                           RTS_OFFER if self.cma.splits(self.engine.crowded) else 0)
+                           RTS_OFFER if self.cma.splits(crowded) or self.cma.reads_whole(crowded)
+                           else 0)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True
@@ -499,16 +502,20 @@ class Peer:
     # -- a one-way message from a plain buffer, copied by both sides at once (cma.py) -------
     def _take_offer(self, req: RecvRequest, msgid: int, offer: _Offer) -> None:
         """Receiver: ask the sender to write the head into our buffer (CTS_PUT), and read
-        the tail meanwhile; the receive completes on the sender's PUT (_on_put). A receive
-        that reduces, or a buffer not contiguous, takes the stream (CTS_OK) instead; one
-        whose reads the kernel refuses asks for the whole message to be written."""
+        the tail meanwhile; the receive completes on the sender's PUT (_on_put). Where
+        ranks outnumber cores, read it all instead (cma.Reader.reads_whole). A receive
+        that reduces, or a buffer not contiguous, or one whose round copied locally first
+        (``ways`` 0: a gather's root) takes the stream (CTS_OK) instead; one whose reads
+        the kernel refuses asks for the whole message to be written (or, read whole,
+        takes the stream)."""
         req.msgid = msgid
         self.incoming[msgid] = req
         if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways:
             self._queue_cts(msgid, CTS_OK, 0)
             return
         n, addr = req.nbytes, offer.addr
-        head = self.cma.head_bytes(n, offer.ways, req.ways)
+        head = (0 if self.cma.reads_whole(self.engine.crowded) and self.cma.ok else
+                self.cma.head_bytes(n, offer.ways, req.ways))
         if head == 0:             # we read it all (the sender is the busier side)
             if self.cma.deliver(req, addr, n):
                 del self.incoming[msgid]

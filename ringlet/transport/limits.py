@@ -64,6 +64,8 @@ CMA_PUT_MIN = CMA_MIN
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20
+TCP_LANES = 2
+TCP_STRIPE_MIN = 1 << 20
 
 
 def facts(fast_path: bool) -> dict:

@@ -289,10 +289,7 @@ class TcpPeer(Peer):
                 or length != min(f, req.nbytes - aux):
             raise ProtocolError(f"DATA piece ({msgid}, {aux}+{length}) out of order on "
                                 f"connection {lane.index} of {k}")
-        if aux + k * f < req.nbytes:
-            lane.expect[msgid] = aux + k * f
-        else:
-            lane.expect.pop(msgid, None)       # this lane's last piece of it
+        lane.expect[msgid] = aux + k * f       # (past the end: this lane's last piece)
         return req
 
     def _poll_lane(self, lane: Lane) -> bool:
@@ -369,6 +366,9 @@ class TcpPeer(Peer):
                     else:
                         req.deliver(lane.ptarget)   # a sink: counts it
                     self.data_done(req)
+                    if len(self.lanes) > 1 and msgid not in self.incoming:
+                        for other in self.lanes:    # all of it is in
+                            other.expect.pop(msgid, None)
                 else:
                     self._on_packet(kind, flags, tag, msgid, length, aux, fp, lane.ptarget)
             except ProtocolError as exc:

@@ -12,6 +12,8 @@ exchanges of the same bytes over k = 1, 2, 4 connections, both as threads in blo
 calls (``thread k``: bench/hosts.py's ceiling) and as one thread driving non-blocking
 sockets in 4 MiB pieces (``poll k``: what ringlet's single-threaded engine could reach).
 
+``--deals 1,2,4``: one job opening 4 lanes, each turn timing all_reduce and exchange with
+large messages dealt over 1, 2 and 4 of them (TcpPeer.deal): A/B in one job.
 ``--ab A,B,...``: instead, fresh jobs in turns, one per environment setting (e.g. the
 stream count), each timing ringlet's all_reduce and exchange: A/B of a setting read at
 init. Needs root (namespaces, tc).
@@ -138,6 +140,14 @@ def job(spec_path: str) -> None:
         for k in (1, 2, 4):
             conns[("thread", k)] = _connect(np, rl, addr, r == 1, k, 29600)
             conns[("poll", k)] = _connect(np, rl, addr, r == 1, k, 29610)
+    from ringlet.runtime import engine
+    tcp = engine().peers[peer]
+
+    def dealt(k, fn):     # over the first k lanes (both ranks switch between turns)
+        def run():
+            tcp.deal = k
+            fn()
+        return run
     for nbytes in spec["sizes"]:
         x = np.ones(nbytes // 4, np.float32)
         src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
@@ -146,7 +156,10 @@ def job(spec_path: str) -> None:
             w = rl.irecv(dst, peer)
             rl.send(src, peer)
             w.wait()
-        runs = {"all_reduce": lambda: rl.all_reduce(x), "exchange": exchange}
+        runs = {}
+        for k in spec.get("deals") or [len(tcp.lanes)]:
+            runs[f"all_reduce {k} lanes"] = dealt(k, lambda: rl.all_reduce(x))
+            runs[f"exchange {k} lanes"] = dealt(k, exchange)
         for (how, k), socks in conns.items():
             runs[f"{how} {k}"] = (_threads if how == "thread" else _poll)(socks, src, dst)
         times = {name: [] for name in runs}
@@ -215,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default=None, help="tc rate of the link (default: unshaped)")
     ap.add_argument("--ab", help="comma-separated VAR=VALUE settings: fresh jobs in turns")
     ap.add_argument("--rounds", type=int, default=3, help="--ab: jobs per setting")
+    ap.add_argument("--deals", help="e.g. 1,2,4: in one job, large messages dealt over 1, "
+                    "then 2, then 4 lanes, turn by turn (opens the most; no bare variants)")
     ap.add_argument("--timeout", type=float, default=500)
     a = ap.parse_args(argv)
     if a.job:
@@ -227,7 +242,12 @@ def main(argv=None) -> int:
     load0 = open("/proc/loadavg").read().split()[:3]
     with hosts_mod.Hosts(2, rate=a.rate) as hosts:
         spec = {"sizes": sizes, "turns": a.turns, "addrs": hosts.addrs}
-        if not a.ab:
+        if a.deals:
+            deals = [int(k) for k in a.deals.split(",")]
+            merged = _launch(hosts, {**spec, "deals": deals, "bare": False},
+                             {**env, "RINGLET_TCP_LANES": str(max(deals))}, a.timeout)
+            ref = f"all_reduce {deals[0]} lanes"
+        elif not a.ab:
             merged = _launch(hosts, spec, env, a.timeout)
             ref = "thread 1"
         else:
@@ -242,7 +262,7 @@ def main(argv=None) -> int:
                         for what in ("time", "cpu"):
                             for name, ts in cell[what].items():
                                 m[what].setdefault(f"{setting} {name}", []).extend(ts)
-            ref = f"{settings[0]} all_reduce"
+            ref = next(iter(merged[next(iter(merged))]["time"]))
     load1 = open("/proc/loadavg").read().split()[:3]
     print(f"\n== 2 hosts x 1 rank, link {a.rate or 'unshaped veth'}; load before "
           f"{' '.join(load0)}, after {' '.join(load1)}")

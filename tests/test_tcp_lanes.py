@@ -46,7 +46,6 @@ def _striped(rank, collective, examples, lanes):
     tcp = [q for q in engine().peers.values() if isinstance(q, TcpPeer)]
     assert tcp and all(len(q.lanes) == lanes for q in tcp), [len(q.lanes) for q in tcp]
     algos = list(algorithms.CATALOG[collective])
-    reducing = collective in ("all_reduce", "reduce", "reduce_scatter")
 
     # elements per rank's block: messages from just above the eager limit to a few
     # fragments, so they split into 1 .. several pieces per lane, the last one short

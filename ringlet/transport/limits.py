@@ -43,10 +43,28 @@ TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DA
 costs the receiver a wakeup and a Python turn and the sender a sendmsg (header and payload
 in one call): 4 MiB packets took 10-15% less CPU per 64 MiB all_reduce between two
 namespace hosts than 1 MiB (256 KiB: 10% more), measured as process time, which load
-moves less than the clock (bench/hosts.py --gloo; tcp.py). One connection per pair: a
-bare exchange over 2 or 4 connections was no faster than over one on veth. No MSG_ZEROCOPY:
+moves less than the clock (bench/hosts.py --gloo; tcp.py). No MSG_ZEROCOPY:
 a bare 64 MiB exchange with it took 28-31 ms of CPU against 22-33 ms without (load 11):
 the kernel copies the pages anyway when it hands them to a socket on this machine.
+
+TCP_LANES: connections per pair of ranks on different hosts (a pair opens the fewer of
+its two ranks' counts; RINGLET_TCP_LANES overrides it, 1-16). With more than one, a large
+message's DATA is dealt round robin over them in pieces of up to TCP_FRAG_BYTES - down
+to TCP_STRIPE_MIN, so that a message from twice that size crosses on several - and put
+back by offset (tcp.py); control and small messages stay on the first. One by default:
+on this 2-core machine it does not win. Two namespace hosts, one rank each, unshaped
+veth, 1, 2 and 4 lanes turn by turn in one job (bench/tcp_streams.py --deals 1,2,4,
+15 turns, load 6-8), median ms / CPU ms per call: all_reduce 8 MiB 20.2/7.7, 21.3/7.9,
+19.2/7.5; 64 MiB 158/55, 159/52, 148/49; 256 MiB 666/212, 739/228, 744/239 (spread
++-50%). On a 1 Gbit/s tbf link (5 turns): 64 MiB 594, 583, 596 ms (90, 92, 90% of the
+link); 256 MiB 2292, 2283, 2332 ms (94% each). A 256 MiB all_reduce of two ranks on two
+cores is bound by CPU, not by the connection: each rank spends ~170 ms of it per call
+(loopback profile: ~140 ms in the kernel, sendmsg and recv_into copies, ~22 ms NumPy
+reducing, ~4 ms Python), and more connections add CPU rather than take any away. (The
+bare exchange's ceiling with 2 connections - bench/hosts.py --gloo, quiet machine: 136
+against 203 ms - runs a thread per connection and direction: 4 threads per rank spread
+the kernel's copies over both cores, and it does not reduce.) A link whose flows are
+limited one by one (a real NIC's per-flow hashing, a long fat pipe) may still want more.
 """
 from __future__ import annotations
 
@@ -64,7 +82,7 @@ CMA_PUT_MIN = CMA_MIN
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20
-TCP_LANES = 2
+TCP_LANES = 1
 TCP_STRIPE_MIN = 1 << 20
 
 

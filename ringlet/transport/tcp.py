@@ -78,6 +78,10 @@ class TcpPeer(Peer):
                       for i, s in enumerate(socks)]
         self.unflushed: list = []     # (each lane's queued mark, send) done once flushed past
         self.sending = None           # (send, next offset per lane) of the DATA being dealt
+        # Lanes a large message is dealt over (the first ``deal``). Both ends must agree:
+        # changed only while no DATA is in flight (bench/tcp_streams.py's A/B, both ranks
+        # between turns); else all of them.
+        self.deal = len(self.lanes)
 
     # The first lane's state under its old names (tests and tools look at them).
     @property
@@ -100,7 +104,7 @@ class TcpPeer(Peer):
         """The DATA piece of a message of ``nbytes``: a fragment on one lane; with several,
         a 1/lanes share (whole 4 KiB pages: whole elements) of a message down to twice
         TCP_STRIPE_MIN, so a message of a few MiB crosses on all of them too."""
-        k = len(self.lanes)
+        k = self.deal
         if k == 1:
             return self.frag
         share = (-(-nbytes // k) + 4095) & ~4095
@@ -196,7 +200,7 @@ class TcpPeer(Peer):
     def _send_data(self, req) -> bool:
         """Deal the message's pieces over the lanes, each lane its own in order, as far as
         their kernels take them; True once all are written."""
-        k = len(self.lanes)
+        k = self.deal
         if k == 1:
             return super()._send_data(req)
         f, n = self.piece(req.nbytes), req.nbytes
@@ -205,7 +209,7 @@ class TcpPeer(Peer):
         at = self.sending[1]
         while req.offset < n:
             wrote = False
-            for j, lane in enumerate(self.lanes):
+            for j, lane in enumerate(self.lanes[:k]):
                 lo = at[j]
                 if lo >= n:
                     continue
@@ -278,7 +282,9 @@ class TcpPeer(Peer):
 
     def _piece_target(self, lane: Lane, msgid: int, length: int, aux: int):
         """Validate a DATA header read on ``lane`` and return the receive it belongs to."""
-        k = len(self.lanes)
+        k = self.deal
+        if lane.index >= k:
+            raise ProtocolError(f"DATA on connection {lane.index}, which carries none")
         if k == 1:
             return self.data_target(msgid, length, aux)
         req = self.incoming.get(msgid)
@@ -366,7 +372,7 @@ class TcpPeer(Peer):
                     else:
                         req.deliver(lane.ptarget)   # a sink: counts it
                     self.data_done(req)
-                    if len(self.lanes) > 1 and msgid not in self.incoming:
+                    if self.deal > 1 and msgid not in self.incoming:
                         for other in self.lanes:    # all of it is in
                             other.expect.pop(msgid, None)
                 else:

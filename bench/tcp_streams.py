@@ -4,7 +4,9 @@ link), one rank each, every variant timed turn by turn in one job (slowest rank'
 and CPU time: the process's, all its threads).
 
     .venv/bin/python bench/tcp_streams.py [--sizes 8M,64M,256M] [--turns 7] [--rate 1gbit]
-    .venv/bin/python bench/tcp_streams.py --ab RINGLET_TCP_STREAMS=1,RINGLET_TCP_STREAMS=2
+    .venv/bin/python bench/tcp_streams.py --knob deal=1,2,4 [--rate 1gbit]
+    .venv/bin/python bench/tcp_streams.py --knob chunk=4194304,262144
+    .venv/bin/python bench/tcp_streams.py --ab RINGLET_TCP_LANES=1,RINGLET_TCP_LANES=2
 
 Variants inside one job (default): ringlet's all_reduce; ringlet moving the same bytes
 without reducing (isend/irecv of n bytes each way: the protocol's cost alone); bare
@@ -12,8 +14,10 @@ exchanges of the same bytes over k = 1, 2, 4 connections, both as threads in blo
 calls (``thread k``: bench/hosts.py's ceiling) and as one thread driving non-blocking
 sockets in 4 MiB pieces (``poll k``: what ringlet's single-threaded engine could reach).
 
-``--deals 1,2,4``: one job opening 4 lanes, each turn timing all_reduce and exchange with
-large messages dealt over 1, 2 and 4 of them (TcpPeer.deal): A/B in one job.
+``--knob deal=1,2,4``: one job opening 4 lanes, each turn timing all_reduce and exchange
+with large messages dealt over 1, 2 and 4 of them (TcpPeer.deal): A/B in one job;
+``--knob chunk=4194304,262144``: the same for the bytes of a reducing piece read and
+applied at a time (TcpPeer.chunk).
 ``--ab A,B,...``: instead, fresh jobs in turns, one per environment setting (e.g. the
 stream count), each timing ringlet's all_reduce and exchange: A/B of a setting read at
 init. Needs root (namespaces, tc).
@@ -143,9 +147,11 @@ def job(spec_path: str) -> None:
     from ringlet.runtime import engine
     tcp = engine().peers[peer]
 
-    def dealt(k, fn):     # over the first k lanes (both ranks switch between turns)
+    attr, values = spec.get("knob") or ("deal", [len(tcp.lanes)])
+
+    def knob(k, fn):      # TcpPeer.<attr> = k (both ranks switch between turns)
         def run():
-            tcp.deal = k
+            setattr(tcp, attr, k)
             fn()
         return run
     for nbytes in spec["sizes"]:
@@ -157,9 +163,9 @@ def job(spec_path: str) -> None:
             rl.send(src, peer)
             w.wait()
         runs = {}
-        for k in spec.get("deals") or [len(tcp.lanes)]:
-            runs[f"all_reduce {k} lanes"] = dealt(k, lambda: rl.all_reduce(x))
-            runs[f"exchange {k} lanes"] = dealt(k, exchange)
+        for k in values:
+            runs[f"all_reduce {attr}={k}"] = knob(k, lambda: rl.all_reduce(x))
+            runs[f"exchange {attr}={k}"] = knob(k, exchange)
         for (how, k), socks in conns.items():
             runs[f"{how} {k}"] = (_threads if how == "thread" else _poll)(socks, src, dst)
         times = {name: [] for name in runs}
@@ -228,8 +234,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default=None, help="tc rate of the link (default: unshaped)")
     ap.add_argument("--ab", help="comma-separated VAR=VALUE settings: fresh jobs in turns")
     ap.add_argument("--rounds", type=int, default=3, help="--ab: jobs per setting")
-    ap.add_argument("--deals", help="e.g. 1,2,4: in one job, large messages dealt over 1, "
-                    "then 2, then 4 lanes, turn by turn (opens the most; no bare variants)")
+    ap.add_argument("--knob", help="NAME=V1,V2,...: in one job, TcpPeer.NAME set to each value "
+                    "in turn (deal=1,2,4: lanes a large message is dealt over, opening the "
+                    "most; chunk=4194304,262144: bytes of a reducing piece read at a time); "
+                    "no bare variants")
     ap.add_argument("--timeout", type=float, default=500)
     a = ap.parse_args(argv)
     if a.job:
@@ -242,11 +250,14 @@ def main(argv=None) -> int:
     load0 = open("/proc/loadavg").read().split()[:3]
     with hosts_mod.Hosts(2, rate=a.rate) as hosts:
         spec = {"sizes": sizes, "turns": a.turns, "addrs": hosts.addrs}
-        if a.deals:
-            deals = [int(k) for k in a.deals.split(",")]
-            merged = _launch(hosts, {**spec, "deals": deals, "bare": False},
-                             {**env, "RINGLET_TCP_LANES": str(max(deals))}, a.timeout)
-            ref = f"all_reduce {deals[0]} lanes"
+        if a.knob:
+            name, values = a.knob.split("=")
+            values = [int(v) for v in values.split(",")]
+            if name == "deal":
+                env["RINGLET_TCP_LANES"] = str(max(values))
+            merged = _launch(hosts, {**spec, "knob": (name, values), "bare": False}, env,
+                             a.timeout)
+            ref = f"all_reduce {name}={values[0]}"
         elif not a.ab:
             merged = _launch(hosts, spec, env, a.timeout)
             ref = "thread 1"

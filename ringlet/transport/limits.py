@@ -84,6 +84,7 @@ TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20
 TCP_LANES = 1
 TCP_STRIPE_MIN = 1 << 20
+TCP_REDUCE_CHUNK = 256 << 10
 
 
 def facts(fast_path: bool) -> dict:

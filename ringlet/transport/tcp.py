@@ -4,7 +4,8 @@ sends never deadlock). Control packets and small messages go on the first lane; 
 message's DATA is cut into pieces dealt round robin over all lanes (piece i on lane
 i % lanes: both ends know where each piece goes, so each lane's pieces are checked in
 order), and reassembled by offset. Copy-DATA is received straight into the destination;
-reduce-DATA and EAGER payloads go through a bounce buffer the size of a fragment."""
+reduce-DATA (TCP_REDUCE_CHUNK at a time: limits.py) and EAGER payloads go through a bounce
+buffer."""
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ class Lane:
     """One connection of a pair: its socket, the bytes its kernel has not taken yet, and
     the packet being read from it."""
     __slots__ = ("index", "sock", "wpending", "queued", "flushed", "hbuf", "hgot", "lowat",
-                 "bounce", "pkt", "ptarget", "pgot", "events", "expect")
+                 "bounce", "pkt", "ptarget", "pgot", "sub", "events", "expect")
 
     def __init__(self, index: int, sock: socket.socket, bounce: int):
         sock.setblocking(False)
@@ -65,6 +66,7 @@ class Lane:
         self.pkt = None                           # header of the packet whose payload we read
         self.ptarget: memoryview | None = None
         self.pgot = 0
+        self.sub = 0                              # bytes of a reducing piece applied so far
         self.events = 0                           # what a selector watches it for
         self.expect: dict = {}                    # msgid -> offset of its next piece here
 
@@ -82,6 +84,8 @@ class TcpPeer(Peer):
         # changed only while no DATA is in flight (bench/tcp_streams.py's A/B, both ranks
         # between turns); else all of them.
         self.deal = len(self.lanes)
+        # A reducing piece is read and applied this many bytes at a time (limits.py says why)
+        self.chunk = limits.TCP_REDUCE_CHUNK
 
     # The first lane's state under its old names (tests and tools look at them).
     @property
@@ -328,7 +332,7 @@ class TcpPeer(Peer):
                     self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
                     return True
                 lane.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
-                lane.pgot = 0
+                lane.pgot = lane.sub = 0
                 if kind == DATA:
                     try:
                         req = self._piece_target(lane, msgid, length, aux)
@@ -346,36 +350,46 @@ class TcpPeer(Peer):
                                 self, f"DATA fragment of {length} bytes splits a "
                                       f"{req.itemsize}-byte element")
                             return True
-                        lane.ptarget = memoryview(lane.bounce)[:length]
+                        lane.ptarget = memoryview(lane.bounce)[:min(length, self.chunk)]
                 elif kind == EAGER:
                     lane.ptarget = memoryview(lane.bounce)[:length]
                 else:
                     lane.ptarget = None
             if lane.ptarget is not None and lane.pgot < len(lane.ptarget):
                 n = self._recv_into(lane, lane.ptarget[lane.pgot:])
-                if n < 0:
-                    self._await(lane, len(lane.ptarget) - lane.pgot)
+                if n < 0:   # (a DATA piece: the rest of all of it)
+                    rest = (lane.pkt[4] - lane.sub if lane.pkt[0] == DATA
+                            else len(lane.ptarget)) - lane.pgot
+                    self._await(lane, rest)
                     return moved
                 moved = True
                 lane.pgot += n
                 if lane.pgot < len(lane.ptarget):
                     continue
             kind, flags, tag, msgid, length, aux, fp = lane.pkt
-            lane.pkt = None
             try:
                 if kind == DATA:
                     req = self.incoming[msgid]
                     if req.ufunc is None:
                         req.offset += length
-                    elif type(req) is RecvRequest:
-                        _reduce_at(req, aux, lane.ptarget)
                     else:
-                        req.deliver(lane.ptarget)   # a sink: counts it
+                        if type(req) is RecvRequest:
+                            _reduce_at(req, aux + lane.sub, lane.ptarget)
+                        else:
+                            req.deliver(lane.ptarget)   # a sink: counts it
+                        lane.sub += len(lane.ptarget)
+                        if lane.sub < length:       # read the next part into the bounce
+                            lane.ptarget = memoryview(lane.bounce)[:min(length - lane.sub,
+                                                                        self.chunk)]
+                            lane.pgot = 0
+                            continue
+                    lane.pkt = None
                     self.data_done(req)
                     if self.deal > 1 and msgid not in self.incoming:
                         for other in self.lanes:    # all of it is in
                             other.expect.pop(msgid, None)
                 else:
+                    lane.pkt = None
                     self._on_packet(kind, flags, tag, msgid, length, aux, fp, lane.ptarget)
             except ProtocolError as exc:
                 self.engine.protocol_violation(self, str(exc))

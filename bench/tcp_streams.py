@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import selectors
 import socket
 import statistics
@@ -170,17 +171,22 @@ def job(spec_path: str) -> None:
             runs[f"{how} {k}"] = (_threads if how == "thread" else _poll)(socks, src, dst)
         times = {name: [] for name in runs}
         cpu = {name: [] for name in runs}
+        sys_ = {name: [] for name in runs}
         for turn in range(spec["turns"] + 1):
             for name, fn in runs.items():
                 rl.barrier()
-                t, c = time.perf_counter(), time.process_time()
+                t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
                 fn()
-                dt = np.array([time.perf_counter() - t, time.process_time() - c])
+                c1 = resource.getrusage(resource.RUSAGE_SELF)   # (all the process's threads)
+                dt = np.array([time.perf_counter() - t,
+                               c1.ru_utime - c.ru_utime + c1.ru_stime - c.ru_stime,
+                               c1.ru_stime - c.ru_stime])
                 rl.all_reduce(dt, op=rl.ReduceOp.MAX)
                 if turn:
                     times[name].append(float(dt[0]))
                     cpu[name].append(float(dt[1]))
-        out[nbytes] = {"time": times, "cpu": cpu}
+                    sys_[name].append(float(dt[2]))
+        out[nbytes] = {"time": times, "cpu": cpu, "sys": sys_}
     if r == 0:
         print("RESULT " + json.dumps(out), flush=True)
     for socks in conns.values():
@@ -215,7 +221,7 @@ def _size(s: str) -> int:
 
 def _table(merged, ref):
     print(f"{'size':>8}  {'variant':<28}{'median ms':>10}{'min':>8}{'max':>8}{'CPU ms':>8}"
-          f"{'vs ' + ref:>16}")
+          f"{'sys':>7}  vs {ref}")
     for nb in sorted(merged, key=int):
         cell = merged[nb]
         base = statistics.median(cell["time"][ref]) if ref in cell["time"] else None
@@ -223,7 +229,8 @@ def _table(merged, ref):
             t = statistics.median(ts)
             print(f"{int(nb) >> 20:>6}Mi  {name:<28}{t * 1e3:>10.2f}{min(ts) * 1e3:>8.2f}"
                   f"{max(ts) * 1e3:>8.2f}{statistics.median(cell['cpu'][name]) * 1e3:>8.1f}"
-                  f"{(t / base if base else float('nan')):>16.2f}")
+                  f"{statistics.median(cell.get('sys', cell['cpu'])[name]) * 1e3:>7.1f}"
+                  f"{(t / base if base else float('nan')):>8.2f}")
 
 
 def main(argv=None) -> int:
@@ -232,7 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="8M,64M,256M")
     ap.add_argument("--turns", type=int, default=7)
     ap.add_argument("--rate", default=None, help="tc rate of the link (default: unshaped)")
-    ap.add_argument("--ab", help="comma-separated VAR=VALUE settings: fresh jobs in turns")
+    ap.add_argument("--ab", help="comma-separated VAR=VALUE settings (VAR=VALUE+VAR2=VALUE2: "
+                    "both): fresh jobs in turns")
     ap.add_argument("--rounds", type=int, default=3, help="--ab: jobs per setting")
     ap.add_argument("--knob", help="NAME=V1,V2,...: in one job, TcpPeer.NAME set to each value "
                     "in turn (deal=1,2,4: lanes a large message is dealt over, opening the "
@@ -266,11 +274,11 @@ def main(argv=None) -> int:
             merged = {}
             for _ in range(a.rounds):
                 for setting in settings:
-                    var, val = setting.split("=", 1)
-                    res = _launch(hosts, {**spec, "bare": False}, {**env, var: val}, a.timeout)
+                    sets = dict(kv.split("=", 1) for kv in setting.split("+"))
+                    res = _launch(hosts, {**spec, "bare": False}, {**env, **sets}, a.timeout)
                     for nb, cell in res.items():
-                        m = merged.setdefault(nb, {"time": {}, "cpu": {}})
-                        for what in ("time", "cpu"):
+                        m = merged.setdefault(nb, {"time": {}, "cpu": {}, "sys": {}})
+                        for what in ("time", "cpu", "sys"):
                             for name, ts in cell[what].items():
                                 m[what].setdefault(f"{setting} {name}", []).extend(ts)
             ref = next(iter(merged[next(iter(merged))]["time"]))

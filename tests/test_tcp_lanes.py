@@ -278,3 +278,32 @@ def test_lane_count_is_checked():
         finally:
             del os.environ["RINGLET_TCP_LANES"]
     assert tcp_lanes() == limits.TCP_LANES
+
+
+MIXED = """
+import os
+rank = int(os.environ["RANK"])
+os.environ["RINGLET_HOST_ID"] = "hostA" if rank < 2 else "hostB"
+os.environ["RINGLET_TCP_LANES"] = "{lanes}".split(",")[rank]
+import numpy as np, ringlet as rl
+from ringlet.runtime import engine
+from ringlet.transport.tcp import TcpPeer
+rl.init()
+mine = int(os.environ["RINGLET_TCP_LANES"])
+theirs = [int(n) for n in "{lanes}".split(",")]
+for r, peer in engine().peers.items():
+    if isinstance(peer, TcpPeer):   # a pair opens the fewer of its two ranks' lanes
+        assert len(peer.lanes) == min(mine, theirs[r]), (rank, r, len(peer.lanes))
+x = np.arange(3 << 20, dtype=np.float32) * (rank + 1)
+rl.all_reduce(x, algorithm="direct")      # every pair, both ways
+assert np.array_equal(x, np.arange(3 << 20, dtype=np.float32) * 10)
+print("ok", rank)
+rl.destroy()
+"""
+
+
+def test_ranks_asking_for_different_lane_counts_agree_pair_by_pair(tmp_path):
+    from conftest import ringlet_run
+    proc, _ = ringlet_run(tmp_path, MIXED.replace("{lanes}", "1,3,2,3"), n=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(proc.stdout.split("\n"))[-4:] == [f"[{r}] ok {r}" for r in range(4)], proc.stdout

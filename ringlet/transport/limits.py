@@ -65,6 +65,22 @@ bare exchange's ceiling with 2 connections - bench/hosts.py --gloo, quiet machin
 against 203 ms - runs a thread per connection and direction: 4 threads per rank spread
 the kernel's copies over both cores, and it does not reduce.) A link whose flows are
 limited one by one (a real NIC's per-flow hashing, a long fat pipe) may still want more.
+
+TCP_REDUCE_CHUNK: a reducing DATA piece is read into the bounce buffer and applied this
+much at a time, so NumPy reads it back from L2 (1 MiB here) rather than L3. Copy into a
+bounce and add into a 128 MiB float32 array, process time (load 13): 4 MiB 37-53 ms,
+1 MiB 31-43, 512 KiB 29-32, 256 KiB 27-33, 128 KiB 31-39. Between namespace hosts
+it is lost in the noise (256 MiB all_reduce CPU 237/232/231 ms with 4 MiB/1 MiB/256 KiB,
+bench/tcp_streams.py --knob chunk, load 12-15). The wire's piece stays TCP_FRAG_BYTES.
+
+TCP_SNDBUF, TCP_RCVBUF: each connection's socket buffers (RINGLET_TCP_SNDBUF,
+RINGLET_TCP_RCVBUF; 0: the kernel's autotuning, here up to 4 MiB to send and 32 MiB to
+receive). Fresh jobs in turns (bench/tcp_streams.py --ab, 3 jobs x 5 turns each, load
+6-10), all_reduce median ms / CPU ms, fixed 4 MiB both : autotuned both : 4 MiB send and
+autotuned receive: 8 MiB 22.0/9.2 : 23.6/8.8 : 14.2/6.7; 64 MiB 190/60 : 244/53 :
+170/48; 256 MiB 699/241 : 893/207 : 743/197. Autotuning costs less CPU in the kernel
+(sys 146 against 190 ms at 256 MiB) but not less time; nothing here is clear of the
+noise, so the fixed 4 MiB (8 MiB as the kernel counts them) stay.
 """
 from __future__ import annotations
 
@@ -85,6 +101,7 @@ TCP_FRAG_BYTES = 4 << 20
 TCP_LANES = 1
 TCP_STRIPE_MIN = 1 << 20
 TCP_REDUCE_CHUNK = 256 << 10
+TCP_SNDBUF = TCP_RCVBUF = 4 << 20
 
 
 def facts(fast_path: bool) -> dict:

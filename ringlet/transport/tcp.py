@@ -27,6 +27,18 @@ IOV_MAX = 64          # parts of wpending handed to one sendmsg
 EAGER_BYTES, FRAG_BYTES = limits.TCP_EAGER_BYTES, limits.TCP_FRAG_BYTES   # (see limits.py)
 
 
+def _env_bytes(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        size = int(value) if value else default
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{name}={value!r}: give a socket buffer size in bytes (0: the "
+                         f"kernel's autotuning)")
+    return size
+
+
 def tcp_lanes() -> int:
     """Connections this rank opens per remote peer (a pair uses the fewer of its two
     ranks'): RINGLET_TCP_LANES, else limits.TCP_LANES (read at init, not import, so
@@ -48,14 +60,16 @@ class Lane:
     __slots__ = ("index", "sock", "wpending", "queued", "flushed", "hbuf", "hgot", "lowat",
                  "bounce", "pkt", "ptarget", "pgot", "sub", "events", "expect")
 
-    def __init__(self, index: int, sock: socket.socket, bounce: int):
+    def __init__(self, index: int, sock: socket.socket, bounce: int, sndbuf: int = 0,
+                 rcvbuf: int = 0):
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-            except OSError:
-                pass
+        for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
+            if size:     # (0: the kernel's autotuning)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                except OSError:
+                    pass
         self.index, self.sock = index, sock
         self.wpending: list = []                  # bytes not yet accepted by the kernel
         self.queued = self.flushed = 0            # bytes ever put in / taken from wpending
@@ -76,7 +90,9 @@ class TcpPeer(Peer):
                  frag: int = FRAG_BYTES):
         super().__init__(engine, rank, eager, frag)
         socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
-        self.lanes = [Lane(i, s, max(eager, frag) if i == 0 else frag)
+        snd = _env_bytes("RINGLET_TCP_SNDBUF", limits.TCP_SNDBUF)
+        rcv = _env_bytes("RINGLET_TCP_RCVBUF", limits.TCP_RCVBUF)
+        self.lanes = [Lane(i, s, max(eager, frag) if i == 0 else frag, snd, rcv)
                       for i, s in enumerate(socks)]
         self.unflushed: list = []     # (each lane's queued mark, send) done once flushed past
         self.sending = None           # (send, next offset per lane) of the DATA being dealt

@@ -280,6 +280,19 @@ def test_lane_count_is_checked():
     assert tcp_lanes() == limits.TCP_LANES
 
 
+def test_socket_buffer_sizes_are_checked():
+    from ringlet.transport.tcp import tcp_buffers
+    for name in ("RINGLET_TCP_SNDBUF", "RINGLET_TCP_RCVBUF"):
+        for bad in ("-1", "4M"):
+            os.environ[name] = bad
+            try:
+                with pytest.raises(ValueError, match=name):
+                    tcp_buffers()
+            finally:
+                del os.environ[name]
+    assert tcp_buffers() == (limits.TCP_SNDBUF, limits.TCP_RCVBUF)
+
+
 MIXED = """
 import os
 rank = int(os.environ["RANK"])

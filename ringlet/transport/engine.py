@@ -37,7 +37,7 @@ from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
                   segment_size)
-from .tcp import TcpPeer, tcp_lanes
+from .tcp import TcpPeer, tcp_buffers, tcp_lanes
 
 log = logging.getLogger("ringlet")
 
@@ -208,6 +208,7 @@ class Engine:
             bind = local_address_towards(master_addr, master_port)
             listener = socket.create_server((bind, 0), backlog=self.world_size)
             listener.settimeout(1.0)
+            tcp_buffers()     # (a bad RINGLET_TCP_* fails here, before any connection)
             me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes())
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in

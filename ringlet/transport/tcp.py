@@ -39,6 +39,13 @@ def _env_bytes(name: str, default: int) -> int:
     return size
 
 
+def tcp_buffers() -> tuple[int, int]:
+    """Each connection's SO_SNDBUF and SO_RCVBUF (0: autotuned): RINGLET_TCP_SNDBUF,
+    RINGLET_TCP_RCVBUF, else limits.py's."""
+    return (_env_bytes("RINGLET_TCP_SNDBUF", limits.TCP_SNDBUF),
+            _env_bytes("RINGLET_TCP_RCVBUF", limits.TCP_RCVBUF))
+
+
 def tcp_lanes() -> int:
     """Connections this rank opens per remote peer (a pair uses the fewer of its two
     ranks'): RINGLET_TCP_LANES, else limits.TCP_LANES (read at init, not import, so
@@ -90,8 +97,7 @@ class TcpPeer(Peer):
                  frag: int = FRAG_BYTES):
         super().__init__(engine, rank, eager, frag)
         socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
-        snd = _env_bytes("RINGLET_TCP_SNDBUF", limits.TCP_SNDBUF)
-        rcv = _env_bytes("RINGLET_TCP_RCVBUF", limits.TCP_RCVBUF)
+        snd, rcv = tcp_buffers()
         self.lanes = [Lane(i, s, max(eager, frag) if i == 0 else frag, snd, rcv)
                       for i, s in enumerate(socks)]
         self.unflushed: list = []     # (each lane's queued mark, send) done once flushed past

@@ -320,3 +320,35 @@ def test_ranks_asking_for_different_lane_counts_agree_pair_by_pair(tmp_path):
     proc, _ = ringlet_run(tmp_path, MIXED.replace("{lanes}", "1,3,2,3"), n=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(proc.stdout.split("\n"))[-4:] == [f"[{r}] ok {r}" for r in range(4)], proc.stdout
+
+
+ON_HOSTS = """
+import numpy as np, ringlet as rl
+from ringlet.runtime import engine
+rl.init()
+r = rl.get_rank()
+peer = engine().peers[1 - r]
+assert len(peer.lanes) == 2, len(peer.lanes)
+x = np.arange(4 << 20, dtype=np.float32) * (r + 1)       # 16 MiB: 4 MiB pieces on 2 lanes
+rl.all_reduce(x)
+assert np.array_equal(x, np.arange(4 << 20, dtype=np.float32) * 3)
+print("ok", r, flush=True)
+rl.destroy()
+"""
+
+
+def test_lanes_between_namespace_hosts(tmp_path):
+    import subprocess
+    from ringlet.hosts import Hosts, HostsUnavailable
+    script = tmp_path / "job.py"
+    script.write_text(ON_HOSTS)
+    try:
+        with Hosts(2, rate=None) as hosts:
+            results = hosts.wait(hosts.ringlet_run(str(script), nproc=1,
+                                                   env={"RINGLET_TCP_LANES": "2"},
+                                                   stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, text=True), 90)
+    except HostsUnavailable as exc:
+        pytest.skip(f"no emulated hosts here: {exc}")
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0 and f"ok {i}" in out, f"host {i}: {err[-3000:]}"

@@ -58,9 +58,12 @@ veth, 1, 2 and 4 lanes turn by turn in one job (bench/tcp_streams.py --deals 1,2
 19.2/7.5; 64 MiB 158/55, 159/52, 148/49; 256 MiB 666/212, 739/228, 744/239 (spread
 +-50%). On a 1 Gbit/s tbf link (5 turns): 64 MiB 594, 583, 596 ms (90, 92, 90% of the
 link); 256 MiB 2292, 2283, 2332 ms (94% each). A 256 MiB all_reduce of two ranks on two
-cores is bound by CPU, not by the connection: each rank spends ~170 ms of it per call
-(loopback profile: ~140 ms in the kernel, sendmsg and recv_into copies, ~22 ms NumPy
-reducing, ~4 ms Python), and more connections add CPU rather than take any away. (The
+cores is bound by CPU, not by the connection: per rank and call, between namespace hosts
+(bench/tcp_streams.py, 9 turns, load 11; CPU ms, kernel + user): all_reduce 212 + 57,
+the same bytes exchanged by ringlet without reducing 200 + 28, a bare exchange by
+blocking threads 200 + 12. The kernel's copies cost all of them the same; ringlet's
+extra is ~29 ms reducing and ~16 ms of Python and polling (a loopback profile: ~4 ms
+in the Python of the packets themselves); more connections add CPU rather than take any away. (The
 bare exchange's ceiling with 2 connections - bench/hosts.py --gloo, quiet machine: 136
 against 203 ms - runs a thread per connection and direction: 4 threads per rank spread
 the kernel's copies over both cores, and it does not reduce.) A link whose flows are

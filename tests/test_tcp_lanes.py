@@ -132,23 +132,23 @@ def test_point_to_point_over_two_lanes(nbytes):
 
 
 def _killed_mid_message(rank, path):
-    x = np.ones(64 << 20, np.uint8)     # 64 MiB: 16 pieces over 2 lanes
-    if rank == 1:
-        rl.barrier()
+    from ringlet.runtime import engine
+    x = np.ones(64 << 20, np.uint8)     # 64 MiB: 16 pieces over 2 lanes, more than the
+    if rank == 1:                       # sockets hold while rank 0 does not read
         w = rl.isend(x, 0)
-        deadline = time.monotonic() + 5
-        from ringlet.runtime import engine
-        lanes = engine().peers[0].lanes
-        while not all(lane.flushed or lane.wpending for lane in lanes):
-            engine().progress()               # until both lanes are under way
-            assert not w.is_completed()
-            assert time.monotonic() < deadline
+        rl.barrier()
+        tcp, deadline = engine().peers[0], time.monotonic() + 10
+        while tcp.sending is None:      # until its pieces are under way on both lanes
+            engine().progress()
+            assert time.monotonic() < deadline and not w.is_completed()
         with open(path + ".killed", "w") as f:
             f.write(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
     rl.barrier()
+    w = rl.irecv(x, 1)                  # (its CTS goes now)
+    time.sleep(0.5)                     # reading nothing meanwhile
     try:
-        rl.recv(x, 1, timeout=30)
+        w.wait(timeout=30)
     except rl.PeerFailure as exc:
         with open(f"{path}.{rank}", "w") as f:
             json.dump({"rank": exc.rank, "msg": str(exc), "t": time.time()}, f)

@@ -37,7 +37,7 @@ from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
                   segment_size)
-from .tcp import TcpPeer
+from .tcp import TcpPeer, tcp_buffers, tcp_lanes
 
 log = logging.getLogger("ringlet")
 
@@ -208,7 +208,8 @@ class Engine:
             bind = local_address_towards(master_addr, master_port)
             listener = socket.create_server((bind, 0), backlog=self.world_size)
             listener.settimeout(1.0)
-            me.update(addr=bind, port=listener.getsockname()[1])
+            tcp_buffers()     # (a bad RINGLET_TCP_* fails here, before any connection)
+            me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes())
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in
                  wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
@@ -290,18 +291,34 @@ class Engine:
             self.seg_fd = None
 
     def _connect_tcp(self, remote: list, listener) -> None:
-        """Higher ranks dial lower ones; every connection proves the token both ways."""
+        """Higher ranks dial lower ones, as many connections as both sides' lane counts
+        allow (the fewer: limits.TCP_LANES); every connection proves the token both ways
+        and names its dialer's rank and its lane ("5", then "5/1", "5/2", ...)."""
         me = str(self.rank).encode()
+        mine = tcp_lanes()
         for info in remote:
             if info["rank"] < self.rank:
-                sock = socket.create_connection((info["addr"], info["port"]), timeout=self.timeout)
-                sock.settimeout(self.timeout)
-                their = handshake_client(sock, self.token, me)
-                if their != str(info["rank"]).encode():
-                    raise RingletError(f"rank {self.rank}: connected to {info['addr']}:{info['port']} "
-                                       f"expecting rank {info['rank']} but it says {their!r}")
-                self._add_tcp(info["rank"], sock)
-        expect = {info["rank"] for info in remote if info["rank"] > self.rank}
+                socks = []
+                try:
+                    for lane in range(min(mine, info.get("lanes", 1))):
+                        sock = socket.create_connection((info["addr"], info["port"]),
+                                                        timeout=self.timeout)
+                        socks.append(sock)
+                        sock.settimeout(self.timeout)
+                        their = handshake_client(sock, self.token,
+                                                 me + (b"/%d" % lane if lane else b""))
+                        if their != str(info["rank"]).encode():
+                            raise RingletError(
+                                f"rank {self.rank}: connected to {info['addr']}:{info['port']} "
+                                f"expecting rank {info['rank']} but it says {their!r}")
+                except BaseException:
+                    for sock in socks:
+                        sock.close()
+                    raise
+                self._add_tcp(info["rank"], socks)
+        expect = {(info["rank"], lane) for info in remote if info["rank"] > self.rank
+                  for lane in range(min(mine, info.get("lanes", 1)))}
+        got: dict = {}
         if not expect:
             return
         # Each accepted connection proves itself in its own thread, so a silent or slow
@@ -312,40 +329,45 @@ class Engine:
             sock.settimeout(10.0)
             try:
                 their = handshake_server(sock, self.token, me)
-                r = int(their)
+                r, _, lane = their.partition(b"/")
+                r, lane = int(r), int(lane or 0)
             except (AuthenticationError, OSError, ValueError, ConnectionError) as exc:
                 log.warning("ringlet rank %d: refused connection from %s: %s", self.rank, addr, exc)
                 sock.close()
                 return
-            proven.put((r, sock, addr))
+            proven.put((r, lane, sock, addr))
 
         deadline = time.monotonic() + self.timeout
         listener.settimeout(0.05)
         while expect:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: ranks {sorted(expect)} never connected "
-                                   f"within {self.timeout:.0f} s")
+                raise TimeoutError(f"rank {self.rank}: ranks {sorted({r for r, _ in expect})} "
+                                   f"never connected within {self.timeout:.0f} s")
             try:
                 sock, addr = listener.accept()
                 threading.Thread(target=prove, args=(sock, addr), daemon=True).start()
             except socket.timeout:
                 pass
             while not proven.empty():
-                r, sock, addr = proven.get()
-                if r not in expect:
-                    log.warning("ringlet rank %d: refused connection from %s: unexpected rank %d",
-                                self.rank, addr, r)
+                r, lane, sock, addr = proven.get()
+                if (r, lane) not in expect:
+                    log.warning("ringlet rank %d: refused connection from %s: unexpected rank %d "
+                                "(connection %d)", self.rank, addr, r, lane)
                     sock.close()
                     continue
-                expect.discard(r)
-                self._add_tcp(r, sock)
+                expect.discard((r, lane))
+                got.setdefault(r, {})[lane] = sock
+                if not any(q == r for q, _ in expect):     # all of its lanes are in
+                    lanes = got.pop(r)
+                    self._add_tcp(r, [lanes[i] for i in sorted(lanes)])
 
-    def _add_tcp(self, rank: int, sock: socket.socket) -> None:
-        peer = TcpPeer(self, rank, sock)
-        peer.events = selectors.EVENT_READ
+    def _add_tcp(self, rank: int, socks: list) -> None:
+        peer = TcpPeer(self, rank, socks)
         self.peers[rank] = peer
         self.tcp_peers.append(peer)
-        self.sel.register(sock, selectors.EVENT_READ, peer)
+        for lane in peer.lanes:
+            lane.events = selectors.EVENT_READ
+            self.sel.register(lane.sock, selectors.EVENT_READ, peer)
 
     # -- moving bytes --------------------------------------------------------------------
     def isend(self, peer: int, tag: int, data, fp=(0, 0)) -> SendRequest:
@@ -523,10 +545,11 @@ class Engine:
             if self.progress():  # something arrived before we announced the nap
                 return
             for peer in self.tcp_peers:   # wake when a full socket buffer drains, too
-                want = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.wpending else 0)
-                if want != peer.events and not peer.dead:
-                    self.sel.modify(peer.sock, want, peer)
-                    peer.events = want
+                for lane in peer.lanes:
+                    want = selectors.EVENT_READ | (selectors.EVENT_WRITE if lane.wpending else 0)
+                    if want != lane.events and not peer.dead:
+                        self.sel.modify(lane.sock, want, peer)
+                        lane.events = want
             for key, _ in self.sel.select(max(seconds, 0)):
                 if key.fileobj is self.doorbell:
                     self.drain_doorbell()

@@ -44,10 +44,47 @@ TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DA
 costs the receiver a wakeup and a Python turn and the sender a sendmsg (header and payload
 in one call): 4 MiB packets took 10-15% less CPU per 64 MiB all_reduce between two
 namespace hosts than 1 MiB (256 KiB: 10% more), measured as process time, which load
-moves less than the clock (bench/hosts.py --gloo; tcp.py). One connection per pair: a
-bare exchange over 2 or 4 connections was no faster than over one on veth. No MSG_ZEROCOPY:
+moves less than the clock (bench/hosts.py --gloo; tcp.py). No MSG_ZEROCOPY:
 a bare 64 MiB exchange with it took 28-31 ms of CPU against 22-33 ms without (load 11):
 the kernel copies the pages anyway when it hands them to a socket on this machine.
+
+TCP_LANES: connections per pair of ranks on different hosts (a pair opens the fewer of
+its two ranks' counts; RINGLET_TCP_LANES overrides it, 1-16). With more than one, a large
+message's DATA is dealt round robin over them in pieces of up to TCP_FRAG_BYTES - down
+to TCP_STRIPE_MIN, so that a message from twice that size crosses on several - and put
+back by offset (tcp.py); control and small messages stay on the first. One by default:
+on this 2-core machine it does not win. Two namespace hosts, one rank each, unshaped
+veth, 1, 2 and 4 lanes turn by turn in one job (bench/tcp_streams.py --deals 1,2,4,
+15 turns, load 6-8), median ms / CPU ms per call: all_reduce 8 MiB 20.2/7.7, 21.3/7.9,
+19.2/7.5; 64 MiB 158/55, 159/52, 148/49; 256 MiB 666/212, 739/228, 744/239 (spread
++-50%). On a 1 Gbit/s tbf link (5 turns): 64 MiB 594, 583, 596 ms (90, 92, 90% of the
+link); 256 MiB 2292, 2283, 2332 ms (94% each). A 256 MiB all_reduce of two ranks on two
+cores is bound by CPU, not by the connection: per rank and call, between namespace hosts
+(bench/tcp_streams.py, 9 turns, load 11; CPU ms, kernel + user): all_reduce 212 + 57,
+the same bytes exchanged by ringlet without reducing 200 + 28, a bare exchange by
+blocking threads 200 + 12. The kernel's copies cost all of them the same; ringlet's
+extra is ~29 ms reducing and ~16 ms of Python and polling (a loopback profile: ~4 ms
+in the Python of the packets themselves); more connections add CPU rather than take any away. (The
+bare exchange's ceiling with 2 connections - bench/hosts.py --gloo, quiet machine: 136
+against 203 ms - runs a thread per connection and direction: 4 threads per rank spread
+the kernel's copies over both cores, and it does not reduce.) A link whose flows are
+limited one by one (a real NIC's per-flow hashing, a long fat pipe) may still want more.
+
+TCP_REDUCE_CHUNK: a reducing DATA piece is read into the bounce buffer and applied this
+much at a time, so NumPy reads it back from L2 (1 MiB here) rather than L3. Copy into a
+bounce and add into a 128 MiB float32 array, process time (load 13): 4 MiB 37-53 ms,
+1 MiB 31-43, 512 KiB 29-32, 256 KiB 27-33, 128 KiB 31-39. Between namespace hosts
+it is lost in the noise (256 MiB all_reduce CPU 237/232/231 ms with 4 MiB/1 MiB/256 KiB,
+bench/tcp_streams.py --knob chunk, load 12-15). The wire's piece stays TCP_FRAG_BYTES.
+
+TCP_SNDBUF, TCP_RCVBUF: each connection's socket buffers (RINGLET_TCP_SNDBUF,
+RINGLET_TCP_RCVBUF; 0: the kernel's autotuning, here up to 4 MiB to send and 32 MiB to
+receive). Fresh jobs in turns (bench/tcp_streams.py --ab, 3 jobs x 5 turns each, load
+6-10), all_reduce median ms / CPU ms, fixed 4 MiB both : autotuned both : 4 MiB send and
+autotuned receive: 8 MiB 22.0/9.2 : 23.6/8.8 : 14.2/6.7; 64 MiB 190/60 : 244/53 :
+170/48; 256 MiB 699/241 : 893/207 : 743/197. Autotuning costs less CPU in the kernel
+(sys 146 against 190 ms at 256 MiB) but not less time; nothing here is clear of the
+noise, so the fixed 4 MiB (8 MiB as the kernel counts them) stay.
 """
 from __future__ import annotations
 
@@ -65,6 +102,10 @@ CMA_PUT_MIN = CMA_MIN
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20
+TCP_LANES = 1
+TCP_STRIPE_MIN = 1 << 20
+TCP_REDUCE_CHUNK = 256 << 10
+TCP_SNDBUF = TCP_RCVBUF = 4 << 20
 
 
 def facts(fast_path: bool) -> dict:

@@ -95,7 +95,7 @@ class Progress:
         self.sel.register(self.wakefd, selectors.EVENT_READ)
         if eng.doorbell is not None:
             self.sel.register(eng.doorbell, selectors.EVENT_READ)
-        self.events: dict = {}      # TcpPeer -> events registered here (0: not registered)
+        self.events: dict = {}      # tcp.Lane -> events registered here (0: not registered)
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name=f"ringlet-progress-{eng.rank}")
         self.thread.start()
@@ -178,15 +178,16 @@ class Progress:
         """Watch each live TCP peer for input, and for room when it has bytes queued
         (called under the lock, before sleeping)."""
         for peer in self.engine.tcp_peers:
-            want = 0 if peer.dead else selectors.EVENT_READ | (
-                selectors.EVENT_WRITE if peer.wpending else 0)
-            have = self.events.get(peer, 0)
-            if want == have:
-                continue
-            if not have:
-                self.sel.register(peer.sock, want)
-            elif not want:
-                self.sel.unregister(peer.sock)
-            else:
-                self.sel.modify(peer.sock, want)
-            self.events[peer] = want
+            for lane in peer.lanes:
+                want = 0 if peer.dead else selectors.EVENT_READ | (
+                    selectors.EVENT_WRITE if lane.wpending else 0)
+                have = self.events.get(lane, 0)
+                if want == have:
+                    continue
+                if not have:
+                    self.sel.register(lane.sock, want)
+                elif not want:
+                    self.sel.unregister(lane.sock)
+                else:
+                    self.sel.modify(lane.sock, want)
+                self.events[lane] = want

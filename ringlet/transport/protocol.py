@@ -327,21 +327,27 @@ class Peer:
                 if not self._write(ABORT, culprit, tag, theirs[0], theirs[1], 0, None, *mine):
                     break
             elif kind == "data":
-                req = item
-                while req.offset < req.nbytes:
-                    n = min(self.frag, req.nbytes - req.offset)
-                    if not self._write(DATA, 0, 0, req.msgid, n, req.offset,
-                                       req.data[req.offset:req.offset + n]):
-                        return moved
-                    req.offset += n
-                    moved = True
-                self._sent(req)
+                before = item.offset
+                if not self._send_data(item):
+                    return moved or item.offset != before
+                self._sent(item)
             elif kind == "bye":
                 if not self._write(BYE, 0, 0, 0, 0, 0, None):
                     break
             self.outq.popleft()
             moved = True
         return moved
+
+    def _send_data(self, req: SendRequest) -> bool:
+        """Write the message's DATA fragments from ``req.offset`` on, as far as the link
+        takes them; True once all are written."""
+        while req.offset < req.nbytes:
+            n = min(self.frag, req.nbytes - req.offset)
+            if not self._write(DATA, 0, 0, req.msgid, n, req.offset,
+                               req.data[req.offset:req.offset + n]):
+                return False
+            req.offset += n
+        return True
 
     def _sent(self, req: SendRequest):
         self.msgs_sent += 1

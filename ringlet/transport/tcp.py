@@ -1,16 +1,21 @@
-"""TCP transport between ranks on different hosts: one authenticated connection per pair,
-non-blocking in both directions (full duplex: large simultaneous sends never deadlock).
-Copy-DATA is received straight into the destination; reduce-DATA and EAGER payloads go
-through a bounce buffer the size of a fragment."""
+"""TCP transport between ranks on different hosts: one or more authenticated connections
+per pair (``lanes``), non-blocking in both directions (full duplex: large simultaneous
+sends never deadlock). Control packets and small messages go on the first lane; a large
+message's DATA is cut into pieces dealt round robin over all lanes (piece i on lane
+i % lanes: both ends know where each piece goes, so each lane's pieces are checked in
+order), and reassembled by offset. Copy-DATA is received straight into the destination;
+reduce-DATA (TCP_REDUCE_CHUNK at a time: limits.py) and EAGER payloads go through a bounce
+buffer."""
 from __future__ import annotations
 
+import os
 import socket
 
 import numpy as np
 
 from . import limits
-from .protocol import (ABORT, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
-                       ProtocolError, peer_failure)
+from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
+                       ProtocolError, RecvRequest, peer_failure)
 
 # At most this many reads per _poll_in call: a peer that streams packets (PAD, BYE,
 # unexpected EAGER…) faster than we parse them must not keep progress() from returning,
@@ -22,48 +27,134 @@ IOV_MAX = 64          # parts of wpending handed to one sendmsg
 EAGER_BYTES, FRAG_BYTES = limits.TCP_EAGER_BYTES, limits.TCP_FRAG_BYTES   # (see limits.py)
 
 
-class TcpPeer(Peer):
-    def __init__(self, engine, rank: int, sock: socket.socket,
-                 eager: int = EAGER_BYTES, frag: int = FRAG_BYTES):
-        super().__init__(engine, rank, eager, frag)
+def _env_bytes(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        size = int(value) if value else default
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{name}={value!r}: give a socket buffer size in bytes (0: the "
+                         f"kernel's autotuning)")
+    return size
+
+
+def tcp_buffers() -> tuple[int, int]:
+    """Each connection's SO_SNDBUF and SO_RCVBUF (0: autotuned): RINGLET_TCP_SNDBUF,
+    RINGLET_TCP_RCVBUF, else limits.py's."""
+    return (_env_bytes("RINGLET_TCP_SNDBUF", limits.TCP_SNDBUF),
+            _env_bytes("RINGLET_TCP_RCVBUF", limits.TCP_RCVBUF))
+
+
+def tcp_lanes() -> int:
+    """Connections this rank opens per remote peer (a pair uses the fewer of its two
+    ranks'): RINGLET_TCP_LANES, else limits.TCP_LANES (read at init, not import, so
+    forked ranks see their own environment)."""
+    value = os.environ.get("RINGLET_TCP_LANES", "")
+    try:
+        lanes = int(value) if value else limits.TCP_LANES
+    except ValueError:
+        raise ValueError(f"RINGLET_TCP_LANES={value!r}: give a whole number of connections "
+                         f"per peer, 1 to 16") from None
+    if not 1 <= lanes <= 16:
+        raise ValueError(f"RINGLET_TCP_LANES={value!r}: give 1 to 16 connections per peer")
+    return lanes
+
+
+class Lane:
+    """One connection of a pair: its socket, the bytes its kernel has not taken yet, and
+    the packet being read from it."""
+    __slots__ = ("index", "sock", "wpending", "queued", "flushed", "hbuf", "hgot", "lowat",
+                 "bounce", "pkt", "ptarget", "pgot", "sub", "events", "expect")
+
+    def __init__(self, index: int, sock: socket.socket, bounce: int, sndbuf: int = 0,
+                 rcvbuf: int = 0):
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-            except OSError:
-                pass
-        self.sock = sock
+        for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
+            if size:     # (0: the kernel's autotuning)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                except OSError:
+                    pass
+        self.index, self.sock = index, sock
         self.wpending: list = []                  # bytes not yet accepted by the kernel
         self.queued = self.flushed = 0            # bytes ever put in / taken from wpending
-        self.unflushed: list = []                 # (queued mark, send) done once flushed past it
         self.hbuf = bytearray(HEADER_SIZE)
         self.hgot = 0
         self.lowat = 1                            # SO_RCVLOWAT now set (see _await)
-        self.bounce = bytearray(max(eager, frag))
+        self.bounce = bytearray(bounce)
         self.pkt = None                           # header of the packet whose payload we read
         self.ptarget: memoryview | None = None
         self.pgot = 0
+        self.sub = 0                              # bytes of a reducing piece applied so far
+        self.events = 0                           # what a selector watches it for
+        self.expect: dict = {}                    # msgid -> offset of its next piece here
+
+
+class TcpPeer(Peer):
+    def __init__(self, engine, rank: int, sock, eager: int = EAGER_BYTES,
+                 frag: int = FRAG_BYTES):
+        super().__init__(engine, rank, eager, frag)
+        socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
+        snd, rcv = tcp_buffers()
+        self.lanes = [Lane(i, s, max(eager, frag) if i == 0 else frag, snd, rcv)
+                      for i, s in enumerate(socks)]
+        self.unflushed: list = []     # (each lane's queued mark, send) done once flushed past
+        self.sending = None           # (send, next offset per lane) of the DATA being dealt
+        # Lanes a large message is dealt over (the first ``deal``). Both ends must agree:
+        # changed only while no DATA is in flight (bench/tcp_streams.py's A/B, both ranks
+        # between turns); else all of them.
+        self.deal = len(self.lanes)
+        # A reducing piece is read and applied this many bytes at a time (limits.py says why)
+        self.chunk = limits.TCP_REDUCE_CHUNK
+
+    # The first lane's state under its old names (tests and tools look at them).
+    @property
+    def sock(self):
+        return self.lanes[0].sock
+
+    @sock.setter
+    def sock(self, value):
+        self.lanes[0].sock = value
+
+    @property
+    def wpending(self) -> list:
+        return [b for lane in self.lanes for b in lane.wpending]
+
+    @property
+    def ptarget(self):
+        return self.lanes[0].ptarget
+
+    def piece(self, nbytes: int) -> int:
+        """The DATA piece of a message of ``nbytes``: a fragment on one lane; with several,
+        a 1/lanes share (whole 4 KiB pages: whole elements) of a message down to twice
+        TCP_STRIPE_MIN, so a message of a few MiB crosses on all of them too."""
+        k = self.deal
+        if k == 1:
+            return self.frag
+        share = (-(-nbytes // k) + 4095) & ~4095
+        return min(self.frag, max(limits.TCP_STRIPE_MIN, share))
 
     # -- out -----------------------------------------------------------------------------
-    def _flush(self) -> bool:
-        while self.wpending:
+    def _flush(self, lane: Lane) -> bool:
+        while lane.wpending:
             try:   # all that is queued in one call (usually a header and its payload)
-                n = self.sock.sendmsg(self.wpending[:IOV_MAX])
+                n = lane.sock.sendmsg(lane.wpending[:IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
                 self._lost(exc)
                 return False
-            self.flushed += n
+            lane.flushed += n
             while n:
-                head = self.wpending[0]
+                head = lane.wpending[0]
                 if n < len(head):
-                    self.wpending[0] = memoryview(head)[n:]   # (a view: no copy of the rest)
+                    lane.wpending[0] = memoryview(head)[n:]   # (a view: no copy of the rest)
                     self._complete_flushed()
                     return False
                 n -= len(head)
-                self.wpending.pop(0)
+                lane.wpending.pop(0)
         self._complete_flushed()
         return True
 
@@ -74,21 +165,33 @@ class TcpPeer(Peer):
         """A send is complete only once its last byte is with the kernel: a rank whose send
         'completed' with bytes still queued here could stop driving progress (compute, or
         wait at destroy's barrier) while its peer waits for them forever."""
-        if self.wpending:
-            self.unflushed.append((self.queued, req))
+        if any(lane.wpending for lane in self.lanes):
+            self.unflushed.append(([lane.queued for lane in self.lanes], req))
         else:
             super()._sent(req)
 
     def _complete_flushed(self) -> None:
         while self.unflushed:
-            until, req = self.unflushed[0]
-            if until > self.flushed:
+            marks, req = self.unflushed[0]
+            if any(mark > lane.flushed for mark, lane in zip(marks, self.lanes)):
                 return
             self.unflushed.pop(0)
             Peer._sent(self, req)
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
-        if self.wpending and not self._flush():
+        if kind == BYE and len(self.lanes) > 1:
+            # on every lane: each lane's end of file then follows a goodbye
+            if not all([self._flush(lane) for lane in self.lanes]):
+                return False
+            for lane in self.lanes:
+                self._write_on(lane, kind, flags, tag, msgid, length, aux, payload)
+            return True
+        return self._write_on(self.lanes[0], kind, flags, tag, msgid, length, aux, payload,
+                              fp1, fp2, zc)
+
+    def _write_on(self, lane, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0,
+                  zc=0) -> bool:
+        if self.dead or lane.wpending and not self._flush(lane):
             return False
         head = HEADER.pack(kind, flags, tag, msgid, length, aux, fp1, fp2, zc)
         if payload is None or length == 0:
@@ -98,7 +201,7 @@ class TcpPeer(Peer):
         else:
             parts = [head, memoryview(payload).cast("B")]
         try:
-            n = self.sock.sendmsg(parts) if len(parts) > 1 else self.sock.send(parts[0])
+            n = lane.sock.sendmsg(parts) if len(parts) > 1 else lane.sock.send(parts[0])
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError as exc:
@@ -116,30 +219,62 @@ class TcpPeer(Peer):
                     continue
                 rest.append(memoryview(part)[n:] if n else part)
                 n = 0
-            self.wpending.extend(rest)
-            self.queued += sum(len(r) for r in rest)
+            lane.wpending.extend(rest)
+            lane.queued += sum(len(r) for r in rest)
+        return True
+
+    def _send_data(self, req) -> bool:
+        """Deal the message's pieces over the lanes, each lane its own in order, as far as
+        their kernels take them; True once all are written."""
+        k = self.deal
+        if k == 1:
+            return super()._send_data(req)
+        f, n = self.piece(req.nbytes), req.nbytes
+        if self.sending is None or self.sending[0] is not req:
+            self.sending = (req, [j * f for j in range(k)])
+        at = self.sending[1]
+        while req.offset < n:
+            wrote = False
+            for j, lane in enumerate(self.lanes[:k]):
+                lo = at[j]
+                if lo >= n:
+                    continue
+                m = min(f, n - lo)
+                if not self._write_on(lane, DATA, 0, 0, req.msgid, m, lo, req.data[lo:lo + m]):
+                    continue
+                at[j] = lo + k * f
+                req.offset += m
+                wrote = True
+            if not wrote:
+                return False
+        self.sending = None
         return True
 
     def pump_out(self) -> bool:
-        flushed_before = not self.wpending
+        flushed_before = not any(lane.wpending for lane in self.lanes)
         moved = super().pump_out()
-        if not self.outq and self.wpending:
-            moved = self._flush() or moved
-        return moved or (not flushed_before and not self.wpending)
+        if not self.outq:
+            for lane in self.lanes:
+                if lane.wpending:
+                    moved = self._flush(lane) or moved
+        return moved or (not flushed_before and not any(lane.wpending for lane in self.lanes))
 
     def pending(self) -> bool:
-        return bool(self.wpending) or super().pending()
+        return any(lane.wpending for lane in self.lanes) or super().pending()
 
     def fail(self, exc) -> None:
         for _, req in self.unflushed:
             req.fail(exc)
         self.unflushed.clear()
+        self.sending = None
+        for lane in self.lanes:
+            lane.expect.clear()
         super().fail(exc)
 
     # -- in ------------------------------------------------------------------------------
-    def _recv_into(self, view: memoryview) -> int:
+    def _recv_into(self, lane: Lane, view: memoryview) -> int:
         try:
-            n = self.sock.recv_into(view)
+            n = lane.sock.recv_into(view)
         except (BlockingIOError, InterruptedError):
             return -1
         except OSError as exc:
@@ -150,55 +285,85 @@ class TcpPeer(Peer):
             return -1
         return n
 
-    def _await(self, nbytes: int) -> None:
+    def _await(self, lane: Lane, nbytes: int) -> None:
         """Have a sleeper (select in the progress thread or a wait) woken for this socket only
         once ``nbytes`` more have arrived - the rest of the DATA fragment being read - not for
         every segment: on a link slower than the reader, one wakeup per fragment instead of
         dozens, each of which costs a Python turn of CPU the caller's compute could use.
         A closed or reset connection still wakes it at once."""
-        if nbytes != self.lowat:
+        if nbytes != lane.lowat:
             try:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+                lane.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
             except OSError:
                 return
-            self.lowat = nbytes
+            lane.lowat = nbytes
 
     def _poll_in(self) -> bool:
+        moved = False
+        for lane in self.lanes:
+            if self.dead:
+                break
+            moved = self._poll_lane(lane) or moved
+        return moved
+
+    def _piece_target(self, lane: Lane, msgid: int, length: int, aux: int):
+        """Validate a DATA header read on ``lane`` and return the receive it belongs to."""
+        k = self.deal
+        if lane.index >= k:
+            raise ProtocolError(f"DATA on connection {lane.index}, which carries none")
+        if k == 1:
+            return self.data_target(msgid, length, aux)
+        req = self.incoming.get(msgid)
+        if req is None:
+            raise ProtocolError(f"DATA piece ({msgid}, {aux}+{length}) matches no posted receive")
+        f = self.piece(req.nbytes)
+        if aux != lane.expect.get(msgid, lane.index * f) or aux >= req.nbytes \
+                or length != min(f, req.nbytes - aux):
+            raise ProtocolError(f"DATA piece ({msgid}, {aux}+{length}) out of order on "
+                                f"connection {lane.index} of {k}")
+        lane.expect[msgid] = aux + k * f       # (past the end: this lane's last piece)
+        return req
+
+    def _poll_lane(self, lane: Lane) -> bool:
         moved = False
         budget = POLL_BUDGET
         while not self.dead:
             budget -= 1
             if budget < 0:  # more may be waiting: the next progress() reads on (see POLL_BUDGET)
                 return True
-            if self.pkt is None:
-                n = self._recv_into(memoryview(self.hbuf)[self.hgot:])
+            if lane.pkt is None:
+                n = self._recv_into(lane, memoryview(lane.hbuf)[lane.hgot:])
                 if n < 0:
-                    if self.lowat != 1:
-                        self._await(1)
+                    if lane.lowat != 1:
+                        self._await(lane, 1)
                     return moved
                 moved = True
-                self.hgot += n
-                if self.hgot < HEADER_SIZE:
+                lane.hgot += n
+                if lane.hgot < HEADER_SIZE:
                     continue
-                self.hgot = 0
-                kind, flags, tag, msgid, length, aux, fp1, fp2, _zc = HEADER.unpack_from(self.hbuf)
+                lane.hgot = 0
+                kind, flags, tag, msgid, length, aux, fp1, fp2, _zc = HEADER.unpack_from(lane.hbuf)
                 if kind not in KINDS or length < 0 and kind != ABORT:
                     self.engine.protocol_violation(self, f"bad header kind={kind} length={length}")
+                    return True
+                if lane.index and kind != DATA and kind != BYE:
+                    self.engine.protocol_violation(
+                        self, f"packet kind {kind} on connection {lane.index} (only DATA there)")
                     return True
                 if kind == EAGER and length > self.eager or kind == DATA and length > self.frag:
                     self.engine.protocol_violation(self, f"oversized packet ({length} bytes)")
                     return True
-                self.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
-                self.pgot = 0
+                lane.pkt = (kind, flags, tag, msgid, length, aux, (fp1, fp2))
+                lane.pgot = lane.sub = 0
                 if kind == DATA:
                     try:
-                        req = self.data_target(msgid, length, aux)
+                        req = self._piece_target(lane, msgid, length, aux)
                     except ProtocolError as exc:
                         self.engine.protocol_violation(self, str(exc))
                         return True
                     if req.ufunc is None:  # straight into the destination
                         dst = req.dst.reshape(-1).view(np.uint8)
-                        self.ptarget = memoryview(dst)[req.offset:req.offset + length]
+                        lane.ptarget = memoryview(dst)[aux:aux + length]
                     else:
                         # A reducing receive applies whole elements: a fragment that splits
                         # one breaks the protocol (the peer is dropped; progress() goes on).
@@ -207,36 +372,51 @@ class TcpPeer(Peer):
                                 self, f"DATA fragment of {length} bytes splits a "
                                       f"{req.itemsize}-byte element")
                             return True
-                        self.ptarget = memoryview(self.bounce)[:length]
+                        lane.ptarget = memoryview(lane.bounce)[:min(length, self.chunk)]
                 elif kind == EAGER:
-                    self.ptarget = memoryview(self.bounce)[:length]
+                    lane.ptarget = memoryview(lane.bounce)[:length]
                 else:
-                    self.ptarget = None
-            if self.ptarget is not None and self.pgot < len(self.ptarget):
-                n = self._recv_into(self.ptarget[self.pgot:])
-                if n < 0:
-                    self._await(len(self.ptarget) - self.pgot)
+                    lane.ptarget = None
+            if lane.ptarget is not None and lane.pgot < len(lane.ptarget):
+                n = self._recv_into(lane, lane.ptarget[lane.pgot:])
+                if n < 0:   # (a DATA piece: the rest of all of it)
+                    rest = (lane.pkt[4] - lane.sub if lane.pkt[0] == DATA
+                            else len(lane.ptarget)) - lane.pgot
+                    self._await(lane, rest)
                     return moved
                 moved = True
-                self.pgot += n
-                if self.pgot < len(self.ptarget):
+                lane.pgot += n
+                if lane.pgot < len(lane.ptarget):
                     continue
-            kind, flags, tag, msgid, length, aux, fp = self.pkt
-            self.pkt = None
+            kind, flags, tag, msgid, length, aux, fp = lane.pkt
             try:
                 if kind == DATA:
                     req = self.incoming[msgid]
                     if req.ufunc is None:
                         req.offset += length
                     else:
-                        req.deliver(self.ptarget)
+                        if type(req) is RecvRequest:
+                            _reduce_at(req, aux + lane.sub, lane.ptarget)
+                        else:
+                            req.deliver(lane.ptarget)   # a sink: counts it
+                        lane.sub += len(lane.ptarget)
+                        if lane.sub < length:       # read the next part into the bounce
+                            lane.ptarget = memoryview(lane.bounce)[:min(length - lane.sub,
+                                                                        self.chunk)]
+                            lane.pgot = 0
+                            continue
+                    lane.pkt = None
                     self.data_done(req)
+                    if self.deal > 1 and msgid not in self.incoming:
+                        for other in self.lanes:    # all of it is in
+                            other.expect.pop(msgid, None)
                 else:
-                    self._on_packet(kind, flags, tag, msgid, length, aux, fp, self.ptarget)
+                    lane.pkt = None
+                    self._on_packet(kind, flags, tag, msgid, length, aux, fp, lane.ptarget)
             except ProtocolError as exc:
                 self.engine.protocol_violation(self, str(exc))
                 return True
-            self.ptarget = None
+            lane.ptarget = None
         return moved
 
     def _lost(self, exc) -> None:
@@ -251,7 +431,23 @@ class TcpPeer(Peer):
         self.pump_out()
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        for lane in self.lanes:
+            try:
+                lane.sock.close()
+            except OSError:
+                pass
+
+
+def _reduce_at(req: RecvRequest, at: int, payload) -> None:
+    """Apply the piece of whole elements that starts ``at`` bytes into the message (pieces
+    of several lanes arrive in any order: each lands by its offset)."""
+    n = len(payload)
+    if n == req.nbytes:      # the whole message at once: no slicing
+        req.ufunc(req.acc, np.frombuffer(payload, req.dtype), out=req.dst)
+    else:
+        e0, e1 = at // req.itemsize, (at + n) // req.itemsize
+        dst = req.dst[e0:e1]
+        # One view when the accumulator is the destination keeps NumPy off its overlap check.
+        acc = dst if req.acc is req.dst else req.acc[e0:e1]
+        req.ufunc(acc, np.frombuffer(payload, req.dtype), out=dst)
+    req.offset += n

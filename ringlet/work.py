@@ -344,6 +344,8 @@ class CollectiveWork(Work):
             self._post(self.plan[self.i])
             self.i += 1
             moved = True
+            if self.done:   # failed while posting (a mismatch, a peer lost while it polled)
+                return True
 
     def fail(self, exc) -> None:
         if not self.done:
@@ -455,11 +457,15 @@ class CollectiveWork(Work):
                 continue
             src, dst = bufs[t.sbuf][t.s0:t.s1], bufs[t.dbuf][t.d0:t.d1]
             step = max(POLL_CHUNK // max(src.itemsize, 1), 1)
-            for k in range(0, src.size, step):
-                if any(not r.done for r in reqs):
-                    for peer in peers:
-                        peer.progress()
+            k = 0
+            while k < src.size:
+                if all(r.done for r in reqs):     # nothing left to look for: the rest at once
+                    dst[k:] = src[k:]
+                    break
+                for peer in peers:
+                    peer.progress()
                 dst[k:k + step] = src[k:k + step]
+                k += step
         for peer in peers:
             peer.progress()
 

@@ -7,7 +7,10 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
 
 * A round where the sender receives too (all_to_all, all_gather, a chain's middle): every
   rank copies anyway, so the sender names its buffer's address in the RTS (RTS_CMA) and
-  the receiver reads the whole message in one call; CTS_DONE lets the sender go.
+  the receiver reads the whole message in one call; CTS_DONE lets the sender go. The
+  receiver takes the RTS between pieces of its own local copy (work._local_polling), so
+  the sender has its CTS_DONE before its own copy ends: Open MPI's order (the exchange,
+  then the local copy), with no wait for the answer at the end of the round.
 * A one-way message (a broadcast's root, scatter, gather, point-to-point): the sender is
   otherwise idle. It offers its address (RTS_OFFER); a receiver that copies names its own
   buffer in the CTS (CTS_PUT) and reads the message's second half while the sender writes

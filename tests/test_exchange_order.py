@@ -1,7 +1,7 @@
 """An exchange round (all_gather's ring, all_to_all) posts its receives before its local
 copy and looks for the peers' messages between pieces of that copy (work._local_polling):
-the messages (read by CMA from plain buffers, in place from rl.empty ones, or streamed when
-the kernel refuses the read) must land exactly as NumPy says, at p = 2..4, for odd sizes
+the messages (read by CMA from plain buffers, in place from rl.empty ones, streamed when
+the kernel refuses the read, or over TCP) must land exactly as NumPy says, at p = 2..4, for odd sizes
 and dtypes, and the path must really be taken."""
 import platform
 
@@ -55,6 +55,11 @@ def _property(rank, examples):
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_exchanges_receive_during_the_local_copy(p):
     run(_property, p, 20 if p < 4 else 12)
+
+
+def test_exchanges_over_tcp_receive_during_the_local_copy():
+    """Between hosts the messages come as DATA over TCP, taken between pieces of the copy."""
+    run(_property, 3, 8, backend="tcp")
 
 
 def _reads_during_copy(rank, shared):

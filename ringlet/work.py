@@ -17,9 +17,12 @@ from .transport.protocol import RecvRequest, SendRequest
 
 # An exchange round (large sends announced before its local copies, receives that no local
 # step touches) posts its receives before the copies, and looks for the peers' messages
-# every POLL_CHUNK bytes copied (_local_polling). In-job alternating blocks, p = 2 8 MiB,
-# load 7-8 (block medians, old/new): all_gather plain 1.26x, rl.empty 0.96x, all_to_all
-# plain 1.21x, rl.empty 1.41x; voluntary context switches per call 1.1-1.25 -> 0.9-0.95.
+# every POLL_CHUNK bytes copied (_local_polling). bench/exchange_order.py (one job, the two
+# orders in alternating blocks, old/new of the median block pair), 8 MiB, loaded host:
+# p = 2, four runs at load 7-13: all_gather plain 1.05-1.26, rl.empty 0.96-1.24, all_to_all
+# plain 1.01-1.33, rl.empty 1.03-1.41 (voluntary context switches per call 1.1-1.4 ->
+# 0.9-1.3); p = 4 (ranks outnumber the 2 cores), three runs at load 10-17: 0.96-1.26,
+# 0.81-1.32, 1.00-1.11, 0.90-1.03 - no loss beyond the noise there.
 EARLY_RECV = True
 POLL_CHUNK = 512 << 10
 

@@ -3,6 +3,7 @@ each printed as a ratio with whether it holds. Not a unit test: run it on a quie
 
     python bench/targets.py            # everything (about 10 minutes on a quiet host)
     python bench/targets.py --quick    # fewer sizes and iterations
+    python bench/targets.py --ops all_gather,all_to_all --procs 2   # only those rows
 
 What the ratio is - the number a user would see: every measurement is a fresh job (ranks
 started, buffers allocated, 3 warm-up calls), whose time is the median over its timed calls
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -129,11 +131,56 @@ def price_4096_ring() -> float:
     return time.perf_counter() - t0
 
 
+def every_collective(rep: Report, ops, procs, quick: bool, iters) -> list:
+    """Section 3's rows for ``ops`` at each p of ``procs``; returns the measured rows."""
+    dump = []
+    sizes = [MiB] if quick else [MiB, 8 * MiB]
+    for op in ops:
+        if op == "all_reduce" and not quick:
+            sizes_op = [MiB]         # (8 and 64 MiB: section 1)
+        else:
+            sizes_op = sizes
+
+        for p in procs:
+            got = interleaved({"plain": ours(op, p, sizes_op, iters=iters),
+                               "zc": ours(op, p, sizes_op, iters=iters, zero_copy=True),
+                               "mpi": theirs("mpi", op, p, sizes_op, iters)})
+            mine, zc = got["plain"], got["zc"]
+            peer = by_size(got["mpi"], rep, f"{op} p={p} vs Open MPI")
+            dump += mine + zc + list((peer or {}).values())
+            if peer:
+                for r, z in zip(mine, zc):
+                    size = f"{r['bytes'] // MiB} MiB"
+                    rep.ratio(f"{op} p={p} {size} numpy ({r.get('ran')}) vs Open MPI",
+                              r, peer[r["bytes"]], p, 1.0)
+                    rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
+                              z, peer[r["bytes"]], p, 1.2)
+    return dump
+
+
+def _section3(ops, procs, a) -> int:
+    """``--ops``: only section 3's rows of these collectives."""
+    rep = Report()
+    dump = every_collective(rep, ops, procs, a.quick, 10 if a.quick else None)
+    print(f"load {open('/proc/loadavg').read().split()[0]}" if os.path.exists("/proc/loadavg")
+          else "")
+    rep.print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dump, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="write every measured row to this file")
+    ap.add_argument("--ops", help="only section 3 (every collective at >= 1 MiB vs Open MPI), "
+                                  "for these collectives (comma-separated), e.g. all_gather,all_to_all")
+    ap.add_argument("--procs", default="2,4", help="with --ops: these p (default 2,4)")
     a = ap.parse_args(argv)
+    if a.ops:
+        return _section3(a.ops.split(","), [int(x) for x in a.procs.split(",")], a)
     iters = 10 if a.quick else None
     big = [8 * MiB] if a.quick else [8 * MiB, 64 * MiB]
     rep = Report()
@@ -164,28 +211,9 @@ def main(argv=None) -> int:
 
     # 3. Every collective at >= 1 MiB, p = 2 and 4, vs Open MPI: plain buffers need 1.0x,
     # rl.empty ones (one copy fewer by construction) 1.2x (issue 27).
-    sizes = [MiB] if a.quick else [MiB, 8 * MiB]
-    for op in ("broadcast", "all_gather", "reduce_scatter", "all_to_all", "all_reduce",
-               "reduce", "gather", "scatter"):
-        if op == "all_reduce" and not a.quick:
-            sizes_op = [MiB]         # (8 and 64 MiB: section 1)
-        else:
-            sizes_op = sizes
-
-        for p in (2, 4):
-            got = interleaved({"plain": ours(op, p, sizes_op, iters=iters),
-                               "zc": ours(op, p, sizes_op, iters=iters, zero_copy=True),
-                               "mpi": theirs("mpi", op, p, sizes_op, iters)})
-            mine, zc = got["plain"], got["zc"]
-            peer = by_size(got["mpi"], rep, f"{op} p={p} vs Open MPI")
-            dump += mine + zc + list((peer or {}).values())
-            if peer:
-                for r, z in zip(mine, zc):
-                    size = f"{r['bytes'] // MiB} MiB"
-                    rep.ratio(f"{op} p={p} {size} numpy ({r.get('ran')}) vs Open MPI",
-                              r, peer[r["bytes"]], p, 1.0)
-                    rep.ratio(f"{op} p={p} {size} rl.empty ({z.get('ran')}) vs Open MPI",
-                              z, peer[r["bytes"]], p, 1.2)
+    dump += every_collective(rep, ("broadcast", "all_gather", "reduce_scatter", "all_to_all",
+                                   "all_reduce", "reduce", "gather", "scatter"), (2, 4),
+                             a.quick, iters)
 
     # 4. TCP between two emulated hosts vs Gloo (TCP loopback), Gloo measured again in
     # turns with it: section 1's figures are minutes old by now, on a host that drifts.

@@ -38,7 +38,7 @@ from collections import deque
 
 import numpy as np
 
-from ..buffers import locate
+from ..buffers import address, locate
 from ..errors import PeerFailure, RingletError
 from ..group import group_of
 
@@ -302,7 +302,7 @@ class Peer:
             elif kind == "rts":
                 if item.cma:
                     ok = self._write(RTS, item.cma, item.tag, item.msgid, item.nbytes,
-                                     item.data.ctypes.data, None, *item.fp, item.ways)
+                                     address(item.data), None, *item.fp, item.ways)
                 elif item.zc is None:
                     ok = self._write(RTS, RTS_STREAM if item.stream else 0, item.tag, item.msgid,
                                      item.nbytes, 0, None, *item.fp)

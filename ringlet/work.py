@@ -398,12 +398,7 @@ class CollectiveWork(Work):
                 reqs = self._post_recvs(rnd.recvs)
                 self._local_polling(rnd.local, reqs)
         if reqs is not None:
-            if sent:
-                reqs += sent
-            self.reqs = reqs
-            self._posted_at = time.perf_counter()
-            if self.tr is not None:
-                self.tr.posted(rnd.sends, bufs, bool(rnd.recvs), self.call.in_place)
+            self._posted(rnd, reqs, sent)
             return
         if rnd.local:
             self._local(rnd.local)
@@ -411,13 +406,17 @@ class CollectiveWork(Work):
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
         self._send(late, rnd, sent, len(rnd.sends))
-        reqs = self._post_recvs(rnd.recvs)
+        self._posted(rnd, self._post_recvs(rnd.recvs), sent)
+
+    def _posted(self, rnd: PlanRound, reqs: list, sent: list) -> None:
+        """The round is posted: its receives and its sends not gone at once are what it
+        waits on."""
         if sent:
             reqs += sent
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd.sends, bufs, bool(rnd.recvs), self.call.in_place)
+            self.tr.posted(rnd.sends, self.bufs, bool(rnd.recvs), self.call.in_place)
 
     def _send(self, sends, rnd: PlanRound, sent: list, ways: int) -> None:
         """Post ``sends`` (steps of ``rnd``); the requests of those not gone at once join

@@ -302,6 +302,19 @@ def gloo_job(spec: dict) -> None:
     rl.destroy()
 
 
+def tagged_job(hosts, script, m, argv, env, timeout, tag, what="host"):
+    """Run ``script argv`` as one ringlet job on every host (m ranks each) and return the
+    JSON a rank printed after ``tag``; a failed host raises, with its stderr's tail."""
+    procs = hosts.ringlet_run(script, nproc=m, args=argv, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    results = hosts.wait(procs, timeout)
+    for i, (code, o, e) in enumerate(results):
+        if code:
+            raise RuntimeError(f"{what} {i} failed ({code}): {e[-3000:]}")
+    return next(json.loads(line.split(tag + " ", 1)[1]) for _, o, _ in results
+                for line in o.splitlines() if tag + " " in line)
+
+
 def versus_gloo(rate, layout, sizes, turns, timeout, bucket=WIDE):
     from ringlet.cost import format_size
     from ringlet.hosts import Hosts
@@ -319,17 +332,10 @@ def versus_gloo(rate, layout, sizes, turns, timeout, bucket=WIDE):
                    "GLOO_SOCKET_IFNAME": "eth0"}
             if shaped:
                 env["RINGLET_LINK_RATE"] = rate
-            procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m,
-                                      args=["--gloo-job", spec_path], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            results = hosts.wait(procs, timeout)
+            out = tagged_job(hosts, os.path.abspath(__file__), m, ["--gloo-job", spec_path],
+                             env, timeout, "GLOO")
     finally:
         os.unlink(spec_path)
-    for i, (code, o, e) in enumerate(results):
-        if code:
-            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
-    out = next(json.loads(line.split("GLOO ", 1)[1]) for _, o, _ in results
-               for line in o.splitlines() if "GLOO " in line)
     print(f"\n== all_reduce, ringlet (auto) vs Gloo, turn by turn ({turns} turns, medians): "
           f"{h} hosts x {m} ranks, link {rate if shaped else 'unshaped veth'}; "
           f"load {os.getloadavg()[0]:.1f}")
@@ -499,16 +505,10 @@ def link_cpu_ringlet(hosts, m, turns=5, timeout=180.0, waiting=False):
     try:
         env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                **({} if waiting else NO_WAITING)}
-        procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=m, args=["--cpu-job", spec_path],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        results = hosts.wait(procs, timeout)
+        samples = tagged_job(hosts, os.path.abspath(__file__), m, ["--cpu-job", spec_path],
+                             env, timeout, "LINKCPU", "link CPU calibration: host")
     finally:
         os.unlink(spec_path)
-    for i, (code, o, e) in enumerate(results):
-        if code:
-            raise RuntimeError(f"link CPU calibration: host {i} failed ({code}): {e[-3000:]}")
-    samples = next(json.loads(line.split("LINKCPU ", 1)[1]) for _, o, _ in results
-                   for line in o.splitlines() if "LINKCPU " in line)
     per_byte, per_call = link_cpu([(b, c) for b, c, _ in samples])
     big = max(b for b, _, _ in samples)
     rate = max(b / 2 / w for b, _, w in samples if b == big)

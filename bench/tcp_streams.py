@@ -31,7 +31,6 @@ import resource
 import selectors
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -199,18 +198,12 @@ def _launch(hosts, spec, env, timeout):
     path = f"/tmp/tcp-streams-{os.getpid()}.json"
     with open(path, "w") as f:
         json.dump(spec, f)
+    from hosts import tagged_job      # bench/hosts.py (this script's directory)
     try:
-        procs = hosts.ringlet_run(os.path.abspath(__file__), nproc=1, args=["--job", path],
-                                  env={"PYTHONPATH": ROOT, **env}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        results = hosts.wait(procs, timeout)
+        return tagged_job(hosts, os.path.abspath(__file__), 1, ["--job", path],
+                          {"PYTHONPATH": ROOT, **env}, timeout, "RESULT")
     finally:
         os.unlink(path)
-    for i, (code, o, e) in enumerate(results):
-        if code:
-            raise RuntimeError(f"host {i} failed ({code}): {e[-3000:]}")
-    return next(json.loads(line.split("RESULT ", 1)[1]) for _, o, _ in results
-                for line in o.splitlines() if "RESULT " in line)
 
 
 def _size(s: str) -> int:

@@ -224,8 +224,15 @@ def _judge(trial: dict, out: str, survivors: list) -> dict:
     if fault in ("kill", "stop"):
         try:
             fault_t = json.load(open(f"{out}/fault.json"))["t"]
-        except OSError:
-            return {"outcome": "no fault", "detect_s": None}
+        except OSError:   # the victim stopped before its fault: say how
+            try:
+                got = json.load(open(f"{out}/{victim}.json"))
+                why = (f"{got['error']} at call {got['op']}: {got['msg'][:300]}"
+                       if got.get("error") else "it finished every call")
+            except (OSError, ValueError):
+                why = "it reported nothing"
+            return {"outcome": f"no fault (rank {victim} never reached it: {why})",
+                    "detect_s": None}
     seen = {}
     for r in survivors:
         try:

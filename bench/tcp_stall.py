@@ -50,6 +50,24 @@ def job(spec_path: str) -> None:
     rl.destroy()
 
 
+COUNTERS = ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPWinProbe", "TCPToZeroWindowAdv",
+            "TCPFromZeroWindowAdv", "TCPZeroWindowDrop", "TCPRcvQDrop", "PruneCalled",
+            "RcvPruned", "OfoPruned", "TCPOFOQueue", "TCPBacklogDrop", "TCPSpuriousRTOs")
+
+
+def tcp_counters(hosts, i) -> dict:
+    """The kernel's TCP counters of host ``i``'s network namespace (/proc/net/{snmp,netstat})."""
+    out = {}
+    for name in ("snmp", "netstat"):
+        text = hosts.run(i, ["cat", f"/proc/net/{name}"], capture_output=True, text=True).stdout
+        lines = text.splitlines()
+        for head, vals in zip(lines[::2], lines[1::2]):
+            for k, v in zip(head.split()[1:], vals.split()[1:]):
+                if k in COUNTERS:
+                    out[k] = int(v)
+    return out
+
+
 def busy(n: int) -> list:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -96,6 +114,7 @@ def main(argv=None) -> int:
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True)
                 results = hosts.wait(procs, 560)
+                counters = [tcp_counters(hosts, i) for i in range(h)]
             n = 0
             for line in results[0][1].splitlines():
                 if "CALL " in line:
@@ -109,10 +128,13 @@ def main(argv=None) -> int:
             failed = [(i, code, e) for i, (code, _, e) in enumerate(results) if code]
             print(f"job {j}: {n} calls in {time.monotonic() - t0:.0f} s, "
                   f"{'FAILED' if failed else 'ok'}, load {os.getloadavg()[0]:.1f}", flush=True)
+            for i, c in enumerate(counters):
+                print(f"  host {i} kernel TCP: " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
             if failed:
                 stalls += 1
-                for i, code, e in failed:
-                    print(f"--- host {i} exit {code}:\n{e[-6000:]}", flush=True)
+                for i, code, e in failed:   # the ranks' own errors, not their tracebacks
+                    lines = [x for x in e.splitlines() if "Error" in x and "rank" in x]
+                    print(f"--- host {i} exit {code}:\n" + "\n".join(lines), flush=True)
     finally:
         for p in loops:
             p.kill()

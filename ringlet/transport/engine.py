@@ -523,7 +523,9 @@ class Engine:
                 if now - start > REPORT_AFTER and self.on_long_wait is not None:
                     self.on_long_wait()
             if now > deadline:
-                raise TimeoutError(describe(limit) + self.transport_state(peers()))
+                # the connections' state first: describe() may wait for the hang report
+                state = self.transport_state(peers())
+                raise TimeoutError(describe(limit) + state)
             if now - idle_since < self.spin or now < idle_until:
                 continue
             if not self.crowded and now - idle_since < IDLE_SPIN and self._loadavg >= 0 \

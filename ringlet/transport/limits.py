@@ -93,7 +93,10 @@ it repeats). 64 MiB calls (rabenseifner, recursive halving) on namespace hosts a
 200 us bucket (bench/tcp_stall.py --pair, load 17-20), per host, fixed : autotuned:
 2 x 2, 8 calls: receiver drops 14-15 : 0, retransmission timeouts 13-15 : 0, segments
 retransmitted 131-245 : 77-85; 2 x 4, 16 calls: drops 18-21 : 0, timeouts 18-21 : 0,
-retransmitted 554-588 : 123-136 (slowest call 3.3 : 3.9 s, 1.9 : 1.8 s at 2 x 2).
+retransmitted 554-588 : 123-136 (slowest call 3.3 : 3.9 s, 1.9 : 1.8 s at 2 x 2); the
+whole mix (8 collectives x 64M, 16M, 1M x 3, 2 x 2, 3 fresh jobs each in turns, load
+15-21): drops 12-19 : 0, timeouts 10-18 : 0-1 per host and job, time no different (job
+120-132 : 114-155 s, slowest call 4.1-5.2 : 3.5-5.7 s).
 tests/test_tcp_stall.py checks that a shaped link drops nothing at the receiver.
 """
 from __future__ import annotations

@@ -540,11 +540,17 @@ class Engine:
     def transport_state(self, ranks) -> str:
         """For a timeout's message: what this rank's TCP connections to ``ranks`` hold
         (tcp.TcpPeer.state), so a stall reads as data still to come, or sent and unread."""
-        lines = []
-        for r in sorted(ranks):
+        lines, slow = [], []
+        for r in sorted(set(ranks)):
             peer = self.peers.get(r)
             if isinstance(peer, TcpPeer) and not peer.dead:
                 lines.append(f"rank {r} over TCP: {peer.state()}")
+                if peer.incoming and peer.arriving(1000):
+                    slow.append(r)
+        if slow:   # still moving: a slow link, not a stall
+            lines.append(f"data from rank(s) {slow} was still arriving in the last second: "
+                         f"if the link is this slow, give the call more time (timeout=, "
+                         f"RINGLET_TIMEOUT)")
         return ("; " + "; ".join(lines)) if lines else ""
 
     def _large_in_flight(self) -> bool:

@@ -436,7 +436,7 @@ class TcpPeer(Peer):
                        f"(msg {pkt[3]}, {lane.sub + lane.pgot} B in)")
             parts.append(f"conn {lane.index}: reading {reading}, socket has {inq} B unread, "
                          f"{outq} B unacknowledged; {sum(len(b) for b in lane.wpending)} B "
-                         f"queued here; wake at {lane.lowat} B{_tcp_info(lane.sock)}")
+                         f"queued here; wake at {lane.lowat} B{_tcp_info(lane.sock)[0]}")
         for req in self.incoming.values():
             parts.append(f"msg {req.msgid} tag {getattr(req, 'tag', '?')}: "
                          f"{req.nbytes - req.offset - getattr(req, 'tail', 0)} of "
@@ -447,6 +447,10 @@ class TcpPeer(Peer):
         if self.outq:
             parts.append(f"{len(self.outq)} packets to send ({self.outq[0][0]} first)")
         return "; ".join(parts)
+
+    def arriving(self, within_ms: int) -> bool:
+        """Whether data came in on any of its connections in the last ``within_ms``."""
+        return any(0 <= _tcp_info(lane.sock)[1] < within_ms for lane in self.lanes)
 
     def _lost(self, exc) -> None:
         if self.closing:
@@ -484,9 +488,10 @@ def _queued(sock) -> tuple:
     return tuple(out)
 
 
-def _tcp_info(sock) -> str:
+def _tcp_info(sock) -> tuple:
     """The kernel's view of a connection (TCP_INFO): retransmission timer and backoff,
-    segments in flight and lost, and how long since data last went out and came in."""
+    segments in flight and lost, and how long since data last went out and came in (text,
+    and the milliseconds since data came in: -1 unknown)."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         (_state, _ca, _retransmits, _probes, backoff, _opt, _ws, _app, rto, _ato, _smss,
@@ -494,11 +499,11 @@ def _tcp_info(sock) -> str:
          _last_ack_recv, _pmtu, _rssth, rtt, _rttvar, _ssth, cwnd, _advmss, _reord, _rcv_rtt,
          rcv_space, total_retrans) = struct.unpack("8B24I", raw[:104])
     except (OSError, struct.error):
-        return ""
+        return "", -1
     return (f" (kernel: rto {rto // 1000} ms, backoff {backoff}, cwnd {cwnd}, rtt "
             f"{rtt / 1000:.1f} ms, {unacked} segments in flight, {lost} lost, {retrans} "
             f"retransmitting, {total_retrans} retransmitted; last data out {last_sent} ms ago, "
-            f"in {last_recv} ms ago; receive window {rcv_space} B)")
+            f"in {last_recv} ms ago; receive window {rcv_space} B)", last_recv)
 
 
 def _reduce_at(req: RecvRequest, at: int, payload) -> None:

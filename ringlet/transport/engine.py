@@ -523,7 +523,9 @@ class Engine:
                 if now - start > REPORT_AFTER and self.on_long_wait is not None:
                     self.on_long_wait()
             if now > deadline:
-                raise TimeoutError(describe(limit))
+                # the connections' state first: describe() may wait for the hang report
+                state = self.transport_state(peers())
+                raise TimeoutError(describe(limit) + state)
             if now - idle_since < self.spin or now < idle_until:
                 continue
             if not self.crowded and now - idle_since < IDLE_SPIN and self._loadavg >= 0 \
@@ -534,6 +536,22 @@ class Engine:
                 os.sched_yield()
                 continue
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
+
+    def transport_state(self, ranks) -> str:
+        """For a timeout's message: what this rank's TCP connections to ``ranks`` hold
+        (tcp.TcpPeer.state), so a stall reads as data still to come, or sent and unread."""
+        lines, slow = [], []
+        for r in sorted(set(ranks)):
+            peer = self.peers.get(r)
+            if isinstance(peer, TcpPeer) and not peer.dead:
+                lines.append(f"rank {r} over TCP: {peer.state()}")
+                if peer.incoming and peer.arriving(1000):
+                    slow.append(r)
+        if slow:   # still moving: a slow link, not a stall
+            lines.append(f"data from rank(s) {slow} was still arriving in the last second: "
+                         f"if the link is this slow, give the call more time (timeout=, "
+                         f"RINGLET_TIMEOUT)")
+        return ("; " + "; ".join(lines)) if lines else ""
 
     def _large_in_flight(self) -> bool:
         """A message above the eager limit is on its way, in or out (see IDLE_SPIN)."""

@@ -8,13 +8,17 @@ reduce-DATA (TCP_REDUCE_CHUNK at a time: limits.py) and EAGER payloads go throug
 buffer."""
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import socket
+import struct
+import termios
 
 import numpy as np
 
 from . import limits
-from .protocol import (ABORT, BYE, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, Peer,
+from .protocol import (ABORT, BYE, CTS, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS, Peer,
                        ProtocolError, RecvRequest, peer_failure)
 
 # At most this many reads per _poll_in call: a peer that streams packets (PAD, BYE,
@@ -419,6 +423,35 @@ class TcpPeer(Peer):
             lane.ptarget = None
         return moved
 
+    def state(self) -> str:
+        """What this pair waits on, for a timeout's message: per lane the bytes queued
+        here and in the kernel each way, and the packet being read; the messages coming in
+        (bytes still to come) and those announced and not yet answered."""
+        parts = []
+        for lane in self.lanes:
+            inq, outq = _queued(lane.sock)
+            pkt = lane.pkt
+            reading = ("a header" if pkt is None else
+                       f"{_KIND_NAMES.get(pkt[0], pkt[0])} of {pkt[4]} B "
+                       f"(msg {pkt[3]}, {lane.sub + lane.pgot} B in)")
+            parts.append(f"conn {lane.index}: reading {reading}, socket has {inq} B unread, "
+                         f"{outq} B unacknowledged; {sum(len(b) for b in lane.wpending)} B "
+                         f"queued here; wake at {lane.lowat} B{_tcp_info(lane.sock)[0]}")
+        for req in self.incoming.values():
+            parts.append(f"msg {req.msgid} tag {getattr(req, 'tag', '?')}: "
+                         f"{req.nbytes - req.offset - getattr(req, 'tail', 0)} of "
+                         f"{req.nbytes} B still to come")
+        for req in self.awaiting_cts.values():
+            parts.append(f"msg {req.msgid} tag {req.tag} ({req.nbytes} B) sent its RTS, "
+                         f"no CTS yet")
+        if self.outq:
+            parts.append(f"{len(self.outq)} packets to send ({self.outq[0][0]} first)")
+        return "; ".join(parts)
+
+    def arriving(self, within_ms: int) -> bool:
+        """Whether data came in on any of its connections in the last ``within_ms``."""
+        return any(0 <= _tcp_info(lane.sock)[1] < within_ms for lane in self.lanes)
+
     def _lost(self, exc) -> None:
         if self.closing:
             self.fail(peer_failure(self.rank, "it has left the job (destroy was called)"))
@@ -436,6 +469,41 @@ class TcpPeer(Peer):
                 lane.sock.close()
             except OSError:
                 pass
+
+
+_KIND_NAMES = {DATA: "DATA", EAGER: "EAGER", ABORT: "ABORT", BYE: "BYE", RTS: "RTS", CTS: "CTS"}
+
+
+def _queued(sock) -> tuple:
+    """Bytes in the kernel's receive queue not read yet, and in its send queue not yet
+    acknowledged (-1: unknown)."""
+    out = []
+    for req in (termios.FIONREAD, termios.TIOCOUTQ):
+        buf = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), req, buf)
+            out.append(buf[0])
+        except (OSError, ValueError):
+            out.append(-1)
+    return tuple(out)
+
+
+def _tcp_info(sock) -> tuple:
+    """The kernel's view of a connection (TCP_INFO): retransmission timer and backoff,
+    segments in flight and lost, and how long since data last went out and came in (text,
+    and the milliseconds since data came in: -1 unknown)."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        (_state, _ca, _retransmits, _probes, backoff, _opt, _ws, _app, rto, _ato, _smss,
+         _rmss, unacked, _sacked, lost, retrans, _fack, last_sent, _last_ack_sent, last_recv,
+         _last_ack_recv, _pmtu, _rssth, rtt, _rttvar, _ssth, cwnd, _advmss, _reord, _rcv_rtt,
+         rcv_space, total_retrans) = struct.unpack("8B24I", raw[:104])
+    except (OSError, struct.error):
+        return "", -1
+    return (f" (kernel: rto {rto // 1000} ms, backoff {backoff}, cwnd {cwnd}, rtt "
+            f"{rtt / 1000:.1f} ms, {unacked} segments in flight, {lost} lost, {retrans} "
+            f"retransmitting, {total_retrans} retransmitted; last data out {last_sent} ms ago, "
+            f"in {last_recv} ms ago; receive window {rcv_space} B)", last_recv)
 
 
 def _reduce_at(req: RecvRequest, at: int, payload) -> None:

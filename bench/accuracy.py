@@ -18,6 +18,16 @@
    order, so that a slow spell of the host hits all of them alike. A block gives each
    algorithm the median over its timed calls (barrier, time one call) of the SLOWEST rank
    (``ringlet bench``'s method); see ``cell_times`` for how blocks and repeats combine.
+   Where the ranks fit the cores each is pinned to one, as ``ringlet bench`` and mpirun
+   place them (``--no-pin``: not): unpinned, the two ranks of p = 2 on a busy host may
+   share one core for a whole job. Same-run repeatability (two runs of QUICK_GRID's p = 2
+   and p = 3 cells back to back, others holding 1.5-1.8 of the 2 cores, load average
+   17-25): 42.5% apart per (algorithm, cell), median, unpinned with 2-50 calls per block
+   and the old combination of blocks; 25.2% pinned, 3-100 calls, the fastest block
+   (shm plain p = 2: 36% -> 16%, TCP p = 2: 45% -> 22%, rl.empty p = 2: 47% -> 35%;
+   p = 3, unpinned in both: 40% -> 52%, noise). More ranks than cores (p = 3-6 on 2) are not pinned:
+   their time is the scheduler's, which the model prices as processor sharing
+   (``HostModel``: beta_share, beta_crowd, alpha_crowd, idle_share, imbalance).
    The same job also asks the runtime what ``algorithm="auto"`` runs in every cell.
 3. Predicts each with the cost model (``ringlet.cost.predict_host``: the calibrated
    profile, the simulator on the very schedule the runtime runs) and prints, per
@@ -57,6 +67,9 @@ BUFFERS = {"broadcast": ("buf",), "reduce": ("buf",), "all_reduce": ("buf",),
            "all_gather": ("in", "out"), "reduce_scatter": ("in", "out"),
            "all_to_all": ("in", "out"), "gather": ("in", "out"), "scatter": ("in", "out")}
 TARGET_ERR, TARGET_WIN, WIN_SLACK = 0.10, 0.95, 0.10
+#: timed calls per algorithm and block (fewest, most): a block's median of 2 calls is
+#: their mean, which one preempted call spoils
+ITERS = (3, 100)
 
 _K, _M = 1 << 10, 1 << 20
 #: (transport, buffers, p, sizes): rl.empty only where a message can be read in place
@@ -93,12 +106,12 @@ def predict(cell, algorithm, prof=None) -> float:
     return predict_host(c, nb, p, algorithm, tr, profile=prof, shared=shared_of(kind, c))
 
 
-def iters_for(cell, budget: float) -> int:
+def iters_for(cell, budget: float, lo: int = ITERS[0], hi: int = ITERS[1]) -> int:
     """Timed calls per algorithm and block: about ``budget`` seconds by the model's
-    estimate (geometric mean over the algorithms), between 2 and 50."""
+    estimate (geometric mean over the algorithms), between ``lo`` and ``hi``."""
     ts = [predict(cell, a) for a in ALGOS[cell[4]]]
     est = math.exp(statistics.fmean(math.log(max(t, 1e-7)) for t in ts))
-    return int(max(2, min(50, round(budget / est))))
+    return int(max(lo, min(hi, round(budget / est))))
 
 
 def _buffers(rl, np, kind, c, p, count, rank):
@@ -130,8 +143,9 @@ def _auto_pick(c, count):
     return got
 
 
-def _job(rank, work, out_path):
-    """One job's rank: for every cell of ``work`` (kind, nbytes, collective, iters,
+def _job(rank, work, out_path, pin=True):
+    """One job's rank (pinned to a core as ``ringlet bench`` pins, where the ranks fit the
+    cores, with ``pin``): for every cell of ``work`` (kind, nbytes, collective, iters,
     order) one untimed ``auto`` call and ``warmup`` untimed calls of each algorithm, then
     the blocks of ``order``: ``iters`` timed calls each (buffer filled, barrier, time
     the call). Rank 0 writes every (algorithm, block) median of the slowest rank and
@@ -141,7 +155,10 @@ def _job(rank, work, out_path):
 
     import ringlet as rl
     from ringlet.calibrate import prefault_rings
+    from ringlet.bench import bind_like_mpirun
     p = rl.get_world_size()
+    if pin:
+        bind_like_mpirun(rank, p)
     prefault_rings(rl)
     meds, picks = [], []
     for kind, nb, c, iters, order in work:
@@ -178,20 +195,20 @@ def block_order(algos, key, block) -> list:
     return order
 
 
-def run_job(transport, p, work, timeout=900):
+def run_job(transport, p, work, timeout=900, pin=True):
     import tempfile
 
     from ringlet.launch import spawn
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "job.json")
-        spawn(_job, p, args=(work, path), backend="tcp" if transport == "tcp" else None,
+        spawn(_job, p, args=(work, path, pin), backend="tcp" if transport == "tcp" else None,
               timeout=timeout)
         with open(path) as f:
             return json.load(f)
 
 
 def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
-            quiet_wait=10.0, verbose=True):
+            quiet_wait=10.0, verbose=True, pin=True, iters=ITERS):
     """({cell: {algorithm: [seconds per block]}}, {cell: [auto's pick per repeat]}, log).
 
     One job per (repeat, transport, kind, p) runs all its cells. Before a job we wait
@@ -210,7 +227,7 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             order = []
             for blk in range(blocks):
                 order += block_order(ALGOS[cell[4]], (cell, rep), blk)
-            work.append((kind, cell[3], cell[4], iters_for(cell, budget), order))
+            work.append((kind, cell[3], cell[4], iters_for(cell, budget, *iters), order))
         for attempt in range(retries + 1):
             deadline = time.time() + quiet_wait
             while others_load(0.2) > max_load / 2 and time.time() < deadline:
@@ -218,7 +235,7 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             b0, o0 = _cpu_seconds()
             t0 = time.perf_counter()
             try:
-                got = run_job(tr, p, work)
+                got = run_job(tr, p, work, pin=pin)
             except Exception as exc:      # one failed job must not lose the others' cells
                 print(f"\n  job {tr} {kind} p={p} failed: {exc}", file=sys.stderr)
                 got = None
@@ -250,18 +267,14 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
 
 
 def cell_times(per: dict) -> dict:
-    """One time per algorithm of a cell from its per-block samples (index i is the same
-    block for every algorithm): each block's times are divided by the block's geometric
-    mean over the algorithms (which removes a slow or fast spell shared by the block),
-    the median of these ratios is the algorithm's relative speed, scaled back by the
-    median of the blocks' geometric means. The plain median when blocks do not line up."""
-    lens = {len(v) for v in per.values()}
-    if len(lens) != 1 or len(per) < 2:
-        return {a: statistics.median(v) for a, v in per.items()}
-    k = lens.pop()
-    g = [math.exp(statistics.fmean(math.log(per[a][i]) for a in per)) for i in range(k)]
-    level = statistics.median(g)
-    return {a: level * statistics.median(v[i] / g[i] for i in range(k)) for a, v in per.items()}
+    """One time per algorithm of a cell from its per-block samples (each the median of
+    the block's calls, slowest rank): the least. Other processes only ever add time, and
+    on a shared host they spoil whole blocks (and whole jobs); the fastest block is the
+    one that saw least of them - what a user of a quiet host sees. Two runs of
+    QUICK_GRID's p = 2 cells back to back, others holding 1.5-1.8 of the 2 cores: 25%
+    apart per (algorithm, cell), median, against 34% for the median of block-normalised
+    ratios used before and 31% for each algorithm's median block."""
+    return {a: min(v) for a, v in per.items()}
 
 
 def evaluate(meas: dict, autos: dict, prof=None) -> dict:
@@ -390,6 +403,9 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives", default=None, help="comma-separated subset")
     ap.add_argument("--max-load", type=float, default=0.5,
                     help="run a job again if other processes kept this many cores busy")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the ranks where the scheduler puts them (default: one core "
+                         "each where they fit, as ringlet bench and mpirun place them)")
     ap.add_argument("--brief", action="store_true", help="only the summary tables")
     ap.add_argument("--json", default=None, help="write measurements, predictions, summary")
     ap.add_argument("--from-json", default=None,
@@ -419,7 +435,8 @@ def main(argv=None) -> int:
         n = len(cells_of(grid))
         print(f"measuring {len(COLLECTIVES)} collectives, every algorithm, {n} cells, "
               f"{repeats} job(s) x {a.blocks} blocks each ...", flush=True)
-        samples, autos, joblog = measure(grid, repeats, a.blocks, a.budget, a.max_load)
+        samples, autos, joblog = measure(grid, repeats, a.blocks, a.budget, a.max_load,
+                                         pin=not a.no_pin)
         redo = sum(j["attempts"] - 1 for j in joblog)
         loads = [j["others_load"] for j in joblog]
         failed = sum(j.get("failed", False) for j in joblog)
@@ -441,7 +458,7 @@ def main(argv=None) -> int:
         doc = {"profile": prof.to_dict(), "profile_source": prof.source,
                "measurements": [{"cell": list(k), "samples_s": v, "auto": autos.get(k, [])}
                                 for k, v in samples.items()],
-               "jobs": joblog, **res}
+               "jobs": joblog, "blocks": a.blocks, "pin": not a.no_pin, **res}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {a.json}")

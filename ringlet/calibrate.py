@@ -145,7 +145,12 @@ def _child(rank, out_path, sizes, budget, max_reps, passes=1, only=None):
     import numpy as np
 
     import ringlet as rl
+    from ringlet.bench import bind_like_mpirun
     p = rl.get_world_size()
+    # one core per rank where they fit, as ringlet bench and bench/accuracy.py place them:
+    # unbound, both ranks of p = 2 sometimes share one core for a whole job on a busy host
+    # (a pass several times slower, or faster at 1 MiB than at 256 KiB)
+    bind_like_mpirun(rank, p)
     rows = []
 
     def timed(call, warm, buf=None):

@@ -1339,6 +1339,31 @@ def test_fit_host_holds_fixed_terms():
         profile.fit_host(samples, true, fixed={"nope": 1.0})
 
 
+def test_fit_host_stops_once_the_error_stays_flat(monkeypatch):
+    """The alternating fit stops after two iterations that do not lower the error by
+    0.1% (the parameters may wander on, each iteration re-simulating every timing), and
+    keeps the best iterate: here misses of e^0.5, e^0.2, then e^0.2 twice - 4 passes, not
+    the 12 allowed (a later e^0.1 is never reached)."""
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS}, "cores": 2})
+    samples = [{"collective": "all_reduce", "algorithm": "ring", "p": 2, "nbytes": nb,
+                "seconds": 1e-4 * (i + 1)} for i, nb in enumerate((4 << 10, 64 << 10, 1 << 20))]
+    misses = iter([0.5, 0.2, 0.2, 0.2] + [0.1] * 20)
+    rng = np.random.default_rng(0)
+    passes = []
+
+    def counts(self, model):
+        c = next(misses)
+        passes.append(c)
+        # counts that move every pass, so the parameters never settle by themselves
+        return rng.uniform(1, 2, (len(self.y), len(HOST_TERMS))), self.y * math.exp(c)
+
+    monkeypatch.setattr(profile._HostFit, "counts", counts)
+    fit = profile._HostFit(samples, np.zeros(len(HOST_TERMS)), HOST_TERMS, True, 12)
+    err, _, _ = fit.alternate(true, np.ones(3, bool))
+    assert passes == [0.5, 0.2, 0.2, 0.2]
+    assert err == pytest.approx(3 * 0.2 ** 2)
+
+
 def test_host_model_imbalance_three_ranks_on_two_cores():
     """p = 3 ring on 2 cores, all busy: k = 3/2, plus imbalance * (ceil(3/2) - 3/2)."""
     s = _build("all_reduce", "ring", 3, 3 * 1024)

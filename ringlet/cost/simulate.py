@@ -345,6 +345,8 @@ class _Sim:
                 return a, bcost, x, ports
         self.bytes_intra += float(nb.sum())
         self.msgs_intra += m
+        if self.lat_crowd is not None:
+            ai = ai + self.lat_crowd[0]
         return ai, nb * bi, None, None
 
     def _messages(self, src, dst, nb, rflag) -> None:

@@ -21,7 +21,10 @@ of every collective at every size, forced and under ``auto``: each cell is the s
 rank's time of one call, best of ``--reps`` after a warm-up. Beside it: the time the
 cost model predicts for the very schedule (with the profile ``auto`` used), the link
 utilisation (bus bandwidth / link rate) and, per size, the measured and the predicted
-winner, and flat against hierarchical. Hosts are always torn down. Last, every call is
+winner, auto's pick (judged, as the predicted winner, by its forced time; its own call is
+the same schedule timed once more, so it is judged beside with its noise), and flat
+against hierarchical. ``--reprice`` prices an earlier run's cells with this model and
+picks auto again as its ranks would now. Hosts are always torn down. Last, every call is
 priced again for ``--what-if`` hosts x ranks (default 64x8) of the seeds' tiers, beside
 what was measured.
 

@@ -421,6 +421,38 @@ def test_a_shared_nic_is_not_charged_twice():
     assert res.time == pytest.approx(4 * n * inter.beta, rel=0.01)
 
 
+def test_crowded_emulated_hosts_wait_a_wake_up_per_message():
+    """Hosts on one machine whose ranks outnumber its cores: each message waits for its
+    peer to be woken - between hosts the tcp host model's alpha_crowd, inside one shm's.
+    A broadcast on 2 hosts x 2 ranks that crosses once (0 -> 2), then copies inside each
+    host at once: one wake-up of each kind on its critical path; not crowded, none."""
+    from dataclasses import replace
+    from ringlet.cost.host import HostModel, Machine
+    topo = lambda cores, mach: Topology(2, 2, Link(0.0, 1e12), Link(0.0, 1e9),  # noqa: E731
+                                        machine=mach)
+    s = Schedule("broadcast", "binomial", 4, 1 << 18, buffers={"buf": 1 << 18})
+    s.round().copy(src=0, dst=2, n=1 << 18, sbuf="buf", soff=0, dbuf="buf", doff=0)
+    s.round().copy(src=np.array([0, 2]), dst=np.array([1, 3]), n=1 << 18, sbuf="buf", soff=0,
+                   dbuf="buf", doff=0)
+    tcp = HostModel(alpha=1e-5, beta=1e-10, alpha_crowd=1e-4)
+    shm_model = HostModel(alpha=1e-6, beta=1e-12, alpha_crowd=3e-6)
+    mach = Machine.of(2, 0.0, shm_model, link=tcp)
+    assert (mach.lat_inter, mach.lat_intra) == (1e-4, 3e-6)
+    mach = Machine(2, 0.0, lat_intra=3e-6, lat_inter=1e-4)   # no CPU bound to hide them
+    free = replace(mach, lat_inter=0.0, lat_intra=0.0)
+    crowded = simulate(s, topo(2, mach)).time - simulate(s, topo(2, free)).time
+    assert crowded == pytest.approx(1e-4 + 3e-6, rel=1e-6)
+    roomy = replace(mach, cores=4)
+    assert simulate(s, topo(4, roomy)).time == pytest.approx(
+        simulate(s, topo(4, replace(free, cores=4))).time)
+    # the profile's machine takes the wake-up between hosts from its tcp host model
+    prof = profile.Profile({"shm": dict(HOST_PROFILE), "tcp": dict(HOST_PROFILE, alpha_crowd=2e-4)})
+    prof = prof.with_link_rate("10gbit", machine=(2, 1e-9))
+    assert prof.machine().lat_inter == 2e-4 and prof.machine().lat_intra == 1.8e-5
+    with pytest.raises(ValueError, match="lat_inter"):
+        Machine(2, 1e-9, lat_inter=-1.0)
+
+
 def test_crossing_reads_the_flows_sharing_a_nic_off_the_schedule():
     # a ring crosses between hosts at one rank per host, a double tree with two messages
     # (one per tree); recursive doubling's far steps and every pairwise step send from

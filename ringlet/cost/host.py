@@ -151,6 +151,11 @@ class Machine:
     # the cores the job's ranks get: fewer than ``cores`` while other processes load the
     # machine (measured beside the link: bench/hosts.py); 0: all of them
     available: float = 0.0
+    # latency per message when the ranks outnumber the cores (the receiver or the sender is
+    # not running when its peer is ready: a wake-up, as HostModel's alpha_crowd), inside a
+    # host (shm's) and between hosts (tcp's, calibrated with more ranks than cores)
+    lat_intra: float = 0.0
+    lat_inter: float = 0.0
 
     def __post_init__(self):
         if int(self.cores) < 1:
@@ -158,7 +163,8 @@ class Machine:
         if not 0 <= self.available <= self.cores:
             raise ValueError(f"Machine available must be between 0 and its {self.cores} "
                              f"cores, got {self.available!r}")
-        for name in ("inter", "intra", "reduce", "copy", "message", "crowd"):
+        for name in ("inter", "intra", "reduce", "copy", "message", "crowd", "lat_intra",
+                     "lat_inter"):
             v = getattr(self, name)
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"Machine {name} must be a finite number >= 0, got {v!r}")
@@ -170,15 +176,18 @@ class Machine:
 
     @classmethod
     def of(cls, cores: int, inter: float, model: "HostModel | None",
-           available: float = 0.0) -> "Machine":
+           available: float = 0.0, link: "HostModel | None" = None) -> "Machine":
         """The machine whose hosts' ranks ``model`` prices (its per-byte work past the
-        caches: the large messages where the cores, not the latency, bind)."""
+        caches: the large messages where the cores, not the latency, bind) and whose
+        messages between hosts ``link`` prices (the tcp host model: its wake-up latency
+        when the ranks outnumber the cores)."""
+        lat_inter = link.alpha_crowd if link is not None else 0.0
         if model is None:
-            return cls(cores, inter, available=available)
+            return cls(cores, inter, available=available, lat_inter=lat_inter)
         side = model.beta + model.mem_l2 + model.mem_l3
         return cls(cores, inter, 2 * side, model.gamma + model.mem_l2 + model.mem_l3,
                    model.delta + model.mem_l2 + model.mem_l3, 2 * model.alpha,
-                   2 * model.alpha_crowd, available)
+                   2 * model.alpha_crowd, available, model.alpha_crowd, lat_inter)
 
 
 def link_cpu(samples) -> tuple[float, float]:

@@ -166,7 +166,7 @@ class Profile:
             return None
         from .host import Machine
         return Machine.of(int(t["cores"]), float(t["cpu"]), self.host_model("shm"),
-                          float(t.get("available", 0.0)))
+                          float(t.get("available", 0.0)), self.host_model("tcp"))
 
     def shared(self) -> float:
         """Of the inter-host link's rate, what several flows sharing it reach together."""

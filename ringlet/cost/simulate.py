@@ -236,6 +236,10 @@ class _Sim:
         self.msgs_intra = self.msgs_inter = 0
         self.nic_out = np.zeros(self.H)
         self.nic_in = np.zeros(self.H)
+        mach = self.topo.machine
+        # ranks that outnumber the machine's cores wait for a wake-up at each message
+        self.lat_crowd = (mach.lat_intra, mach.lat_inter) if mach is not None and \
+            p > mach.cores else None
         nrounds = 0
         for rnd in self.s.rounds:
             c = rnd.cols
@@ -335,9 +339,14 @@ class _Sim:
                 self.msgs_intra += m - nx
                 self.nic_out += np.bincount(hs[x], xb, self.H)
                 self.nic_in += np.bincount(hd[x], xb, self.H)
-                return np.where(x, ae, ai), bcost, x, ports
+                a = np.where(x, ae, ai)
+                if self.lat_crowd is not None:
+                    a = a + np.where(x, self.lat_crowd[1], self.lat_crowd[0])
+                return a, bcost, x, ports
         self.bytes_intra += float(nb.sum())
         self.msgs_intra += m
+        if self.lat_crowd is not None:
+            ai = ai + self.lat_crowd[0]
         return ai, nb * bi, None, None
 
     def _messages(self, src, dst, nb, rflag) -> None:

@@ -531,6 +531,7 @@ class Threads:
         self.bounce = bytearray(limits.TCP_REDUCE_CHUNK)
         self.failed = False
         self.writer = self.reader = None
+        self.moved = [0, 0]               # messages sent, received this way
 
     def _start(self) -> None:
         """The threads start with the first message they move (a job of small messages
@@ -574,10 +575,12 @@ class Threads:
             what, item = self.done.popleft()
             if what == "sent":
                 if self.sending.pop(item.msgid, None) is item and not peer.dead:
+                    self.moved[0] += 1
                     Peer._sent(peer, item)
             elif what == "recv":
                 req = peer.incoming.get(item.msgid)
                 if req is not None and not peer.dead:
+                    self.moved[1] += 1
                     req.offset = req.nbytes - getattr(req, "tail", 0)
                     peer.data_done(req)
             elif not peer.dead:

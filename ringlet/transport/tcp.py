@@ -684,21 +684,30 @@ class Threads:
 
     def _message(self, req) -> bool:
         """Read one message's DATA: straight into its destination, or reduced into it a
-        chunk at a time (limits.TCP_REDUCE_CHUNK: NumPy reads the bounce from L2)."""
-        if req.ufunc is None:
-            return self._fill(memoryview(req.dst.reshape(-1).view(np.uint8)))
+        chunk at a time (limits.TCP_REDUCE_CHUNK: NumPy reads the bounce from L2). A
+        receive the engine gave up meanwhile (its collective aborted: fail_tag, retire)
+        gets no more of it from the next chunk on: the rest goes to the bounce."""
+        incoming, msgid = self.peer.incoming, req.msgid
+        copy = req.ufunc is None
         size, n = req.itemsize, req.nbytes
-        step = max(size, len(self.bounce) // size * size)
+        step = FRAG_BYTES if copy else max(size, len(self.bounce) // size * size)
+        out = req.dst.reshape(-1).view(np.uint8) if copy else None
         at = 0
         while at < n:
             m = min(step, n - at)
-            view = memoryview(self.bounce)[:m]
-            if not self._fill(view) or self.failed:
+            wanted = incoming.get(msgid) is req and not self.failed
+            if copy and wanted:
+                view = memoryview(out[at:at + m])
+            else:
+                view = memoryview(self.bounce)[:min(m, len(self.bounce))]
+                m = len(view)
+            if not self._fill(view):
                 return False
-            e0, e1 = at // size, (at + m) // size
-            dst = req.dst[e0:e1]
-            acc = dst if req.acc is req.dst else req.acc[e0:e1]
-            req.ufunc(acc, np.frombuffer(view, req.dtype), out=dst)
+            if not copy and wanted:
+                e0, e1 = at // size, (at + m) // size
+                dst = req.dst[e0:e1]
+                acc = dst if req.acc is req.dst else req.acc[e0:e1]
+                req.ufunc(acc, np.frombuffer(view, req.dtype), out=dst)
             at += m
         return True
 

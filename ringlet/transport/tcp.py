@@ -5,7 +5,13 @@ message's DATA is cut into pieces dealt round robin over all lanes (piece i on l
 i % lanes: both ends know where each piece goes, so each lane's pieces are checked in
 order), and reassembled by offset. Copy-DATA is received straight into the destination;
 reduce-DATA (TCP_REDUCE_CHUNK at a time: limits.py) and EAGER payloads go through a bounce
-buffer."""
+buffer.
+
+Where both ranks of a pair ask for it (RINGLET_TCP_THREADS, limits.TCP_THREAD_MIN), the
+pair opens one more connection whose DATA two threads of each peer move (Threads): a
+message from that size up is asked for there by its receiver's CTS, written whole by the
+sender's writer thread and read (and reduced) by the receiver's reader thread, while the
+engine keeps control packets, small messages and matching. limits.py says where it wins."""
 from __future__ import annotations
 
 import os

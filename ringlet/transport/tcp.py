@@ -657,9 +657,14 @@ class Threads:
             self._post("sent", req)
 
     def _fill(self, view) -> bool:
+        """Read exactly ``len(view)`` bytes (False: the connection ended first). The thread
+        returns from the kernel once they are all in (MSG_WAITALL), not per segment: one
+        turn of Python and of the GIL per chunk. (Not SO_RCVLOWAT: a blocking read that
+        took part of the chunk then sleeps until that many more are in, which may never
+        come.)"""
         got, n = 0, len(view)
         while got < n:
-            k = self.sock.recv_into(view[got:])
+            k = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
             if k == 0:
                 return False
             got += k

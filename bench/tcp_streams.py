@@ -6,13 +6,19 @@ and CPU time: the process's, all its threads).
     .venv/bin/python bench/tcp_streams.py [--sizes 8M,64M,256M] [--turns 7] [--rate 1gbit]
     .venv/bin/python bench/tcp_streams.py --knob deal=1,2,4 [--rate 1gbit]
     .venv/bin/python bench/tcp_streams.py --knob chunk=4194304,262144
+    .venv/bin/python bench/tcp_streams.py --gloo --ref gloo --knob thread_min=8388608,1099511627776
     .venv/bin/python bench/tcp_streams.py --ab RINGLET_TCP_LANES=1,RINGLET_TCP_LANES=2
 
 Variants inside one job (default): ringlet's all_reduce; ringlet moving the same bytes
 without reducing (isend/irecv of n bytes each way: the protocol's cost alone); bare
 exchanges of the same bytes over k = 1, 2, 4 connections, both as threads in blocking
 calls (``thread k``: bench/hosts.py's ceiling) and as one thread driving non-blocking
-sockets in 4 MiB pieces (``poll k``: what ringlet's single-threaded engine could reach).
+sockets in 4 MiB pieces (``poll 1``: what ringlet's single-threaded engine could reach),
+and ``thread reduce 1``: a sender and a receiver thread whose receiver adds what it reads
+into the array (a threaded all_reduce of 2 ranks, bare). ``--gloo``: torch's Gloo
+all_reduce in the same job, turn by turn (``--ref gloo``: ratios against it).
+``--knob thread_min=8388608,1099511627776``: messages moved by tcp.Threads from 8 MiB up,
+then never (the receiver's TcpPeer.thread_min), turn by turn.
 
 ``--knob deal=1,2,4``: one job opening 4 lanes, each turn timing all_reduce and exchange
 with large messages dealt over 1, 2 and 4 of them (TcpPeer.deal): A/B in one job;

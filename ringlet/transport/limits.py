@@ -80,8 +80,11 @@ recv leaves its core to the peer's send. Two namespace hosts, one rank each, uns
 veth, all_reduce with threads on/off turn by turn in one job (bench/tcp_streams.py --knob
 thread_min=8388608,1099511627776 --gloo), median ms of 7-11 turns, four runs at load 15-28
 (the machine shared with three other benchmarking sessions: spreads of 2-3x within a
-cell): 256 MiB 587/1092, 728/994, 1150/1470, 1448/1455; 64 MiB 294/313, 234/235,
-200/278, 224/301. Threads cost CPU per message (a handoff, a wakeup, the GIL): 2 ranks
+cell), and a fifth at load 9: 256 MiB 587/1092, 728/994, 1150/1470, 1448/1455, 546/634;
+64 MiB 294/313, 234/235, 200/278, 224/301, 165/168 (Gloo in that last run: 568 and 160 ms:
+ringlet is ~1x Gloo on this crowded machine either way; the 2x of a quiet one is not
+measurable here). On a 1 Gbit/s tbf link they keep the link's rate: 64 MiB 571/579 ms,
+256 MiB 2282/2471 (94%/87% of the link; load 7-8). Threads cost CPU per message (a handoff, a wakeup, the GIL): 2 ranks
 over loopback, process CPU per all_reduce (load 18-25) 8 MiB 8.6 against 6.2 ms, 32 MiB
 28.4 against 24.4; so not below 8 MiB messages (a p = 2 all_reduce from 16 MiB), where
 the wall time showed no gain either (8 MiB: 25.6/25.8 ms). The reader waits for a whole

@@ -6,13 +6,19 @@ and CPU time: the process's, all its threads).
     .venv/bin/python bench/tcp_streams.py [--sizes 8M,64M,256M] [--turns 7] [--rate 1gbit]
     .venv/bin/python bench/tcp_streams.py --knob deal=1,2,4 [--rate 1gbit]
     .venv/bin/python bench/tcp_streams.py --knob chunk=4194304,262144
+    .venv/bin/python bench/tcp_streams.py --gloo --ref gloo --knob thread_min=8388608,1099511627776
     .venv/bin/python bench/tcp_streams.py --ab RINGLET_TCP_LANES=1,RINGLET_TCP_LANES=2
 
 Variants inside one job (default): ringlet's all_reduce; ringlet moving the same bytes
 without reducing (isend/irecv of n bytes each way: the protocol's cost alone); bare
 exchanges of the same bytes over k = 1, 2, 4 connections, both as threads in blocking
 calls (``thread k``: bench/hosts.py's ceiling) and as one thread driving non-blocking
-sockets in 4 MiB pieces (``poll k``: what ringlet's single-threaded engine could reach).
+sockets in 4 MiB pieces (``poll 1``: what ringlet's single-threaded engine could reach),
+and ``thread reduce 1``: a sender and a receiver thread whose receiver adds what it reads
+into the array (a threaded all_reduce of 2 ranks, bare). ``--gloo``: torch's Gloo
+all_reduce in the same job, turn by turn (``--ref gloo``: ratios against it).
+``--knob thread_min=8388608,1099511627776``: messages moved by tcp.Threads from 8 MiB up,
+then never (the receiver's TcpPeer.thread_min), turn by turn.
 
 ``--knob deal=1,2,4``: one job opening 4 lanes, each turn timing all_reduce and exchange
 with large messages dealt over 1, 2 and 4 of them (TcpPeer.deal): A/B in one job;
@@ -36,6 +42,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIECE = 4 << 20
+CHUNK = 256 << 10
 
 
 def _connect(np, rl, addr, listen, streams, port_base):
@@ -74,6 +81,35 @@ def _threads(socks, src, dst):
             t.start()
         for t in work:
             t.join()
+    return run
+
+
+def _threads_reduce(socks, src, acc):
+    """``_threads`` of one connection whose receiver reduces: it reads CHUNK bytes at a
+    time into a bounce buffer and adds them into ``acc`` (float32): a threaded all_reduce
+    of 2 ranks, bare (NumPy's add releases the GIL as the socket calls do)."""
+    import threading
+    import numpy as np
+    sock, n = socks[0], len(src)
+    bounce = bytearray(CHUNK)
+    out = acc.reshape(-1).view(np.uint8)
+
+    def recv():
+        lo = 0
+        while lo < n:
+            m = min(CHUNK, n - lo)
+            view, got = memoryview(bounce)[:m], 0
+            while got < m:
+                got += sock.recv_into(view[got:])
+            a = out[lo:lo + m].view(np.float32)
+            np.add(a, np.frombuffer(bounce, np.float32, m // 4), out=a)
+            lo += m
+
+    def run():
+        t = threading.Thread(target=recv)
+        t.start()
+        sock.sendall(memoryview(src))
+        t.join()
     return run
 
 
@@ -143,7 +179,12 @@ def job(spec_path: str) -> None:
     if spec.get("bare", True):
         for k in (1, 2, 4):
             conns[("thread", k)] = _connect(np, rl, addr, r == 1, k, 29600)
-            conns[("poll", k)] = _connect(np, rl, addr, r == 1, k, 29610)
+        conns[("poll", 1)] = _connect(np, rl, addr, r == 1, 1, 29610)
+        conns[("thread reduce", 1)] = _connect(np, rl, addr, r == 1, 1, 29620)
+    if spec.get("gloo"):
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
     from ringlet.runtime import engine
     tcp = engine().peers[peer]
 
@@ -166,8 +207,14 @@ def job(spec_path: str) -> None:
         for k in values:
             runs[f"all_reduce {attr}={k}"] = knob(k, lambda: rl.all_reduce(x))
             runs[f"exchange {attr}={k}"] = knob(k, exchange)
+        if spec.get("gloo"):
+            y = torch.ones(nbytes // 4)
+            runs["gloo"] = lambda: dist.all_reduce(y)
         for (how, k), socks in conns.items():
-            runs[f"{how} {k}"] = (_threads if how == "thread" else _poll)(socks, src, dst)
+            if how == "thread reduce":
+                runs[f"{how} {k}"] = _threads_reduce(socks, src, x)
+            else:
+                runs[f"{how} {k}"] = (_threads if how == "thread" else _poll)(socks, src, dst)
         times = {name: [] for name in runs}
         cpu = {name: [] for name in runs}
         sys_ = {name: [] for name in runs}
@@ -191,6 +238,8 @@ def job(spec_path: str) -> None:
     for socks in conns.values():
         for s in socks:
             s.close()
+    if spec.get("gloo"):
+        dist.destroy_process_group()
     rl.destroy()
 
 
@@ -239,18 +288,23 @@ def main(argv=None) -> int:
                     "in turn (deal=1,2,4: lanes a large message is dealt over, opening the "
                     "most; chunk=4194304,262144: bytes of a reducing piece read at a time); "
                     "no bare variants")
+    ap.add_argument("--gloo", action="store_true", help="also torch's Gloo all_reduce, in "
+                    "the same job, turn by turn")
+    ap.add_argument("--ref", help="the variant ratios are taken against")
     ap.add_argument("--timeout", type=float, default=500)
     a = ap.parse_args(argv)
     if a.job:
         job(a.job)
         return 0
     from ringlet import hosts as hosts_mod
-    hosts_mod.PREFIX = "tcpst"      # our namespaces: tcpst<pid>-<i>
+    hosts_mod.PREFIX = os.environ.get("RINGLET_HOSTS_PREFIX", "tcpst")   # tcpst<pid>-<i>
     sizes = [_size(s) for s in a.sizes.split(",")]
     env = {"RINGLET_LINK_RATE": a.rate} if a.rate else {}
+    if a.gloo:
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
     load0 = open("/proc/loadavg").read().split()[:3]
     with hosts_mod.Hosts(2, rate=a.rate) as hosts:
-        spec = {"sizes": sizes, "turns": a.turns, "addrs": hosts.addrs}
+        spec = {"sizes": sizes, "turns": a.turns, "addrs": hosts.addrs, "gloo": a.gloo}
         if a.knob:
             name, values = a.knob.split("=")
             values = [int(v) for v in values.split(",")]
@@ -278,7 +332,7 @@ def main(argv=None) -> int:
     load1 = open("/proc/loadavg").read().split()[:3]
     print(f"\n== 2 hosts x 1 rank, link {a.rate or 'unshaped veth'}; load before "
           f"{' '.join(load0)}, after {' '.join(load1)}")
-    _table(merged, ref)
+    _table(merged, a.ref or ref)
     return 0
 
 

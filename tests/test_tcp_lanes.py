@@ -31,7 +31,9 @@ COLLECTIVES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatte
 
 
 def lanes_env(p, lanes):
-    return {"RINGLET_HOST_ID_SPLIT": str(p // 2), "RINGLET_TCP_LANES": str(lanes)}
+    # (no helper threads: they would take the large messages off the lanes)
+    return {"RINGLET_HOST_ID_SPLIT": str(p // 2), "RINGLET_TCP_LANES": str(lanes),
+            "RINGLET_TCP_THREADS": "0"}
 
 
 def bytes_received(sock) -> int:

@@ -37,7 +37,7 @@ from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
                   segment_size)
-from .tcp import TcpPeer, tcp_buffers, tcp_lanes
+from .tcp import TcpPeer, tcp_buffers, tcp_lanes, tcp_thread_min
 
 log = logging.getLogger("ringlet")
 
@@ -209,7 +209,8 @@ class Engine:
             listener = socket.create_server((bind, 0), backlog=self.world_size)
             listener.settimeout(1.0)
             tcp_buffers()     # (a bad RINGLET_TCP_* fails here, before any connection)
-            me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes())
+            me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes(),
+                      threads=tcp_thread_min() > 0)
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
         infos = [json.loads(v) for v in
                  wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
@@ -295,12 +296,16 @@ class Engine:
         allow (the fewer: limits.TCP_LANES); every connection proves the token both ways
         and names its dialer's rank and its lane ("5", then "5/1", "5/2", ...)."""
         me = str(self.rank).encode()
-        mine = tcp_lanes()
+        mine, threads = tcp_lanes(), tcp_thread_min() > 0
+
+        def conns(info):    # connections of the pair: its lanes, and one for threaded DATA
+            data = threads and info.get("threads", False)
+            return min(mine, info.get("lanes", 1)) + data, data
         for info in remote:
             if info["rank"] < self.rank:
                 socks = []
                 try:
-                    for lane in range(min(mine, info.get("lanes", 1))):
+                    for lane in range(conns(info)[0]):
                         sock = socket.create_connection((info["addr"], info["port"]),
                                                         timeout=self.timeout)
                         socks.append(sock)
@@ -315,9 +320,10 @@ class Engine:
                     for sock in socks:
                         sock.close()
                     raise
-                self._add_tcp(info["rank"], socks)
+                self._add_tcp(info["rank"], socks, conns(info)[1])
         expect = {(info["rank"], lane) for info in remote if info["rank"] > self.rank
-                  for lane in range(min(mine, info.get("lanes", 1)))}
+                  for lane in range(conns(info)[0])}
+        data = {info["rank"]: conns(info)[1] for info in remote}
         got: dict = {}
         if not expect:
             return
@@ -359,15 +365,17 @@ class Engine:
                 got.setdefault(r, {})[lane] = sock
                 if not any(q == r for q, _ in expect):     # all of its lanes are in
                     lanes = got.pop(r)
-                    self._add_tcp(r, [lanes[i] for i in sorted(lanes)])
+                    self._add_tcp(r, [lanes[i] for i in sorted(lanes)], data[r])
 
-    def _add_tcp(self, rank: int, socks: list) -> None:
-        peer = TcpPeer(self, rank, socks)
+    def _add_tcp(self, rank: int, socks: list, data: bool = False) -> None:
+        peer = TcpPeer(self, rank, socks, data=data)   # (data: the last is the DATA threads')
         self.peers[rank] = peer
         self.tcp_peers.append(peer)
         for lane in peer.lanes:
             lane.events = selectors.EVENT_READ
             self.sel.register(lane.sock, selectors.EVENT_READ, peer)
+        if peer.wake is not None:    # the DATA threads' word that a message is done
+            self.sel.register(peer.wake, selectors.EVENT_READ, peer)
 
     # -- moving bytes --------------------------------------------------------------------
     def isend(self, peer: int, tag: int, data, fp=(0, 0)) -> SendRequest:

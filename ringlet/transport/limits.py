@@ -70,6 +70,26 @@ against 203 ms - runs a thread per connection and direction: 4 threads per rank 
 the kernel's copies over both cores, and it does not reduce.) A link whose flows are
 limited one by one (a real NIC's per-flow hashing, a long fat pipe) may still want more.
 
+TCP_THREAD_MIN: a message from this many bytes up (the receiver's limit; RINGLET_TCP_THREADS,
+0: never) crosses on a connection of its own per pair, written by a thread of the sender's
+and read - and reduced - by a thread of the receiver's (tcp.Threads), while the engine
+thread keeps control packets, small messages and matching. The kernel's copies are what a
+large exchange costs here (above); with one thread per rank they run one at a time in
+each rank, with these a rank's send and receive copies run at once and a rank asleep in
+recv leaves its core to the peer's send. Two namespace hosts, one rank each, unshaped
+veth, all_reduce with threads on/off turn by turn in one job (bench/tcp_streams.py --knob
+thread_min=8388608,1099511627776 --gloo), median ms of 7-11 turns, four runs at load 15-28
+(the machine shared with three other benchmarking sessions: spreads of 2-3x within a
+cell), and a fifth at load 9: 256 MiB 587/1092, 728/994, 1150/1470, 1448/1455, 546/634;
+64 MiB 294/313, 234/235, 200/278, 224/301, 165/168 (Gloo in that last run: 568 and 160 ms:
+ringlet is ~1x Gloo on this crowded machine either way; the 2x of a quiet one is not
+measurable here). On a 1 Gbit/s tbf link they keep the link's rate: 64 MiB 571/579 ms,
+256 MiB 2282/2471 (94%/87% of the link; load 7-8). Threads cost CPU per message (a handoff, a wakeup, the GIL): 2 ranks
+over loopback, process CPU per all_reduce (load 18-25) 8 MiB 8.6 against 6.2 ms, 32 MiB
+28.4 against 24.4; so not below 8 MiB messages (a p = 2 all_reduce from 16 MiB), where
+the wall time showed no gain either (8 MiB: 25.6/25.8 ms). The reader waits for a whole
+chunk with MSG_WAITALL (11.0 ms of CPU per 8 MiB all_reduce reading as segments come).
+
 TCP_REDUCE_CHUNK: a reducing DATA piece is read into the bounce buffer and applied this
 much at a time, so NumPy reads it back from L2 (1 MiB here) rather than L3. Copy into a
 bounce and add into a 128 MiB float32 array, process time (load 13): 4 MiB 37-53 ms,
@@ -118,6 +138,7 @@ TCP_FRAG_BYTES = 4 << 20
 TCP_LANES = 1
 TCP_STRIPE_MIN = 1 << 20
 TCP_REDUCE_CHUNK = 256 << 10
+TCP_THREAD_MIN = 8 << 20
 TCP_SNDBUF = 4 << 20
 TCP_RCVBUF = 0
 

@@ -5,7 +5,13 @@ message's DATA is cut into pieces dealt round robin over all lanes (piece i on l
 i % lanes: both ends know where each piece goes, so each lane's pieces are checked in
 order), and reassembled by offset. Copy-DATA is received straight into the destination;
 reduce-DATA (TCP_REDUCE_CHUNK at a time: limits.py) and EAGER payloads go through a bounce
-buffer."""
+buffer.
+
+Where both ranks of a pair ask for it (RINGLET_TCP_THREADS, limits.TCP_THREAD_MIN), the
+pair opens one more connection whose DATA two threads of each peer move (Threads): a
+message from that size up is asked for there by its receiver's CTS, written whole by the
+sender's writer thread and read (and reduced) by the receiver's reader thread, while the
+engine keeps control packets, small messages and matching. limits.py says where it wins."""
 from __future__ import annotations
 
 import array
@@ -14,12 +20,15 @@ import os
 import socket
 import struct
 import termios
+import threading
+from collections import deque
+from queue import SimpleQueue
 
 import numpy as np
 
 from . import limits
-from .protocol import (ABORT, BYE, CTS, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS, Peer,
-                       ProtocolError, RecvRequest, peer_failure)
+from .protocol import (ABORT, BYE, CTS, CTS_OK, DATA, EAGER, HEADER, HEADER_SIZE, KINDS, RTS,
+                       Peer, ProtocolError, RecvRequest, peer_failure)
 
 # At most this many reads per _poll_in call: a peer that streams packets (PAD, BYE,
 # unexpected EAGER…) faster than we parse them must not keep progress() from returning,
@@ -48,6 +57,21 @@ def tcp_buffers() -> tuple[int, int]:
     RINGLET_TCP_RCVBUF, else limits.py's."""
     return (_env_bytes("RINGLET_TCP_SNDBUF", limits.TCP_SNDBUF),
             _env_bytes("RINGLET_TCP_RCVBUF", limits.TCP_RCVBUF))
+
+
+def tcp_thread_min() -> int:
+    """Messages from this many bytes up are received (and, at the receiver's word, sent) by
+    helper threads over a connection of their own (0: never): RINGLET_TCP_THREADS, else
+    limits.TCP_THREAD_MIN (read at init)."""
+    value = os.environ.get("RINGLET_TCP_THREADS", "")
+    try:
+        size = int(value) if value else limits.TCP_THREAD_MIN
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"RINGLET_TCP_THREADS={value!r}: give the smallest message in bytes "
+                         f"that helper threads move (0: none)")
+    return size
 
 
 def tcp_lanes() -> int:
@@ -98,10 +122,15 @@ class Lane:
 
 class TcpPeer(Peer):
     def __init__(self, engine, rank: int, sock, eager: int = EAGER_BYTES,
-                 frag: int = FRAG_BYTES):
+                 frag: int = FRAG_BYTES, data: bool = False):
         super().__init__(engine, rank, eager, frag)
         socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
         snd, rcv = tcp_buffers()
+        # With ``data``, the last connection carries the DATA of messages from
+        # thread_min bytes, moved by two threads of this peer's (Threads, below).
+        self.threads = Threads(self, socks.pop(), snd, rcv) if data else None
+        self.wake = self.threads.wake if data else None
+        self.thread_min = tcp_thread_min() if data else 0
         self.lanes = [Lane(i, s, max(eager, frag) if i == 0 else frag, snd, rcv)
                       for i, s in enumerate(socks)]
         self.unflushed: list = []     # (each lane's queued mark, send) done once flushed past
@@ -169,6 +198,8 @@ class TcpPeer(Peer):
         """A send is complete only once its last byte is with the kernel: a rank whose send
         'completed' with bytes still queued here could stop driving progress (compute, or
         wait at destroy's barrier) while its peer waits for them forever."""
+        if self.threads is not None and self.threads.sending.get(req.msgid) is req:
+            return      # the writer thread has it: done when it says so (Threads.events)
         if any(lane.wpending for lane in self.lanes):
             self.unflushed.append(([lane.queued for lane in self.lanes], req))
         else:
@@ -229,7 +260,10 @@ class TcpPeer(Peer):
 
     def _send_data(self, req) -> bool:
         """Deal the message's pieces over the lanes, each lane its own in order, as far as
-        their kernels take them; True once all are written."""
+        their kernels take them; True once all are written (or handed to the writer
+        thread, when the receiver asked for that in its CTS)."""
+        if self.threads is not None and self.threads.take(req):
+            return True
         k = self.deal
         if k == 1:
             return super()._send_data(req)
@@ -264,9 +298,12 @@ class TcpPeer(Peer):
         return moved or (not flushed_before and not any(lane.wpending for lane in self.lanes))
 
     def pending(self) -> bool:
-        return any(lane.wpending for lane in self.lanes) or super().pending()
+        return (any(lane.wpending for lane in self.lanes) or super().pending()
+                or self.threads is not None and bool(self.threads.sending))
 
     def fail(self, exc) -> None:
+        if self.threads is not None:
+            self.threads.fail(exc)
         for _, req in self.unflushed:
             req.fail(exc)
         self.unflushed.clear()
@@ -302,8 +339,27 @@ class TcpPeer(Peer):
                 return
             lane.lowat = nbytes
 
+    def _queue_cts(self, msgid, flags, aux, zc=0, length=0, kind="cts") -> None:
+        """A large enough receive asks for its DATA on the threads' connection (CTS_OK with
+        aux THREADED): the reader thread takes it from there."""
+        if kind == "cts" and flags == CTS_OK and self.threads is not None:
+            req = self.incoming.get(msgid)
+            if type(req) is RecvRequest and req.nbytes >= self.thread_min and not req.offset:
+                self.threads.expect(req)
+                aux = THREADED
+        super()._queue_cts(msgid, flags, aux, zc, length, kind)
+
+    def _on_cts(self, flags, msgid, aux, zc=0, length=0) -> None:
+        if flags == CTS_OK and aux == THREADED:
+            req = self.awaiting_cts.get(msgid)
+            if self.threads is None or req is None:
+                raise ProtocolError(f"CTS for message {msgid} asks for the DATA threads' "
+                                    f"connection, which this pair has not")
+            self.threads.asked.add(msgid)
+        super()._on_cts(flags, msgid, aux, zc, length)
+
     def _poll_in(self) -> bool:
-        moved = False
+        moved = self.threads is not None and self.threads.events()
         for lane in self.lanes:
             if self.dead:
                 break
@@ -464,6 +520,8 @@ class TcpPeer(Peer):
         self.pump_out()
 
     def close(self) -> None:
+        if self.threads is not None:
+            self.threads.stop()
         for lane in self.lanes:
             try:
                 lane.sock.close()
@@ -504,6 +562,231 @@ def _tcp_info(sock) -> tuple:
             f"{rtt / 1000:.1f} ms, {unacked} segments in flight, {lost} lost, {retrans} "
             f"retransmitting, {total_retrans} retransmitted; last data out {last_sent} ms ago, "
             f"in {last_recv} ms ago; receive window {rcv_space} B)", last_recv)
+
+THREADED = 1                        # CTS_OK's aux: send the DATA on the threads' connection
+THEAD = struct.Struct("<qq")        # (msgid, bytes) before a message's DATA there
+JOIN_TIMEOUT = 5.0
+
+
+class Threads:
+    """A pair's DATA of large messages, moved by two threads over a connection of its own:
+    a writer (blocking sendall) and a reader (blocking recv_into, straight into the
+    destination, or a chunk at a time into a bounce buffer that it reduces in). Socket calls
+    and NumPy's ufuncs release the GIL, so the kernel's copies of both directions (and the
+    reduction) run while the engine thread keeps control packets, small messages and
+    matching on the first connection - in a rank that sleeps in recv, the peer's send
+    can use the core. The receiver chooses (TcpPeer._queue_cts), so both ends agree.
+
+    The threads touch only: the sockets, the requests handed to them, and two queues
+    (``wq``: sends for the writer; ``done``: what finished or failed, for the engine,
+    which drains it in TcpPeer._poll_in, woken through a pipe: ``wake``). Everything
+    else (completing requests, failing the peer) is the engine's, under its lock."""
+
+    def __init__(self, peer: TcpPeer, sock, sndbuf: int, rcvbuf: int):
+        sock.setblocking(True)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
+            if size:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                except OSError:
+                    pass
+        self.peer, self.sock = peer, sock
+        self.rank = peer.engine.rank
+        self.wake, self._ring = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.rang = False
+        self.done: deque = deque()        # ("sent", req) / ("recv", req) / ("lost", why)
+        self.wq: SimpleQueue = SimpleQueue()   # sends for the writer (None: stop)
+        self.sending: dict = {}           # msgid -> send the writer has (engine's)
+        self.asked: set = set()           # msgids whose CTS asked for this connection
+        self.receiving: dict = {}         # msgid -> receive the reader will fill
+        self.bounce = bytearray(limits.TCP_REDUCE_CHUNK)
+        self.failed = False
+        self.writer = self.reader = None
+        self.moved = [0, 0]               # messages sent, received this way
+
+    def _start(self) -> None:
+        """The threads start with the first message they move (a job of small messages
+        has none)."""
+        name = f"ringlet-tcp-{self.rank}-{self.peer.rank}"
+        self.writer = threading.Thread(target=self._write, name=name + "-w", daemon=True)
+        self.reader = threading.Thread(target=self._read, name=name + "-r", daemon=True)
+        self.writer.start()
+        self.reader.start()
+
+    # -- the engine's side -----------------------------------------------------------------
+    def take(self, req) -> bool:
+        """Hand a send whose CTS asked for this connection to the writer."""
+        if req.msgid not in self.asked:
+            return False
+        self.asked.discard(req.msgid)
+        if self.writer is None:
+            self._start()
+        self.sending[req.msgid] = req
+        req.offset = req.nbytes
+        self.wq.put(req)
+        return True
+
+    def expect(self, req) -> None:
+        if self.reader is None:
+            self._start()
+        self.receiving[req.msgid] = req
+
+    def events(self) -> bool:
+        """Complete what the threads finished (engine, under its lock)."""
+        if not self.rang:
+            return False
+        self.rang = False
+        try:
+            while os.read(self.wake, 4096):
+                pass
+        except OSError:
+            pass
+        peer = self.peer
+        while self.done:
+            what, item = self.done.popleft()
+            if what == "sent":
+                if self.sending.pop(item.msgid, None) is item and not peer.dead:
+                    self.moved[0] += 1
+                    Peer._sent(peer, item)
+            elif what == "recv":
+                req = peer.incoming.get(item.msgid)
+                if req is not None and not peer.dead:
+                    self.moved[1] += 1
+                    req.offset = req.nbytes - getattr(req, "tail", 0)
+                    peer.data_done(req)
+            elif not peer.dead:
+                if isinstance(item, ProtocolError):
+                    peer.engine.protocol_violation(peer, str(item))
+                else:
+                    peer._lost(item)
+        return True
+
+    def fail(self, exc) -> None:
+        """The peer failed: fail the sends the writer has, and stop both threads from
+        touching any buffer (shutdown wakes them from their blocking calls)."""
+        self.failed = True
+        try:    # (the engine would wake for it, and drains it only while the peer lives)
+            self.peer.engine.sel.unregister(self.wake)
+        except (KeyError, ValueError, OSError):
+            pass
+        for req in self.sending.values():
+            req.fail(exc)
+        self.sending.clear()
+        self.receiving.clear()
+        self.asked.clear()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """At destroy: end both threads and wait for them."""
+        self.failed = True
+        self.wq.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for t in (self.writer, self.reader):
+            if t is not None and t is not threading.current_thread():
+                t.join(JOIN_TIMEOUT)
+        self.sock.close()
+        for fd in (self.wake, self._ring):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- the threads -----------------------------------------------------------------------
+    def _post(self, what, item) -> None:
+        self.done.append((what, item))
+        try:
+            os.write(self._ring, b"!")
+        except OSError:
+            pass          # full: a wake-up is pending already
+        self.rang = True  # (after the write: the engine drains once it sees this)
+        self.peer.engine.background.poke()   # (the progress thread sleeps elsewhere)
+
+    def _write(self) -> None:
+        while True:
+            req = self.wq.get()
+            if req is None or self.failed:
+                return
+            try:
+                self.sock.sendall(THEAD.pack(req.msgid, req.nbytes))
+                self.sock.sendall(memoryview(req.data).cast("B"))
+            except OSError as exc:
+                if not self.failed:
+                    self._post("lost", exc)
+                return
+            self._post("sent", req)
+
+    def _fill(self, view) -> bool:
+        """Read exactly ``len(view)`` bytes (False: the connection ended first). The thread
+        returns from the kernel once they are all in (MSG_WAITALL), not per segment: one
+        turn of Python and of the GIL per chunk. (Not SO_RCVLOWAT: a blocking read that
+        took part of the chunk then sleeps until that many more are in, which may never
+        come.)"""
+        got, n = 0, len(view)
+        while got < n:
+            k = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+            if k == 0:
+                return False
+            got += k
+        return True
+
+    def _read(self) -> None:
+        head = bytearray(THEAD.size)
+        try:
+            while True:
+                if not self._fill(memoryview(head)):
+                    return     # the end, between messages: the first connection says why
+                msgid, nbytes = THEAD.unpack(head)
+                req = self.receiving.pop(msgid, None)
+                if req is None or req.nbytes != nbytes:
+                    if not self.failed:
+                        self._post("lost", ProtocolError(
+                            f"threaded DATA ({msgid}, {nbytes} bytes) matches no receive"))
+                    return
+                if not self._message(req):
+                    if not self.failed:
+                        self._post("lost", ConnectionError(
+                            f"closed in the middle of message {msgid}"))
+                    return
+                self._post("recv", req)
+        except OSError as exc:
+            if not self.failed:
+                self._post("lost", exc)
+
+    def _message(self, req) -> bool:
+        """Read one message's DATA: straight into its destination, or reduced into it a
+        chunk at a time (limits.TCP_REDUCE_CHUNK: NumPy reads the bounce from L2). A
+        receive the engine gave up meanwhile (its collective aborted: fail_tag, retire)
+        gets no more of it from the next chunk on: the rest goes to the bounce."""
+        incoming, msgid = self.peer.incoming, req.msgid
+        copy = req.ufunc is None
+        size, n = req.itemsize, req.nbytes
+        step = FRAG_BYTES if copy else max(size, len(self.bounce) // size * size)
+        out = req.dst.reshape(-1).view(np.uint8) if copy else None
+        at = 0
+        while at < n:
+            m = min(step, n - at)
+            wanted = incoming.get(msgid) is req and not self.failed
+            if copy and wanted:
+                view = memoryview(out[at:at + m])
+            else:
+                view = memoryview(self.bounce)[:min(m, len(self.bounce))]
+                m = len(view)
+            if not self._fill(view):
+                return False
+            if not copy and wanted:
+                e0, e1 = at // size, (at + m) // size
+                dst = req.dst[e0:e1]
+                acc = dst if req.acc is req.dst else req.acc[e0:e1]
+                req.ufunc(acc, np.frombuffer(view, req.dtype), out=dst)
+            at += m
+        return True
 
 
 def _reduce_at(req: RecvRequest, at: int, payload) -> None:

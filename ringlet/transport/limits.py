@@ -83,7 +83,12 @@ thread_min=8388608,1099511627776 --gloo), median ms of 7-11 turns, four runs at 
 cell), and a fifth at load 9: 256 MiB 587/1092, 728/994, 1150/1470, 1448/1455, 546/634;
 64 MiB 294/313, 234/235, 200/278, 224/301, 165/168 (Gloo in that last run: 568 and 160 ms:
 ringlet is ~1x Gloo on this crowded machine either way; the 2x of a quiet one is not
-measurable here). On a 1 Gbit/s tbf link they keep the link's rate: 64 MiB 571/579 ms,
+measurable here). On a quiet host they lose, so they are off by default (0): same job and
+command, load 0.4-2.1, three runs, threads on/off (Gloo): 256 MiB 355/254 (326),
+369/252 (338), 332/244 (331 - with RINGLET_IDLE_SPIN_US=0, so not the engine's spin
+holding the GIL); 64 MiB 76/66 (83), 78/65 (82), 79/61 (85); the bare exchange without a
+reduction loses alike (256 MiB 288-310/229-246). One thread per rank already has its core
+there; the threads only help when other processes take the cores. On a 1 Gbit/s tbf link they keep the link's rate: 64 MiB 571/579 ms,
 256 MiB 2282/2471 (94%/87% of the link; load 7-8). Threads cost CPU per message (a handoff, a wakeup, the GIL): 2 ranks
 over loopback, process CPU per all_reduce (load 18-25) 8 MiB 8.6 against 6.2 ms, 32 MiB
 28.4 against 24.4; so not below 8 MiB messages (a p = 2 all_reduce from 16 MiB), where
@@ -138,7 +143,7 @@ TCP_FRAG_BYTES = 4 << 20
 TCP_LANES = 1
 TCP_STRIPE_MIN = 1 << 20
 TCP_REDUCE_CHUNK = 256 << 10
-TCP_THREAD_MIN = 8 << 20
+TCP_THREAD_MIN = 0          # off: slower on a quiet host (above); RINGLET_TCP_THREADS=8388608 on
 TCP_SNDBUF = 4 << 20
 TCP_RCVBUF = 0
 

@@ -61,6 +61,54 @@ def reference(op, arrays):
 counts = st.one_of(st.sampled_from([0, 1, 2, 3, 5, 7, 13, 31, 1009]), st.integers(0, 2500))
 
 
+def matches_numpy(collective, rank, p, algo, nbytes, dtype, op, root, seed):
+    """One call of ``collective`` (every rank's block about ``nbytes``) against NumPy: the
+    check of the transports' property tests (TCP lanes, TCP threads)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c" and op == "MAX":
+        op = "SUM"
+    count = max(1, nbytes // dtype.itemsize)
+    block = max(1, count // p) if collective in ("reduce_scatter", "all_to_all", "scatter",
+                                                 "all_gather", "gather") else count
+    shape, full = (block,), (p, block)
+    ins = [make_input(seed, r, full if collective in ("reduce_scatter", "all_to_all") or
+                      (collective == "scatter" and r == root) else shape, dtype, op)
+           for r in range(p)]
+    mine, kw = ins[rank].copy(), {"algorithm": algo}
+    if collective == "all_reduce":
+        rl.all_reduce(mine, op=op, **kw)
+        np.testing.assert_array_equal(mine, reference(op, ins))
+    elif collective == "reduce":
+        rl.reduce(mine, root, op=op, **kw)
+        np.testing.assert_array_equal(mine, reference(op, ins) if rank == root else ins[rank])
+    elif collective == "broadcast":
+        rl.broadcast(mine, root, **kw)
+        np.testing.assert_array_equal(mine, ins[root])
+    elif collective == "all_gather":
+        out = np.zeros(full, dtype)
+        rl.all_gather(out, mine, **kw)
+        np.testing.assert_array_equal(out, np.stack(ins))
+    elif collective == "reduce_scatter":
+        out = np.zeros(block, dtype)
+        rl.reduce_scatter(out, mine, op=op, **kw)
+        np.testing.assert_array_equal(out, reference(op, ins)[rank])
+    elif collective == "all_to_all":
+        out = np.zeros(full, dtype)
+        rl.all_to_all(out, mine, **kw)
+        np.testing.assert_array_equal(out, np.stack([ins[r][rank] for r in range(p)]))
+    elif collective == "gather":
+        out = np.zeros(full, dtype) if rank == root else None
+        rl.gather(mine, out, root, **kw)
+        if rank == root:
+            np.testing.assert_array_equal(out, np.stack(ins))
+    elif collective == "scatter":
+        out = np.zeros(block, dtype)
+        rl.scatter(out, ins[root] if rank == root else None, root, **kw)
+        np.testing.assert_array_equal(out, ins[root][rank])
+    else:
+        raise ValueError(f"no check for {collective!r}")
+
+
 def _property(rank, collective, examples):
     p = rl.get_world_size()
     algos = list(algorithms.CATALOG[collective])

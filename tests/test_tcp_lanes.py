@@ -24,7 +24,7 @@ from ringlet.transport.protocol import (CTS, DATA, EAGER, HEADER, HEADER_SIZE, R
                                         PeerFailure, RecvRequest)
 from ringlet.transport.tcp import TcpPeer
 from conftest import run
-from test_collectives import in_rank_settings, make_input, reference
+from test_collectives import in_rank_settings, matches_numpy
 
 COLLECTIVES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
                "all_to_all", "gather", "scatter"]
@@ -58,47 +58,7 @@ def _striped(rank, collective, examples, lanes):
            seed=st.integers(0, 2 ** 31))
     @example(algo=algos[0], nbytes=9 << 20, dtype=np.float32, op="SUM", root=0, seed=1)
     def check(algo, nbytes, dtype, op, root, seed):
-        dtype = np.dtype(dtype)
-        if dtype.kind == "c" and op == "MAX":
-            op = "SUM"
-        count = max(1, nbytes // dtype.itemsize)
-        block = max(1, count // p) if collective in ("reduce_scatter", "all_to_all", "scatter",
-                                                     "all_gather", "gather") else count
-        shape, full = (block,), (p, block)
-        ins = [make_input(seed, r, full if collective in ("reduce_scatter", "all_to_all") or
-                          (collective == "scatter" and r == root) else shape, dtype, op)
-               for r in range(p)]
-        mine, kw = ins[rank].copy(), {"algorithm": algo}
-        if collective == "all_reduce":
-            rl.all_reduce(mine, op=op, **kw)
-            np.testing.assert_array_equal(mine, reference(op, ins))
-        elif collective == "reduce":
-            rl.reduce(mine, root, op=op, **kw)
-            np.testing.assert_array_equal(mine, reference(op, ins) if rank == root else ins[rank])
-        elif collective == "broadcast":
-            rl.broadcast(mine, root, **kw)
-            np.testing.assert_array_equal(mine, ins[root])
-        elif collective == "all_gather":
-            out = np.zeros(full, dtype)
-            rl.all_gather(out, mine, **kw)
-            np.testing.assert_array_equal(out, np.stack(ins))
-        elif collective == "reduce_scatter":
-            out = np.zeros(block, dtype)
-            rl.reduce_scatter(out, mine, op=op, **kw)
-            np.testing.assert_array_equal(out, reference(op, ins)[rank])
-        elif collective == "all_to_all":
-            out = np.zeros(full, dtype)
-            rl.all_to_all(out, mine, **kw)
-            np.testing.assert_array_equal(out, np.stack([ins[r][rank] for r in range(p)]))
-        elif collective == "gather":
-            out = np.zeros(full, dtype) if rank == root else None
-            rl.gather(mine, out, root, **kw)
-            if rank == root:
-                np.testing.assert_array_equal(out, np.stack(ins))
-        elif collective == "scatter":
-            out = np.zeros(block, dtype)
-            rl.scatter(out, ins[root] if rank == root else None, root, **kw)
-            np.testing.assert_array_equal(out, ins[root][rank])
+        matches_numpy(collective, rank, p, algo, nbytes, dtype, op, root, seed)
 
     before = [[bytes_received(lane.sock) for lane in q.lanes] for q in tcp]
     check()

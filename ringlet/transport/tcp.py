@@ -89,6 +89,19 @@ def tcp_lanes() -> int:
     return lanes
 
 
+def _configure(sock, blocking: bool, sndbuf: int, rcvbuf: int) -> None:
+    """A connection's options: blocking or not, no Nagle delay, and the socket buffers
+    (0: the kernel's autotuning)."""
+    sock.setblocking(blocking)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
+        if size:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            except OSError:
+                pass
+
+
 class Lane:
     """One connection of a pair: its socket, the bytes its kernel has not taken yet, and
     the packet being read from it."""
@@ -97,14 +110,7 @@ class Lane:
 
     def __init__(self, index: int, sock: socket.socket, bounce: int, sndbuf: int = 0,
                  rcvbuf: int = 0):
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
-            if size:     # (0: the kernel's autotuning)
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
-                except OSError:
-                    pass
+        _configure(sock, False, sndbuf, rcvbuf)
         self.index, self.sock = index, sock
         self.wpending: list = []                  # bytes not yet accepted by the kernel
         self.queued = self.flushed = 0            # bytes ever put in / taken from wpending
@@ -583,14 +589,7 @@ class Threads:
     else (completing requests, failing the peer) is the engine's, under its lock."""
 
     def __init__(self, peer: TcpPeer, sock, sndbuf: int, rcvbuf: int):
-        sock.setblocking(True)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
-            if size:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
-                except OSError:
-                    pass
+        _configure(sock, True, sndbuf, rcvbuf)
         self.peer, self.sock = peer, sock
         self.rank = peer.engine.rank
         self.wake, self._ring = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

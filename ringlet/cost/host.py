@@ -13,10 +13,10 @@ from .model import Link
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
 HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
-              "beta", "gamma", "delta", "mem_l2", "mem_l3", "beta_share", "beta_crowd",
-              "beta_lag", "beta_cma")
+              "alpha_call", "alpha_array", "beta", "gamma", "delta", "mem_l2", "mem_l3",
+              "beta_share", "beta_crowd", "beta_lag", "beta_cma")
 _LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
-                  "alpha_crowd")
+                  "alpha_crowd", "alpha_call", "alpha_array")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag", "beta_cma")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
@@ -37,6 +37,10 @@ class HostModel:
     alpha_hop: float = 0.0        # latency per message that takes no CPU
     alpha_rdv: float = 0.0        # latency of the RTS/CTS round trip (above ``rendezvous``)
     alpha_crowd: float = 0.0      # latency per message when ranks outnumber cores
+    alpha_call: float = 0.0       # CPU per call the Python engine runs, each rank (the
+                                  # work object, the plan walk, the wait), whatever its messages
+    alpha_array: float = 0.0      # CPU per call for each user array beyond the first, each
+                                  # rank (binding, checks, the overlap test of in and out)
     mem_l2: float = 0.0           # CPU per byte streamed past the L2 caches
     mem_l3: float = 0.0           # ... past the L3
     beta_share: float = 0.0       # CPU per byte per busy rank beyond the cores

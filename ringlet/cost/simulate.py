@@ -705,8 +705,8 @@ class _HostSim:
         counts = np.zeros((len(src), _N_TERMS))
         counts[:, _TERM["delta"]] = nb
         counts[:, _TERM["gamma"]] = nb * red
-        counts[:, _TERM["mem_l2"]] = nb * f2
-        counts[:, _TERM["mem_l3"]] = nb * f3
+        counts[:, _TERM["mem_l2"]] = nb * f2 * (1.0 + red)     # (a reduce: one more operand)
+        counts[:, _TERM["mem_l3"]] = nb * f3 * (1.0 + red)
         counts[:, _TERM["beta_share"]] = nb * (k - 1) / k
         return counts
 
@@ -728,14 +728,21 @@ class _HostSim:
         n = len(nb)
         send = np.zeros((n, _N_TERMS))
         send[:, self.per_message] = 1.0
+        # a message larger than one EAGER packet costs more than its bytes: fragments through
+        # the ring, or a whole read by CMA. (Without it, alpha took it for every message, an
+        # agreement's empty ones too: 58 us each, reduce direct 1 MiB priced 60-120% long.)
+        send[:, _TERM["alpha_large"]] = nb > m.eager
         send[:, _TERM["beta"]] = nb
         # memory stalls of each side's copy (what a rank touched in the previous round may
         # still be cached)
         send[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[0])
         send[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[1])
         recv = send.copy()
-        recv[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[2])
-        recv[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[3])
+        # a receive that reduces streams one operand more than a copy: the ring, the
+        # accumulator, the destination (reduce_scatter ring p=2 16 MiB was priced 43% short,
+        # and beta_cma took the rest of all_reduce's first round)
+        recv[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[2]) * (1.0 + red)
+        recv[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[3]) * (1.0 + red)
         recv[:, _TERM["gamma"]] = nb * red
         # read in place: the sender only announces it (RTS), the receiver's copy is the
         # one copy; no ring, so no lag of a one-way stream either. (Charging that copy the

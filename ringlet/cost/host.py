@@ -13,10 +13,10 @@ from .model import Link
 
 #: the named terms of :class:`HostModel`, in the order of its feature vectors
 HOST_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv", "alpha_crowd",
-              "alpha_call", "alpha_array", "alpha_large", "beta", "gamma", "delta", "mem_l2", "mem_l3",
+              "alpha_call", "alpha_array", "alpha_large", "alpha_crowd_call", "beta", "gamma", "delta", "mem_l2", "mem_l3",
               "beta_share", "beta_crowd", "beta_lag", "beta_cma")
 _LATENCY_TERMS = ("alpha", "alpha_fast", "alpha_fast_call", "alpha_hop", "alpha_rdv",
-                  "alpha_crowd", "alpha_call", "alpha_array", "alpha_large")
+                  "alpha_crowd", "alpha_call", "alpha_array", "alpha_large", "alpha_crowd_call")
 _BANDWIDTH_TERMS = ("beta", "delta", "beta_share", "beta_crowd", "beta_lag", "beta_cma")
 _MEMORY_TERMS = ("mem_l2", "mem_l3")
 
@@ -43,6 +43,8 @@ class HostModel:
                                   # rank (binding, checks, the overlap test of in and out)
     alpha_large: float = 0.0      # CPU per message above ``eager`` bytes, each side, over
                                   # alpha (its fragments' headers and waits, or CMA's pinning)
+    alpha_crowd_call: float = 0.0  # latency per call for each rank beyond the cores: every
+                                   # rank must be scheduled in before the call can end
     mem_l2: float = 0.0           # CPU per byte streamed past the L2 caches
     mem_l3: float = 0.0           # ... past the L3
     beta_share: float = 0.0       # CPU per byte per busy rank beyond the cores

@@ -223,7 +223,8 @@ class Profile:
             if t["beta"] <= 0:
                 raise ValueError(f"{source}: transport {name!r} needs beta > 0")
             for key in ("gamma", "delta", "alpha_fast", "alpha_fast_call", "alpha_hop",
-                        "alpha_call", "alpha_array", "alpha_large", "alpha_rdv", "alpha_crowd", "mem_l2", "mem_l3", "beta_share",
+                        "alpha_call", "alpha_array", "alpha_large", "alpha_crowd_call",
+                        "alpha_rdv", "alpha_crowd", "mem_l2", "mem_l3", "beta_share",
                         "beta_crowd", "beta_lag", "beta_cma", "idle_share"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -392,7 +393,7 @@ def fit(samples, relative: bool = True, robust: bool = True) -> dict:
 
 #: where fit_host starts the host model's terms (seconds per message, per byte)
 FIT_START = dict(alpha=5e-6, alpha_fast=1e-6, alpha_fast_call=2e-6, alpha_call=1e-5,
-                 alpha_array=2e-6, alpha_large=2e-5, alpha_hop=2e-6,
+                 alpha_array=2e-6, alpha_large=2e-5, alpha_crowd_call=1e-5, alpha_hop=2e-6,
                  alpha_rdv=1e-5, alpha_crowd=1e-5, beta=5e-11, gamma=3e-11, delta=3e-11,
                  mem_l2=3e-11, mem_l3=3e-11, beta_share=1e-11, beta_crowd=1e-11, beta_lag=1e-11,
                  beta_cma=1e-11)

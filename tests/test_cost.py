@@ -878,6 +878,82 @@ def test_a_call_of_small_messages_is_priced_as_run_in_c():
     assert simulate(mid, eager, shared=("buf",)).features["alpha_fast"] == 12
 
 
+def test_a_call_pays_its_fixed_entry_once_per_rank():
+    """A call's fixed CPU, whatever its messages: alpha_fast_call in C, alpha_call in the
+    Python engine, and alpha_array for a second user array (all_gather's in and out: the
+    Python entry binds and checks both, and tests them for overlap), taken in turns where
+    ranks outnumber cores; a barrier binds none, all_reduce one."""
+    m = _host(alpha=4e-6, alpha_fast=1e-6, beta=1e-12, fast_bytes=16 << 10, cores=4,
+              alpha_call=10e-6, alpha_fast_call=2e-6, alpha_array=3e-6)
+    on4 = Topology.on_host(4, m)
+    ag_small = simulate(_build("all_gather", "ring", 4, 1024), on4)          # in C
+    ag_large = simulate(_build("all_gather", "ring", 4, 16 << 10), on4)      # in Python
+    ar_small = simulate(_build("all_reduce", "ring", 4, 4096), on4)
+    bar = simulate(_build("barrier", "dissemination", 4, 0), on4)
+    assert ag_small.features["alpha_array"] == 1 and ar_small.features["alpha_array"] == 0
+    assert bar.features["alpha_array"] == 0
+    assert ag_small.features["alpha_fast_call"] == 1 and ag_small.features["alpha_call"] == 0
+    assert ag_large.features["alpha_call"] == 1 and ag_large.features["alpha_fast_call"] == 0
+    assert ag_large.features["alpha_array"] == 1
+    free = simulate(_build("all_gather", "ring", 4, 1024),
+                    Topology.on_host(4, dataclasses_replace(m, alpha_array=0.0)))
+    assert ag_small.time - free.time == pytest.approx(3e-6)   # once: every rank at once
+    crowded = Topology.on_host(4, dataclasses_replace(m, cores=2))
+    assert simulate(_build("all_gather", "ring", 4, 1024), crowded).features[
+        "alpha_array"] == 2                                      # 4 ranks take turns on 2 cores
+
+
+def test_only_messages_beyond_one_eager_packet_pay_alpha_large():
+    """alpha is what every message of a Python-run call costs (an agreement's empty ones
+    too); alpha_large only the messages of more than one EAGER packet."""
+    m = _host(alpha=4e-6, beta=1e-12, eager=4096, alpha_large=50e-6)
+    res = simulate(_build("reduce", "binomial", 2, 2048), Topology.on_host(2, m))  # 8 KiB
+    # the agreement's message, then the data's on both sides (they stream: the slower is
+    # on the path): alpha three times, alpha_large once
+    assert res.features["alpha_large"] == 1 and res.features["alpha"] == 3
+    free = simulate(_build("reduce", "binomial", 2, 2048),
+                    Topology.on_host(2, dataclasses_replace(m, alpha_large=0.0)))
+    assert res.time - free.time == pytest.approx(50e-6)
+    small = simulate(_build("reduce", "binomial", 2, 1024), Topology.on_host(2, m))  # 4 KiB
+    assert small.features["alpha_large"] == 0
+
+
+def test_a_reduce_streams_one_operand_more_past_the_caches():
+    """A receive that reduces reads the ring and the accumulator and writes the result:
+    past the caches it streams one operand more than a receive that copies. A reduce and
+    a broadcast of p = 2 move one message over the same buffer; the message streams (it is
+    done with its slower side), and the reduce's receiver stalls twice as long."""
+    m = _host(beta=1e-12, mem_l2=1e-10, l2_bytes=1 << 10, l3_bytes=1 << 40, eager=1024)
+    on2 = Topology.on_host(2, m)
+    rd = simulate(_build("reduce", "binomial", 2, 1 << 16).without_agreement(), on2)
+    bc = simulate(_build("broadcast", "binomial", 2, 1 << 16).without_agreement(), on2)
+    assert rd.features["mem_l2"] == pytest.approx(2 * bc.features["mem_l2"])
+    assert bc.features["mem_l2"] > 0
+
+
+def test_an_uneven_round_on_enough_cores_is_not_stretched():
+    """imbalance prices ranks that do not divide evenly over the cores (3 on 2); a gather's
+    root with more work than the other rank of two, each on its own core, runs at its own
+    pace: it is not stretched, whatever imbalance is."""
+    m = _host(alpha=1e-6, beta=1e-9, delta=3e-9, beta_share=1e-9, imbalance=1.0,
+              idle_share=0.5, cores=2)
+    res = simulate(_build("gather", "direct", 2, 1 << 16), Topology.on_host(2, m))
+    assert res.features["beta_share"] == 0 and res.sharing == pytest.approx(0.0)
+    crowded = simulate(_build("gather", "direct", 3, 1 << 16), Topology.on_host(3, m))
+    assert crowded.features["beta_share"] > 0
+
+
+def test_ranks_beyond_the_cores_cost_each_call_once():
+    """alpha_crowd_call: for each rank beyond the cores, once per call whatever its
+    rounds: a 1-round and a 10-round call of p = 6 on 2 cores pay the same 4 of it."""
+    m = _host(alpha_fast=1e-6, alpha_crowd_call=10e-6, cores=2, fast_bytes=16 << 10)
+    for alg in ("direct", "ring"):
+        res = simulate(_build("all_reduce", alg, 6, 2), Topology.on_host(6, m))
+        assert res.features["alpha_crowd_call"] == 4, alg
+    assert simulate(_build("all_reduce", "ring", 2, 2), Topology.on_host(2, m)).features[
+        "alpha_crowd_call"] == 0
+
+
 def test_host_model_one_message_is_the_slower_side():
     """A rendezvous message pipelines through the ring: done when the slower side is (the
     receiver, who also reduces), not after the sum of both sides; it holds the sender

@@ -1225,6 +1225,13 @@ def test_profile_of_another_protocol_warns():
     with pytest.warns(UserWarning, match=r"before \(or without\) calls of messages up to"):
         prof = load_profile()
     assert prof.host_model("shm").fast_bytes == 16384
+    # one fitted before the per-call terms: its alpha holds them, a refit separates them
+    old = {k: v for k, v in HOST_PROFILE.items() if k not in ("alpha_call", "alpha_array",
+                                                              "alpha_large")}
+    profile.Profile.from_fits({"shm": old}).save()
+    with pytest.warns(UserWarning, match=r"fixed costs.*--refit"):
+        prof = load_profile()
+    assert prof.host_model("shm").alpha_call == 0
 
 
 def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):

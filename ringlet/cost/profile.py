@@ -309,6 +309,10 @@ def stale_reasons(prof: Profile) -> list:
             out.append(f"{name} was calibrated when every message over {eager} bytes waited "
                        f"for CTS; this ringlet streams up to {int(facts['rendezvous'])} bytes "
                        f"at once")
+        if "alpha_call" not in t:
+            out.append(f"{name} was fitted before the host model priced a call's fixed "
+                       f"costs (alpha_call, alpha_array, alpha_large, alpha_crowd_call; "
+                       f"`ringlet calibrate --refit` fits its saved timings again)")
         if int(t.get("fast_bytes", 0)) < int(facts["fast_bytes"]):
             out.append(f"{name} was calibrated before (or without) calls of messages up to "
                        f"{int(facts['fast_bytes'])} bytes running in C")

@@ -521,19 +521,20 @@ class _HostFit:
             sched = build(smp["collective"], smp["algorithm"], int(smp["p"]),
                           count_of(smp["collective"], int(smp["p"]), int(smp["nbytes"]), isz),
                           itemsize=isz)
-            self.rows.append((sched, t, tuple(smp.get("shared", ()))))
+            self.rows.append((sched, t, tuple(smp.get("shared", ())), {}))
         if len(self.rows) < 2:
             raise ValueError("fit_host needs at least two samples")
-        self.y = np.array([t for _, t, _ in self.rows])
+        self.y = np.array([t for _, t, _, _ in self.rows])
 
     def counts(self, model):
         """(term counts on each sample's critical path, predicted seconds) under ``model``."""
         from .host import HOST_TERMS
-        from .simulate import Topology, simulate
+        from .simulate import _HostSim
         X = np.zeros((len(self.rows), len(HOST_TERMS)))
         pred = np.zeros(len(self.rows))
-        for i, (sched, _, shared) in enumerate(self.rows):
-            res = simulate(sched, Topology.on_host(sched.p, model), shared=shared)
+        for i, (sched, _, shared, memo) in enumerate(self.rows):
+            # (simulate() with Topology.on_host, keeping what the terms do not change)
+            res = _HostSim(sched, model, shared, memo).run()
             X[i] = [res.features[k] for k in HOST_TERMS]
             pred[i] = res.time
         return X, pred

@@ -599,9 +599,12 @@ class _HostSim:
     HOST_TERMS, the terms on its critical path so far: ``path`` (stretched by shared
     cores) and ``alone`` (as if each round had the cores to itself)."""
 
-    def __init__(self, schedule, model: HostModel, shared=()):
+    def __init__(self, schedule, model: HostModel, shared=(), memo: dict | None = None):
         self.s = schedule
         self.m = model
+        # what depends on the schedule and the model's sizes, not on its terms: a fit
+        # prices the same schedules again and again with new terms (ringlet.cost.fit_host)
+        self.memo = memo
         self.p = int(schedule.p)
         bad = set(shared) - set(BUFFER_NAMES)
         if bad:
@@ -613,8 +616,16 @@ class _HostSim:
         self.theta = m.theta
         self.isz = float(s.itemsize)
         self.crowded = 1.0 if p > m.cores else 0.0
-        ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
-                         m.zero_copy_oneway_min, bool(self.crowded))
+        key = (m.ring_bytes, m.zero_copy_min, m.cma_min, m.zero_copy_oneway_min, m.cores,
+               m.l2_bytes, m.l3_bytes)
+        known = self.memo.get(key) if self.memo is not None else None
+        if known is None:
+            ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
+                             m.zero_copy_oneway_min, bool(self.crowded))
+            known = (ws, [])
+            if self.memo is not None:
+                self.memo[key] = known
+        ws, hits = known
         self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
@@ -647,13 +658,16 @@ class _HostSim:
         self.msgs_total = 0
         nrounds = 0
         prev = None                 # what each rank touched in the previous round
+        fresh = not hits
         for rnd in s.rounds:
             c = rnd.cols
             if not len(c["src"]):
                 continue
+            if fresh:
+                hot, prev = _cache_hits(prev, c, p, m, self.isz)
+                hits.append(hot)
+            self._round(c, hits[nrounds])
             nrounds += 1
-            hot, prev = _cache_hits(prev, c, p, m, self.isz)
-            self._round(c, hot)
         return self._result(nrounds)
 
     def _stretch(self, work) -> np.ndarray:

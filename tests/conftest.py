@@ -20,6 +20,7 @@ os.environ["RINGLET_PROFILE"] = os.path.join(os.path.dirname(__file__), "no-such
 # that need the host model: choose, explain, auto's pick.
 HOST_PROFILE = {"model": "host", "alpha": 4e-6, "alpha_fast": 1.5e-6, "alpha_fast_call": 2.5e-6,
                 "alpha_call": 3e-6, "alpha_array": 1.5e-6, "alpha_large": 6e-6,
+                "alpha_crowd_call": 8e-6,
                 "alpha_hop": 2.5e-6, "alpha_rdv": 1.2e-5, "alpha_crowd": 1.8e-5, "beta": 1.8e-11,
                 "gamma": 5e-12, "delta": 2.6e-11, "mem_l2": 1.6e-11, "mem_l3": 2.8e-11,
                 "beta_share": 4.7e-11, "beta_crowd": 1.4e-11, "beta_lag": 6e-12, "beta_cma": 0.0,

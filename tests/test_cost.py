@@ -1357,7 +1357,7 @@ def test_host_profile_drives_choose_predict_and_explain(capsys):
 def test_fit_host_recovers_a_known_model():
     """Timings made by a known host model (the calibration experiments at p = 2 and 4)
     give back its parameters: the alternating NNLS converges on exact data."""
-    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS}, "alpha_large": 6e-6,
                         "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 32 << 20,
                         "fast_bytes": HOST_PROFILE["fast_bytes"]})
     from ringlet.calibrate import EXPERIMENTS

@@ -1,10 +1,10 @@
 """What a round costs when ranks outnumber cores: all_to_all pairwise (p - 1 rounds) against
-direct (one round, the same messages and bytes) on emulated hosts (ringlet.hosts), turn
-by turn in one job; per call the slowest rank's time and, summed over all ranks, the CPU
+direct (one round, the same messages and bytes) - or two algorithms of another collective -
+on emulated hosts (ringlet.hosts), turn by turn in one job; per call the slowest rank's time and, summed over all ranks, the CPU
 (user + system) and the context switches. Needs root.
 
     .venv/bin/python bench/round_cpu.py [--ranks 4] [--rate 10gbit] [--sizes 1M,16M]
-        [--turns 15] [--algorithms pairwise,direct]
+        [--turns 15] [--collective all_to_all] [--algorithms pairwise,direct]
 
 A waiting rank polls (yields) for up to RINGLET_YIELD_US (engine.YIELD_CROWDED) before it
 sleeps, runnable meanwhile: each round it waits in costs CPU that the working ranks lack
@@ -15,6 +15,17 @@ pairwise 11.2 ms, 7.0 ms CPU; direct 8.1 ms, 5.3 ms CPU. Again under the bench l
 8.2-8.4: 2 x 4, 1 MiB pairwise 65.5 ms, 44.5 ms CPU against direct 30.6 ms, 21.3 ms CPU;
 16 MiB 122 / 103 against 97 / 74; 2 x 2, 1 MiB 7.6 / 8.4 against 6.2 / 5.5; 16 MiB
 54.8 / 40.5 against 43.4 / 33.8.
+
+``--collective reduce_scatter --algorithms ring,direct`` (or all_gather): the other miss
+on 2 x 4, where ring is priced below direct and measured above it. Under the bench lock,
+load 8.8-9.0, 2 x 4, 7 turns: reduce_scatter 16 MiB ring 172 ms / 127 ms CPU / 219
+involuntary switches against direct 99 / 85 / 36; 64 MiB 597 / 439 / 780 against
+359 / 302 / 123; all_gather (same pattern, no reduction) 16 MiB ring 99 / 79 / 93 against
+direct 100 / 80 / 32; 64 MiB 264 / 212 / 135 against 297 / 248 / 93. Ring reduce_scatter's
+extra CPU grows with the bytes (42, then 137 ms), not with the rounds: not the polling
+that Machine.poll prices. Not priced yet: its intra-host messages reduce, so no CMA
+(all_gather's ring reads them whole) - they stream through the 1 MiB shm ring, sender and
+receiver taking turns on crowded cores (the switches).
 """
 from __future__ import annotations
 
@@ -35,18 +46,25 @@ def job(spec: dict) -> None:
     rl.init()
     r, p = rl.get_rank(), rl.get_world_size()
     out = {}
+    coll = spec["collective"]
+    call = {"all_to_all": rl.all_to_all, "reduce_scatter": rl.reduce_scatter,
+            "all_gather": rl.all_gather}[coll]
     for nbytes in spec["sizes"]:
-        block = max(1, nbytes // 4 // p)
+        block = max(1, nbytes // 4 // p)     # the size convention of ringlet.cost.model
         a, b = np.ones((p, block), np.float32), np.ones((p, block), np.float32)
+        if coll == "all_gather":                 # (output, input), as bench/hosts.py
+            b = np.ones(block, np.float32)
+        elif coll == "reduce_scatter":
+            a = np.ones(block, np.float32)
         for alg in spec["algorithms"]:          # a warm-up call of each
-            rl.all_to_all(a, b, algorithm=alg)
+            call(a, b, algorithm=alg)
         rows = {alg: [] for alg in spec["algorithms"]}
         for _ in range(spec["turns"]):
             for alg in spec["algorithms"]:
                 rl.barrier()
                 u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t = time.perf_counter()
-                rl.all_to_all(a, b, algorithm=alg)
+                call(a, b, algorithm=alg)
                 dt = time.perf_counter() - t
                 u1 = resource.getrusage(resource.RUSAGE_SELF)
                 wall = np.array([dt])
@@ -68,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="10gbit")
     ap.add_argument("--sizes", default="1M,16M")
     ap.add_argument("--turns", type=int, default=15)
+    ap.add_argument("--collective", default="all_to_all",
+                    choices=("all_to_all", "reduce_scatter", "all_gather"))
     ap.add_argument("--algorithms", default="pairwise,direct")
     a = ap.parse_args(argv)
     if a.job:
@@ -82,7 +102,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from hosts import tagged_job
     spec = {"sizes": [parse_size(s) for s in a.sizes.split(",")], "turns": a.turns,
-            "algorithms": a.algorithms.split(",")}
+            "algorithms": a.algorithms.split(","), "collective": a.collective}
     path = f"/tmp/ringlet-bench-roundcpu-{os.getpid()}.json"
     with open(path, "w") as f:
         json.dump(spec, f)
@@ -93,7 +113,7 @@ def main(argv=None) -> int:
                              600, "ROUNDCPU")
     finally:
         os.unlink(path)
-    print(f"2 hosts x {a.ranks} ranks, link {a.rate}, {os.cpu_count()} cores; {a.turns} turns; "
+    print(f"{a.collective}: 2 hosts x {a.ranks} ranks, link {a.rate}, {os.cpu_count()} cores; {a.turns} turns; "
           f"load {os.getloadavg()[0]:.1f}; medians per call (CPU and switches: all ranks)")
     print(f"{'size':>8}  {'algorithm':<10}{'ms':>9}{'CPU ms':>9}{'vol. cs':>9}{'invol. cs':>11}")
     for nb, rows in out.items():

@@ -19,6 +19,11 @@ How time is modelled (the alpha-beta-gamma model, applied round by round):
   whichever is larger; and when several share it, together they reach only
   ``Topology.shared`` of the link's rate (1 for an ideal NIC; less where competing TCP
   flows lose some of it, as ``ringlet.hosts``' shaped links measure).
+* Hosts that share one machine's cores (``Topology.machine``: emulated hosts) also bound
+  each round by its CPU work spread over the cores; where the ranks outnumber the cores,
+  that work includes each waiting rank's polling (``Machine.poll``, at its share of the
+  cores), once per round it waits in - so a schedule of many rounds costs more CPU than
+  one of the same messages in few.
 
 The simulator also follows the critical path: for every rank it keeps how much of its
 finish time is latency (alpha), bandwidth (beta, including NIC sharing and local copies)

@@ -4,6 +4,7 @@ Needs root (namespaces, tc).
 
     .venv/bin/python bench/hosts.py [--layouts 2x2,2x4] [--rates 1gbit,10gbit]
         [--sizes 64K,1M,16M,64M] [--collectives all_reduce,all_gather,...] [--json out.json]
+        [--blocks 3] [--iters 3,1]
     .venv/bin/python bench/hosts.py --layouts 2x2 --rates 1gbit --place 2,1M,16M
     .venv/bin/python bench/hosts.py --layouts 2x1,2x2 --rates unshaped,1gbit --sizes 8M,64M --gloo
     .venv/bin/python bench/hosts.py --layouts 2x2,2x4 --rates 10gbit --calibrations 3

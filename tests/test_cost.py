@@ -438,7 +438,8 @@ def test_crowded_emulated_hosts_wait_a_wake_up_per_message():
     shm_model = HostModel(alpha=1e-6, beta=1e-12, alpha_crowd=3e-6)
     mach = Machine.of(2, 0.0, shm_model, link=tcp)
     assert (mach.lat_inter, mach.lat_intra) == (1e-4, 3e-6)
-    mach = Machine(2, 0.0, lat_intra=3e-6, lat_inter=1e-4)   # no CPU bound to hide them
+    # no CPU bound to hide them (and no polling: test_crowded_ranks_poll_once_per_round)
+    mach = Machine(2, 0.0, lat_intra=3e-6, lat_inter=1e-4, poll=0.0)
     free = replace(mach, lat_inter=0.0, lat_intra=0.0)
     crowded = simulate(s, topo(2, mach)).time - simulate(s, topo(2, free)).time
     assert crowded == pytest.approx(1e-4 + 3e-6, rel=1e-6)
@@ -451,6 +452,35 @@ def test_crowded_emulated_hosts_wait_a_wake_up_per_message():
     assert prof.machine().lat_inter == 2e-4 and prof.machine().lat_intra == 1.8e-5
     with pytest.raises(ValueError, match="lat_inter"):
         Machine(2, 1e-9, lat_inter=-1.0)
+
+
+def test_crowded_ranks_poll_once_per_round():
+    """Ranks that outnumber the machine's cores poll while they wait (the engine yields up
+    to YIELD_CROWDED before it sleeps), taking their share of the cores from the ranks
+    that work, once per round they wait in: a pairwise all_to_all (p - 1 rounds) on 2
+    hosts x 4 ranks of 2 cores costs more than direct (one round, the same messages and
+    bytes), as measured (2 x 4, 1 MiB, 10 Gbit/s: 1.5-1.8x). Without polling, or with a
+    core per rank, the two are priced alike."""
+    from dataclasses import replace
+    from ringlet.algorithms import build
+    from ringlet.cost.host import Machine
+    from ringlet.transport.engine import YIELD_CROWDED
+    mach = Machine(2, 8e-10, intra=3e-10, message=1e-4, crowd=5e-6, available=1.95)
+    assert mach.poll == YIELD_CROWDED
+    count = (1 << 20) // 4 // 8
+    sched = {a: build("all_to_all", a, 8, count) for a in ("pairwise", "direct")}
+
+    def price(m, cores=2):
+        topo = Topology(2, 4, Link(1e-4, 15e9), Link(1.5e-4, 1.2e9), machine=replace(m, cores=cores))
+        return {a: simulate(s, topo).time for a, s in sched.items()}
+
+    t = price(mach)
+    assert t["pairwise"] > 1.2 * t["direct"]
+    quiet = price(replace(mach, poll=0.0))
+    assert quiet["pairwise"] == pytest.approx(quiet["direct"], rel=0.05)
+    assert t["direct"] > quiet["direct"]          # direct's one round polls too
+    roomy = price(replace(mach, available=0.0), cores=8)
+    assert roomy == price(replace(mach, available=0.0, poll=0.0), cores=8)
 
 
 def test_crossing_reads_the_flows_sharing_a_nic_off_the_schedule():

@@ -3,7 +3,7 @@ calibrate`` fits and ``simulate`` prices with. docs/design.md ("The host model")
 specification."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -164,6 +164,10 @@ class Machine:
     # host (shm's) and between hosts (tcp's, calibrated with more ranks than cores)
     lat_intra: float = 0.0
     lat_inter: float = 0.0
+    # seconds a waiting rank polls (yields) before it sleeps when the ranks outnumber the
+    # cores: the engine's (RINGLET_YIELD_US); runnable meanwhile, it takes its share of
+    # the cores from the ranks that work (simulate._Sim._machine_bound)
+    poll: float = field(default_factory=lambda: _yield_crowded())
 
     def __post_init__(self):
         if int(self.cores) < 1:
@@ -172,7 +176,7 @@ class Machine:
             raise ValueError(f"Machine available must be between 0 and its {self.cores} "
                              f"cores, got {self.available!r}")
         for name in ("inter", "intra", "reduce", "copy", "message", "crowd", "lat_intra",
-                     "lat_inter"):
+                     "lat_inter", "poll"):
             v = getattr(self, name)
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"Machine {name} must be a finite number >= 0, got {v!r}")
@@ -196,6 +200,11 @@ class Machine:
         return cls(cores, inter, 2 * side, model.gamma + model.mem_l2 + model.mem_l3,
                    model.delta + model.mem_l2 + model.mem_l3, 2 * model.alpha,
                    2 * model.alpha_crowd, available, model.alpha_crowd, lat_inter)
+
+
+def _yield_crowded() -> float:
+    from ..transport.engine import YIELD_CROWDED
+    return YIELD_CROWDED
 
 
 def link_cpu(samples) -> tuple[float, float]:

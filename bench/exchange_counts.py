@@ -95,7 +95,7 @@ def _mpi_rank(op, size, calls, out):
 def _job(lib, op, p, size, zc, calls, out, env=None):
     """Run one job of ``calls`` calls; the command line for an outside wrapper."""
     if lib == "mpi":
-        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core",
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe",   # (binds as peer_bench)
                 "-np", str(p), sys.executable, os.path.abspath(__file__), "_mpi",
                 op, str(size), str(calls), out]
     return [sys.executable, os.path.abspath(__file__), "_ringlet", op, str(p), str(size),

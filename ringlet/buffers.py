@@ -56,8 +56,13 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
 # of them - and copied slower here: an all_gather's two 4 MiB copies into an 8 MiB buffer,
 # 4 KiB against huge pages in alternating blocks in one process (two at once, one per
 # core, as a p = 2 exchange runs; load 2.9): 1.18x, 1.31x, 2.38x as long on the median
-# block (spread 0.3-4.4x). So an rl.empty allocation from HUGE_MIN is rounded up to whole
-# huge pages, mapped aligned, populated and collapsed (about 15 ms per 8 MiB, once), and a
+# block (spread 0.3-4.4x). In the collectives (bench/huge_pages.py, 8 MiB, alternating
+# blocks in one job), 4 KiB / huge pages on the median block: p = 2 all_gather 1.37 (load
+# 2.5), 1.11 (load 10.7); all_to_all 1.05, 1.08; p = 4 all_gather 1.10, all_to_all 1.11
+# (load 11). So an rl.empty allocation from HUGE_MIN is rounded up to whole
+# huge pages, mapped aligned, populated and collapsed at once (8 MiB: ~24 ms at load 3, in
+# place of the faults its first writes took on 4 KiB pages; 64 MiB: 0.15-0.6 s against
+# 0.1-0.6 s, load 7-10), and a
 # peer maps it aligned too (RemoteMaps), to read it through huge pages as well.
 # RINGLET_HUGE=0 turns it off.
 HUGE = 2 << 20

@@ -92,7 +92,7 @@ def _mpi_rank(op, size, calls, out):
         json.dump(dict(got, wrong=0, ran="open mpi"), f)
 
 
-def _job(lib, op, p, size, zc, calls, out, env=None):
+def _job(lib, op, p, size, zc, calls, out):
     """Run one job of ``calls`` calls; the command line for an outside wrapper."""
     if lib == "mpi":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe",   # (binds as peer_bench)
@@ -115,12 +115,12 @@ def _collect(out, p) -> dict:
     return got
 
 
-def _perf_syscalls(cmd) -> dict:
+def _perf_syscalls(cmd, env) -> dict:
     events = ",".join(f"syscalls:sys_enter_{s}" for s in SYSCALLS)
     with tempfile.NamedTemporaryFile("r", suffix=".perf") as f:
         subprocess.run(["perf", "stat", "-x,", "-o", f.name, "-e",
                         "raw_syscalls:sys_enter,page-faults,context-switches," + events, "--"]
-                       + cmd, check=True, stdout=subprocess.DEVNULL)
+                       + cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         got = {}
         for line in f.read().splitlines():
             parts = line.split(",")
@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("-p", type=int, default=2)
     ap.add_argument("--size", type=float, default=8, help="MiB")
     ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--kinds", default="plain,rl.empty,mpi")
+    ap.add_argument("--kinds", default="plain,rl.empty,mpi",
+                    help="plain, rl.empty, rl.empty-4k (RINGLET_HUGE=0), mpi")
     ap.add_argument("--syscalls", action="store_true")
     a = ap.parse_args(argv)
     size = int(a.size * MiB)
@@ -149,18 +150,20 @@ def main(argv=None) -> int:
             lib = "mpi" if kind == "mpi" else "ringlet"
             with tempfile.TemporaryDirectory() as d:
                 out = os.path.join(d, "out")
-                cmd = _job(lib, op, a.p, size, kind == "rl.empty", a.calls, out)
+                zc = kind.startswith("rl.empty")
+                env = dict(os.environ, **({"RINGLET_HUGE": "0"} if kind == "rl.empty-4k" else {}))
+                cmd = _job(lib, op, a.p, size, zc, a.calls, out)
                 sc = ""
                 if a.syscalls:
-                    full = _perf_syscalls(cmd)
-                    base = _perf_syscalls(_job(lib, op, a.p, size, kind == "rl.empty", 0,
-                                               os.path.join(d, "base")))
+                    full = _perf_syscalls(cmd, env)
+                    base = _perf_syscalls(_job(lib, op, a.p, size, zc, 0,
+                                               os.path.join(d, "base")), env)
                     per = {k: (full.get(k, 0) - base.get(k, 0)) / a.calls / a.p for k in full}
                     sc = "  " + " ".join(f"{k}={v:.1f}" for k, v in per.items() if abs(v) >= 0.05)
                 else:
-                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
                 got = _collect(out, a.p)
-            print(f"{op} p={a.p} {a.size:g} MiB {kind:9s} {got['ran'] or '':14s} "
+            print(f"{op} p={a.p} {a.size:g} MiB {kind:11s} {got['ran'] or '':14s} "
                   f"{got['wall_us']:8.0f} {got['user_us']:8.0f} {got['sys_us']:8.0f} "
                   f"{got['minflt']:7.1f} {got['vcsw']:6.2f} {got['vcsw_call']:7.2f} {got['ivcsw']:6.2f}" + sc
                   + ("" if not got["wrong"] else f"  WRONG {got['wrong']}"), flush=True)

@@ -58,8 +58,9 @@ def empty(shape, dtype=np.float32) -> np.ndarray:
 # core, as a p = 2 exchange runs; load 2.9): 1.18x, 1.31x, 2.38x as long on the median
 # block (spread 0.3-4.4x). In the collectives (bench/huge_pages.py, 8 MiB, alternating
 # blocks in one job), 4 KiB / huge pages on the median block: p = 2 all_gather 1.37 (load
-# 2.5), 1.11 (load 10.7); all_to_all 1.05, 1.08; p = 4 all_gather 1.10, all_to_all 1.11
-# (load 11). So an rl.empty allocation from HUGE_MIN is rounded up to whole
+# 2.5), 1.11 (load 10.7), 1.24 (load 1.4); all_to_all 1.05, 1.08, 1.22; p = 4 all_gather
+# 1.10 (load 11), 1.00 (load 1.6: its 2 MiB blocks stay on 4 KiB pages), all_to_all 1.11,
+# 1.06. So an rl.empty allocation from HUGE_MIN is rounded up to whole
 # huge pages, mapped aligned, populated and collapsed at once (8 MiB: ~24 ms at load 3, in
 # place of the faults its first writes took on 4 KiB pages; 64 MiB: 0.15-0.6 s against
 # 0.1-0.6 s, load 7-10), and a

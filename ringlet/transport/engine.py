@@ -58,6 +58,16 @@ YIELD_CROWDED = float(os.environ.get("RINGLET_YIELD_US", 1000)) * 1e-6
 # made an 8 MiB broadcast 2-4x slower. RINGLET_IDLE_SPIN_US=0 turns it off.
 IDLE_SPIN = float(os.environ.get("RINGLET_IDLE_SPIN_US", 1000)) * 1e-6
 IDLE_CHECK = 20e-6       # ... looking at the runnable count this often
+# On a busy host (more runnable processes than cores) such a rank yields instead, up to
+# IDLE_SPIN, before it sleeps: a yield hands the core to whoever wants it, as a sleep does,
+# but the rank needs no wake-up when the peer's answer comes (issue 27: at load 3-4 a
+# p = 2 8 MiB all_to_all from rl.empty buffers slept in 0.44 of its calls, Open MPI,
+# which polls, in none; bench/exchange_counts.py). Off (RINGLET_IDLE_YIELD=1 turns it on):
+# it took the sleeps out of the calls (0.42-0.60 -> 0.00-0.03 per call and rank, load 3)
+# only while the peer answered within IDLE_SPIN, and the time not at all: in-job A/B,
+# bench/idle_yield.py, 8 MiB p = 2, 10 alternating blocks, load 3.1-3.3, sleep / yield on
+# the median block: all_gather 0.99 plain, 0.96 rl.empty; all_to_all 1.02, 0.92.
+IDLE_YIELD = os.environ.get("RINGLET_IDLE_YIELD", "0") == "1"
 
 
 def _runnable(fd: int) -> int:
@@ -539,6 +549,10 @@ class Engine:
             if not self.crowded and now - idle_since < IDLE_SPIN and self._loadavg >= 0 \
                     and self._large_in_flight() and _runnable(self._loadavg) <= self.ncpu:
                 idle_until = now + IDLE_CHECK
+                continue
+            if IDLE_YIELD and not self.crowded and now - idle_since < IDLE_SPIN \
+                    and self._large_in_flight():
+                os.sched_yield()
                 continue
             if self.crowded and now - idle_since < YIELD_CROWDED:
                 os.sched_yield()

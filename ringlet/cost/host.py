@@ -155,6 +155,10 @@ class Machine:
     reduce: float = 0.0   # ... per byte reduced (over the copy)
     copy: float = 0.0     # ... per byte of a local copy
     message: float = 0.0  # CPU s per message (both ends' engines)
+    # ... more per message above one EAGER packet of ``large_min`` bytes (fragments through
+    # the ring or a whole read: HostModel's alpha_large, both ends)
+    large: float = 0.0
+    large_min: int = 1 << 62
     crowd: float = 0.0    # ... more per message when ranks outnumber the cores (wake-ups)
     # the cores the job's ranks get: fewer than ``cores`` while other processes load the
     # machine (measured beside the link: bench/hosts.py); 0: all of them
@@ -164,6 +168,9 @@ class Machine:
     # host (shm's) and between hosts (tcp's, calibrated with more ranks than cores)
     lat_intra: float = 0.0
     lat_inter: float = 0.0
+    # latency per call for each rank beyond the cores (HostModel's alpha_crowd_call: it
+    # waits to be scheduled in, once per call whatever its rounds)
+    lat_call: float = 0.0
     # seconds a waiting rank polls (yields) before it sleeps when the ranks outnumber the
     # cores: the engine's (RINGLET_YIELD_US); runnable meanwhile, it takes its share of
     # the cores from the ranks that work (simulate._Sim._machine_bound)
@@ -175,8 +182,8 @@ class Machine:
         if not 0 <= self.available <= self.cores:
             raise ValueError(f"Machine available must be between 0 and its {self.cores} "
                              f"cores, got {self.available!r}")
-        for name in ("inter", "intra", "reduce", "copy", "message", "crowd", "lat_intra",
-                     "lat_inter", "poll"):
+        for name in ("inter", "intra", "reduce", "copy", "message", "large", "crowd",
+                     "lat_intra", "lat_inter", "lat_call", "poll"):
             v = getattr(self, name)
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"Machine {name} must be a finite number >= 0, got {v!r}")
@@ -194,12 +201,17 @@ class Machine:
         messages between hosts ``link`` prices (the tcp host model: its wake-up latency
         when the ranks outnumber the cores)."""
         lat_inter = link.alpha_crowd if link is not None else 0.0
+        # the per-call wait of crowded ranks: the link's where given (a call across hosts
+        # runs in the Python engine, as tcp's calibration does), else the host's
+        lat_call = (link or model).alpha_crowd_call if (link or model) is not None else 0.0
         if model is None:
-            return cls(cores, inter, available=available, lat_inter=lat_inter)
+            return cls(cores, inter, available=available, lat_inter=lat_inter,
+                       lat_call=lat_call)
         side = model.beta + model.mem_l2 + model.mem_l3
         return cls(cores, inter, 2 * side, model.gamma + model.mem_l2 + model.mem_l3,
                    model.delta + model.mem_l2 + model.mem_l3, 2 * model.alpha,
-                   2 * model.alpha_crowd, available, model.alpha_crowd, lat_inter)
+                   2 * model.alpha_large, int(model.eager), 2 * model.alpha_crowd,
+                   available, model.alpha_crowd, lat_inter, lat_call)
 
 
 def _yield_crowded() -> float:

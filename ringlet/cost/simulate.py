@@ -245,6 +245,10 @@ class _Sim:
         # ranks that outnumber the machine's cores wait for a wake-up at each message
         self.lat_crowd = (mach.lat_intra, mach.lat_inter) if mach is not None and \
             p > mach.cores else None
+        if self.lat_crowd is not None and self.s.rounds:
+            # ... and once per call, each rank beyond the cores waits to be scheduled in
+            self.start = self.start + (p - mach.cores) * mach.lat_call
+            self.lat = self.lat + (p - mach.cores) * mach.lat_call
         nrounds = 0
         for rnd in self.s.rounds:
             c = rnd.cols
@@ -298,6 +302,7 @@ class _Sim:
         work += float(nb[reduce].sum()) * mach.reduce + float(nb[loc & ~reduce].sum()) * mach.copy
         nmsg = int(np.count_nonzero(~loc))
         work += nmsg * (mach.message + (mach.crowd if self.p > mach.cores else 0.0))
+        work += int(np.count_nonzero(~loc & (nb > mach.large_min))) * mach.large
         ranks = np.unique(np.concatenate([src, dst]))
         # a message begins once both its ends have begun the round
         first = float(np.maximum(before[src], before[dst]).min())

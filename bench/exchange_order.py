@@ -27,18 +27,17 @@ MiB = 1 << 20
 def _job(rank, op, size, zero_copy, blocks, calls, out):
     import ringlet as rl
     from ringlet import work
-    from ringlet.bench import _make_call, bind_like_mpirun, slowest_median_us
+    from ringlet.bench import _make_call, alternating_blocks, bind_like_mpirun
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
     call, reset, check = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto",
                                     zero_copy)
-    res = {"old": [], "new": []}
-    for b in range(blocks):
-        for order in (("old", "new") if b % 2 == 0 else ("new", "old")):
-            work.EARLY_RECV = order == "new"
-            reset()
-            call()                      # (a warm call in this order)
-            res[order].append(slowest_median_us(rl, call, calls, reset))
+
+    def switch(order):
+        work.EARLY_RECV = order == "new"
+
+    res = alternating_blocks(rl, {"old": (call, reset), "new": (call, reset)}, blocks, calls,
+                             switch)
     work.EARLY_RECV = True
     reset()
     call()

@@ -27,7 +27,7 @@ ARMS = ("plain", "4k", "huge")
 
 def _job(rank, op, size, blocks, calls, out):
     import ringlet as rl
-    from ringlet.bench import _make_call, bind_like_mpirun, slowest_median_us
+    from ringlet.bench import _make_call, alternating_blocks, bind_like_mpirun
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
     f32 = np.dtype(np.float32)
@@ -36,14 +36,7 @@ def _job(rank, op, size, blocks, calls, out):
         os.environ["RINGLET_HUGE"] = "0" if arm == "4k" else "1"
         arms[arm] = _make_call(rl, op, size, p, rank, f32, "auto", arm != "plain")
     os.environ.pop("RINGLET_HUGE")
-    res = {arm: [] for arm in ARMS}
-    for b in range(blocks):
-        for k in range(len(ARMS)):
-            arm = ARMS[(b + k) % len(ARMS)]
-            call, reset, _ = arms[arm]
-            reset()
-            call()                      # (a warm call)
-            res[arm].append(slowest_median_us(rl, call, calls, reset))
+    res = alternating_blocks(rl, arms, blocks, calls)
     wrong = np.array([sum(check() for _, _, check in arms.values())], np.int64)
     rl.all_reduce(wrong)
     if rank == 0:

@@ -29,22 +29,24 @@ MiB = 1 << 20
 
 def _job(rank, op, size, zero_copy, blocks, calls, out):
     import ringlet as rl
-    from ringlet.bench import _make_call, bind_like_mpirun, slowest_median_us
+    from ringlet.bench import _make_call, alternating_blocks, bind_like_mpirun
     from ringlet.transport import engine
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
     call, reset, check = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto",
                                     zero_copy)
-    res = {"sleep": [], "yield": []}
     sleeps = {"sleep": 0, "yield": 0}
-    for b in range(blocks):
-        for way in (("sleep", "yield") if b % 2 == 0 else ("yield", "sleep")):
-            engine.IDLE_YIELD = way == "yield"
-            reset()
-            call()                      # (a warm call this way)
-            v = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-            res[way].append(slowest_median_us(rl, call, calls, reset))
+
+    def switch(way):
+        engine.IDLE_YIELD = way == "yield"
+        v = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+        def count(_):
             sleeps[way] += resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - v
+        return count
+
+    res = alternating_blocks(rl, {"sleep": (call, reset), "yield": (call, reset)}, blocks,
+                             calls, switch)
     engine.IDLE_YIELD = True
     reset()
     call()

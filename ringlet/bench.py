@@ -145,6 +145,28 @@ def slowest_median_us(rl, call, calls: int, reset=None) -> float:
     return float(t[0]) * 1e6
 
 
+def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> dict:
+    """An in-job A/B: ``blocks`` blocks of every arm (name -> ``(call, reset, ...)``), the
+    arms in an order rotated block by block so a drift of the host hits them alike; each
+    block a warm call, then :func:`slowest_median_us` of ``calls``. ``switch(name)`` sets
+    what the arm changes (a module flag) before its block and may return a function called
+    with the block's time after it (to count something around the block). Returns
+    {name: [us per block]}."""
+    names = list(arms)
+    res = {n: [] for n in names}
+    for b in range(blocks):
+        for k in range(len(names)):
+            name = names[(b + k) % len(names)]
+            after = switch(name) if switch is not None else None
+            call, reset = arms[name][0], arms[name][1]
+            reset()
+            call()                      # (a warm call in this order)
+            res[name].append(slowest_median_us(rl, call, calls, reset))
+            if after is not None:
+                after(res[name][-1])
+    return res
+
+
 def bind_like_mpirun(rank: int, p: int) -> None:
     """Pin this rank to one core, as ``mpirun`` pins Open MPI's ranks by default here
     (``--report-bindings``: rank r on core r at np = 2; no binding when ranks outnumber

@@ -277,13 +277,19 @@ def cell_times(per: dict) -> dict:
     return {a: min(v) for a, v in per.items()}
 
 
-def evaluate(meas: dict, autos: dict, prof=None) -> dict:
+def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None) -> dict:
     """Rows (cell, algorithm, measured, predicted, error) and cells (predicted winner,
-    measured best, auto's pick, their losses) for measured times ``meas[cell][alg]``."""
+    measured best, auto's pick, their losses) for measured times ``meas[cell][alg]``.
+    ``other``: times of another measurement of the same cells taken as the prediction,
+    in place of the model's (repeatability)."""
     rows, cells = [], []
     for cell, m in meas.items():
         c = cell[4]
-        pr = {a: predict(cell, a, prof) for a in m}
+        if other is not None:
+            if cell not in other:
+                continue
+            m = {a: t for a, t in m.items() if a in other[cell]}
+        pr = {a: (other[cell][a] if other is not None else predict(cell, a, prof)) for a in m}
         for a in m:
             rows.append({"cell": list(cell), "algorithm": a, "measured_s": m[a],
                          "predicted_s": pr[a], "rel_err": (pr[a] - m[a]) / m[a]})
@@ -297,6 +303,26 @@ def evaluate(meas: dict, autos: dict, prof=None) -> dict:
                       "auto": auto, "auto_loss": (m[auto] / m[mw] - 1) if auto else None,
                       "auto_ok": (m[auto] <= (1 + WIN_SLACK) * m[mw]) if auto else None})
     return {"rows": rows, "cells": cells, "summary": summarize(rows, cells)}
+
+
+def repeatability(samples: dict, blocks: int) -> dict | None:
+    """The host's own floor: each job's times of a cell taken as the "prediction" of the
+    other job's (cell_times of each job's blocks; both ways round), summarized as the
+    model is. Two jobs that each stray from a cell's typical time by e apart differ by
+    about e * sqrt(2): a model that knew the typical time exactly would still be off by
+    this median over sqrt(2) (the full grid, quiet: jobs 16.0% apart, so ~11% for any
+    model, against a target of 10%), and its winner can be no surer than a second job's.
+    None with fewer than two jobs per cell."""
+    jobs = [{}, {}]
+    for cell, per in samples.items():
+        for a, v in per.items():
+            if len(v) >= 2 * blocks:
+                for j in (0, 1):
+                    jobs[j].setdefault(cell, {})[a] = min(v[j * blocks:(j + 1) * blocks])
+    if not jobs[0]:
+        return None
+    one, two = evaluate(jobs[1], {}, other=jobs[0]), evaluate(jobs[0], {}, other=jobs[1])
+    return summarize(one["rows"] + two["rows"], one["cells"] + two["cells"])
 
 
 def summarize(rows, cells, key=lambda cell: cell[4]) -> dict:
@@ -453,6 +479,14 @@ def main(argv=None) -> int:
     print(profile_summary(prof))
     res = evaluate(meas, autos, prof)
     print(report(res, detail=not a.brief))
+    floor = repeatability(samples, a.blocks if not a.from_json else old.get("blocks", a.blocks))
+    if floor is not None:
+        res["repeatability"] = floor
+        print("\nthe host's repeatability: one job's times taken as the prediction of the other "
+              "job's (both ways round)\n" + "\n".join(
+                  f"{g:<16}{v['pairs']:>6}{v['median_rel_err'] * 100:>10.1f}%"
+                  f"{v['winner_ok']:>6}/{v['cells']:<3}"
+                  f"{v['winner_ok'] / max(v['cells'], 1) * 100:>4.0f}%" for g, v in floor.items()))
     print(f"({time.time() - t0:.0f} s)")
     if a.json:
         doc = {"profile": prof.to_dict(), "profile_source": prof.source,

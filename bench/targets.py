@@ -108,8 +108,8 @@ def ours(op, p, sizes, **kw):
     return lambda: run_ringlet(op, p, sizes, ["auto"], progress=False, **kw)
 
 
-def theirs(lib, op, p, sizes, iters):
-    return lambda: run_peer(lib, op, p, sizes, iters)
+def theirs(lib, op, p, sizes, iters, **kw):
+    return lambda: run_peer(lib, op, p, sizes, iters, **kw)
 
 
 def by_size(rows, report, what):
@@ -131,8 +131,9 @@ def price_4096_ring() -> float:
     return time.perf_counter() - t0
 
 
-def every_collective(rep: Report, ops, procs, quick: bool, iters) -> list:
-    """Section 3's rows for ``ops`` at each p of ``procs``; returns the measured rows."""
+def every_collective(rep: Report, ops, procs, quick: bool, iters, fresh=False) -> list:
+    """Section 3's rows for ``ops`` at each p of ``procs``; returns the measured rows.
+    ``fresh``: every side writes its inputs again before each timed call."""
     dump = []
     sizes = [MiB] if quick else [MiB, 8 * MiB]
     for op in ops:
@@ -142,9 +143,10 @@ def every_collective(rep: Report, ops, procs, quick: bool, iters) -> list:
             sizes_op = sizes
 
         for p in procs:
-            got = interleaved({"plain": ours(op, p, sizes_op, iters=iters),
-                               "zc": ours(op, p, sizes_op, iters=iters, zero_copy=True),
-                               "mpi": theirs("mpi", op, p, sizes_op, iters)})
+            got = interleaved({"plain": ours(op, p, sizes_op, iters=iters, fresh=fresh),
+                               "zc": ours(op, p, sizes_op, iters=iters, zero_copy=True,
+                                          fresh=fresh),
+                               "mpi": theirs("mpi", op, p, sizes_op, iters, fresh=fresh)})
             mine, zc = got["plain"], got["zc"]
             peer = by_size(got["mpi"], rep, f"{op} p={p} vs Open MPI")
             dump += mine + zc + list((peer or {}).values())
@@ -161,7 +163,7 @@ def every_collective(rep: Report, ops, procs, quick: bool, iters) -> list:
 def _section3(ops, procs, a) -> int:
     """``--ops``: only section 3's rows of these collectives."""
     rep = Report()
-    dump = every_collective(rep, ops, procs, a.quick, 10 if a.quick else None)
+    dump = every_collective(rep, ops, procs, a.quick, 10 if a.quick else None, a.fresh)
     print(f"load {open('/proc/loadavg').read().split()[0]}" if os.path.exists("/proc/loadavg")
           else "")
     rep.print()
@@ -178,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", help="only section 3 (every collective at >= 1 MiB vs Open MPI), "
                                   "for these collectives (comma-separated), e.g. all_gather,all_to_all")
     ap.add_argument("--procs", default="2,4", help="with --ops: these p (default 2,4)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="with --ops: every side writes its inputs again before each timed call "
+                         "(bench/in_job_vs_mpi.py says why)")
     a = ap.parse_args(argv)
     if a.ops:
         return _section3(a.ops.split(","), [int(x) for x in a.procs.split(",")], a)

@@ -61,21 +61,37 @@ def iters_for(nbytes: int, iters: int | None) -> int:
     return iters if iters else max(5, min(1000, int(2e8 // max(nbytes, 1))))
 
 
-def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False):
+def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False, fresh=False):
     """(call, reset, check): one collective; what restores its input between timed calls
     (outside the timer: in-place collectives overwrite their input); and a checker
-    returning #wrong elements. ``zero_copy``: buffers come from rl.empty."""
-    call, check, reset = _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy)
+    returning #wrong elements. ``zero_copy``: buffers come from rl.empty. ``fresh``: reset
+    rewrites the input of every collective, not only of those that overwrite it - as a
+    training step writes new gradients before it sends them. Unwritten, an input read by a
+    peer stays in the peer's cache from the last call, and nothing crosses between the
+    cores but what the library itself writes (a ring, a peer's output). ``call.inputs``:
+    the arrays it sends from."""
+    inputs = []
+    call, check, reset = _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs)
+    call.inputs = [a for a, _ in inputs]
+    if fresh and reset is None and inputs:
+        def reset():
+            for a, value in inputs:
+                fill(a, value)
     return call, reset or (lambda: None), check
 
 
-def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
+def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs):
     per, total = counts(op, nbytes, p, dtype.itemsize)
     alloc = rl.empty if zero_copy else np.empty
 
     def full(shape, value):
         a = alloc(shape, dtype)
         fill(a, value)
+        return a
+
+    def given(shape, value):     # an input: what a fresh reset writes again
+        a = full(shape, value)
+        inputs.append((a, value))
         return a
 
     def wrong(a, want) -> int:   # elements of ``a`` not equal to ``want`` in this dtype
@@ -92,7 +108,7 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
         return (lambda: rl.all_reduce(x, algorithm=algo)), \
             lambda: wrong(x, expect_sum), reset
     if op == "broadcast":
-        x = full(total, rank + 1)
+        x = given(total, rank + 1) if rank == 0 else full(total, rank + 1)
         return (lambda: rl.broadcast(x, 0, algorithm=algo)), \
             lambda: wrong(x, 1), None
     if op == "reduce":
@@ -103,26 +119,26 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy):
             lambda: wrong(x, expect_sum) if rank == 0 else 0, reset
     blocks_of_ranks = np.repeat(ranks + 1, per).reshape(p, per)
     if op == "all_gather":
-        x, y = full(per, rank + 1), full((p, per), 0)
+        x, y = given(per, rank + 1), full((p, per), 0)
         return (lambda: rl.all_gather(y, x, algorithm=algo)), \
             lambda: wrong(y, blocks_of_ranks), None
     if op == "reduce_scatter":
-        x, y = full((p, per), rank + 1), full(per, 0)
+        x, y = given((p, per), rank + 1), full(per, 0)
         return (lambda: rl.reduce_scatter(y, x, algorithm=algo)), \
             lambda: wrong(y, expect_sum), None
     if op == "all_to_all":
-        x = full((p, per), np.repeat(ranks + 100 * rank, per).reshape(p, per))
+        x = given((p, per), np.repeat(ranks + 100 * rank, per).reshape(p, per))
         y = full((p, per), 0)
         want = np.repeat(rank + 100 * ranks, per).reshape(p, per)
         return (lambda: rl.all_to_all(y, x, algorithm=algo)), \
             lambda: wrong(y, want), None
     if op == "gather":
-        x = full(per, rank + 1)
+        x = given(per, rank + 1)
         y = full((p, per), 0) if rank == 0 else None
         return (lambda: rl.gather(x, y, 0, algorithm=algo)), \
             lambda: wrong(y, blocks_of_ranks) if rank == 0 else 0, None
     if op == "scatter":
-        x = full((p, per), blocks_of_ranks) if rank == 0 else None
+        x = given((p, per), blocks_of_ranks) if rank == 0 else None
         y = full(per, 0)
         return (lambda: rl.scatter(y, x, 0, algorithm=algo)), \
             lambda: wrong(y, rank + 1), None
@@ -201,7 +217,7 @@ def _worker(rank, cfg, out_path):
     for algo in cfg["algos"]:
         for nbytes in cfg["sizes"]:
             call, reset, check = _make_call(rl, cfg["op"], nbytes, p, rank, dtype, algo,
-                                            cfg.get("zero_copy", False))
+                                            cfg.get("zero_copy", False), cfg.get("fresh", False))
             n = iters_for(nbytes, cfg["iters"])
             for _ in range(cfg["warmup"]):
                 reset()      # (in place, sums grow each call: unreset, they overflow)
@@ -259,15 +275,16 @@ def _predict(row: dict, backend: str) -> float | None:
 
 def run_ringlet(op, n, sizes, algos, dtype="float32", iters=None, warmup=3, check=False,
                 backend=None, env=None, zero_copy=False, progress=True,
-                bind=True) -> list[dict]:
+                bind=True, fresh=False) -> list[dict]:
     """Measure ringlet on ``n`` local ranks; one row per (algorithm, size). ``bind``: pin
-    each rank to a core as mpirun does Open MPI's (bind_like_mpirun)."""
+    each rank to a core as mpirun does Open MPI's (bind_like_mpirun). ``fresh``: write the
+    inputs again before every timed call (_make_call)."""
     from .launch import spawn
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "rows.json")
         cfg = {"op": op, "sizes": sizes, "algos": algos, "dtype": dtype, "iters": iters,
                "warmup": warmup, "check": check, "zero_copy": zero_copy, "progress": progress,
-               "bind": bind}
+               "bind": bind, "fresh": fresh}
         spawn(_worker, n, args=(cfg, path), backend=backend, env=env)
         with open(path) as f:
             rows = json.load(f)
@@ -275,13 +292,19 @@ def run_ringlet(op, n, sizes, algos, dtype="float32", iters=None, warmup=3, chec
 
 
 # -- peers: Open MPI through mpi4py, Gloo through torch --------------------------------------
-def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None) -> list[dict] | str:
-    """Measure a peer library the same way; returns rows, or a reason it was skipped."""
+def run_peer(lib: str, op: str, n: int, sizes: list[int], iters: int | None,
+             fresh: bool = False) -> list[dict] | str:
+    """Measure a peer library the same way; returns rows, or a reason it was skipped.
+    ``fresh``: Open MPI's inputs are written again before every timed call, as ours."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.jsonl")
         args = ["--op", op, "--sizes", ",".join(map(str, sizes)), "--json", out, "-n", str(n)]
         if iters:
             args += ["--iters", str(iters)]
+        if fresh:
+            if lib != "mpi":
+                return f"--fresh is measured for Open MPI only, not {lib}"
+            args.append("--fresh")
         if lib == "mpi":
             python = _python_with("mpi4py")
             if python is None:

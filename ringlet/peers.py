@@ -17,12 +17,14 @@ import numpy as np
 from .bench import counts, iters_for
 
 
-def _measure(call, barrier, max_across, nbytes, iters, warmup=3):
+def _measure(call, barrier, max_across, nbytes, iters, warmup=3, before=None):
     for _ in range(warmup):
         call()
     n = iters_for(nbytes, iters)
     times = np.empty(n)
     for i in range(n):
+        if before is not None:
+            before()
         barrier()
         t0 = time.perf_counter()
         call()
@@ -36,39 +38,48 @@ def _emit(args, lib, p, nbytes, t):
                             "dtype": "float32", "algorithm": lib, "time_us": t * 1e6}) + "\n")
 
 
+def mpi_call(comm, op: str, nbytes: int):
+    """(call, input): one Open MPI collective through mpi4py on buffers sized as ringlet's
+    benchmarks size them (bench.counts), and the array it sends (None where this rank sends
+    nothing: a broadcast's or scatter's non-root), which a fresh measurement writes again."""
+    from mpi4py import MPI
+    p = comm.size
+    per, total = counts(op, nbytes, p, 4)
+    if op == "all_reduce":
+        x = np.ones(per, np.float32); y = np.empty_like(x)
+        return (lambda: comm.Allreduce(x, y, MPI.SUM)), x
+    if op == "broadcast":
+        x = np.ones(per, np.float32)
+        return (lambda: comm.Bcast(x, root=0)), (x if comm.rank == 0 else None)
+    if op == "reduce":
+        x = np.ones(per, np.float32); y = np.empty_like(x)
+        return (lambda: comm.Reduce(x, y, MPI.SUM, root=0)), x
+    if op == "all_gather":
+        x = np.ones(per, np.float32); y = np.empty(total, np.float32)
+        return (lambda: comm.Allgather(x, y)), x
+    if op == "reduce_scatter":
+        x = np.ones(total, np.float32); y = np.empty(per, np.float32)
+        return (lambda: comm.Reduce_scatter_block(x, y, MPI.SUM)), x
+    if op == "all_to_all":
+        x = np.ones(total, np.float32); y = np.empty_like(x)
+        return (lambda: comm.Alltoall(x, y)), x
+    if op == "gather":
+        x = np.ones(per, np.float32); y = np.empty(total, np.float32)
+        return (lambda: comm.Gather(x, y, root=0)), x
+    x = np.ones(total, np.float32); y = np.empty(per, np.float32)
+    return (lambda: comm.Scatter(x, y, root=0)), (x if comm.rank == 0 else None)
+
+
 def mpi_main(args):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    p, rank = comm.size, comm.rank
     for nbytes in args.size_list:
-        per, total = counts(args.op, nbytes, p, 4)
-        op = args.op
-        if op == "all_reduce":
-            x = np.ones(per, np.float32); y = np.empty_like(x)
-            call = lambda: comm.Allreduce(x, y, MPI.SUM)  # noqa: E731
-        elif op == "broadcast":
-            x = np.ones(per, np.float32); call = lambda: comm.Bcast(x, root=0)  # noqa: E731
-        elif op == "reduce":
-            x = np.ones(per, np.float32); y = np.empty_like(x)
-            call = lambda: comm.Reduce(x, y, MPI.SUM, root=0)  # noqa: E731
-        elif op == "all_gather":
-            x = np.ones(per, np.float32); y = np.empty(total, np.float32)
-            call = lambda: comm.Allgather(x, y)  # noqa: E731
-        elif op == "reduce_scatter":
-            x = np.ones(total, np.float32); y = np.empty(per, np.float32)
-            call = lambda: comm.Reduce_scatter_block(x, y, MPI.SUM)  # noqa: E731
-        elif op == "all_to_all":
-            x = np.ones(total, np.float32); y = np.empty_like(x)
-            call = lambda: comm.Alltoall(x, y)  # noqa: E731
-        elif op == "gather":
-            x = np.ones(per, np.float32); y = np.empty(total, np.float32)
-            call = lambda: comm.Gather(x, y, root=0)  # noqa: E731
-        else:
-            x = np.ones(total, np.float32); y = np.empty(per, np.float32)
-            call = lambda: comm.Scatter(x, y, root=0)  # noqa: E731
-        t = _measure(call, comm.Barrier, lambda v: comm.allreduce(v, MPI.MAX), nbytes, args.iters)
-        if rank == 0:
-            _emit(args, "mpi", p, nbytes, t)
+        call, x = mpi_call(comm, args.op, nbytes)
+        before = (lambda: x.fill(1.0)) if args.fresh and x is not None else None
+        t = _measure(call, comm.Barrier, lambda v: comm.allreduce(v, MPI.MAX), nbytes, args.iters,
+                     before=before)
+        if comm.rank == 0:
+            _emit(args, "mpi", comm.size, nbytes, t)
 
 
 def _gloo_rank(rank, args):
@@ -130,6 +141,8 @@ def main():
     ap.add_argument("--sizes", required=True, help="comma-separated byte counts")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--fresh", action="store_true",
+                    help="write the input again before every timed call (Open MPI only)")
     args = ap.parse_args()
     args.size_list = [int(s) for s in args.sizes.split(",")]
     (mpi_main if args.lib == "mpi" else gloo_main)(args)

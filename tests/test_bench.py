@@ -152,3 +152,41 @@ def test_bench_plot_and_columns_aligned_whatever_the_algorithm_name(tmp_path):
     img = matplotlib.image.imread(png)
     assert img.shape[1] > 800 and img[..., :3].std() > 0.05
     assert "\r" not in r.stderr          # no progress bar when output is not a terminal
+
+
+def _fresh_rank(rank, out):
+    import numpy as np
+
+    import ringlet as rl
+    from ringlet.bench import _make_call
+    p = rl.get_world_size()
+    wrong = {}
+    for op in OPS:
+        for fresh in (False, True):
+            call, reset, check = _make_call(rl, op, 4096, p, rank, np.dtype(np.float32), "auto",
+                                            fresh=fresh)
+            reset(); call()
+            # The program overwrites what it sends between steps; a fresh reset writes the
+            # input the measurement started from again, so the next call is right.
+            for a in call.inputs:
+                a[...] = 0
+            reset(); call()
+            got = np.array([check()], np.int64)
+            rl.all_reduce(got)
+            wrong[f"{op} fresh={fresh}"] = int(got[0])
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(wrong, f)
+
+
+def test_a_fresh_measurement_writes_every_input_again_before_each_call(tmp_path):
+    from ringlet.launch import spawn
+    out = tmp_path / "wrong.json"
+    spawn(_fresh_rank, 2, args=(str(out),), timeout=120)
+    wrong = json.loads(out.read_text())
+    for op in OPS:
+        assert wrong[f"{op} fresh=True"] == 0, op
+    # Unwritten, a zeroed input stays zero: the collectives that do not overwrite their
+    # input are wrong after it, so the check above can fail.
+    stale = [op for op in OPS if wrong[f"{op} fresh=False"]]
+    assert set(stale) >= {"all_gather", "all_to_all", "reduce_scatter", "gather", "scatter"}

@@ -1,0 +1,142 @@
+"""ringlet against Open MPI in the same processes: one mpirun job runs both libraries, in
+alternating blocks of calls, so both meet the same placement on the cores and the same
+state of the host, block by block.
+
+    python bench/in_job_vs_mpi.py                                  # 8 collectives, p = 2 and 4, 1 and 8 MiB
+    python bench/in_job_vs_mpi.py --ops all_gather,all_to_all -p 2 --sizes 1M,8M --fresh
+
+Why: on this VM the two cores' distance changes by the second (bench/core_distance.py: a
+cache line's one-way trip takes 60-90 ns in some spells and 250-500 ns in others), and
+with it the cost of every byte one core writes and the other reads. A job that starts in
+a far spell runs ringlet's 1 MiB all_gather p = 2 at ~250 us instead of ~110 (fresh jobs
+in turns: bimodal, both kinds of buffer alike). Open MPI in separate jobs does not show
+it on the usual measurement, which never writes its input again: a peer's input read once
+(by process_vm_readv) stays in the reader's cache, and from the second call on nothing
+crosses between the cores. ``--fresh`` writes every input again before each timed call
+(outside the timer, as a training step writes new gradients): then both libraries move
+the bytes every call, and Open MPI meets the far spells too.
+
+Each block: a warm call, then ``--calls`` timed calls (each after a barrier, the slowest
+rank's median), the arms rotated block by block (ringlet.bench.alternating_blocks).
+Reported per row: the median block of each arm, and Open MPI's time over ringlet's taken
+block pair by block pair (the median pair and the spread: > 1, ringlet is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+OPS = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+       "gather", "scatter")
+ARMS = ("plain", "rl.empty", "mpi")
+
+
+def _child(a) -> None:
+    from mpi4py import MPI
+
+    import ringlet as rl
+    from ringlet.bench import _make_call, alternating_blocks, parse_sizes
+    from ringlet.peers import mpi_call
+    comm = MPI.COMM_WORLD
+    rl.init()
+    p, rank = rl.get_world_size(), rl.get_rank()
+    rows = []
+    for op in a.ops.split(","):
+        for size in parse_sizes(a.sizes):
+            arms = {}
+            for kind in [k for k in a.arms.split(",") if k != "mpi"]:
+                arms[kind] = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto",
+                                        kind == "rl.empty", fresh=a.fresh)
+            if "mpi" in a.arms.split(","):
+                call, x = mpi_call(comm, op, size)
+                arms["mpi"] = (call, (lambda x=x: x.fill(1.0)) if a.fresh and x is not None
+                               else (lambda: None))
+            got = alternating_blocks(rl, arms, a.blocks, a.calls)
+            ran = rl.stats()["collectives"].get(op, {}).get("algorithm")
+            rows.append({"op": op, "p": p, "bytes": size, "ran": ran, "blocks": got,
+                         "load": os.getloadavg()[0]})
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+
+
+def _ratio(mpi: list, ours: list) -> tuple[float, float, float]:
+    """Open MPI over ringlet, block pair by block pair: median, lowest, highest."""
+    r = np.array(mpi) / np.array(ours)
+    return float(np.median(r)), float(r.min()), float(r.max())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
+    ap.add_argument("--sizes", default="1M,8M")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--arms", default=",".join(ARMS), help="a subset of " + ",".join(ARMS))
+    ap.add_argument("--fresh", action="store_true", help="write every input again before each call")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        _child(a)
+        return 0
+    from ringlet.bench import _python_with
+    python = _python_with("mpi4py")
+    if python is None:
+        print("needs mpi4py and Open MPI (bench/install_peers.sh)")
+        return 1
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    print(f"{'row':26} {'ran':20} {'plain':>7} {'rl.empty':>9} {'mpi':>7}   "
+          f"{'mpi/plain (min-max)':>21} {'mpi/rl.empty (min-max)':>23}  load", flush=True)
+    everything = []
+    for p in (int(x) for x in a.p.split(",")):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.json")
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
+                   os.path.abspath(__file__), "--child", "--out", out, "--ops", a.ops,
+                   "--sizes", a.sizes, "--arms", a.arms, "--blocks", str(a.blocks), "--calls", str(a.calls)]
+            if a.fresh:
+                cmd.append("--fresh")
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                print(f"p = {p}: the job failed:\n{proc.stderr[-2000:]}")
+                return 1
+            rows = json.load(open(out))
+        for r in rows:
+            b = r["blocks"]
+            med = {k: float(np.median(b[k])) if k in b else float("nan") for k in ARMS}
+            if set(ARMS) - set(b):
+                print(f"{r['op']} p={r['p']} {r['bytes'] >> 20} MiB: " + "  ".join(
+                    f"{k} {v:.0f}" for k, v in med.items()), flush=True)
+                continue
+            mp, lo, hi = _ratio(b["mpi"], b["plain"])
+            me, lo2, hi2 = _ratio(b["mpi"], b["rl.empty"])
+            r.update(ratio_plain=mp, ratio_rl_empty=me, fresh=a.fresh)
+            name = f"{r['op']} p={r['p']} {r['bytes'] >> 20} MiB"
+            print(f"{name:26} {str(r['ran']):20} {med['plain']:7.0f} {med['rl.empty']:9.0f} "
+                  f"{med['mpi']:7.0f}   {mp:6.2f} ({lo:.2f}-{hi:.2f})    "
+                  f"{me:6.2f} ({lo2:.2f}-{hi2:.2f})      {r['load']:.1f}", flush=True)
+            everything.append(r)
+    held = [(r["ratio_plain"] >= 1.0, r["ratio_rl_empty"] >= 1.2) for r in everything]
+    print(f"\nplain >= 1.0x Open MPI: {sum(h[0] for h in held)} of {len(held)} rows; "
+          f"rl.empty >= 1.2x: {sum(h[1] for h in held)} of {len(held)} "
+          f"({'inputs written again before every call' if a.fresh else 'inputs written once'})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,7 +61,22 @@ def iters_for(nbytes: int, iters: int | None) -> int:
     return iters if iters else max(5, min(1000, int(2e8 // max(nbytes, 1))))
 
 
-def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False, fresh=False):
+def paged_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised array starting 64 bytes into a page, wherever the allocator puts it:
+    two of them always meet at distance 0 within their pages, as NumPy's fresh large
+    arrays do (16 bytes in), but arrays from the heap need not - and the kernel's copy
+    between processes is 4-5x slow at distances of 1-31 bytes (transport/cma.py). A
+    benchmark that allocates many buffers in one job uses it so every library meets the
+    same placement."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n + 4096 + 64, np.uint8)
+    at = (-raw.ctypes.data) % 4096 + 64
+    return raw[at:at + n].view(dtype).reshape(shape)
+
+
+def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False, fresh=False,
+               plain=np.empty):
     """(call, reset, check): one collective; what restores its input between timed calls
     (outside the timer: in-place collectives overwrite their input); and a checker
     returning #wrong elements. ``zero_copy``: buffers come from rl.empty. ``fresh``: reset
@@ -69,9 +84,9 @@ def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False, fresh=Fals
     training step writes new gradients before it sends them. Unwritten, an input read by a
     peer stays in the peer's cache from the last call, and nothing crosses between the
     cores but what the library itself writes (a ring, a peer's output). ``call.inputs``:
-    the arrays it sends from."""
+    the arrays it sends from. ``plain``: what allocates the buffers when not ``zero_copy``."""
     inputs = []
-    call, check, reset = _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs)
+    call, check, reset = _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs, plain)
     call.inputs = [a for a, _ in inputs]
     if fresh and reset is None and inputs:
         def reset():
@@ -80,9 +95,9 @@ def _make_call(rl, op, nbytes, p, rank, dtype, algo, zero_copy=False, fresh=Fals
     return call, reset or (lambda: None), check
 
 
-def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs):
+def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs, plain=np.empty):
     per, total = counts(op, nbytes, p, dtype.itemsize)
-    alloc = rl.empty if zero_copy else np.empty
+    alloc = rl.empty if zero_copy else plain
 
     def full(shape, value):
         a = alloc(shape, dtype)

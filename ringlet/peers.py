@@ -38,35 +38,45 @@ def _emit(args, lib, p, nbytes, t):
                             "dtype": "float32", "algorithm": lib, "time_us": t * 1e6}) + "\n")
 
 
-def mpi_call(comm, op: str, nbytes: int):
+def mpi_call(comm, op: str, nbytes: int, empty=np.empty):
     """(call, input): one Open MPI collective through mpi4py on buffers sized as ringlet's
     benchmarks size them (bench.counts), and the array it sends (None where this rank sends
-    nothing: a broadcast's or scatter's non-root), which a fresh measurement writes again."""
+    nothing: a broadcast's or scatter's non-root), which a fresh measurement writes again.
+    ``empty(n, dtype)`` allocates them (bench.paged_empty: placed as ringlet's)."""
     from mpi4py import MPI
     p = comm.size
     per, total = counts(op, nbytes, p, 4)
+
+    def ones(n):
+        a = empty(n, np.float32)
+        a[...] = 1
+        return a
+
+    def out(n):
+        return empty(n, np.float32)
+
     if op == "all_reduce":
-        x = np.ones(per, np.float32); y = np.empty_like(x)
+        x, y = ones(per), out(per)
         return (lambda: comm.Allreduce(x, y, MPI.SUM)), x
     if op == "broadcast":
-        x = np.ones(per, np.float32)
+        x = ones(per)
         return (lambda: comm.Bcast(x, root=0)), (x if comm.rank == 0 else None)
     if op == "reduce":
-        x = np.ones(per, np.float32); y = np.empty_like(x)
+        x, y = ones(per), out(per)
         return (lambda: comm.Reduce(x, y, MPI.SUM, root=0)), x
     if op == "all_gather":
-        x = np.ones(per, np.float32); y = np.empty(total, np.float32)
+        x, y = ones(per), out(total)
         return (lambda: comm.Allgather(x, y)), x
     if op == "reduce_scatter":
-        x = np.ones(total, np.float32); y = np.empty(per, np.float32)
+        x, y = ones(total), out(per)
         return (lambda: comm.Reduce_scatter_block(x, y, MPI.SUM)), x
     if op == "all_to_all":
-        x = np.ones(total, np.float32); y = np.empty_like(x)
+        x, y = ones(total), out(total)
         return (lambda: comm.Alltoall(x, y)), x
     if op == "gather":
-        x = np.ones(per, np.float32); y = np.empty(total, np.float32)
+        x, y = ones(per), out(total)
         return (lambda: comm.Gather(x, y, root=0)), x
-    x = np.ones(total, np.float32); y = np.empty(per, np.float32)
+    x, y = ones(total), out(per)
     return (lambda: comm.Scatter(x, y, root=0)), (x if comm.rank == 0 else None)
 
 

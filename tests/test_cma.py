@@ -26,7 +26,10 @@ from test_collectives import in_rank_settings, make_input, reference
 
 RING = 64 << 10          # a small ring: exchanged messages above 64 KiB take the CMA path
 # (and one-way messages split even where ranks outnumber cores, as they do at p = 3-4 here)
-SMALL_RING = {"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_PUT": "1"}
+# Every distance between buffers read by CMA, as the counts of reads below assume: the
+# probe of slow distances (cma.fast_offset) is timed, so it is tested on its own below.
+ANY = {"RINGLET_CMA_OFFSETS": "0"}
+SMALL_RING = {"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_PUT": "1", **ANY}
 OPS = ("broadcast", "all_gather", "all_to_all", "all_reduce", "reduce_scatter", "reduce",
        "gather", "scatter")
 DTYPES = [np.int8, np.uint16, np.int32, np.int64, np.float32, np.float64, np.complex128]
@@ -127,7 +130,7 @@ def test_every_collective_reads_plain_buffers_in_place(p):
 def test_crowded_one_way_messages_are_read_whole(p):
     """The default where ranks outnumber cores (p = 3-4 on this 2-core host): one-way
     messages are read whole by their receivers, every collective as NumPy says."""
-    run(_property, p, 30 if p < 4 else 20, False, env={"RINGLET_SHM_RING": str(RING)})
+    run(_property, p, 30 if p < 4 else 20, False, env={"RINGLET_SHM_RING": str(RING), **ANY})
 
 
 def _large(rank):
@@ -141,7 +144,7 @@ def _large(rank):
 
 
 def test_large_messages_at_the_default_ring():
-    run(_large, 2, env={"RINGLET_CMA_PUT": "1"})
+    run(_large, 2, env={"RINGLET_CMA_PUT": "1", **ANY})
 
 
 def _crowded(rank, whole):
@@ -169,7 +172,7 @@ def _crowded(rank, whole):
 @pytest.mark.parametrize("p,whole", [(2, True), (3, True), (3, False), (4, True)])
 def test_split_only_where_ranks_have_cores(p, whole):
     run(_crowded, p, whole,
-        env={"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_CROWDED": str(int(whole))})
+        env={"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_CROWDED": str(int(whole)), **ANY})
 
 
 def _p2p(rank, examples):
@@ -276,7 +279,7 @@ def test_a_refused_read_or_write_streams_through_the_ring_instead(read, write):
 def test_a_refused_whole_read_of_a_crowded_one_way_message_streams_instead():
     """Crowded (p = 3 on 2 cores), one-way messages are read whole: those to the rank that
     cannot read stream through the ring, the rest are still read."""
-    run(_refused, 3, True, False, False, env={"RINGLET_SHM_RING": str(RING)})
+    run(_refused, 3, True, False, False, env={"RINGLET_SHM_RING": str(RING), **ANY})
 
 
 def _off(rank):
@@ -295,3 +298,65 @@ def _no_split(rank):
 
 def test_split_off_by_environment():
     run(_no_split, 2, env=dict(SMALL_RING, RINGLET_CMA_PUT="0"))
+
+
+# -- slow distances: the kernel's copy at a destination just past the source in its page ----
+def test_a_slow_distance_is_counted_modulo_the_page():
+    saved = cma._slow
+    try:
+        cma._slow = {16}
+        a = 1 << 30
+        assert not cma.fast_offset(a + 16, a)
+        assert not cma.fast_offset(a + 5 * 4096 + 16, a)
+        assert cma.fast_offset(a + 48, a) and cma.fast_offset(a, a + 16)   # (4080 bytes)
+    finally:
+        cma._slow = saved
+
+
+def test_the_probe_names_only_distances_it_probed():
+    slow = cma._probe_distances(8 << 10, reps=1)
+    near = set(range(cma.PROBED)) | set(range(4096 - cma.PROBED, 4096))
+    assert slow <= near and len(slow) < len(near) // 2
+
+
+def _carved(shape_send, shape_recv, shift):
+    """Two float32 arrays 64 bytes into their pages, the receive one ``shift`` further."""
+    ns, nr = int(np.prod(shape_send)), int(np.prod(shape_recv))
+    pages = -(-(ns * 4 + 64) // 4096) * 4096
+    raw = np.empty(pages + nr * 4 + 3 * 4096, np.uint8)
+    at = (-raw.ctypes.data) % 4096 + 64
+    send = raw[at:at + ns * 4].view(np.float32).reshape(shape_send)
+    recv = raw[at + pages + shift:at + pages + shift + nr * 4].view(np.float32).reshape(shape_recv)
+    return send, recv
+
+
+def _slow_counts():
+    return sum(q.cma.slow_offsets for q in engine().peers.values() if isinstance(q, ShmPeer))
+
+
+def _at_a_slow_distance(rank):
+    """Messages whose receive buffer lies at a distance the probe called slow take the ring
+    (exchange: read declined; one-way: the offer declined) and arrive whole; at a fast
+    distance the same calls read in place."""
+    p = rl.get_world_size()
+    n = (3 << 20) // 4       # messages of 3 MiB (above the default ring: by CMA), whole pages
+    for slow, want_reads in (({16}, False), (set(), True)):
+        cma._slow = slow
+        before, declined = _reads(), _slow_counts()
+        x, y = _carved((n,), (p, n), 16)
+        x[:] = rank + 1
+        rl.all_gather(y, x)
+        np.testing.assert_array_equal(y, np.repeat(np.arange(1, p + 1, dtype=np.float32), n)
+                                      .reshape(p, n))
+        b, c = _carved((n,), (n,), 16)
+        b[:] = 7 if rank == 0 else 0
+        rl.broadcast(b if rank == 0 else c, 0)
+        if rank:
+            np.testing.assert_array_equal(c, np.full(n, 7, np.float32))
+        got = np.array([_reads() - before, _slow_counts() - declined], np.int64)
+        rl.all_reduce(got)
+        assert (got[0] > 0) == want_reads and (got[1] > 0) == (not want_reads), (slow, got)
+
+
+def test_a_message_at_a_slow_distance_takes_the_ring():
+    run(_at_a_slow_distance, 2, env={"RINGLET_CMA_PUT": "1"})

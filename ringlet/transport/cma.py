@@ -93,6 +93,58 @@ def enabled() -> bool:
     return _readv is not None and os.environ.get("RINGLET_CMA", "1") != "0"
 
 
+# The kernel's copy is slow when the destination lies just past the source within a page.
+# Here (AMD EPYC; the kernel copies with rep movsb, which glibc's memcpy avoids in this
+# case) a read or write whose destination was 1-31 bytes past the source, modulo 4096, ran
+# 4-5x slower (1.4-2.3 GB/s against 7.5-10 at 512 KiB, process_vm_readv and
+# process_vm_writev alike; 0 and 32-4095 bytes all fast): each load meets a store just
+# made to the same place in another page (the pattern of 4K aliasing). NumPy's large arrays all start 16
+# bytes into a page, so two of them meet at distance 0 - but arrays from the heap need not:
+# Open MPI's all_gather p = 2 1 MiB took 400 us instead of 100 on two arrays 144 and 160
+# bytes into their pages. Which distances are slow is measured once per process, reading
+# within it at each distance of less than 64 bytes either way (4-6 ms, at the first message
+# that could be read); a message at a slow one takes the ring instead (two copies at
+# memcpy's speed: bench/cma_offsets.py, p = 2 8 MiB, 16 bytes: all_gather 1.69x,
+# all_to_all 1.46x, broadcast 1.73x faster than reading there). RINGLET_CMA_OFFSETS=0:
+# read at any distance.
+PROBED = 64
+_slow = None
+
+
+def _probe_distances(nbytes: int = 32 << 10, reps: int = 3) -> set:
+    """The distances (destination - source) mod 4096, among those within PROBED bytes of 0
+    either way, at which a read took more than twice as long as the median distance's (most
+    are fast; a read that a preemption slowed at one distance is not taken for it)."""
+    import statistics
+    import time
+    buf = np.ones(2 * nbytes + 3 * 4096, np.uint8)
+    base = address(buf)
+    src = base + (-base) % 4096
+    dst = src + nbytes + 4096          # (same place in its page as src: distance 0)
+    pid, took = os.getpid(), {}
+    if _move(_readv, pid, dst, src, nbytes) != nbytes:    # (warm: pages and caches)
+        return set()                   # (refused: nothing to learn; reads will say)
+    for d in list(range(PROBED)) + list(range(4096 - PROBED, 4096)):
+        at = dst + d if d < PROBED else dst - (4096 - d)
+        t = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            _move(_readv, pid, at, src, nbytes)
+            t = min(t, time.perf_counter() - t0)
+        took[d] = t
+    typical = statistics.median(took.values())
+    return {d for d, t in took.items() if t > 2 * typical}
+
+
+def fast_offset(dst: int, src: int) -> bool:
+    """Whether the kernel copies quickly from address ``src`` to ``dst`` (above)."""
+    global _slow
+    if _slow is None:
+        _slow = (set() if _readv is None or os.environ.get("RINGLET_CMA_OFFSETS") == "0"
+                 else _probe_distances())
+    return (dst - src) % 4096 not in _slow
+
+
 def read(pid: int, addr: int, dst: np.ndarray) -> int:
     """Copy ``dst.nbytes`` bytes at ``addr`` in process ``pid`` into the contiguous array
     ``dst``: the bytes read (all of them), or -errno (nothing usable was read)."""
@@ -137,6 +189,7 @@ class Reader:
         self.put_refused = 0        # errno of the write that turned writes off (0: none)
         self.reads = 0              # messages (or tails) read in place
         self.puts = 0               # heads written into the peer's receive buffer
+        self.slow_offsets = 0       # messages streamed instead: at a slow offset (fast_offset)
 
     def deliver(self, req, addr: int, nbytes: int) -> bool:
         """Read the ``nbytes`` message at ``addr`` into ``req`` (a RecvRequest at offset 0):
@@ -145,12 +198,23 @@ class Reader:
         receiver's reduce) or CMA is refused; then ``req`` is untouched: stream it."""
         if not self.ok or req.ufunc is not None or not req.dst.flags.c_contiguous:
             return False
-        got = read(self.pid, addr, req.dst.view(np.uint8).reshape(-1))
+        dst = req.dst.view(np.uint8).reshape(-1)
+        if not self.fast_at(address(dst), addr):
+            return False
+        got = read(self.pid, addr, dst)
         if got < 0:
             return self._refuse(-got)
         req.offset = nbytes
         self.reads += 1
         return True
+
+    def fast_at(self, dst: int, src: int) -> bool:
+        """Whether to move a message from ``src`` to ``dst`` by CMA, read or written: not
+        at a distance where the kernel's copy is slow (fast_offset), counted."""
+        if fast_offset(dst, src):
+            return True
+        self.slow_offsets += 1
+        return False
 
     def splits(self, crowded: bool) -> bool:
         """Whether a one-way message of ours is offered to be split: where the kernel lets

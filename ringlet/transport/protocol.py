@@ -11,7 +11,8 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
 * A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
   that also receives, on a link that can read a local sender's memory
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
-  from there and answers CTS_DONE, or - when it reduces, or the kernel refuses the read -
+  from there and answers CTS_DONE, or - when it reduces, the kernel refuses the read, or
+  its buffer lies where the kernel copies slowly from the sender's (cma.fast_offset) -
   answers CTS_OK and the DATA flows as for any large message.
 * Such a message sent one-way (its round receives nothing: a broadcast's root, a scatter, a
   point-to-point send) offers its address as RTS_OFFER: a receiver that copies answers
@@ -511,8 +512,9 @@ class Peer:
         the tail meanwhile; the receive completes on the sender's PUT (_on_put). Where
         ranks outnumber cores, read it all instead (cma.Reader.reads_whole). A receive
         that reduces, or a buffer not contiguous, or one whose round copied locally first
-        (``ways`` 0: a gather's root) takes the stream (CTS_OK) instead; one whose reads
-        the kernel refuses asks for the whole message to be written (or, read whole,
+        (``ways`` 0: a gather's root), or one at a distance from the sender's where the
+        kernel copies slowly (cma.fast_offset) takes the stream (CTS_OK) instead; one whose
+        reads the kernel refuses asks for the whole message to be written (or, read whole,
         takes the stream)."""
         req.msgid = msgid
         self.incoming[msgid] = req
@@ -520,6 +522,9 @@ class Peer:
             self._queue_cts(msgid, CTS_OK, 0)
             return
         n, addr = req.nbytes, offer.addr
+        if not self.cma.fast_at(address(req.dst), addr):   # (a write is as slow there)
+            self._queue_cts(msgid, CTS_OK, 0)
+            return
         head = (0 if self.cma.reads_whole(self.engine.crowded) and self.cma.ok else
                 self.cma.head_bytes(n, offer.ways, req.ways))
         if head == 0:             # we read it all (the sender is the busier side)

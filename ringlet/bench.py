@@ -385,6 +385,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="verify results (#wrong column)")
     ap.add_argument("--zero-copy", action="store_true",
                     help="use rl.empty shared-memory buffers (read in place by local peers)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="write every input again before each timed call, as a training step "
+                         "writes new gradients (Open MPI's with --compare mpi too): unwritten, "
+                         "a peer's input stays in the reader's cache from the call before")
     ap.add_argument("--backend", default=None, choices=["auto", "shm", "tcp"])
     ap.add_argument("--hosts", type=int, default=1,
                     help="emulate this many hosts with RINGLET_HOST_ID (TCP between them)")
@@ -422,7 +426,7 @@ def main(argv=None) -> int:
             ap.error("--hosts supports 1 or 2 emulated hosts")
     rows = run_ringlet(a.op, a.n, sizes, algos, a.dtype, a.iters, a.warmup, a.check,
                        a.backend, env, a.zero_copy, progress=sys.stdout.isatty() and sys.stderr.isatty(),
-                       bind=not a.no_bind)
+                       bind=not a.no_bind, fresh=a.fresh)
     backend = "tcp" if (a.backend == "tcp" or a.hosts > 1) else "shm"
     for r in rows:
         _finish_row(r, a.n)
@@ -430,7 +434,9 @@ def main(argv=None) -> int:
         r["pred_us"] = pred * 1e6 if pred is not None else None
     peers = {}
     for lib in [x for x in a.compare.split(",") if x]:
-        got = run_peer(lib, a.op, a.n, sizes, a.iters)
+        got = run_peer(lib, a.op, a.n, sizes, a.iters, fresh=a.fresh and lib == "mpi")
+        if a.fresh and lib != "mpi":
+            print(f"# {lib}: its inputs are written once (--fresh covers ringlet and Open MPI)")
         if isinstance(got, str):
             print(f"# {lib}: skipped — {got}")
         else:

@@ -10,6 +10,7 @@ Each rank warms up, then runs ``--calls`` calls, each after a barrier (as every 
 here times them), and reports per call (mean over its ranks): the median call's wall time,
 its user and system CPU time, minor page faults and voluntary / involuntary context
 switches (getrusage around the timed calls; the barriers are in both sides' counts).
+``--fresh``: every input is written again before each call (outside the counts).
 ``--syscalls``: the job runs twice under ``perf stat -e`` syscall tracepoints, with
 ``--calls`` calls and with none; the difference over the calls is printed per call and rank.
 Ranks are pinned as mpirun pins Open MPI's (ringlet.bench.bind_like_mpirun).
@@ -33,73 +34,69 @@ SYSCALLS = ("process_vm_readv", "process_vm_writev", "sched_yield", "futex", "mm
             "sendto", "nanosleep", "clock_nanosleep")
 
 
-def _timed(call, barrier, calls: int, warm: int = 5) -> dict:
-    """Counts of this process over ``calls`` calls (each after a barrier)."""
+def _timed(call, barrier, calls: int, warm: int = 5, reset=None) -> dict:
+    """Counts of this process over ``calls`` calls (each after a barrier; ``reset`` before
+    it, outside the counts: a fresh measurement's rewrite of the inputs)."""
     for _ in range(warm):
         barrier()
         call()
     barrier()
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    t0 = time.perf_counter()
     ts = []
-    vc_in = 0           # voluntary switches (sleeps) inside the calls, not the barriers
+    tot = np.zeros(6)   # user, sys, minflt, vcsw (in the barrier and call), vcsw in call, ivcsw
     for _ in range(calls):
+        if reset is not None:
+            reset()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         barrier()
-        v = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+        v = resource.getrusage(resource.RUSAGE_SELF)
         a = time.perf_counter()
         call()
         ts.append(time.perf_counter() - a)
-        vc_in += resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - v
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        tot += (r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime,
+                r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw,
+                r1.ru_nvcsw - v.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw)
     n = max(calls, 1)
     return {"wall_us": float(np.median(ts)) * 1e6 if ts else 0.0,
-            "user_us": (r1.ru_utime - r0.ru_utime) / n * 1e6,
-            "sys_us": (r1.ru_stime - r0.ru_stime) / n * 1e6,
-            "minflt": (r1.ru_minflt - r0.ru_minflt) / n,
-            "vcsw": (r1.ru_nvcsw - r0.ru_nvcsw) / n,
-            "vcsw_call": vc_in / n,
-            "ivcsw": (r1.ru_nivcsw - r0.ru_nivcsw) / n,
+            "user_us": tot[0] / n * 1e6, "sys_us": tot[1] / n * 1e6, "minflt": tot[2] / n,
+            "vcsw": tot[3] / n, "vcsw_call": tot[4] / n, "ivcsw": tot[5] / n,
             "loop_us": (time.perf_counter() - t0) / n * 1e6}
 
 
-def _ringlet_rank(rank, op, size, zc, calls, out):
+def _ringlet_rank(rank, op, size, zc, calls, out, fresh=False):
     import ringlet as rl
     from ringlet.bench import _make_call, bind_like_mpirun
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
-    call, reset, check = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto", zc)
-    got = _timed(call, rl.barrier, calls)
+    call, reset, check = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto", zc,
+                                    fresh=fresh)
+    got = _timed(call, rl.barrier, calls, reset=reset)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(dict(got, wrong=check(),
                        ran=rl.stats()["collectives"].get(op, {}).get("algorithm")), f)
 
 
-def _mpi_rank(op, size, calls, out):
+def _mpi_rank(op, size, calls, out, fresh=False):
     from mpi4py import MPI
+
+    from ringlet.peers import mpi_call
     comm = MPI.COMM_WORLD
-    p, rank = comm.size, comm.rank
-    n = size // 4
-    n -= n % p
-    if op == "all_gather":
-        x, y = np.ones(n // p, np.float32), np.empty(n, np.float32)
-        call = lambda: comm.Allgather(x, y)          # noqa: E731
-    elif op == "all_to_all":
-        x, y = np.ones(n, np.float32), np.empty(n, np.float32)
-        call = lambda: comm.Alltoall(x, y)           # noqa: E731
-    else:
-        raise SystemExit(f"op {op}: only all_gather, all_to_all")
-    got = _timed(call, comm.Barrier, calls)
-    with open(f"{out}.{rank}", "w") as f:
+    call, x = mpi_call(comm, op, size)
+    got = _timed(call, comm.Barrier, calls,
+                 reset=(lambda: x.fill(1.0)) if fresh and x is not None else None)
+    with open(f"{out}.{comm.rank}", "w") as f:
         json.dump(dict(got, wrong=0, ran="open mpi"), f)
 
 
-def _job(lib, op, p, size, zc, calls, out):
+def _job(lib, op, p, size, zc, calls, out, fresh=False):
     """Run one job of ``calls`` calls; the command line for an outside wrapper."""
     if lib == "mpi":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe",   # (binds as peer_bench)
                 "-np", str(p), sys.executable, os.path.abspath(__file__), "_mpi",
-                op, str(size), str(calls), out]
+                op, str(size), str(calls), out, str(int(fresh))]
     return [sys.executable, os.path.abspath(__file__), "_ringlet", op, str(p), str(size),
-            str(int(zc)), str(calls), out]
+            str(int(zc)), str(calls), out, str(int(fresh))]
 
 
 def _collect(out, p) -> dict:
@@ -139,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default="plain,rl.empty,mpi",
                     help="plain, rl.empty, rl.empty-4k (RINGLET_HUGE=0), mpi")
     ap.add_argument("--syscalls", action="store_true")
+    ap.add_argument("--fresh", action="store_true",
+                    help="write every input again before each call (outside the counts)")
     a = ap.parse_args(argv)
     size = int(a.size * MiB)
     with open("/proc/loadavg") as f:
@@ -152,12 +151,12 @@ def main(argv=None) -> int:
                 out = os.path.join(d, "out")
                 zc = kind.startswith("rl.empty")
                 env = dict(os.environ, **({"RINGLET_HUGE": "0"} if kind == "rl.empty-4k" else {}))
-                cmd = _job(lib, op, a.p, size, zc, a.calls, out)
+                cmd = _job(lib, op, a.p, size, zc, a.calls, out, a.fresh)
                 sc = ""
                 if a.syscalls:
                     full = _perf_syscalls(cmd, env)
                     base = _perf_syscalls(_job(lib, op, a.p, size, zc, 0,
-                                               os.path.join(d, "base")), env)
+                                               os.path.join(d, "base"), a.fresh), env)
                     per = {k: (full.get(k, 0) - base.get(k, 0)) / a.calls / a.p for k in full}
                     sc = "  " + " ".join(f"{k}={v:.1f}" for k, v in per.items() if abs(v) >= 0.05)
                 else:
@@ -172,11 +171,12 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_ringlet":
-        op, p, size, zc, calls, out = sys.argv[2:]
+        op, p, size, zc, calls, out, fresh = sys.argv[2:]
         from ringlet.launch import spawn
-        spawn(_ringlet_rank, int(p), args=(op, int(size), zc == "1", int(calls), out))
+        spawn(_ringlet_rank, int(p), args=(op, int(size), zc == "1", int(calls), out,
+                                           fresh == "1"))
     elif len(sys.argv) > 1 and sys.argv[1] == "_mpi":
-        op, size, calls, out = sys.argv[2:]
-        _mpi_rank(op, int(size), int(calls), out)
+        op, size, calls, out, fresh = sys.argv[2:]
+        _mpi_rank(op, int(size), int(calls), out, fresh == "1")
     else:
         sys.exit(main())

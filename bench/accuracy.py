@@ -306,19 +306,22 @@ def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None) -> d
 
 
 def repeatability(samples: dict, blocks: int) -> dict | None:
-    """The host's own floor: each job's times of a cell taken as the "prediction" of the
-    other job's (cell_times of each job's blocks; both ways round), summarized as the
-    model is. Two jobs that each stray from a cell's typical time by e apart differ by
+    """The host's own floor: the first half of the jobs' times of a cell taken as the
+    "prediction" of the other half's (cell_times of each half's blocks; both ways round),
+    summarized as the model is. With 2 jobs a cell, one job against the other; with 4, a
+    2-job measurement against another. Two jobs that each stray from a cell's typical time by e apart differ by
     about e * sqrt(2): a model that knew the typical time exactly would still be off by
-    this median over sqrt(2) (the full grid, quiet: jobs 16.0% apart, so ~11% for any
-    model, against a target of 10%), and its winner can be no surer than a second job's.
+    this median over sqrt(2) (the full grid, quiet: one job against another 16.0% apart, so
+    ~11% for any model; two jobs against two more 11.7%, so ~8%), and its winner can be no
+    surer than a second measurement's.
     None with fewer than two jobs per cell."""
     jobs = [{}, {}]
     for cell, per in samples.items():
         for a, v in per.items():
-            if len(v) >= 2 * blocks:
+            half = len(v) // blocks // 2 * blocks
+            if half:
                 for j in (0, 1):
-                    jobs[j].setdefault(cell, {})[a] = min(v[j * blocks:(j + 1) * blocks])
+                    jobs[j].setdefault(cell, {})[a] = min(v[j * half:(j + 1) * half])
     if not jobs[0]:
         return None
     one, two = evaluate(jobs[1], {}, other=jobs[0]), evaluate(jobs[0], {}, other=jobs[1])
@@ -482,8 +485,8 @@ def main(argv=None) -> int:
     floor = repeatability(samples, a.blocks if not a.from_json else old.get("blocks", a.blocks))
     if floor is not None:
         res["repeatability"] = floor
-        print("\nthe host's repeatability: one job's times taken as the prediction of the other "
-              "job's (both ways round)\n" + "\n".join(
+        print("\nthe host's repeatability: half the jobs' times taken as the prediction of the "
+              "other half's (both ways round)\n" + "\n".join(
                   f"{g:<16}{v['pairs']:>6}{v['median_rel_err'] * 100:>10.1f}%"
                   f"{v['winner_ok']:>6}/{v['cells']:<3}"
                   f"{v['winner_ok'] / max(v['cells'], 1) * 100:>4.0f}%" for g, v in floor.items()))

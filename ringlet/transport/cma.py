@@ -98,10 +98,10 @@ def enabled() -> bool:
 # case) a read or write whose destination was 1-31 bytes past the source, modulo 4096, ran
 # 4-5x slower (1.4-2.3 GB/s against 7.5-10 at 512 KiB, process_vm_readv and
 # process_vm_writev alike; 0 and 32-4095 bytes all fast): each load meets a store just
-# made to the same place in another page (the pattern of 4K aliasing). NumPy's large arrays all start 16
-# bytes into a page, so two of them meet at distance 0 - but arrays from the heap need not:
-# Open MPI's all_gather p = 2 1 MiB took 400 us instead of 100 on two arrays 144 and 160
-# bytes into their pages. Which distances are slow is measured once per process, reading
+# made to the same place in another page (the pattern of 4K aliasing). NumPy's large arrays
+# all start 16 bytes into a page, so two of them meet at distance 0 - but arrays from the
+# heap need not: Open MPI's all_gather p = 2 1 MiB took 400 us instead of 100 on two arrays
+# 144 and 160 bytes into their pages. Which distances are slow is measured once per process, reading
 # within it at each distance of less than 64 bytes either way (4-6 ms, at the first message
 # that could be read); a message at a slow one takes the ring instead (two copies at
 # memcpy's speed: bench/cma_offsets.py, p = 2 8 MiB, 16 bytes: all_gather 1.69x,

@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes", default="512K", help="the copied buffer")
     ap.add_argument("--cpus", default="0,1")
     ap.add_argument("--far-ns", type=float, default=150,
-                    help="a trip longer than this counts as a far spell (seen here: 30-90 near, 250-500 far)")
+                    help="a trip longer than this counts as a far spell "
+                         "(seen here: 30-90 near, 250-500 far)")
     a = ap.parse_args(argv)
     cpus = tuple(int(c) for c in a.cpus.split(","))
     if len(os.sched_getaffinity(0)) < 2:

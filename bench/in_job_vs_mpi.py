@@ -2,7 +2,7 @@
 alternating blocks of calls, so both meet the same placement on the cores and the same
 state of the host, block by block.
 
-    python bench/in_job_vs_mpi.py                                  # 8 collectives, p = 2 and 4, 1 and 8 MiB
+    python bench/in_job_vs_mpi.py          # 8 collectives, p = 2 and 4, 1 and 8 MiB
     python bench/in_job_vs_mpi.py --ops all_gather,all_to_all -p 2 --sizes 1M,8M --fresh
 
 Why: on this VM the two cores' distance changes by the second (bench/core_distance.py: a
@@ -109,7 +109,8 @@ def main(argv=None) -> int:
             out = os.path.join(d, "rows.json")
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
                    os.path.abspath(__file__), "--child", "--out", out, "--ops", a.ops,
-                   "--sizes", a.sizes, "--arms", a.arms, "--blocks", str(a.blocks), "--calls", str(a.calls)]
+                   "--sizes", a.sizes, "--arms", a.arms, "--blocks", str(a.blocks),
+                   "--calls", str(a.calls)]
             if a.fresh:
                 cmd.append("--fresh")
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)

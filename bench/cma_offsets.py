@@ -25,16 +25,9 @@ OPS = ("all_gather", "all_to_all", "broadcast", "scatter", "gather")
 
 
 def _carve(n_send: int, n_recv: int, shift: int):
-    """float32 send and receive arrays, each 64 bytes into a page, the receive one ``shift``
-    bytes further (each on its own pages)."""
-    page = 4096
-    send_bytes = -(-(n_send * 4 + 64) // page) * page
-    raw = np.empty(send_bytes + n_recv * 4 + 3 * page, np.uint8)
-    at = (-raw.ctypes.data) % page + 64
-    send = raw[at:at + n_send * 4].view(np.float32)
-    rat = at + send_bytes + shift
-    recv = raw[rat:rat + n_recv * 4].view(np.float32)
-    return send, recv
+    """float32 send and receive arrays, 64 and 64 + ``shift`` bytes into their pages."""
+    from ringlet.bench import paged_empty
+    return paged_empty(n_send, np.float32), paged_empty(n_recv, np.float32, 64 + shift)
 
 
 def _job(rank, op, size, shift, blocks, calls, out):

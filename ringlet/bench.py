@@ -61,17 +61,17 @@ def iters_for(nbytes: int, iters: int | None) -> int:
     return iters if iters else max(5, min(1000, int(2e8 // max(nbytes, 1))))
 
 
-def paged_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised array starting 64 bytes into a page, wherever the allocator puts it:
-    two of them always meet at distance 0 within their pages, as NumPy's fresh large
-    arrays do (16 bytes in), but arrays from the heap need not - and the kernel's copy
-    between processes is 4-5x slow at distances of 1-31 bytes (transport/cma.py). A
-    benchmark that allocates many buffers in one job uses it so every library meets the
-    same placement."""
+def paged_empty(shape, dtype, into: int = 64) -> np.ndarray:
+    """An uninitialised array starting ``into`` bytes into a page (0-4095), wherever the
+    allocator puts it: two of them always meet at distance 0 within their pages, as NumPy's
+    fresh large arrays do (16 bytes in), but arrays from the heap need not - and the
+    kernel's copy between processes is 4-5x slow at distances of 1-31 bytes
+    (transport/cma.py). A benchmark that allocates many buffers in one job uses it so every
+    library meets the same placement; two with ``into`` d bytes apart meet at distance d."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(n + 4096 + 64, np.uint8)
-    at = (-raw.ctypes.data) % 4096 + 64
+    raw = np.empty(n + 2 * 4096, np.uint8)
+    at = (-raw.ctypes.data) % 4096 + into % 4096
     return raw[at:at + n].view(dtype).reshape(shape)
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import ringlet as rl
 from ringlet import algorithms
+from ringlet.bench import paged_empty
 from ringlet.runtime import engine
 from ringlet.transport import cma
 from ringlet.transport.shm import ShmPeer
@@ -321,13 +322,7 @@ def test_the_probe_names_only_distances_it_probed():
 
 def _carved(shape_send, shape_recv, shift):
     """Two float32 arrays 64 bytes into their pages, the receive one ``shift`` further."""
-    ns, nr = int(np.prod(shape_send)), int(np.prod(shape_recv))
-    pages = -(-(ns * 4 + 64) // 4096) * 4096
-    raw = np.empty(pages + nr * 4 + 3 * 4096, np.uint8)
-    at = (-raw.ctypes.data) % 4096 + 64
-    send = raw[at:at + ns * 4].view(np.float32).reshape(shape_send)
-    recv = raw[at + pages + shift:at + pages + shift + nr * 4].view(np.float32).reshape(shape_recv)
-    return send, recv
+    return paged_empty(shape_send, np.float32), paged_empty(shape_recv, np.float32, 64 + shift)
 
 
 def _slow_counts():

@@ -302,6 +302,90 @@ def test_large_all_reduce_goes_through_shared_memory():
     launch(_large, 2)
 
 
+def _own_tensors(rank, n):
+    """Each collective whose result or input the backend assembles itself, with tensors
+    above the zero-copy size: right results, and its own tensors lent from shared memory
+    and given back (none when small)."""
+    from ringlet import buffers
+    counts = {"lend": 0, "back": 0}
+    lend, back = buffers.lend, buffers.give_back
+
+    def counted_lend(nbytes):
+        counts["lend"] += 1
+        return lend(nbytes)
+
+    def counted_back(buf):
+        counts["back"] += 1
+        back(buf)
+    buffers.lend, buffers.give_back = counted_lend, counted_back
+    k = 1 << 18                                       # 1 MiB of float32 per block
+    xs = [torch.arange(k, dtype=torch.float32) * (r + 1) for r in range(n)]
+    ys = [torch.full((k // 2,), float(r) - 0.5) for r in range(n)]
+    x, y = xs[rank], ys[rank]
+
+    def lends(what, at_least=1):
+        assert counts["lend"] >= at_least, f"{what}: nothing lent ({counts})"
+        assert counts["lend"] == counts["back"], f"{what}: lent memory not given back ({counts})"
+        counts.update(lend=0, back=0)
+
+    outs = [torch.empty(k) for _ in range(n)]
+    dist.all_gather(outs, x)
+    for r in range(n):
+        _same(outs[r], xs[r], "all_gather")
+    lends("all_gather")
+    got = [[torch.empty(k), torch.empty(k // 2)] for _ in range(n)]
+    dist.all_gather_coalesced(got, [x, y])
+    for r in range(n):
+        _same(got[r][0], xs[r], "all_gather_coalesced")
+        _same(got[r][1], ys[r], "all_gather_coalesced, second tensor")
+    lends("all_gather_coalesced")
+    a, b = torch.empty(n * k), torch.empty(n * k // 2)
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(a, x)
+        dist.all_gather_into_tensor(b, y)
+    _same(a, torch.cat(xs), "coalesced all_gather_into_tensor")
+    _same(b, torch.cat(ys), "coalesced all_gather_into_tensor, second tensor")
+    lends("coalesced all_gather_into_tensor")
+    # a root's own tensors stay torch's: lent on the root alone, its algorithm="auto"
+    # would pick for rl.empty buffers and the others' for plain ones (at p = 3, 8 MiB:
+    # binomial against direct, a mismatch)
+    big = [torch.full((699050,), float(r)) for r in range(n)]
+    rows = [torch.empty(699050) for _ in range(n)] if rank == 0 else None
+    dist.gather(big[rank], rows, dst=0)
+    if rank == 0:
+        for r in range(n):
+            _same(rows[r], big[r], "gather")
+    s = torch.empty(699050)
+    dist.scatter(s, [b * 2 for b in big] if rank == n - 1 else None, src=n - 1)
+    _same(s, big[rank] * 2, "scatter")
+    assert counts["lend"] == 0, f"a rooted call's tensors were lent ({counts})"
+    o = torch.empty(k)
+    dist.reduce_scatter(o, [x * (j + 1) for j in range(n)])
+    _same(o, sum(xs) * (rank + 1), "reduce_scatter")
+    lends("reduce_scatter")
+    m = k // 2 // n
+    c, d = torch.empty(k), torch.empty(m)
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(c, torch.cat([x] * n))           # every block is x
+        dist.reduce_scatter_tensor(d, y[:n * m] + rank)              # y + rank is constant
+    _same(c, sum(xs), "coalesced reduce_scatter_tensor")
+    _same(d, torch.full((m,), sum(float(r) - 0.5 + r for r in range(n))),
+          "coalesced reduce_scatter_tensor, second tensor")
+    lends("coalesced reduce_scatter_tensor", 2)
+    ts = [x.clone(), y.clone()]
+    dist.all_reduce_coalesced(ts)
+    _same(ts[0], sum(xs), "all_reduce_coalesced")
+    _same(ts[1], sum(ys), "all_reduce_coalesced, second tensor")
+    lends("all_reduce_coalesced")
+    small = [torch.empty(3) for _ in range(n)]
+    dist.all_gather(small, torch.full((3,), float(rank)))
+    assert counts["lend"] == 0, "a small call's tensors were lent"
+
+
+def test_the_backends_own_tensors_are_lent_from_shared_memory():
+    launch(_own_tensors, 3)
+
+
 def _non_contiguous(rank, n):
     base = torch.arange(24, dtype=torch.float32).view(4, 6) + rank
     col = base[:, 1]                      # stride 6

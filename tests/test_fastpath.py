@@ -154,6 +154,56 @@ def test_blocking_and_async_calls_give_the_same_bits():
     run(_same_bits, 3)
 
 
+def _all_reduce_lane(rank):
+    """Small blocking all_reduces that repeat one C ran whole (same dtype, count, op and
+    algorithm) skip the full path's checks: each must still check its new buffer, give
+    NumPy's bits, keep the group's call numbers in step with other calls, count in the
+    stats, and raise on a rank that calls something else."""
+    from ringlet import collectives
+    p = rl.get_world_size()
+    engine().fast_budget = 5.0     # (a partner late past the budget would leave C: see above)
+    rng = np.random.default_rng(rank)
+    full = []
+    checked = collectives._run
+    collectives._run = lambda *a, **k: full.append(a[0]) or checked(*a, **k)
+    calls = 0
+    for dtype in (np.float32, np.float64, np.int32, np.uint8):
+        for op, ufunc in ((rl.ReduceOp.SUM, np.add), (rl.ReduceOp.MAX, np.maximum)):
+            for i in range(6):
+                x = (rng.integers(0, 50, 5) + i).astype(dtype)
+                got = np.empty((p, 5), dtype)
+                rl.all_gather(got, x)              # the reference, by another collective
+                rl.all_reduce(x, op=op)
+                np.testing.assert_array_equal(x, ufunc.reduce(got, axis=0), err_msg=str(
+                    (dtype, op, i)))
+                calls += 1
+    took = full.count("all_reduce")
+    assert took <= calls // 3, f"{took} of {calls} all_reduces took the full path"
+    st = rl.stats()["collectives"]["all_reduce"]
+    assert st["calls"] == calls and st["fast_calls"] >= calls - took, (st, calls, took)
+    rl.reset_stats()                      # (the lane counts into fresh stats too)
+    y = np.ones(5, np.float32)
+    rl.all_reduce(y)
+    assert rl.stats()["collectives"]["all_reduce"]["calls"] == 1
+    wide = np.ones((5, 2), np.float32)[:, 0]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        rl.all_reduce(wide)
+    frozen = np.ones(5, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        rl.all_reduce(frozen)
+    # a rank that calls another all_reduce: the warm lane on the others must not hide it
+    z = np.ones(5 if rank else 6, np.float32)
+    with pytest.raises(rl.CollectiveMismatch):
+        rl.all_reduce(z, timeout=20)
+    collectives._run = checked
+
+
+def test_a_repeated_small_all_reduce_takes_the_lane_and_still_checks():
+    run(_all_reduce_lane, 2)
+    run(_all_reduce_lane, 3)
+
+
 def _late_partner(rank):
     """Rank 0 arrives well after the others' spin budget: they hand the call to the Python
     engine part-way (after their first round's sends) and it finishes there."""

@@ -257,15 +257,18 @@ def _lane(hit: tuple, buf: np.ndarray, timeout) -> bool:
             tracing.ON or not buf.flags.carray:
         return False
     fc, pool = call.fast, call.pool
-    bufs = {"buf": buf if buf.ndim == 1 else buf.reshape(-1),
-            "tmp": pool.pop() if pool else np.empty(call.tmp, buf.dtype)}
+    flat = buf if buf.ndim == 1 else buf.reshape(-1)
+    # (most plans of a small all_reduce use no scratch: then neither the pool nor a dict)
+    tmp = (pool.pop() if pool else np.empty(call.tmp, buf.dtype)) if call.tmp else None
+    arrays = (flat,) if tmp is None else fc.arrays({"buf": flat, "tmp": tmp})
     seq = world.seq = world.seq + 1            # (Group.next_collective_tag, inline)
     tag = world._tag_base | (seq % TAG_COLLECTIVE)
     fp = call.fp
-    ran = _fastpath_run(fc.plan, fc.arrays(bufs), fc.peers, fc.links, fc.kernel, tag, fp[0],
-                        fp[1], eng.fast_budget, eng.crowded, _wake)    # (fast.run, inline)
+    ran = _fastpath_run(fc.plan, arrays, fc.peers, fc.links, fc.kernel, tag, fp[0], fp[1],
+                        eng.fast_budget, eng.crowded, _wake)    # (fast.run, inline)
     if ran is not None and ran[0] == fc.rounds:
-        pool.append(bufs["tmp"])
+        if tmp is not None:
+            pool.append(tmp)
         st = eng.coll_stats.get("all_reduce")   # (record_call, inline)
         if st is None:                          # (rl.reset_stats emptied them)
             record_call(eng, "all_reduce", call.algorithm, ran[2],
@@ -280,6 +283,7 @@ def _lane(hit: tuple, buf: np.ndarray, timeout) -> bool:
             st.last_arrival = fc.peers[ran[3]].rank
         st.algorithm = call.algorithm
         return True
+    bufs = {"buf": flat, "tmp": tmp if tmp is not None else np.empty(0, buf.dtype)}
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    None if ran is None else fast.FastRun.of(ran, fc)).wait(timeout)
     return True

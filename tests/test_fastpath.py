@@ -167,16 +167,19 @@ def _all_reduce_lane(rank):
     checked = collectives._run
     collectives._run = lambda *a, **k: full.append(a[0]) or checked(*a, **k)
     calls = 0
-    for dtype in (np.float32, np.float64, np.int32, np.uint8):
-        for op, ufunc in ((rl.ReduceOp.SUM, np.add), (rl.ReduceOp.MAX, np.maximum)):
-            for i in range(6):
-                x = (rng.integers(0, 50, 5) + i).astype(dtype)
-                got = np.empty((p, 5), dtype)
-                rl.all_gather(got, x)              # the reference, by another collective
-                rl.all_reduce(x, op=op)
-                np.testing.assert_array_equal(x, ufunc.reduce(got, axis=0), err_msg=str(
-                    (dtype, op, i)))
-                calls += 1
+    cases = [(dtype, op, "auto") for dtype in (np.float32, np.float64, np.int32, np.uint8)
+             for op in (rl.ReduceOp.SUM, rl.ReduceOp.MAX)]
+    cases += [(np.float32, rl.ReduceOp.SUM, "direct")]    # (a plan with scratch, at p = 3)
+    for dtype, op, algorithm in cases:
+        ufunc = np.add if op == rl.ReduceOp.SUM else np.maximum
+        for i in range(6):
+            x = (rng.integers(0, 50, 5) + i).astype(dtype)
+            got = np.empty((p, 5), dtype)
+            rl.all_gather(got, x)              # the reference, by another collective
+            rl.all_reduce(x, op=op, algorithm=algorithm)
+            np.testing.assert_array_equal(x, ufunc.reduce(got, axis=0), err_msg=str(
+                (dtype, op, algorithm, i)))
+            calls += 1
     took = full.count("all_reduce")
     assert took <= calls // 3, f"{took} of {calls} all_reduces took the full path"
     st = rl.stats()["collectives"]["all_reduce"]

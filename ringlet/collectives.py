@@ -221,8 +221,9 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group in place; every rank ends with the same bits."""
     lane = None
-    if group is None and not async_op and type(buf) is np.ndarray and type(op) is ReduceOp \
-            and op is not _AVG and type(algorithm) is str and buf.nbytes <= ZERO_COPY_MIN:
+    if (group is None or group is _S.world) and not async_op and type(buf) is np.ndarray \
+            and type(op) is ReduceOp and op is not _AVG and type(algorithm) is str \
+            and buf.nbytes <= ZERO_COPY_MIN:      # (the world by name: the torch backend's)
         lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm)
         hit = _S.lane.get(lane)
         if hit is not None and _lane(hit, buf, timeout):

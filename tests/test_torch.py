@@ -166,6 +166,18 @@ def test_bfloat16_reduces_exactly_as_torch():
     launch(_bfloat16_rounds_as_torch, 2)
 
 
+def _gather_and_scatter(rank, n, xs):
+    """gather to rank 0 and scatter from rank n - 1 of rank r's ``xs[r]`` (doubled)."""
+    rows = [torch.empty_like(xs[0]) for _ in range(n)] if rank == 0 else None
+    dist.gather(xs[rank], rows, dst=0)
+    if rank == 0:
+        for r in range(n):
+            _same(rows[r], xs[r], "gather")
+    s = torch.empty_like(xs[0])
+    dist.scatter(s, [x * 2 for x in xs] if rank == n - 1 else None, src=n - 1)
+    _same(s, xs[rank] * 2, "scatter")
+
+
 def _collectives(rank, n):
     x = torch.arange(6, dtype=torch.float32) + 10 * rank
     xs = [torch.arange(6, dtype=torch.float32) + 10 * r for r in range(n)]
@@ -198,14 +210,7 @@ def _collectives(rank, n):
     dist.all_to_all_single(dst, src, out_splits, in_splits)
     _same(dst, torch.cat([torch.full((rank + 1, 2), float(r)) for r in range(n)]),
           "all_to_all_single uneven")
-    g = [torch.empty(6) for _ in range(n)] if rank == 0 else None
-    dist.gather(x, g, dst=0)
-    if rank == 0:
-        for r in range(n):
-            _same(g[r], xs[r], "gather")
-    s = torch.empty(6)
-    dist.scatter(s, [xr * 2 for xr in xs] if rank == n - 1 else None, src=n - 1)
-    _same(s, xs[rank] * 2, "scatter")
+    _gather_and_scatter(rank, n, xs)
     dist.barrier()
     # point-to-point: tags keep two messages apart, batch_isend_irecv around a ring
     if rank == 0:
@@ -349,15 +354,7 @@ def _own_tensors(rank, n):
     # a root's own tensors stay torch's: lent on the root alone, its algorithm="auto"
     # would pick for rl.empty buffers and the others' for plain ones (at p = 3, 8 MiB:
     # binomial against direct, a mismatch)
-    big = [torch.full((699050,), float(r)) for r in range(n)]
-    rows = [torch.empty(699050) for _ in range(n)] if rank == 0 else None
-    dist.gather(big[rank], rows, dst=0)
-    if rank == 0:
-        for r in range(n):
-            _same(rows[r], big[r], "gather")
-    s = torch.empty(699050)
-    dist.scatter(s, [b * 2 for b in big] if rank == n - 1 else None, src=n - 1)
-    _same(s, big[rank] * 2, "scatter")
+    _gather_and_scatter(rank, n, [torch.full((699050,), float(r)) for r in range(n)])
     assert counts["lend"] == 0, f"a rooted call's tensors were lent ({counts})"
     o = torch.empty(k)
     dist.reduce_scatter(o, [x * (j + 1) for j in range(n)])

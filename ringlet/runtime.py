@@ -43,10 +43,8 @@ class _State:
     lane: dict = {}
 
 
-_fastpath_run = fast._fastpath.run if fast._fastpath is not None else None
-
-
 _S = _State()
+_fastpath_run = fast._fastpath.run if fast._fastpath is not None else None
 
 
 # -- lifecycle ---------------------------------------------------------------------------
@@ -561,8 +559,8 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
                 eng.leave()
         if done:
             if g is _S.world and type(peer) is int and type(tag) is int and len(_S.lane) < 1024:
-                _S.lane[(kind, peer, tag, flat.nbytes)] = (g, eng.fast_p2p[(kind, world, flat.nbytes)],
-                                                           wire)
+                fc = eng.fast_p2p[(kind, world, flat.nbytes)]
+                _S.lane[(kind, peer, tag, flat.nbytes)] = (g, fc, wire)
             return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
@@ -590,8 +588,8 @@ def _lane(kind: str, peer, tag, buf) -> bool:
             not (buf.flags.c_contiguous if kind == "send" else buf.flags.carray) or \
             buf.dtype.hasobject:
         return False
-    ran = _fastpath_run(fc.plan, (buf,), fc.peers, fc.links, -1, wire, 0, 0, eng.fast_budget,
-                        eng.crowded, _wake)      # (fast.run_p2p, a Python call less)
+    ran = _fastpath_run(fc.plan, (buf,), fc.peers, fc.links, fc.kernel, wire, 0, 0,
+                        eng.fast_budget, eng.crowded, _wake)   # (as fast.p2p runs it, inline)
     return ran is not None and ran[0] == 1
 
 

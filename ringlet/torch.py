@@ -380,8 +380,8 @@ class _Scratch:
         return torch.from_numpy(buf[:n]).view(dtype).view(shape)
 
     def cat(self, tensors, dim=0) -> torch.Tensor:
-        """torch.cat of same-dtype ``tensors`` (one-dimensional, or all of one shape but
-        along ``dim``) into one of these."""
+        """torch.cat of ``tensors`` (one-dimensional, or all of one shape but along
+        ``dim``) into one of these, of the dtype torch.cat gives them."""
         shape = list(tensors[0].shape)
         shape[dim] = sum(t.shape[dim] for t in tensors)
         with torch.no_grad():   # (out= refuses tensors that require grad; values are all we send)

@@ -180,17 +180,12 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
         engine.fast_p2p[key] = fc
     if fc is None or engine.works:
         return False, 0.0
-    ran = run_p2p(fc, data, tag, engine)
+    ran = _fastpath.run(fc.plan, (data,), fc.peers, fc.links, fc.kernel, tag, 0, 0,
+                        engine.fast_budget, engine.crowded, _wake)    # (as run(): a call less)
     if ran is None:
         return False, 0.0
     rounds, _mask, _waited, _last, stalled = ran
     return rounds == 1, stalled
-
-
-def run_p2p(fc: FastCall, data, tag: int, engine):
-    """``p2p``'s FastCall run on ``data``: C's tuple, or None if it did not start."""
-    return _fastpath.run(fc.plan, (data,), fc.peers, fc.links, fc.kernel, tag, 0, 0,
-                         engine.fast_budget, engine.crowded, _wake)    # (as run(): a call less)
 
 
 def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):

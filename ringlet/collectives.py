@@ -9,10 +9,10 @@ import numpy as np
 
 from . import algorithms, fingerprint
 from .buffers import locate
-from .group import TAG_COLLECTIVE, Group
+from .group import Group
 from .profiling import profiled
 from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
-from .runtime import _S, engine, job_profile, resolve, track
+from .runtime import _S, _fastpath_run, engine, job_profile, resolve, track
 from .transport import fast
 from .transport.fast import _wake
 from .transport.shm import ZERO_COPY_MIN
@@ -97,7 +97,6 @@ class Prepared:
         self.in_place = in_place   # its rl.empty messages may be read in place (else: plain path)
 
 
-_fastpath_run = fast._fastpath.run if fast._fastpath is not None else None
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
 _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> Prepared
 
@@ -262,27 +261,15 @@ def _lane(hit: tuple, buf: np.ndarray, timeout) -> bool:
     # (most plans of a small all_reduce use no scratch: then neither the pool nor a dict)
     tmp = (pool.pop() if pool else np.empty(call.tmp, buf.dtype)) if call.tmp else None
     arrays = (flat,) if tmp is None else fc.arrays({"buf": flat, "tmp": tmp})
-    seq = world.seq = world.seq + 1            # (Group.next_collective_tag, inline)
-    tag = world._tag_base | (seq % TAG_COLLECTIVE)
+    seq, tag = world.next_collective_tag()
     fp = call.fp
     ran = _fastpath_run(fc.plan, arrays, fc.peers, fc.links, fc.kernel, tag, fp[0], fp[1],
                         eng.fast_budget, eng.crowded, _wake)    # (fast.run, inline)
     if ran is not None and ran[0] == fc.rounds:
         if tmp is not None:
             pool.append(tmp)
-        st = eng.coll_stats.get("all_reduce")   # (record_call, inline)
-        if st is None:                          # (rl.reset_stats emptied them)
-            record_call(eng, "all_reduce", call.algorithm, ran[2],
-                        fc.peers[ran[3]].rank if ran[3] >= 0 else None, True)
-            return True
-        st.calls += 1
-        st.fast_calls += 1
-        st.wait_s += ran[2]
-        if ran[2] >= st.max_wait_s:
-            st.max_wait_s = ran[2]
-        if ran[3] >= 0:
-            st.last_arrival = fc.peers[ran[3]].rank
-        st.algorithm = call.algorithm
+        record_call(eng, "all_reduce", call.algorithm, ran[2],
+                    fc.peers[ran[3]].rank if ran[3] >= 0 else None, True)
         return True
     bufs = {"buf": flat, "tmp": tmp if tmp is not None else np.empty(0, buf.dtype)}
     CollectiveWork(eng, call, world, seq, tag, bufs, None,

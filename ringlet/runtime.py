@@ -16,10 +16,9 @@ from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
-from .transport.fast import _wake
 from .transport.engine import Engine
 from .transport.shm import detect_host_id
-from .work import RequestWork, TracedRequestWork
+from .work import RequestWork, TracedRequestWork, fold_lanes
 from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
@@ -44,7 +43,6 @@ class _State:
 
 
 _S = _State()
-_fastpath_run = fast._fastpath.run if fast._fastpath is not None else None
 
 
 # -- lifecycle ---------------------------------------------------------------------------
@@ -558,9 +556,11 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
             if locked:
                 eng.leave()
         if done:
-            if g is _S.world and type(peer) is int and type(tag) is int and len(_S.lane) < 1024:
-                fc = eng.fast_p2p[(kind, world, flat.nbytes)]
-                _S.lane[(kind, peer, tag, flat.nbytes)] = (g, fc, wire)
+            key = (kind, peer, tag, flat.nbytes)
+            if g is _S.world and type(peer) is int and type(tag) is int and \
+                    key not in _S.lane and len(_S.lane) < 1024:
+                _S.lane[key] = fast.lane(eng.fast_p2p[(kind, world, flat.nbytes)], flat.nbytes,
+                                         kind == "recv", tag=wire)
             return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
@@ -569,28 +569,32 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
 
 
 def _lane(kind: str, peer, tag, buf) -> bool:
-    """Run a blocking send or receive on the world in C, as one C ran before with the same
-    kind, peer, tag and size (``_S.lane``): its checks passed then, and what they checked
-    has not changed; only the buffer is new, checked here (an ndarray, C-contiguous, not of
-    objects, writable to receive into). Not while a progress thread may drive the engine,
-    anything else is in flight on it, or calls are traced. False (nothing done): take the
-    full path. It is the full path's checks and calls, not C, that a small message waits
-    on: 8 B one-way at p = 2 took 5.0-5.4 us a call the full way, 0.4-1.6 of it in C
-    (bench/small_vs_mpi.py)."""
+    """Run a blocking send or receive on the world in one C call (its ``_fastpath.Lane``),
+    as C ran one before with the same kind, peer, tag and size (``_S.lane``): its checks
+    passed then, and what they checked has not changed; only the buffer is new, checked
+    here (an ndarray, not of objects) and by C (C-contiguous, writable to receive into).
+    Not while a progress thread may drive the engine, anything else is in flight on it,
+    or calls are traced; nor when C declines the buffer or the peer is busy: False
+    (nothing done): take the full path. It is the full path's checks and calls, not C,
+    that a small message waits on: 8 B one-way at p = 2 took 5.0-5.4 us a call the full
+    way, 0.4-1.6 of it in C (bench/small_vs_mpi.py)."""
     if type(buf) is not np.ndarray or type(peer) is not int or type(tag) is not int:
         return False
-    hit = _S.lane.get((kind, peer, tag, buf.nbytes))
-    if hit is None:
+    lane = _S.lane.get((kind, peer, tag, buf.nbytes))
+    if lane is None:
         return False
-    world, fc, wire = hit
     eng = _S.engine
-    if world is not _S.world or eng.works or not eng.background.idle or tracing.ON or \
-            not (buf.flags.c_contiguous if kind == "send" else buf.flags.carray) or \
-            buf.dtype.hasobject:
+    if eng.works or not eng.background.idle or tracing.ON or buf.dtype.hasobject:
         return False
-    ran = _fastpath_run(fc.plan, (buf,), fc.peers, fc.links, fc.kernel, wire, 0, 0,
-                        eng.fast_budget, eng.crowded, _wake)   # (as fast.p2p runs it, inline)
-    return ran is not None and ran[0] == 1
+    return lane.run(buf, eng.fast_budget, eng.crowded) is True
+
+
+def drop_lanes() -> None:
+    """Forget every lane (the world changed), counting what they ran first."""
+    if _S.engine is not None:
+        fold_lanes(_S.engine)
+        _S.engine.lanes.clear()
+    _S.lane = {}
 
 
 # -- counters ----------------------------------------------------------------------------
@@ -601,6 +605,7 @@ def stats() -> dict:
     eng = engine()
     out = {"sent": {}, "received": {}}
     with eng.lock:
+        fold_lanes(eng)
         for r, p in sorted(eng.peers.items()):
             ms, bs, mr, br = (int(c) for c in p.fast_counts)   # (those C moved)
             out["sent"][r] = {"messages": p.msgs_sent + ms, "bytes": p.bytes_sent + bs}
@@ -615,4 +620,5 @@ def reset_stats() -> None:
         for p in eng.peers.values():
             p.msgs_sent = p.bytes_sent = p.msgs_recv = p.bytes_recv = 0
             p.fast_counts[:] = 0
+        fold_lanes(eng)     # (and so zeroed)
         eng.coll_stats.clear()

@@ -74,7 +74,7 @@ def shrink(timeout: float | None = None) -> Group:
                   previous=tuple(old.group_rank(r) for r in members))
     S.world = world
     S.groups = [world]
-    S.lane = {}      # (the peers' numbers changed)
+    runtime.drop_lanes()      # (the peers' numbers changed)
     return world
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from .errors import PeerFailure
 from .profiling import profiled
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
+from .transport.fast import _fastpath
 from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
 from .transport.protocol import RecvRequest, SendRequest
 
@@ -517,6 +518,8 @@ def record_call(engine, collective: str, algorithm: str, waited: float, last_pee
                 fast: bool = False, handed_over: bool = False) -> None:
     """Count one finished call (``fast``: run wholly by the C fast path; ``handed_over``:
     begun in C, finished in Python)."""
+    if collective in engine.lanes and _fastpath.unfolded():   # (what they ran came first)
+        fold_lanes(engine, collective)
     st = engine.coll_stats.get(collective)
     if st is None:
         st = engine.coll_stats[collective] = CallStats()
@@ -532,6 +535,27 @@ def record_call(engine, collective: str, algorithm: str, waited: float, last_pee
         st.fast_calls += 1
     elif handed_over:
         st.handovers += 1
+
+
+def fold_lanes(engine, collective: str | None = None) -> None:
+    """Count in ``engine.coll_stats`` the calls the lanes of ``collective`` (None: of every
+    collective) ran since last folded - C counts them in the lane, not here - in the order
+    they ran (the last one's algorithm and last arrival stand)."""
+    for name in (engine.lanes if collective is None else (collective,)):
+        taken = [(*lane.take(), lane.algorithm) for lane in engine.lanes[name] if lane.calls]
+        taken.sort(key=lambda t: t[4])      # (by the last call's number)
+        for calls, waited, longest, last_peer, _seq, algorithm in taken:
+            st = engine.coll_stats.get(name)
+            if st is None:
+                st = engine.coll_stats[name] = CallStats()
+            st.algorithm = algorithm
+            st.calls += calls
+            st.fast_calls += calls
+            st.wait_s += waited
+            if longest >= st.max_wait_s:
+                st.max_wait_s = longest
+            if last_peer is not None:
+                st.last_arrival = last_peer
 
 
 class CallStats:

@@ -188,6 +188,20 @@ def _all_reduce_lane(rank):
     y = np.ones(5, np.float32)
     rl.all_reduce(y)
     assert rl.stats()["collectives"]["all_reduce"]["calls"] == 1
+    # the stats name the algorithm of the call that ran last, whether a lane ran it or not
+    v = np.ones(5, np.float32)
+    for algorithm in ("ring", "recursive_doubling") * 2:     # (warm: each has its lane)
+        rl.all_reduce(v, algorithm=algorithm)
+    rl.reset_stats()
+    last = []
+    for algorithm, size in [("recursive_doubling", 5), ("ring", 5), ("recursive_doubling", 5),
+                            ("ring", 5), ("ring", 5), ("tree", 7), ("recursive_doubling", 5),
+                            ("tree", 9), ("ring", 5)]:
+        rl.all_reduce(np.ones(size, np.float32), algorithm=algorithm)
+        last.append(algorithm)
+        if len(last) in (4, 6, 9):        # (a stats read counts the lanes' calls so far)
+            st = rl.stats()["collectives"]["all_reduce"]
+            assert (st["algorithm"], st["calls"]) == (algorithm, len(last)), (st, last)
     wide = np.ones((5, 2), np.float32)[:, 0]
     with pytest.raises(ValueError, match="C-contiguous"):
         rl.all_reduce(wide)
@@ -442,6 +456,9 @@ class _CountingC:
         if res is not None and res[0] == struct.unpack_from("<q", plan)[0]:
             self.finished += 1
         return res
+
+    def __getattr__(self, name):     # (Lane and the rest: the module's own)
+        return getattr(self.real, name)
 
 
 def _small_p2p(rank):

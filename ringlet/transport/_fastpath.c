@@ -28,6 +28,8 @@
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
@@ -275,67 +277,30 @@ static int stall(double *since, double budget, int yield, double *waited, double
     return 0;
 }
 
-static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 11 arguments");
-        return NULL;
-    }
-    PyObject *arrays = args[1], *peers = args[2], *links = args[3], *wake = args[10];
-    if (!PyBytes_Check(args[0]) || !PyTuple_Check(arrays) || !PyTuple_Check(peers) ||
-        !PyTuple_Check(links) || PyTuple_GET_SIZE(peers) != PyTuple_GET_SIZE(links) ||
-        PyTuple_GET_SIZE(peers) > MAX_LINKS || PyTuple_GET_SIZE(arrays) > 8 ||
-        !PyCallable_Check(wake)) {
-        PyErr_SetString(PyExc_TypeError, "run(): bad arguments");
-        return NULL;
-    }
-    int kernel = (int)PyLong_AsLong(args[4]);
-    int64_t tag = PyLong_AsLongLong(args[5]), fp1 = PyLong_AsLongLong(args[6]),
-            fp2 = PyLong_AsLongLong(args[7]);
-    double budget = PyFloat_AsDouble(args[8]);
-    int yield = PyObject_IsTrue(args[9]);
-    if (PyErr_Occurred()) return NULL;
-    kernel_fn reduce = NULL;
-    if (kernel >= 0) {
-        if (kernel >= N_KERNELS || !(reduce = KERNELS[kernel])) {
-            PyErr_SetString(PyExc_ValueError, "run(): no such kernel");
-            return NULL;
-        }
-    }
-    const int64_t *words = (const int64_t *)PyBytes_AS_STRING(args[0]);
-    reader_t rd = {words, words + PyBytes_GET_SIZE(args[0]) / 8};
-    int64_t nrounds, itemsize;
-    if (next(&rd, &nrounds) < 0 || next(&rd, &itemsize) < 0 || itemsize <= 0) {
-        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
-        return NULL;
-    }
-
-    Py_ssize_t npeers = PyTuple_GET_SIZE(peers), nbufs = PyTuple_GET_SIZE(arrays);
+/* -- running a plan: the steps run() and a Lane share ----------------------------------------- */
+typedef struct {
+    Py_ssize_t nbufs, npeers;
     Py_buffer views[8];
     char *buf[8];
-    Py_ssize_t got = 0;
-    for (; got < nbufs; got++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, got), &views[got], PyBUF_SIMPLE) < 0)
-            goto release;
-        buf[got] = views[got].buf;
-        /* the typed kernels need whole elements where they are (plan offsets are) */
-        if (reduce && (uintptr_t)buf[got] % (uintptr_t)itemsize) {
-            got++;
-            goto untouched;
-        }
-    }
     link_t L[MAX_LINKS];
-    for (Py_ssize_t i = 0; i < npeers; i++) {
+    /* how far it got (run()'s result) */
+    int64_t done_rounds, mask, last;
+    double waited, stalled;
+} exec_t;
+
+/* Take the rings of `peers` from where the Python engine left them: 1, or 0 when some peer
+ * is busy or dead (then nothing may be done here), or -1 on an error (an exception set). */
+static int bind_links(exec_t *x, PyObject *peers, PyObject *links) {
+    for (Py_ssize_t i = 0; i < x->npeers; i++) {
         PyObject *peer = PyTuple_GET_ITEM(peers, i), *t = PyTuple_GET_ITEM(links, i);
         int ok = idle(peer);
-        if (ok < 0) goto release;
-        if (!ok) goto untouched;
+        if (ok <= 0) return ok;
         /* (packed once per prepared call: 8 Python ints to convert cost ~800 instructions) */
         if (!PyBytes_Check(t) || PyBytes_GET_SIZE(t) != 8 * sizeof(int64_t)) {
             PyErr_SetString(PyExc_TypeError, "run(): bad link");
-            goto release;
+            return -1;
         }
-        link_t *l = &L[i];
+        link_t *l = &x->L[i];
         memset(l, 0, sizeof *l);
         int64_t w[8];
         memcpy(w, PyBytes_AS_STRING(t), sizeof w);
@@ -347,27 +312,41 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         l->out_cap = w[5];
         l->flag = (uint64_t *)(intptr_t)w[6];
         l->counts = (int64_t *)(intptr_t)w[7];
-        if (get_i64(peer, S_head, &l->head) < 0 ||
-            get_i64(peer, S_tail, &l->tail) < 0)
-            goto release;
+        if (get_i64(peer, S_head, &l->head) < 0 || get_i64(peer, S_tail, &l->tail) < 0)
+            return -1;
         l->head0 = l->head;
         l->tail0 = l->tail;
     }
+    return 1;
+}
 
+#define RAN 0
+#define INTERRUPTED (-1)
+#define MALFORMED (-2)
+
+/* Run the plan's rounds (rd just past its header) as far as they go: RAN (x says how far),
+ * INTERRUPTED by a signal (an exception set) or MALFORMED. */
+static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsize,
+                       kernel_fn reduce, int64_t tag, int64_t fp1, int64_t fp2, double budget,
+                       int yield, PyObject *peers, PyObject *wake) {
+    link_t *L = x->L;
+    Py_ssize_t nbufs = x->nbufs, npeers = x->npeers;
+    Py_buffer *views = x->views;
+    char **buf = x->buf;
     /* Buffer b holds bytes [off, off + n): the plan never reaches outside the call's arrays. */
 #define INSIDE(b, off, n) \
     ((b) >= 0 && (b) < nbufs && (off) >= 0 && (n) >= 0 && (off) + (n) <= views[b].len)
     int64_t done_rounds = 0, mask = -1, last = -1;
     double waited = 0.0, stalled = 0.0;
-    int malformed = 0, interrupted = 0;
+    int rc = RAN;
     for (; done_rounds < nrounds; done_rounds++) {
         int64_t nlocal, nrecv, nsend;
-        if (next(&rd, &nlocal) < 0 || next(&rd, &nrecv) < 0 || next(&rd, &nsend) < 0 ||
+        if (next(rd, &nlocal) < 0 || next(rd, &nrecv) < 0 || next(rd, &nsend) < 0 ||
             nlocal < 0 || nrecv < 0 || nsend < 0 || nrecv > MAX_RECVS ||
-            rd.end - rd.p < 8 * nlocal + 7 * nrecv + 4 * nsend)
+            rd->end - rd->p < 8 * nlocal + 7 * nrecv + 4 * nsend)
             goto bad_plan;
-        const int64_t *loc = rd.p, *rcv = loc + 8 * nlocal, *snd = rcv + 7 * nrecv;
-        rd.p = snd + 4 * nsend;
+        const int64_t *loc = rd->p, *rcv = loc + 8 * nlocal, *snd = rcv + 7 * nrecv;
+        rd->p = snd + 4 * nsend;
         for (int64_t k = 0; k < nrecv; k++) {     /* peer, reduce, db, do, nbytes, ab, ao */
             const int64_t *r = rcv + 7 * k;
             if (r[0] < 0 || r[0] >= npeers || !INSIDE(r[2], r[3], r[4]) ||
@@ -400,7 +379,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             int gave_up = stall(&since_room, budget, yield, &waited, &stalled, L, npeers,
                                 peers, wake);
             if (gave_up) {
-                interrupted = gave_up < 0;
+                if (gave_up < 0) rc = INTERRUPTED;
                 goto stop;
             }
         }
@@ -458,7 +437,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (mask == want) break;
             int gave_up = stall(&since, budget, yield, &waited, &stalled, L, npeers, peers, wake);
             if (gave_up) {
-                interrupted = gave_up < 0;
+                if (gave_up < 0) rc = INTERRUPTED;
                 goto stop;
             }
         }
@@ -466,39 +445,49 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         mask = -1;
     }
     goto stop;
-
+#undef INSIDE
 bad_plan:   /* (fast.encode writes only valid plans: this is a guard, not a path) */
-    malformed = 1;
+    rc = MALFORMED;
 stop:
-    for (Py_ssize_t i = 0; i < nbufs; i++) PyBuffer_Release(&views[i]);
-    {
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);       /* (a KeyboardInterrupt, say) */
-        wake_sleepers(L, npeers, peers, wake);
-        for (Py_ssize_t i = 0; i < npeers; i++) {
-            PyObject *peer = PyTuple_GET_ITEM(peers, i);
-            link_t *l = &L[i];
-            if ((l->head != l->head0 && set_i64(peer, S_head, l->head) < 0) ||
-                (l->tail != l->tail0 && set_i64(peer, S_tail, l->tail) < 0)) {
-                Py_XDECREF(type);
-                Py_XDECREF(value);
-                Py_XDECREF(trace);
-                return NULL;
-            }
+    x->done_rounds = done_rounds;
+    x->mask = mask;
+    x->last = last;
+    x->waited = waited;
+    x->stalled = stalled;
+    return rc;
+}
+
+/* After a run: ring the doorbells of peers seen asleep and give the Python engine the rings
+ * back where they now are (what moved), keeping an exception already set. 0, or -1 on an
+ * error. */
+static int settle(exec_t *x, PyObject *peers, PyObject *wake) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);       /* (a KeyboardInterrupt, say) */
+    wake_sleepers(x->L, x->npeers, peers, wake);
+    for (Py_ssize_t i = 0; i < x->npeers; i++) {
+        PyObject *peer = PyTuple_GET_ITEM(peers, i);
+        link_t *l = &x->L[i];
+        if ((l->head != l->head0 && set_i64(peer, S_head, l->head) < 0) ||
+            (l->tail != l->tail0 && set_i64(peer, S_tail, l->tail) < 0)) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(trace);
+            return -1;
         }
-        PyErr_Restore(type, value, trace);
     }
-    if (interrupted) return NULL;
-    if (malformed) {
-        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
-        return NULL;
-    }
+    PyErr_Restore(type, value, trace);
+    return 0;
+}
+
+/* run()'s result: (rounds done, receives done in the next round as a bit mask or -1,
+ * seconds waited, index of the peer waited on last or -1, seconds of the wait given up on). */
+static PyObject *how_far(const exec_t *x) {
     /* (a tuple filled by hand: Py_BuildValue parses its format string every call) */
     PyObject *res = PyTuple_New(5);
     if (!res) return NULL;
-    PyObject *items[5] = {PyLong_FromLongLong(done_rounds), PyLong_FromLongLong(mask),
-                          PyFloat_FromDouble(waited), PyLong_FromLongLong(last),
-                          PyFloat_FromDouble(stalled)};
+    PyObject *items[5] = {PyLong_FromLongLong(x->done_rounds), PyLong_FromLongLong(x->mask),
+                          PyFloat_FromDouble(x->waited), PyLong_FromLongLong(x->last),
+                          PyFloat_FromDouble(x->stalled)};
     for (int i = 0; i < 5; i++) {
         if (!items[i]) {
             for (int j = 0; j < 5; j++) Py_XDECREF(items[j]);
@@ -508,14 +497,367 @@ stop:
     }
     for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(res, i, items[i]);
     return res;
+}
+
+static int plan_header(PyObject *plan, reader_t *rd, int64_t *nrounds, int64_t *itemsize) {
+    const int64_t *words = (const int64_t *)PyBytes_AS_STRING(plan);
+    rd->p = words;
+    rd->end = words + PyBytes_GET_SIZE(plan) / 8;
+    if (next(rd, nrounds) < 0 || next(rd, itemsize) < 0 || *itemsize <= 0) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+        return -1;
+    }
+    return 0;
+}
+
+static int kernel_of(int kernel, kernel_fn *reduce) {
+    *reduce = NULL;
+    if (kernel < 0) return 0;
+    if (kernel >= N_KERNELS || !(*reduce = KERNELS[kernel])) {
+        PyErr_SetString(PyExc_ValueError, "run(): no such kernel");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 11 arguments");
+        return NULL;
+    }
+    PyObject *arrays = args[1], *peers = args[2], *links = args[3], *wake = args[10];
+    if (!PyBytes_Check(args[0]) || !PyTuple_Check(arrays) || !PyTuple_Check(peers) ||
+        !PyTuple_Check(links) || PyTuple_GET_SIZE(peers) != PyTuple_GET_SIZE(links) ||
+        PyTuple_GET_SIZE(peers) > MAX_LINKS || PyTuple_GET_SIZE(arrays) > 8 ||
+        !PyCallable_Check(wake)) {
+        PyErr_SetString(PyExc_TypeError, "run(): bad arguments");
+        return NULL;
+    }
+    int kernel = (int)PyLong_AsLong(args[4]);
+    int64_t tag = PyLong_AsLongLong(args[5]), fp1 = PyLong_AsLongLong(args[6]),
+            fp2 = PyLong_AsLongLong(args[7]);
+    double budget = PyFloat_AsDouble(args[8]);
+    int yield = PyObject_IsTrue(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    kernel_fn reduce;
+    reader_t rd;
+    int64_t nrounds, itemsize;
+    if (kernel_of(kernel, &reduce) < 0 || plan_header(args[0], &rd, &nrounds, &itemsize) < 0)
+        return NULL;
+
+    exec_t x;
+    x.nbufs = PyTuple_GET_SIZE(arrays);
+    x.npeers = PyTuple_GET_SIZE(peers);
+    Py_ssize_t got = 0;
+    for (; got < x.nbufs; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, got), &x.views[got], PyBUF_SIMPLE) < 0)
+            goto release;
+        x.buf[got] = x.views[got].buf;
+        /* the typed kernels need whole elements where they are (plan offsets are) */
+        if (reduce && (uintptr_t)x.buf[got] % (uintptr_t)itemsize) {
+            got++;
+            goto untouched;
+        }
+    }
+    int bound = bind_links(&x, peers, links);
+    if (bound < 0) goto release;
+    if (!bound) goto untouched;
+    int rc = exec_rounds(&x, &rd, nrounds, itemsize, reduce, tag, fp1, fp2, budget, yield,
+                         peers, wake);
+    for (Py_ssize_t i = 0; i < x.nbufs; i++) PyBuffer_Release(&x.views[i]);
+    if (settle(&x, peers, wake) < 0 || rc == INTERRUPTED) return NULL;
+    if (rc == MALFORMED) {
+        PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+        return NULL;
+    }
+    return how_far(&x);
 
 untouched:   /* nothing was done: the Python engine runs the call */
-    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&x.views[i]);
     Py_RETURN_NONE;
 release:
-    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&x.views[i]);
     return NULL;
 }
+
+/* -- Lane: a blocking call C ran whole once, run again in one call from Python -------------- *
+ * Lane(plan, peers, links, kernel, fp1, fp2, buf_at, tmp_at, nbufs, nbytes, writes, pool,
+ *      group, tag, tag_mod, algorithm, wake, ranks)
+ * holds what the full path checked and prepared for a call (collectives._lane and
+ * runtime._lane say when one is made and taken). lane.run(buf, budget, yield) checks the
+ * new buffer - C-contiguous, `nbytes` long, writable if `writes`, aligned for the kernel -
+ * takes a scratch array from `pool` if the plan has one (at `tmp_at` of the plan's `nbufs`
+ * buffers, the caller's at `buf_at`), the call's number from `group` (its `seq`; the wire
+ * tag `tag` | seq % `tag_mod`; no group: the wire tag is `tag`) and runs the plan. Returns
+ *   None   nothing done (a buffer it does not take, no scratch free, a peer busy): the
+ *          full path runs the call, with its checks and errors;
+ *   True   done, counted in the lane (calls, seconds waited, the longest wait, the world
+ *          rank waited on last (`ranks` of the peers), the call number: lane.take());
+ *   False  (no group) not begun;
+ *   (seq, tag, how far: run()'s tuple, scratch or None) begun, to finish in Python.
+ * A Python call costs ~180 ns here: the Python around a repeated 8 B all_reduce at p = 2 took
+ * ~3.5 us of a 5.9 us call, C alone 2.4 (bench/small_budget.py). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake;
+    int kernel, writes, buf_at, tmp_at, nbufs;
+    int64_t nbytes, fp1, fp2, tag, tag_mod;
+    int64_t ranks[MAX_LINKS];
+    int64_t calls, last_rank, stamp;     /* since lane.take() */
+    double wait_s, max_wait_s;
+} Lane;
+
+static PyObject *S_seq;
+static int64_t unfolded;   /* calls the lanes ran and have not been taken yet */
+
+static int lane_traverse(Lane *self, visitproc visit, void *arg) {
+    Py_VISIT(self->plan);
+    Py_VISIT(self->peers);
+    Py_VISIT(self->links);
+    Py_VISIT(self->pool);
+    Py_VISIT(self->group);
+    Py_VISIT(self->algorithm);
+    Py_VISIT(self->wake);
+    return 0;
+}
+
+static int lane_clear(Lane *self) {
+    Py_CLEAR(self->plan);
+    Py_CLEAR(self->peers);
+    Py_CLEAR(self->links);
+    Py_CLEAR(self->pool);
+    Py_CLEAR(self->group);
+    Py_CLEAR(self->algorithm);
+    Py_CLEAR(self->wake);
+    return 0;
+}
+
+static void lane_dealloc(Lane *self) {
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    static char *names[] = {"plan", "peers", "links", "kernel", "fp1", "fp2", "buf_at", "tmp_at",
+                            "nbufs", "nbytes", "writes", "pool", "group", "tag", "tag_mod",
+                            "algorithm", "wake", "ranks", NULL};
+    PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake, *ranks;
+    int kernel, buf_at, tmp_at, nbufs, writes;
+    long long fp1, fp2, nbytes, tag, tag_mod;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!iLLiiiLpOOLLOOO!", names,
+                                     &PyBytes_Type, &plan, &PyTuple_Type, &peers,
+                                     &PyTuple_Type, &links, &kernel, &fp1, &fp2, &buf_at,
+                                     &tmp_at, &nbufs, &nbytes, &writes, &pool, &group, &tag,
+                                     &tag_mod, &algorithm, &wake, &PyTuple_Type, &ranks))
+        return NULL;
+    Py_ssize_t npeers = PyTuple_GET_SIZE(peers);
+    kernel_fn reduce;
+    if (kernel_of(kernel, &reduce) < 0) return NULL;
+    if (npeers != PyTuple_GET_SIZE(links) || npeers != PyTuple_GET_SIZE(ranks) ||
+        npeers > MAX_LINKS || nbufs < 1 || nbufs > 8 || buf_at < 0 || buf_at >= nbufs ||
+        tmp_at >= nbufs || tmp_at == buf_at || nbufs != 1 + (tmp_at >= 0) || nbytes < 0 ||
+        (tmp_at >= 0 && !PyList_Check(pool)) || (group != Py_None && tag_mod <= 0) ||
+        !PyCallable_Check(wake)) {
+        PyErr_SetString(PyExc_ValueError, "Lane(): bad arguments");
+        return NULL;
+    }
+    Lane *self = (Lane *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    for (Py_ssize_t i = 0; i < npeers; i++) {
+        self->ranks[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ranks, i));
+        if (self->ranks[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    Py_INCREF(plan); self->plan = plan;
+    Py_INCREF(peers); self->peers = peers;
+    Py_INCREF(links); self->links = links;
+    Py_INCREF(pool); self->pool = pool;
+    Py_INCREF(group); self->group = group;
+    Py_INCREF(algorithm); self->algorithm = algorithm;
+    Py_INCREF(wake); self->wake = wake;
+    self->kernel = kernel;
+    self->writes = writes;
+    self->buf_at = buf_at;
+    self->tmp_at = tmp_at;
+    self->nbufs = nbufs;
+    self->nbytes = nbytes;
+    self->fp1 = fp1;
+    self->fp2 = fp2;
+    self->tag = tag;
+    self->tag_mod = tag_mod;
+    self->last_rank = -1;
+    return (PyObject *)self;
+}
+
+/* A scratch array from the pool (a new reference), or NULL when none is free. */
+static PyObject *pop_scratch(PyObject *pool) {
+    Py_ssize_t n = PyList_GET_SIZE(pool);
+    if (n == 0) return NULL;
+    PyObject *tmp = PyList_GET_ITEM(pool, n - 1);
+    Py_INCREF(tmp);
+    if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) {
+        Py_DECREF(tmp);
+        PyErr_Clear();
+        return NULL;
+    }
+    return tmp;
+}
+
+static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "Lane.run(buf, budget, yield)");
+        return NULL;
+    }
+    double budget = PyFloat_AsDouble(args[1]);
+    int yield = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    kernel_fn reduce;
+    reader_t rd;
+    int64_t nrounds, itemsize;
+    if (kernel_of(self->kernel, &reduce) < 0 ||
+        plan_header(self->plan, &rd, &nrounds, &itemsize) < 0)
+        return NULL;
+    exec_t x;
+    x.nbufs = self->nbufs;
+    x.npeers = PyTuple_GET_SIZE(self->peers);
+    Py_buffer *v = &x.views[self->buf_at];
+    /* (PyBUF_SIMPLE: a NumPy array that is not C-contiguous refuses it) */
+    if (PyObject_GetBuffer(args[0], v, self->writes ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    x.buf[self->buf_at] = v->buf;
+    if (v->len != self->nbytes || (reduce && (uintptr_t)v->buf % (uintptr_t)itemsize)) {
+        PyBuffer_Release(v);
+        Py_RETURN_NONE;
+    }
+    PyObject *tmp = NULL;
+    if (self->tmp_at >= 0) {
+        Py_buffer *t = &x.views[self->tmp_at];
+        if (!(tmp = pop_scratch(self->pool))) {
+            PyBuffer_Release(v);
+            Py_RETURN_NONE;
+        }
+        if (PyObject_GetBuffer(tmp, t, PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(v);
+            Py_DECREF(tmp);
+            return NULL;
+        }
+        x.buf[self->tmp_at] = t->buf;
+    }
+    int bound = bind_links(&x, self->peers, self->links);
+    if (bound <= 0) {
+        for (int i = 0; i < x.nbufs; i++) PyBuffer_Release(&x.views[i]);
+        if (tmp) {
+            if (PyList_Append(self->pool, tmp) < 0) bound = -1;
+            Py_DECREF(tmp);
+        }
+        if (bound < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    int64_t seq = 0, tag = self->tag;
+    if (self->group != Py_None) {
+        if (get_i64(self->group, S_seq, &seq) < 0 || set_i64(self->group, S_seq, seq + 1) < 0) {
+            for (int i = 0; i < x.nbufs; i++) PyBuffer_Release(&x.views[i]);
+            Py_XDECREF(tmp);
+            return NULL;
+        }
+        seq += 1;
+        tag |= seq % self->tag_mod;
+    }
+    int rc = exec_rounds(&x, &rd, nrounds, itemsize, reduce, tag, self->fp1, self->fp2,
+                         budget, yield, self->peers, self->wake);
+    for (int i = 0; i < x.nbufs; i++) PyBuffer_Release(&x.views[i]);
+    if (settle(&x, self->peers, self->wake) < 0 || rc != RAN) {
+        if (rc == MALFORMED && !PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "run(): malformed plan");
+        Py_XDECREF(tmp);
+        return NULL;
+    }
+    if (x.done_rounds == nrounds) {
+        if (tmp) {
+            int bad = PyList_Append(self->pool, tmp);
+            Py_DECREF(tmp);
+            if (bad < 0) return NULL;
+        }
+        self->calls++;
+        unfolded++;
+        self->wait_s += x.waited;
+        if (x.waited >= self->max_wait_s) self->max_wait_s = x.waited;
+        if (x.last >= 0) self->last_rank = self->ranks[x.last];
+        self->stamp = seq;
+        Py_RETURN_TRUE;
+    }
+    if (self->group == Py_None) {    /* a send or receive stops before it moves a byte */
+        Py_XDECREF(tmp);
+        Py_RETURN_FALSE;
+    }
+    PyObject *ran = how_far(&x);
+    if (!ran) {
+        Py_XDECREF(tmp);
+        return NULL;
+    }
+    PyObject *res = Py_BuildValue("(LLNN)", (long long)seq, (long long)tag, ran,
+                                  tmp ? tmp : Py_NewRef(Py_None));
+    return res;
+}
+
+/* lane.take(): (calls, seconds waited, the longest wait, world rank waited on last or None,
+ * the last call's number) since the last take, and start counting again. */
+static PyObject *lane_take(Lane *self, PyObject *unused) {
+    (void)unused;
+    PyObject *last = self->last_rank >= 0 ? PyLong_FromLongLong(self->last_rank)
+                                          : Py_NewRef(Py_None);
+    if (!last) return NULL;
+    PyObject *res = Py_BuildValue("(LddNL)", (long long)self->calls, self->wait_s,
+                                  self->max_wait_s, last, (long long)self->stamp);
+    if (res) {
+        unfolded -= self->calls;
+        self->calls = 0;
+        self->wait_s = self->max_wait_s = 0.0;
+        self->last_rank = -1;
+    }
+    return res;
+}
+
+/* unfolded(): how many calls all lanes ran that lane.take() has not yet taken. */
+static PyObject *lanes_unfolded(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLongLong(unfolded);
+}
+
+static PyMethodDef LANE_METHODS[] = {
+    {"run", (PyCFunction)(void (*)(void))lane_run, METH_FASTCALL,
+     "run(buf, budget, yield): the call again on buf; see the type's comment."},
+    {"take", (PyCFunction)lane_take, METH_NOARGS,
+     "(calls, seconds waited, longest wait, rank waited on last, last call number) since last taken."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef LANE_MEMBERS[] = {
+    {"algorithm", T_OBJECT, offsetof(Lane, algorithm), READONLY, "the algorithm it runs"},
+    {"calls", T_LONGLONG, offsetof(Lane, calls), READONLY, "calls run since last taken"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ringlet.transport._fastpath.Lane",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A blocking call C ran whole once, to run again in one call; see the source.",
+    .tp_new = lane_new,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
+    .tp_methods = LANE_METHODS,
+    .tp_members = LANE_MEMBERS,
+};
 
 /* split_copy(dst, src, nbytes, chunk, ctrl, front, msg, kernel): one side of a message copied
  * (or reduced) by its receiver and its sender at once (transport/split.py). ctrl points at
@@ -609,6 +951,7 @@ static PyObject *cma(PyObject *self, PyObject *args) {
 static PyMethodDef METHODS[] = {
     {"address", address, METH_O, "The address of a buffer's first byte."},
     {"cma", cma, METH_VARARGS, "process_vm_readv/writev of one range; see the function's comment."},
+    {"unfolded", lanes_unfolded, METH_NOARGS, "Calls the lanes ran, not yet taken."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "Run a compiled all-eager shared-memory plan; see the module source."},
     {"split_copy", split_copy, METH_VARARGS,
@@ -626,6 +969,16 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(S_unexpected, "unexpected");
     INTERN(S_posted, "posted");
     INTERN(S_dead, "dead");
+    INTERN(S_seq, "seq");
 #undef INTERN
-    return PyModule_Create(&MODULE);
+    if (PyType_Ready(&LaneType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&MODULE);
+    if (!m) return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(&LaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -167,6 +167,7 @@ class Engine:
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
         self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
         self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
+        self.lanes: dict = {}       # collective -> its lanes (C counts their calls: fold_lanes)
         self.sel = selectors.DefaultSelector()
         self.capacity = int(os.environ.get("RINGLET_SHM_RING", RING_BYTES)) & ~63
         self.seg = None

@@ -592,12 +592,14 @@ release:
  * tag `tag` | seq % `tag_mod`; no group: the wire tag is `tag`) and runs the plan. Returns
  *   None   nothing done (a buffer it does not take, no scratch free, a peer busy): the
  *          full path runs the call, with its checks and errors;
- *   True   done, counted in the lane (calls, seconds waited, the longest wait, the world
- *          rank waited on last (`ranks` of the peers), the call number: lane.take());
+ *   True   done; a collective's counted in the lane (calls, seconds waited, the longest
+ *          wait, the world rank waited on last (`ranks` of the peers), the call number:
+ *          lane.take(); work.fold_lanes adds them to rl.stats);
  *   False  (no group) not begun;
  *   (seq, tag, how far: run()'s tuple, scratch or None) begun, to finish in Python.
- * A Python call costs ~180 ns here: the Python around a repeated 8 B all_reduce at p = 2 took
- * ~3.5 us of a 5.9 us call, C alone 2.4 (bench/small_budget.py). */
+ * Why in C: a Python call costs ~180 ns here. Repeated 8 B all_reduces at p = 2, in one job:
+ * 5.9 us a call through the lane when it was Python, 2.4 us calling run() alone; through
+ * this one 3.2 (bench/small_budget.py splits a call). */
 typedef struct {
     PyObject_HEAD
     PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake;
@@ -784,12 +786,14 @@ static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
             Py_DECREF(tmp);
             if (bad < 0) return NULL;
         }
-        self->calls++;
-        unfolded++;
-        self->wait_s += x.waited;
-        if (x.waited >= self->max_wait_s) self->max_wait_s = x.waited;
-        if (x.last >= 0) self->last_rank = self->ranks[x.last];
-        self->stamp = seq;
+        if (self->group != Py_None) {    /* (a send or receive is counted by the peer) */
+            self->calls++;
+            unfolded++;
+            self->wait_s += x.waited;
+            if (x.waited >= self->max_wait_s) self->max_wait_s = x.waited;
+            if (x.last >= 0) self->last_rank = self->ranks[x.last];
+            self->stamp = seq;
+        }
         Py_RETURN_TRUE;
     }
     if (self->group == Py_None) {    /* a send or receive stops before it moves a byte */

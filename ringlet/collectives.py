@@ -244,10 +244,11 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 timeout, finish=_averager(op, flat, g) if op is _AVG else None, lane=lane)
 
 
-def _lane(hit: tuple, buf: np.ndarray, timeout) -> bool:
+def _lane(hit: tuple, buf: np.ndarray | None, timeout) -> bool:
     """A blocking all_reduce on the world of at most ZERO_COPY_MIN bytes (no rl.empty pick)
     that repeats one C ran whole - same dtype, count, op and algorithm (``_S.lane``, beside
-    point-to-point's: runtime._lane) - is run again by its ``_fastpath.Lane`` in one C
+    point-to-point's: runtime._lane) - or a blocking barrier on the world (``buf`` None)
+    is run again by its ``_fastpath.Lane`` in one C
     call: what the full path checked and prepared for it stands, and C checks the new
     buffer (C-contiguous, writable, aligned), numbers the call and counts it (``rl.stats``
     adds the lanes' counts: work.fold_lanes). Not while a progress thread may drive the
@@ -266,8 +267,11 @@ def _lane(hit: tuple, buf: np.ndarray, timeout) -> bool:
     if ran is None:
         return False
     seq, tag, ran, tmp = ran       # begun in C: the engine goes on from where C stopped
-    flat = buf if buf.ndim == 1 else buf.reshape(-1)
-    bufs = {"buf": flat, "tmp": tmp if tmp is not None else np.empty(0, buf.dtype)}
+    if buf is None:
+        bufs = {"tmp": tmp}
+    else:
+        flat = buf if buf.ndim == 1 else buf.reshape(-1)
+        bufs = {"buf": flat, "tmp": tmp if tmp is not None else np.empty(0, buf.dtype)}
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    fast.FastRun.of(ran, call.fast)).wait(timeout)
     return True
@@ -528,8 +532,18 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
 @profiled("barrier")
 def barrier(group=None, async_op: bool = False, timeout: float | None = None):
     """Return only when every rank of the group has entered the barrier."""
+    lane = None
+    if (group is None or group is _S.world) and not async_op:   # (a repeated one: _lane)
+        lane = _BARRIER
+        hit = _S.lane.get(lane)
+        if hit is not None and _lane(hit, None, timeout):
+            return None
     g = resolve(group)
-    return _run("barrier", g, "dissemination", 0, np.dtype(np.uint8), {}, None, async_op, timeout)
+    return _run("barrier", g, "dissemination", 0, np.dtype(np.uint8), {}, None, async_op, timeout,
+                lane=lane)
+
+
+_BARRIER = ("barrier",)     # its key in the lane
 
 
 def _root(root, g: Group, what: str, name: str) -> None:

@@ -221,6 +221,56 @@ def test_a_repeated_small_all_reduce_takes_the_lane_and_still_checks():
     run(_all_reduce_lane, 3)
 
 
+def _barrier_lane(rank):
+    """A repeated blocking barrier on the world takes the lane: it still waits for the last
+    rank, in C or, past C's budget, in the Python engine; it counts in the stats; and a rank
+    that calls something else still raises CollectiveMismatch."""
+    from ringlet import collectives
+    p = rl.get_world_size()
+    eng = engine()
+    eng.fast_budget = 5.0     # (a partner late past the budget would leave C: see above)
+    for _ in range(3):
+        rl.barrier()
+    full = []
+    checked = collectives._run
+    collectives._run = lambda *a, **k: full.append(a[0]) or checked(*a, **k)
+    rl.reset_stats()
+    for _ in range(300):
+        rl.barrier()
+    assert full.count("barrier") <= 4, f"{full.count('barrier')} of 300 barriers took the full path"
+    st = rl.stats()["collectives"]["barrier"]
+    assert st["calls"] == 300 and st["fast_calls"] >= 296, st
+    # the last rank holds everyone: in C (a budget of seconds), then handed to Python
+    for budget in (5.0, 1e-4):
+        eng.fast_budget = budget
+        rl.reset_stats()
+        if rank == 0:
+            time.sleep(0.3)
+        t = time.monotonic()
+        rl.barrier()
+        held = time.monotonic() - t
+        st = rl.stats()["collectives"]["barrier"]
+        if rank != 0:
+            assert held > 0.2, (budget, held)
+            assert st["max_wait_s"] > 0.2, (budget, st)
+            if budget < 1:      # (a handover, unless C did not start it at all)
+                assert st["fast_calls"] == 0, st
+        rl.barrier()
+    eng.fast_budget = 5.0
+    collectives._run = checked
+    x = np.ones(3, np.float32)
+    with pytest.raises(rl.CollectiveMismatch):
+        if rank == p - 1:
+            rl.all_reduce(x, timeout=20)
+        else:
+            rl.barrier(timeout=20)
+
+
+def test_a_repeated_barrier_takes_the_lane():
+    run(_barrier_lane, 2)
+    run(_barrier_lane, 3)
+
+
 def _late_partner(rank):
     """Rank 0 arrives well after the others' spin budget: they hand the call to the Python
     engine part-way (after their first round's sends) and it finishes there."""

@@ -586,7 +586,8 @@ release:
  *      group, tag, tag_mod, algorithm, wake, ranks)
  * holds what the full path checked and prepared for a call (collectives._lane and
  * runtime._lane say when one is made and taken). lane.run(buf, budget, yield) checks the
- * new buffer - C-contiguous, `nbytes` long, writable if `writes`, aligned for the kernel -
+ * new buffer - C-contiguous, `nbytes` long, writable if `writes`, aligned for the kernel;
+ * none where the plan has none (`buf_at` -1, a barrier: buf is ignored) -
  * takes a scratch array from `pool` if the plan has one (at `tmp_at` of the plan's `nbufs`
  * buffers, the caller's at `buf_at`), the call's number from `group` (its `seq`; the wire
  * tag `tag` | seq % `tag_mod`; no group: the wire tag is `tag`) and runs the plan. Returns
@@ -658,8 +659,8 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     kernel_fn reduce;
     if (kernel_of(kernel, &reduce) < 0) return NULL;
     if (npeers != PyTuple_GET_SIZE(links) || npeers != PyTuple_GET_SIZE(ranks) ||
-        npeers > MAX_LINKS || nbufs < 1 || nbufs > 8 || buf_at < 0 || buf_at >= nbufs ||
-        tmp_at >= nbufs || tmp_at == buf_at || nbufs != 1 + (tmp_at >= 0) || nbytes < 0 ||
+        npeers > MAX_LINKS || nbufs < 1 || nbufs > 8 || buf_at >= nbufs || tmp_at >= nbufs ||
+        (buf_at >= 0 && tmp_at == buf_at) || nbufs != (buf_at >= 0) + (tmp_at >= 0) || nbytes < 0 ||
         (tmp_at >= 0 && !PyList_Check(pool)) || (group != Py_None && tag_mod <= 0) ||
         !PyCallable_Check(wake)) {
         PyErr_SetString(PyExc_ValueError, "Lane(): bad arguments");
@@ -726,26 +727,28 @@ static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     exec_t x;
     x.nbufs = self->nbufs;
     x.npeers = PyTuple_GET_SIZE(self->peers);
-    Py_buffer *v = &x.views[self->buf_at];
+    Py_buffer *v = self->buf_at >= 0 ? &x.views[self->buf_at] : NULL;   /* (a barrier: none) */
     /* (PyBUF_SIMPLE: a NumPy array that is not C-contiguous refuses it) */
-    if (PyObject_GetBuffer(args[0], v, self->writes ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+    if (v && PyObject_GetBuffer(args[0], v, self->writes ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    x.buf[self->buf_at] = v->buf;
-    if (v->len != self->nbytes || (reduce && (uintptr_t)v->buf % (uintptr_t)itemsize)) {
-        PyBuffer_Release(v);
-        Py_RETURN_NONE;
+    if (v) {
+        x.buf[self->buf_at] = v->buf;
+        if (v->len != self->nbytes || (reduce && (uintptr_t)v->buf % (uintptr_t)itemsize)) {
+            PyBuffer_Release(v);
+            Py_RETURN_NONE;
+        }
     }
     PyObject *tmp = NULL;
     if (self->tmp_at >= 0) {
         Py_buffer *t = &x.views[self->tmp_at];
         if (!(tmp = pop_scratch(self->pool))) {
-            PyBuffer_Release(v);
+            if (v) PyBuffer_Release(v);
             Py_RETURN_NONE;
         }
         if (PyObject_GetBuffer(tmp, t, PyBUF_WRITABLE) < 0) {
-            PyBuffer_Release(v);
+            if (v) PyBuffer_Release(v);
             Py_DECREF(tmp);
             return NULL;
         }

@@ -203,11 +203,13 @@ def lane(fc: FastCall, nbytes: int, writes: bool, fp=(0, 0), pool=None, group=No
          tag: int = 0, tag_mod: int = 0, algorithm=None):
     """A ``_fastpath.Lane`` for a blocking call C ran whole: ``fc`` run again on a new buffer
     of ``nbytes`` (the plan's "buf", written if ``writes``; "tmp" from ``pool``) in one C
-    call. With ``group``: a collective, numbered by the group (wire tag ``tag`` | seq %
-    ``tag_mod``) and counted in the lane; without: a send or receive of wire tag ``tag``."""
+    call (a plan without "buf", a barrier's: none). With ``group``: a collective, numbered
+    by the group (wire tag ``tag`` | seq % ``tag_mod``) and counted in the lane; without: a
+    send or receive of wire tag ``tag``."""
     names = fc.names
     return _fastpath.Lane(fc.plan, fc.peers, fc.links, fc.kernel, fp[0], fp[1],
-                          names.index("buf"), names.index("tmp") if "tmp" in names else -1,
+                          names.index("buf") if "buf" in names else -1,
+                          names.index("tmp") if "tmp" in names else -1,
                           len(names), nbytes, writes, pool, group, tag, tag_mod, algorithm,
                           _wake, tuple(p.rank for p in fc.peers))
 

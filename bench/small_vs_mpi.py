@@ -1,7 +1,8 @@
 """Small blocking calls by the clock, this tree, another checkout and Open MPI (mpi4py)
 side by side, taken in turns (this, base, Open MPI, then the next turn in another order),
-with the load average printed: 8 B all_reduce at p = 2 and p = 4, and 8 B one-way
-point-to-point (half of a blocking ping-pong's round trip) between 2 ranks.
+with the load average printed: 8 B all_reduce at p = 2 and p = 4, 8 B one-way
+point-to-point (half of a blocking ping-pong's round trip) between 2 ranks, and barrier at
+p = 2 and p = 4 (``--cases 1,2,3``: the first three only).
 
     .venv/bin/python bench/small_vs_mpi.py [--base OTHER_CHECKOUT] [--turns 3]
 
@@ -42,6 +43,8 @@ def job(rank, size, kind, allreduce, send, recv, barrier, path):
     x = np.ones(2, np.float32)
     if kind == "all_reduce":
         us = blocks(lambda: allreduce(x), barrier)
+    elif kind == "barrier":
+        us = blocks(barrier, barrier)
     else:                # one way: half a round trip
         if rank == 0:
             us = blocks(lambda: (send(x, 1), recv(x, 1)), barrier) / 2
@@ -69,7 +72,8 @@ job(c.Get_rank(), c.Get_size(), kind, lambda a: c.Allreduce(MPI.IN_PLACE, a),
 """
 
 CASES = (("8 B all_reduce p=2", "all_reduce", 2), ("8 B all_reduce p=4", "all_reduce", 4),
-         ("8 B p2p one-way p=2", "p2p", 2))
+         ("8 B p2p one-way p=2", "p2p", 2), ("barrier p=2", "barrier", 2),
+         ("barrier p=4", "barrier", 4))
 
 
 def measure(side: str, tree: str | None, kind: str, p: int) -> float | None:

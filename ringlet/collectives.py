@@ -173,8 +173,10 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
                     pool.append(scratch)
                     record_call(eng, collective, call.algorithm, waited,
                                 fc.peers[last].rank if last >= 0 else None, True)
+                    # (a plan that leaves the caller's buffer alone, p = 1's, gets no lane:
+                    # C would not check the next one)
                     if lane is not None and not tr and not _DEBUG_ALGO and lane not in _S.lane \
-                            and len(_S.lane) < 1024:
+                            and ("buf" in bufs) == ("buf" in fc.names) and len(_S.lane) < 1024:
                         c = fast.lane(fc, count * dtype.itemsize, True, call.fp, pool, g,
                                       g._tag_base, TAG_COLLECTIVE, call.algorithm)
                         _S.lane[lane] = (g, call, c)

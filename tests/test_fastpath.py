@@ -221,6 +221,25 @@ def test_a_repeated_small_all_reduce_takes_the_lane_and_still_checks():
     run(_all_reduce_lane, 3)
 
 
+def _alone(rank):
+    """On one rank an all_reduce moves nothing, and its plan leaves the buffer alone: a
+    repeated call must still check its buffer as the first did."""
+    x = np.ones(3, np.float32)
+    for _ in range(3):
+        rl.all_reduce(x)
+        rl.barrier()
+    frozen = np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        rl.all_reduce(frozen)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        rl.all_reduce(np.ones((3, 2), np.float32)[:, 0])
+
+
+def test_a_single_rank_still_checks_every_buffer():
+    run(_alone, 1)
+
+
 def _barrier_lane(rank):
     """A repeated blocking barrier on the world takes the lane: it still waits for the last
     rank, in C or, past C's budget, in the Python engine; it counts in the stats; and a rank

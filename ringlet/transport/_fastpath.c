@@ -637,6 +637,7 @@ static int lane_clear(Lane *self) {
 }
 
 static void lane_dealloc(Lane *self) {
+    unfolded -= self->calls;      /* (a lane dropped with its engine, its counts untaken) */
     PyObject_GC_UnTrack(self);
     lane_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -659,7 +660,7 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     kernel_fn reduce;
     if (kernel_of(kernel, &reduce) < 0) return NULL;
     if (npeers != PyTuple_GET_SIZE(links) || npeers != PyTuple_GET_SIZE(ranks) ||
-        npeers > MAX_LINKS || nbufs < 1 || nbufs > 8 || buf_at >= nbufs || tmp_at >= nbufs ||
+        npeers > MAX_LINKS || nbufs < 0 || nbufs > 8 || buf_at >= nbufs || tmp_at >= nbufs ||
         (buf_at >= 0 && tmp_at == buf_at) || nbufs != (buf_at >= 0) + (tmp_at >= 0) || nbytes < 0 ||
         (tmp_at >= 0 && !PyList_Check(pool)) || (group != Py_None && tag_mod <= 0) ||
         !PyCallable_Check(wake)) {

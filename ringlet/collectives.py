@@ -250,10 +250,10 @@ def _lane(hit: tuple, buf: np.ndarray | None, timeout) -> bool:
     """A blocking all_reduce on the world of at most ZERO_COPY_MIN bytes (no rl.empty pick)
     that repeats one C ran whole - same dtype, count, op and algorithm (``_S.lane``, beside
     point-to-point's: runtime._lane) - or a blocking barrier on the world (``buf`` None)
-    is run again by its ``_fastpath.Lane`` in one C
-    call: what the full path checked and prepared for it stands, and C checks the new
-    buffer (C-contiguous, writable, aligned), numbers the call and counts it (``rl.stats``
-    adds the lanes' counts: work.fold_lanes). Not while a progress thread may drive the
+    is run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
+    prepared for it stands, and C checks the new buffer (C-contiguous, writable, aligned),
+    numbers the call and counts it (``rl.stats`` adds the lanes' counts:
+    work.fold_lanes). Not while a progress thread may drive the
     engine, anything else is in flight on it or aborts are pending, or calls are traced;
     nor when C declines the buffer or a peer is busy: False (nothing done, no sequence
     number taken). Where C does not finish it, the Python engine does, from where C

@@ -35,10 +35,10 @@ class _State:
     timeout = DEFAULT_TIMEOUT
     spawned = False          # init was done by rl.spawn before calling the user's function
     outstanding: list = []   # async works handed to the user, until destroy accounts for them
-    # blocking calls on the world that C ran, to run again at once: sends and receives,
-    # (kind, peer, tag, bytes) -> (the world, its FastCall, the wire tag), see _lane; small
-    # all_reduces, ("all_reduce", dtype, count, op, algorithm) -> (the world, its Prepared),
-    # see collectives._lane
+    # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
+    # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
+    # all_reduces, ("all_reduce", dtype, count, op, algorithm), and barriers, ("barrier",)
+    # -> (the world, its Prepared, the Lane), see collectives._lane
     lane: dict = {}
 
 

@@ -320,7 +320,7 @@ def destroy() -> None:
             _S.server.close()
         _S.engine = _S.world = _S.store = _S.server = None
         _S.groups = []
-        _S.lane = {}
+        drop_lanes()     # (the engine is gone: nothing left to count)
         _S.spawned = False
     if lost:
         raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "

@@ -1,8 +1,9 @@
 """Small blocking calls by the clock, this tree, another checkout and Open MPI (mpi4py)
 side by side, taken in turns (this, base, Open MPI, then the next turn in another order),
 with the load average printed: 8 B all_reduce at p = 2 and p = 4, 8 B one-way
-point-to-point (half of a blocking ping-pong's round trip) between 2 ranks, and barrier at
-p = 2 and p = 4 (``--cases 1,2,3``: the first three only).
+point-to-point (half of a blocking ping-pong's round trip) between 2 ranks, barrier at
+p = 2 and p = 4, and then every other collective with 8 B per rank at p = 2 and 4
+(``--cases 1,2,3``: the first three only).
 
     .venv/bin/python bench/small_vs_mpi.py [--base OTHER_CHECKOUT] [--turns 3]
 
@@ -39,17 +40,18 @@ def blocks(call, barrier, n=500, k=12):
         best.append((time.perf_counter() - t) / n * 1e6)
     return min(best)
 
-def job(rank, size, kind, allreduce, send, recv, barrier, path):
-    x = np.ones(2, np.float32)
-    if kind == "all_reduce":
-        us = blocks(lambda: allreduce(x), barrier)
-    elif kind == "barrier":
+def job(rank, size, kind, calls, send, recv, barrier, path):
+    # calls: kind -> f(x, y, z), that collective on 8 B per rank: x, and y and z of p x 8 B
+    x, y, z = np.ones(2, np.float32), np.ones((size, 2), np.float32), np.ones((size, 2), np.float32)
+    if kind == "barrier":
         us = blocks(barrier, barrier)
-    else:                # one way: half a round trip
+    elif kind == "p2p":          # one way: half a round trip
         if rank == 0:
             us = blocks(lambda: (send(x, 1), recv(x, 1)), barrier) / 2
         else:
             us = blocks(lambda: (recv(x, 0), send(x, 0)), barrier)
+    else:
+        us = blocks(lambda: calls[kind](x, y, z), barrier)
     if rank == 0:
         open(path, "w").write(json.dumps(us))
 """
@@ -57,9 +59,15 @@ def job(rank, size, kind, allreduce, send, recv, barrier, path):
 RINGLET = LOOPS + r"""
 import ringlet as rl
 kind, p, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+CALLS = {"all_reduce": lambda x, y, z: rl.all_reduce(x), "broadcast": lambda x, y, z: rl.broadcast(x, 0),
+         "reduce": lambda x, y, z: rl.reduce(x, 0), "all_gather": lambda x, y, z: rl.all_gather(y, x),
+         "reduce_scatter": lambda x, y, z: rl.reduce_scatter(x, y),
+         "gather": lambda x, y, z: rl.gather(x, y, dst=0),
+         "scatter": lambda x, y, z: rl.scatter(x, y, src=0),
+         "all_to_all": lambda x, y, z: rl.all_to_all_single(z, y)}
 def main(rank):
-    job(rank, p, kind, rl.all_reduce, lambda a, r: rl.send(a, r), lambda a, r: rl.recv(a, r),
-        rl.barrier, path)
+    job(rank, p, kind, CALLS, lambda a, r: rl.send(a, r), lambda a, r: rl.recv(a, r), rl.barrier,
+        path)
 rl.spawn(main, p, timeout=600)
 """
 
@@ -67,13 +75,23 @@ MPI = LOOPS + r"""
 from mpi4py import MPI
 c = MPI.COMM_WORLD
 kind, path = sys.argv[1], sys.argv[3]
-job(c.Get_rank(), c.Get_size(), kind, lambda a: c.Allreduce(MPI.IN_PLACE, a),
-    lambda a, r: c.Send(a, r), lambda a, r: c.Recv(a, r), c.Barrier, path)
+CALLS = {"all_reduce": lambda x, y, z: c.Allreduce(MPI.IN_PLACE, x),
+         "broadcast": lambda x, y, z: c.Bcast(x, 0),
+         "reduce": lambda x, y, z: c.Reduce(MPI.IN_PLACE if c.Get_rank() == 0 else x, x, root=0),
+         "all_gather": lambda x, y, z: c.Allgather(x, y),
+         "reduce_scatter": lambda x, y, z: c.Reduce_scatter_block(y, x),
+         "gather": lambda x, y, z: c.Gather(x, y, root=0),
+         "scatter": lambda x, y, z: c.Scatter(y, x, root=0),
+         "all_to_all": lambda x, y, z: c.Alltoall(y, z)}
+job(c.Get_rank(), c.Get_size(), kind, CALLS, lambda a, r: c.Send(a, r), lambda a, r: c.Recv(a, r),
+    c.Barrier, path)
 """
 
 CASES = (("8 B all_reduce p=2", "all_reduce", 2), ("8 B all_reduce p=4", "all_reduce", 4),
          ("8 B p2p one-way p=2", "p2p", 2), ("barrier p=2", "barrier", 2),
-         ("barrier p=4", "barrier", 4))
+         ("barrier p=4", "barrier", 4)) + tuple(
+    (f"8 B {k} p={p}", k, p) for k in ("broadcast", "reduce", "all_gather", "reduce_scatter",
+                                       "gather", "scatter", "all_to_all") for p in (2, 4))
 
 
 def measure(side: str, tree: str | None, kind: str, p: int) -> float | None:

@@ -173,14 +173,9 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
                     pool.append(scratch)
                     record_call(eng, collective, call.algorithm, waited,
                                 fc.peers[last].rank if last >= 0 else None, True)
-                    # (a plan that leaves the caller's buffer alone, p = 1's, gets no lane:
-                    # C would not check the next one)
                     if lane is not None and not tr and not _DEBUG_ALGO and lane not in _S.lane \
-                            and ("buf" in bufs) == ("buf" in fc.names) and len(_S.lane) < 1024:
-                        c = fast.lane(fc, count * dtype.itemsize, True, call.fp, pool, g,
-                                      g._tag_base, TAG_COLLECTIVE, call.algorithm)
-                        _S.lane[lane] = (g, call, c)
-                        eng.lanes.setdefault(collective, []).append(c)
+                            and len(_S.lane) < 1024:
+                        _open_lane(lane, collective, g, call, bufs, root)
                     return None
                 resume = fast.FastRun.of(ran, fc)
         work = CollectiveWork(eng, call, g, seq, tag, bufs, finish, resume, tr)
@@ -192,6 +187,65 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         return track(work)
     work.wait(timeout)
     return None
+
+
+#: the caller's buffers a collective's lane takes, in the order lane.run takes them
+_LANE_BUFS = {"barrier": (), "all_reduce": ("buf",), "broadcast": ("buf",), "reduce": ("buf",)}
+
+
+def _open_lane(key: tuple, collective: str, g: Group, call: Prepared, bufs: dict, root) -> None:
+    """Give a call C ran whole a lane (``_lane``) under ``key``, unless its plan leaves some
+    caller's buffer alone (p = 1's all_reduce: C would not check the next one) or uses one
+    of no bytes (a call that moves nothing takes the full path)."""
+    fc, names = call.fast, _LANE_BUFS.get(collective, ("in", "out"))
+    if any((n in fc.names) != (bufs[n].size > 0) for n in names):
+        return
+    writes = (collective != "reduce" or g.rank == root,) if names == ("buf",) else (False, True)
+    c = fast.lane(fc, names, tuple(bufs[n].nbytes for n in names), writes[:len(names)],
+                  call.fp, call.pool, g, g._tag_base, TAG_COLLECTIVE, call.algorithm)
+    _S.lane[key] = (g, call, c, names)
+    _S.engine.lanes.setdefault(collective, []).append(c)
+
+
+def _lane_key(collective: str, group, async_op: bool, algorithm, extra, a, b=False):
+    """The key of a call's lane (see ``_lane``) on buffer ``a`` (and ``b``: in and out), or
+    None when it cannot take one: not a blocking call on the world, an algorithm that is
+    not a string, a buffer that is not an ndarray (None: one the call ignores here, as a
+    gather's output off the root), no bytes, or messages that may go by another path than
+    C's (the smaller buffer above ZERO_COPY_MIN: rl.empty ones could change auto's pick).
+    ``extra``: what else keys the call (its root, its op's value). Inline, not a loop: it
+    runs on every small call (a loop over the buffers cost 0.7-1.0 us here)."""
+    if (group is not None and group is not _S.world) or async_op or type(algorithm) is not str:
+        return None
+    if b is False:
+        if type(a) is np.ndarray and 0 < a.nbytes <= ZERO_COPY_MIN:
+            return collective, algorithm, extra, a.dtype, a.size
+        return None
+    if a is None:
+        a, b, flip = b, a, True      # (a scatter's input off the root)
+    else:
+        flip = False
+    if type(a) is not np.ndarray:
+        return None
+    if b is None:
+        n = a.nbytes
+        sb = None
+    elif type(b) is np.ndarray:
+        n, m = a.nbytes, b.nbytes
+        if m < n:
+            n = m
+        sb = b.dtype, b.size
+    else:
+        return None
+    if not 0 < n <= ZERO_COPY_MIN:
+        return None
+    return collective, algorithm, extra, flip, a.dtype, a.size, sb
+
+
+def _laned(key, timeout, *arrays) -> bool:
+    """Run the call in its lane, if it has one: True when done."""
+    hit = _S.lane.get(key)
+    return hit is not None and _lane(hit, arrays, timeout)
 
 
 def _flat(arr: np.ndarray) -> np.ndarray:
@@ -212,12 +266,16 @@ def _check_algorithm(algorithm):
 def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str = "auto",
               timeout: float | None = None):
     """Copy ``buf`` of group rank ``src`` into ``buf`` of every rank."""
+    lane = _lane_key("broadcast", group, async_op, algorithm, src, buf) if type(src) is int \
+        else None
+    if lane is not None and _laned(lane, timeout, buf):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     _root(src, g, "broadcast", "src")
     arr = _writable(buf, "broadcast buffer")
     return _run("broadcast", g, algorithm, arr.size, arr.dtype, {"buf": _flat(arr)}, None,
-                async_op, timeout, root=src)
+                async_op, timeout, root=src, lane=lane)
 
 
 @profiled("all_reduce")
@@ -230,7 +288,7 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
             and buf.nbytes <= ZERO_COPY_MIN:      # (the world by name: the torch backend's)
         lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm)
         hit = _S.lane.get(lane)
-        if hit is not None and _lane(hit, buf, timeout):
+        if hit is not None and _lane(hit, (buf,), timeout):
             return None
     # (the checks of the other collectives, with the common case inline: a Python call
     # costs ~500 instructions, 2% of an 8 B all_reduce)
@@ -246,34 +304,34 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 timeout, finish=_averager(op, flat, g) if op is _AVG else None, lane=lane)
 
 
-def _lane(hit: tuple, buf: np.ndarray | None, timeout) -> bool:
-    """A blocking all_reduce on the world of at most ZERO_COPY_MIN bytes (no rl.empty pick)
-    that repeats one C ran whole - same dtype, count, op and algorithm (``_S.lane``, beside
-    point-to-point's: runtime._lane) - or a blocking barrier on the world (``buf`` None)
-    is run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
-    prepared for it stands, and C checks the new buffer (C-contiguous, writable, aligned),
-    numbers the call and counts it (``rl.stats`` adds the lanes' counts:
-    work.fold_lanes). Not while a progress thread may drive the
-    engine, anything else is in flight on it or aborts are pending, or calls are traced;
-    nor when C declines the buffer or a peer is busy: False (nothing done, no sequence
-    number taken). Where C does not finish it, the Python engine does, from where C
-    stopped. The full path's Python, not C, is most of a small call: 8 B at p = 2 took
-    5.9 us a call through the Python lane before, 2.4 of them in C."""
-    world, call, lane = hit
+def _lane(hit: tuple, arrays: tuple, timeout) -> bool:
+    """A small blocking collective on the world (every message at most ZERO_COPY_MIN
+    bytes, so no rl.empty pick) that repeats one C ran whole - same collective, algorithm,
+    root, op, dtypes and sizes (``_S.lane``, beside point-to-point's: runtime._lane) - is
+    run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
+    prepared for it stands, and C checks the new buffers (``arrays``, in the order
+    ``_LANE_BUFS`` names: C-contiguous, writable where written, aligned, apart from each
+    other), numbers the call and counts it (``rl.stats`` adds the lanes' counts:
+    work.fold_lanes). Not while a progress thread may drive the engine, anything else is in
+    flight on it or aborts are pending, or calls are traced; nor when C declines a buffer
+    or a peer is busy: False (nothing done, no sequence number taken). Where C does not
+    finish it, the Python engine does, from where C stopped. The full path's Python, not
+    C, is most of a small call: 8 B all_reduce at p = 2 took 5.9 us a call through the
+    Python lane before, 2.4 of them in C."""
+    world, call, lane, names = hit
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False
-    ran = lane.run(buf, eng.fast_budget, eng.crowded)
+    ran = lane.run(eng.fast_budget, eng.crowded, *arrays)
     if ran is True:
         return True
     if ran is None:
         return False
     seq, tag, ran, tmp = ran       # begun in C: the engine goes on from where C stopped
-    if buf is None:
-        bufs = {"tmp": tmp}
-    else:
-        flat = buf if buf.ndim == 1 else buf.reshape(-1)
-        bufs = {"buf": flat, "tmp": tmp if tmp is not None else np.empty(0, buf.dtype)}
+    dtype = next((a.dtype for a in arrays if a is not None), np.dtype(np.uint8))
+    bufs = {n: np.empty(0, dtype) if a is None else a.reshape(-1)
+            for n, a in zip(names, arrays)}
+    bufs["tmp"] = tmp if tmp is not None else np.empty(0, dtype)
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    fast.FastRun.of(ran, call.fast)).wait(timeout)
     return True
@@ -284,6 +342,10 @@ def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group into ``buf`` of group rank ``dst``; the other
     ranks' buffers are left unchanged."""
+    lane = _lane_key("reduce", group, async_op, algorithm, (dst, op._value_), buf) \
+        if type(dst) is int and type(op) is ReduceOp and op is not _AVG else None
+    if lane is not None and _laned(lane, timeout, buf):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     op = as_op(op)
@@ -292,7 +354,7 @@ def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
     flat = _flat(arr)
     finish = _averager(op, flat, g) if g.rank == dst else None
     return _run("reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
-                timeout, root=dst, finish=finish)
+                timeout, root=dst, finish=finish, lane=lane)
 
 
 def _averager(op: ReduceOp, flat: np.ndarray, g: Group):
@@ -358,13 +420,16 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
                timeout: float | None = None):
     """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
     arrays) receives all contributions in rank order."""
+    lane = _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
+    if lane is not None and _laned(lane, timeout, inp, out):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     a = as_array(inp, "all_gather input")
     flat_out, copy_back = _blocks(out, g.size, a, "all_gather output", True)
     bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("all_gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
-                finish=copy_back)
+                finish=copy_back, lane=lane)
 
 
 @profiled("reduce_scatter")
@@ -372,6 +437,10 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
                    algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
     rank i receives block i of the result in ``out``. ``inp`` is left unchanged."""
+    lane = _lane_key("reduce_scatter", group, async_op, algorithm, op._value_, inp, out) \
+        if type(op) is ReduceOp and op is not _AVG else None
+    if lane is not None and _laned(lane, timeout, inp, out):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     op = as_op(op)
@@ -381,7 +450,7 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
     flat_out = _flat(o)
     bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
     return _run("reduce_scatter", g, algorithm, o.size, o.dtype, bufs, op, async_op, timeout,
-                finish=_averager(op, flat_out, g))
+                finish=_averager(op, flat_out, g), lane=lane)
 
 
 @profiled("gather")
@@ -389,6 +458,10 @@ def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Collect every rank's ``inp`` into ``out`` on group rank ``dst`` (``out`` is only
     needed there: shape (p, *inp.shape) or a list of p arrays)."""
+    lane = _lane_key("gather", group, async_op, algorithm, dst, inp, out) if type(dst) is int \
+        else None
+    if lane is not None and _laned(lane, timeout, inp, out):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     _root(dst, g, "gather", "dst")
@@ -402,7 +475,7 @@ def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
         flat_out = np.empty(0, a.dtype)
     bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
-                root=dst, finish=copy_back)
+                root=dst, finish=copy_back, lane=lane)
 
 
 @profiled("scatter")
@@ -410,6 +483,10 @@ def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
             algorithm: str = "auto", timeout: float | None = None):
     """Group rank ``src`` splits ``inp`` (shape (p, *out.shape) or a list of p arrays);
     rank i receives block i in ``out``."""
+    lane = _lane_key("scatter", group, async_op, algorithm, src, inp, out) if type(src) is int \
+        else None
+    if lane is not None and _laned(lane, timeout, inp, out):
+        return None
     g = resolve(group)
     _check_algorithm(algorithm)
     _root(src, g, "scatter", "src")
@@ -421,7 +498,8 @@ def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
     else:
         flat_in = np.empty(0, o.dtype)
     bufs = {"in": _separate(flat_in, _flat(o)), "out": _flat(o)}
-    return _run("scatter", g, algorithm, o.size, o.dtype, bufs, None, async_op, timeout, root=src)
+    return _run("scatter", g, algorithm, o.size, o.dtype, bufs, None, async_op, timeout, root=src,
+                lane=lane)
 
 
 # -- all-to-all --------------------------------------------------------------------------
@@ -464,6 +542,11 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
     """All-to-all on single arrays. Without splits, dim 0 divides evenly among ranks; with
     ``in_splits`` / ``out_splits`` (rows of dim 0 per rank, as in torch) the exchange is
     uneven — the routing of mixture-of-experts tokens."""
+    lane = None
+    if out_splits is None and in_splits is None:
+        lane = _lane_key("all_to_all", group, async_op, algorithm, None, inp, out)
+        if lane is not None and _laned(lane, timeout, inp, out):
+            return None
     g = resolve(group)
     _check_algorithm(algorithm)
     i = as_array(inp, "all_to_all input")
@@ -477,7 +560,8 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
                              f"have the same size, divisible by the group size {p}; pass "
                              f"in_splits/out_splits for uneven exchanges")
         bufs = {"in": _separate(_flat(i), _flat(o)), "out": _flat(o)}
-        return _run("all_to_all", g, algorithm, i.size // p, i.dtype, bufs, None, async_op, timeout)
+        return _run("all_to_all", g, algorithm, i.size // p, i.dtype, bufs, None, async_op, timeout,
+                    lane=lane)
     row_i, row_o = int(np.prod(i.shape[1:])), int(np.prod(o.shape[1:]))  # elements per row
     in_rows = _splits(in_splits, i, p, "in_splits")
     out_rows = _splits(out_splits, o, p, "out_splits")
@@ -538,7 +622,7 @@ def barrier(group=None, async_op: bool = False, timeout: float | None = None):
     if (group is None or group is _S.world) and not async_op:   # (a repeated one: _lane)
         lane = _BARRIER
         hit = _S.lane.get(lane)
-        if hit is not None and _lane(hit, None, timeout):
+        if hit is not None and _lane(hit, (), timeout):
             return None
     g = resolve(group)
     return _run("barrier", g, "dissemination", 0, np.dtype(np.uint8), {}, None, async_op, timeout,

@@ -559,8 +559,8 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
             key = (kind, peer, tag, flat.nbytes)
             if g is _S.world and type(peer) is int and type(tag) is int and \
                     key not in _S.lane and len(_S.lane) < 1024:
-                _S.lane[key] = fast.lane(eng.fast_p2p[(kind, world, flat.nbytes)], flat.nbytes,
-                                         kind == "recv", tag=wire)
+                _S.lane[key] = fast.lane(eng.fast_p2p[(kind, world, flat.nbytes)], ("buf",),
+                                         (flat.nbytes,), (kind == "recv",), tag=wire)
             return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
@@ -586,7 +586,7 @@ def _lane(kind: str, peer, tag, buf) -> bool:
     eng = _S.engine
     if eng.works or not eng.background.idle or tracing.ON or buf.dtype.hasobject:
         return False
-    return lane.run(buf, eng.fast_budget, eng.crowded) is True
+    return lane.run(eng.fast_budget, eng.crowded, buf) is True
 
 
 def drop_lanes() -> None:

@@ -234,6 +234,15 @@ def _alone(rank):
         rl.all_reduce(frozen)
     with pytest.raises(ValueError, match="C-contiguous"):
         rl.all_reduce(np.ones((3, 2), np.float32)[:, 0])
+    out = np.empty((1, 3), np.float32)
+    for _ in range(3):       # (a broadcast moves nothing either; all_gather copies in to out)
+        rl.broadcast(x, 0)
+        rl.all_gather(out, x)
+    with pytest.raises(ValueError, match="read-only"):
+        rl.broadcast(frozen, 0)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        rl.all_gather(out, x)
 
 
 def test_a_single_rank_still_checks_every_buffer():
@@ -288,6 +297,95 @@ def _barrier_lane(rank):
 def test_a_repeated_barrier_takes_the_lane():
     run(_barrier_lane, 2)
     run(_barrier_lane, 3)
+
+
+def _inputs(i, r, p, dtype, n=4):
+    """Call ``i``'s input of rank ``r``: p blocks of n, known to every rank."""
+    return np.random.default_rng([i, r]).integers(0, 40, (p, n)).astype(dtype)
+
+
+def _every_lane(rank):
+    """Every other small blocking collective that repeats one C ran whole takes a lane too
+    (the full path's checks stand, C checks the new buffers): each repeat gives NumPy's
+    result, counts in the stats, still refuses a buffer the full path refuses, still gives
+    an in-place or aliased call the full path's answer, and a rank that calls the same
+    collective with another root still raises CollectiveMismatch."""
+    from ringlet import collectives
+    p, world = rl.get_world_size(), range(rl.get_world_size())
+    engine().fast_budget = 5.0     # (a partner late past the budget would leave C: see above)
+    full = []
+    checked = collectives._run
+    collectives._run = lambda *a, **k: full.append(a[0]) or checked(*a, **k)
+    reps, last = 6, p - 1
+    for dtype in (np.float32, np.int64):
+        for i in range(reps):
+            x = {r: _inputs(i, r, p, dtype) for r in world}   # rank r's p blocks
+            mine = x[rank]
+            b = mine[0].copy()
+            rl.broadcast(b, last)
+            np.testing.assert_array_equal(b, x[last][0])
+            b = mine[0].copy()
+            rl.reduce(b, 0, op=rl.ReduceOp.MAX)
+            np.testing.assert_array_equal(b, np.max([x[r][0] for r in world], 0) if rank == 0
+                                          else mine[0])
+            out = np.empty((p, 4), dtype)
+            rl.all_gather(out, mine[0])
+            np.testing.assert_array_equal(out, [x[r][0] for r in world])
+            o = np.empty(4, dtype)
+            rl.reduce_scatter(o, mine)
+            np.testing.assert_array_equal(o, sum(x[r][rank] for r in world))
+            g = np.empty((p, 4), dtype) if rank == last else None
+            rl.gather(mine[1], g, dst=last)
+            if rank == last:
+                np.testing.assert_array_equal(g, [x[r][1] for r in world])
+            o = np.empty(4, dtype)
+            rl.scatter(o, mine if rank == 0 else None, src=0)
+            np.testing.assert_array_equal(o, x[0][rank])
+            out = np.empty((p, 4), dtype)
+            rl.all_to_all_single(out, mine)
+            np.testing.assert_array_equal(out, [x[r][rank] for r in world])
+    calls = 2 * reps
+    names = ("broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
+             "all_to_all")
+    st = rl.stats()["collectives"]
+    for name in names:
+        took = full.count(name)
+        assert took <= 4, f"{took} of {calls} {name} calls took the full path"
+        assert st[name]["calls"] == calls and st[name]["fast_calls"] >= calls - took, (name, st)
+    # what the full path refuses, the lane refuses too (its first call made the lane)
+    frozen = np.ones(4, np.float32)
+    frozen.flags.writeable = False
+    table = np.ones((p, 4), np.float32)
+    with pytest.raises(ValueError, match="read-only"):
+        rl.broadcast(frozen, 0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        rl.all_gather(np.ones((p, 8), np.float32)[:, ::2], np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        rl.all_gather(np.ones((p, 4), np.int32), np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="read-only"):
+        rl.reduce_scatter(frozen, table)
+    rl.barrier()
+    # a reduce's other ranks only read theirs: a read-only one is fine there
+    rl.reduce(np.ones(4, np.float32) if rank == 0 else frozen, 0)
+    # in place: the input inside the output (its own block), and one array as both
+    # all_to_all's input and output; C declines the overlap and the full path answers
+    for _ in range(2):
+        out = np.array([x[r][0] for r in world])
+        out[rank] = x[rank][0]
+        rl.all_gather(out, out[rank])
+        np.testing.assert_array_equal(out, [x[r][0] for r in world])
+        both = x[rank].copy()
+        rl.all_to_all_single(both, both)
+        np.testing.assert_array_equal(both, [x[r][rank] for r in world])
+    collectives._run = checked
+    # another root on one rank: the warm lane on the others must not hide the mismatch
+    with pytest.raises(rl.CollectiveMismatch):
+        rl.broadcast(np.ones(4, np.float32), 0 if rank == 0 else last, timeout=20)
+
+
+def test_every_small_collective_takes_a_lane_and_still_checks():
+    run(_every_lane, 2)
+    run(_every_lane, 3)
 
 
 def _late_partner(rank):

@@ -44,6 +44,7 @@
 #define EAGER 1
 #define PAD 5
 #define MAX_LINKS 64
+#define MAX_CALLER 2     /* a Lane's caller buffers: an all_gather's input and output */
 #define MAX_RECVS 62 /* the mask is one int64 */
 
 typedef struct {
@@ -582,15 +583,19 @@ release:
 }
 
 /* -- Lane: a blocking call C ran whole once, run again in one call from Python -------------- *
- * Lane(plan, peers, links, kernel, fp1, fp2, buf_at, tmp_at, nbufs, nbytes, writes, pool,
+ * Lane(plan, peers, links, kernel, fp1, fp2, at, tmp_at, nbufs, nbytes, writes, pool,
  *      group, tag, tag_mod, algorithm, wake, ranks)
  * holds what the full path checked and prepared for a call (collectives._lane and
- * runtime._lane say when one is made and taken). lane.run(buf, budget, yield) checks the
- * new buffer - C-contiguous, `nbytes` long, writable if `writes`, aligned for the kernel;
- * none where the plan has none (`buf_at` -1, a barrier: buf is ignored) -
- * takes a scratch array from `pool` if the plan has one (at `tmp_at` of the plan's `nbufs`
- * buffers, the caller's at `buf_at`), the call's number from `group` (its `seq`; the wire
- * tag `tag` | seq % `tag_mod`; no group: the wire tag is `tag`) and runs the plan. Returns
+ * runtime._lane say when one is made and taken). lane.run(budget, yield, *bufs) takes the
+ * caller's buffers in the call's order (a broadcast's one, an all_gather's input and output,
+ * a barrier's none): buffer k is the plan's buffer `at[k]` of its `nbufs` (-1: the plan
+ * does not use it, as a gather's output off the root; it is ignored) and must be
+ * C-contiguous, `nbytes[k]` long, writable if `writes[k]`, aligned for the kernel, and
+ * apart from every other buffer of the call that is written (an in-place all_gather's
+ * input inside its output, which the full path copies or keeps, takes the full path),
+ * takes a scratch array from `pool` if the plan has one (at `tmp_at`), the call's number
+ * from `group` (its `seq`; the wire tag `tag` | seq % `tag_mod`; no group: the wire tag is
+ * `tag`) and runs the plan. Returns
  *   None   nothing done (a buffer it does not take, no scratch free, a peer busy): the
  *          full path runs the call, with its checks and errors;
  *   True   done; a collective's counted in the lane (calls, seconds waited, the longest
@@ -604,8 +609,9 @@ release:
 typedef struct {
     PyObject_HEAD
     PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake;
-    int kernel, writes, buf_at, tmp_at, nbufs;
-    int64_t nbytes, fp1, fp2, tag, tag_mod;
+    int kernel, nat, tmp_at, nbufs;
+    int at[MAX_CALLER], writes[MAX_CALLER];
+    int64_t nbytes[MAX_CALLER], fp1, fp2, tag, tag_mod;
     int64_t ranks[MAX_LINKS];
     int64_t calls, last_rank, stamp;     /* since lane.take() */
     double wait_s, max_wait_s;
@@ -643,25 +649,47 @@ static void lane_dealloc(Lane *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Fill `out` (n entries) from a tuple of n ints; -1 and an exception when it is not one. */
+static int int_tuple(PyObject *t, Py_ssize_t n, int64_t *out) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *names[] = {"plan", "peers", "links", "kernel", "fp1", "fp2", "buf_at", "tmp_at",
+    static char *names[] = {"plan", "peers", "links", "kernel", "fp1", "fp2", "at", "tmp_at",
                             "nbufs", "nbytes", "writes", "pool", "group", "tag", "tag_mod",
                             "algorithm", "wake", "ranks", NULL};
-    PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake, *ranks;
-    int kernel, buf_at, tmp_at, nbufs, writes;
-    long long fp1, fp2, nbytes, tag, tag_mod;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!iLLiiiLpOOLLOOO!", names,
+    PyObject *plan, *peers, *links, *pool, *group, *algorithm, *wake, *ranks, *at, *nbytes,
+             *writes;
+    int kernel, tmp_at, nbufs;
+    long long fp1, fp2, tag, tag_mod;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!iLLO!iiO!O!OOLLOOO!", names,
                                      &PyBytes_Type, &plan, &PyTuple_Type, &peers,
-                                     &PyTuple_Type, &links, &kernel, &fp1, &fp2, &buf_at,
-                                     &tmp_at, &nbufs, &nbytes, &writes, &pool, &group, &tag,
-                                     &tag_mod, &algorithm, &wake, &PyTuple_Type, &ranks))
+                                     &PyTuple_Type, &links, &kernel, &fp1, &fp2, &PyTuple_Type,
+                                     &at, &tmp_at, &nbufs, &PyTuple_Type, &nbytes, &PyTuple_Type,
+                                     &writes, &pool, &group, &tag, &tag_mod, &algorithm, &wake,
+                                     &PyTuple_Type, &ranks))
         return NULL;
-    Py_ssize_t npeers = PyTuple_GET_SIZE(peers);
+    Py_ssize_t npeers = PyTuple_GET_SIZE(peers), nat = PyTuple_GET_SIZE(at);
+    int64_t at_[MAX_CALLER], nbytes_[MAX_CALLER], writes_[MAX_CALLER], ranks_[MAX_LINKS];
     kernel_fn reduce;
     if (kernel_of(kernel, &reduce) < 0) return NULL;
-    if (npeers != PyTuple_GET_SIZE(links) || npeers != PyTuple_GET_SIZE(ranks) ||
-        npeers > MAX_LINKS || nbufs < 0 || nbufs > 8 || buf_at >= nbufs || tmp_at >= nbufs ||
-        (buf_at >= 0 && tmp_at == buf_at) || nbufs != (buf_at >= 0) + (tmp_at >= 0) || nbytes < 0 ||
+    int bad = nat > MAX_CALLER || npeers != PyTuple_GET_SIZE(links) || npeers > MAX_LINKS ||
+              int_tuple(at, nat, at_) < 0 || int_tuple(nbytes, nat, nbytes_) < 0 ||
+              int_tuple(writes, nat, writes_) < 0 || int_tuple(ranks, npeers, ranks_) < 0;
+    if (PyErr_Occurred()) return NULL;
+    /* the plan's buffers: each caller's it uses, and tmp, once each */
+    int used = tmp_at >= 0;
+    for (Py_ssize_t k = 0; k < nat && !bad; k++) {
+        bad |= at_[k] >= nbufs || nbytes_[k] < 0 || (at_[k] >= 0 && at_[k] == tmp_at);
+        for (Py_ssize_t j = 0; j < k; j++) bad |= at_[k] >= 0 && at_[k] == at_[j];
+        used += at_[k] >= 0;
+    }
+    if (bad || nbufs < 0 || nbufs > 8 || tmp_at >= nbufs || nbufs != used ||
         (tmp_at >= 0 && !PyList_Check(pool)) || (group != Py_None && tag_mod <= 0) ||
         !PyCallable_Check(wake)) {
         PyErr_SetString(PyExc_ValueError, "Lane(): bad arguments");
@@ -669,13 +697,13 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     Lane *self = (Lane *)type->tp_alloc(type, 0);
     if (!self) return NULL;
-    for (Py_ssize_t i = 0; i < npeers; i++) {
-        self->ranks[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(ranks, i));
-        if (self->ranks[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(self);
-            return NULL;
-        }
+    for (Py_ssize_t i = 0; i < npeers; i++) self->ranks[i] = ranks_[i];
+    for (Py_ssize_t k = 0; k < nat; k++) {
+        self->at[k] = (int)at_[k];
+        self->nbytes[k] = nbytes_[k];
+        self->writes[k] = writes_[k] != 0;
     }
+    self->nat = (int)nat;
     Py_INCREF(plan); self->plan = plan;
     Py_INCREF(peers); self->peers = peers;
     Py_INCREF(links); self->links = links;
@@ -684,11 +712,8 @@ static PyObject *lane_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_INCREF(algorithm); self->algorithm = algorithm;
     Py_INCREF(wake); self->wake = wake;
     self->kernel = kernel;
-    self->writes = writes;
-    self->buf_at = buf_at;
     self->tmp_at = tmp_at;
     self->nbufs = nbufs;
-    self->nbytes = nbytes;
     self->fp1 = fp1;
     self->fp2 = fp2;
     self->tag = tag;
@@ -711,13 +736,24 @@ static PyObject *pop_scratch(PyObject *pool) {
     return tmp;
 }
 
+/* Release the first `got` caller buffers a Lane bound (those the plan uses). */
+static void release_caller(Lane *self, exec_t *x, int got) {
+    for (int k = 0; k < got; k++)
+        if (self->at[k] >= 0) PyBuffer_Release(&x->views[self->at[k]]);
+}
+
+/* Do byte ranges [a, a + n) and [b, b + m) meet? */
+static int overlap(const char *a, Py_ssize_t n, const char *b, Py_ssize_t m) {
+    return n > 0 && m > 0 && a < b + m && b < a + n;
+}
+
 static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "Lane.run(buf, budget, yield)");
+    if (nargs != 2 + self->nat) {
+        PyErr_Format(PyExc_TypeError, "Lane.run(budget, yield, *bufs): %d buffer(s)", self->nat);
         return NULL;
     }
-    double budget = PyFloat_AsDouble(args[1]);
-    int yield = PyObject_IsTrue(args[2]);
+    double budget = PyFloat_AsDouble(args[0]);
+    int yield = PyObject_IsTrue(args[1]);
     if (PyErr_Occurred()) return NULL;
     kernel_fn reduce;
     reader_t rd;
@@ -728,28 +764,36 @@ static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     exec_t x;
     x.nbufs = self->nbufs;
     x.npeers = PyTuple_GET_SIZE(self->peers);
-    Py_buffer *v = self->buf_at >= 0 ? &x.views[self->buf_at] : NULL;   /* (a barrier: none) */
-    /* (PyBUF_SIMPLE: a NumPy array that is not C-contiguous refuses it) */
-    if (v && PyObject_GetBuffer(args[0], v, self->writes ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (v) {
-        x.buf[self->buf_at] = v->buf;
-        if (v->len != self->nbytes || (reduce && (uintptr_t)v->buf % (uintptr_t)itemsize)) {
-            PyBuffer_Release(v);
-            Py_RETURN_NONE;
+    int got = 0;      /* caller buffers bound */
+    for (; got < self->nat; got++) {
+        int b = self->at[got];
+        if (b < 0) continue;          /* (not the plan's: ignored) */
+        Py_buffer *v = &x.views[b];
+        /* (PyBUF_SIMPLE: a NumPy array that is not C-contiguous refuses it) */
+        if (PyObject_GetBuffer(args[2 + got], v, self->writes[got] ? PyBUF_WRITABLE
+                                                                   : PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            goto declined;
+        }
+        x.buf[b] = v->buf;
+        int clash = v->len != self->nbytes[got] ||
+                    (reduce && (uintptr_t)v->buf % (uintptr_t)itemsize);
+        for (int j = 0; j < got && !clash; j++) {
+            int c = self->at[j];
+            clash = c >= 0 && (self->writes[got] || self->writes[j]) &&
+                    overlap(v->buf, v->len, x.views[c].buf, x.views[c].len);
+        }
+        if (clash) {
+            got++;
+            goto declined;
         }
     }
     PyObject *tmp = NULL;
     if (self->tmp_at >= 0) {
         Py_buffer *t = &x.views[self->tmp_at];
-        if (!(tmp = pop_scratch(self->pool))) {
-            if (v) PyBuffer_Release(v);
-            Py_RETURN_NONE;
-        }
+        if (!(tmp = pop_scratch(self->pool))) goto declined;
         if (PyObject_GetBuffer(tmp, t, PyBUF_WRITABLE) < 0) {
-            if (v) PyBuffer_Release(v);
+            release_caller(self, &x, got);
             Py_DECREF(tmp);
             return NULL;
         }
@@ -812,6 +856,9 @@ static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *res = Py_BuildValue("(LLNN)", (long long)seq, (long long)tag, ran,
                                   tmp ? tmp : Py_NewRef(Py_None));
     return res;
+declined:     /* a buffer it does not take, or no scratch free: nothing done */
+    release_caller(self, &x, got);
+    Py_RETURN_NONE;
 }
 
 /* lane.take(): (calls, seconds waited, the longest wait, world rank waited on last or None,

@@ -199,19 +199,21 @@ def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):
                          _wake)
 
 
-def lane(fc: FastCall, nbytes: int, writes: bool, fp=(0, 0), pool=None, group=None,
-         tag: int = 0, tag_mod: int = 0, algorithm=None):
-    """A ``_fastpath.Lane`` for a blocking call C ran whole: ``fc`` run again on a new buffer
-    of ``nbytes`` (the plan's "buf", written if ``writes``; "tmp" from ``pool``) in one C
-    call (a plan without "buf", a barrier's: none). With ``group``: a collective, numbered
-    by the group (wire tag ``tag`` | seq % ``tag_mod``) and counted in the lane; without: a
-    send or receive of wire tag ``tag``."""
-    names = fc.names
+def lane(fc: FastCall, names: tuple, nbytes: tuple, writes: tuple, fp=(0, 0), pool=None,
+         group=None, tag: int = 0, tag_mod: int = 0, algorithm=None):
+    """A ``_fastpath.Lane`` for a blocking call C ran whole: ``fc`` run again on new buffers
+    in one C call. ``names``: the call's buffers in the order ``lane.run`` takes them
+    (("buf",), ("in", "out"), a barrier's ()), each ``nbytes`` long and written where
+    ``writes`` says; one the plan does not use (a gather's output off the root) is
+    ignored; "tmp" comes from ``pool``. With ``group``: a collective, numbered by the group
+    (wire tag ``tag`` | seq % ``tag_mod``) and counted in the lane; without: a send or
+    receive of wire tag ``tag``."""
+    plan = fc.names
     return _fastpath.Lane(fc.plan, fc.peers, fc.links, fc.kernel, fp[0], fp[1],
-                          names.index("buf") if "buf" in names else -1,
-                          names.index("tmp") if "tmp" in names else -1,
-                          len(names), nbytes, writes, pool, group, tag, tag_mod, algorithm,
-                          _wake, tuple(p.rank for p in fc.peers))
+                          tuple(plan.index(n) if n in plan else -1 for n in names),
+                          plan.index("tmp") if "tmp" in plan else -1,
+                          len(plan), tuple(nbytes), tuple(int(w) for w in writes), pool, group,
+                          tag, tag_mod, algorithm, _wake, tuple(p.rank for p in fc.peers))
 
 
 class FastRun(NamedTuple):

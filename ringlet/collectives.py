@@ -242,10 +242,10 @@ def _lane_key(collective: str, group, async_op: bool, algorithm, extra, a, b=Fal
     return collective, algorithm, extra, flip, a.dtype, a.size, sb
 
 
-def _laned(key, timeout, *arrays) -> bool:
+def _laned(key, timeout, a, b=None) -> bool:
     """Run the call in its lane, if it has one: True when done."""
     hit = _S.lane.get(key)
-    return hit is not None and _lane(hit, arrays, timeout)
+    return hit is not None and _lane(hit, a, b, timeout)
 
 
 def _flat(arr: np.ndarray) -> np.ndarray:
@@ -288,7 +288,7 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
             and buf.nbytes <= ZERO_COPY_MIN:      # (the world by name: the torch backend's)
         lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm)
         hit = _S.lane.get(lane)
-        if hit is not None and _lane(hit, (buf,), timeout):
+        if hit is not None and _lane(hit, buf, None, timeout):
             return None
     # (the checks of the other collectives, with the common case inline: a Python call
     # costs ~500 instructions, 2% of an 8 B all_reduce)
@@ -304,13 +304,13 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                 timeout, finish=_averager(op, flat, g) if op is _AVG else None, lane=lane)
 
 
-def _lane(hit: tuple, arrays: tuple, timeout) -> bool:
+def _lane(hit: tuple, a, b, timeout) -> bool:
     """A small blocking collective on the world (every message at most ZERO_COPY_MIN
     bytes, so no rl.empty pick) that repeats one C ran whole - same collective, algorithm,
     root, op, dtypes and sizes (``_S.lane``, beside point-to-point's: runtime._lane) - is
     run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
-    prepared for it stands, and C checks the new buffers (``arrays``, in the order
-    ``_LANE_BUFS`` names: C-contiguous, writable where written, aligned, apart from each
+    prepared for it stands, and C checks the new buffers (``a`` and ``b``, in the order
+    ``_LANE_BUFS`` names, None past them: C-contiguous, writable where written, aligned, apart from each
     other), numbers the call and counts it (``rl.stats`` adds the lanes' counts:
     work.fold_lanes). Not while a progress thread may drive the engine, anything else is in
     flight on it or aborts are pending, or calls are traced; nor when C declines a buffer
@@ -322,15 +322,16 @@ def _lane(hit: tuple, arrays: tuple, timeout) -> bool:
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False
-    ran = lane.run(eng.fast_budget, eng.crowded, *arrays)
+    ran = lane.run(eng.fast_budget, eng.crowded, a, b)
     if ran is True:
         return True
     if ran is None:
         return False
     seq, tag, ran, tmp = ran       # begun in C: the engine goes on from where C stopped
-    dtype = next((a.dtype for a in arrays if a is not None), np.dtype(np.uint8))
-    bufs = {n: np.empty(0, dtype) if a is None else a.reshape(-1)
-            for n, a in zip(names, arrays)}
+    arrays = (a, b)
+    dtype = next((x.dtype for x in arrays if x is not None), np.dtype(np.uint8))
+    bufs = {n: np.empty(0, dtype) if x is None else x.reshape(-1)
+            for n, x in zip(names, arrays)}
     bufs["tmp"] = tmp if tmp is not None else np.empty(0, dtype)
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    fast.FastRun.of(ran, call.fast)).wait(timeout)
@@ -622,7 +623,7 @@ def barrier(group=None, async_op: bool = False, timeout: float | None = None):
     if (group is None or group is _S.world) and not async_op:   # (a repeated one: _lane)
         lane = _BARRIER
         hit = _S.lane.get(lane)
-        if hit is not None and _lane(hit, (), timeout):
+        if hit is not None and _lane(hit, None, None, timeout):
             return None
     g = resolve(group)
     return _run("barrier", g, "dissemination", 0, np.dtype(np.uint8), {}, None, async_op, timeout,

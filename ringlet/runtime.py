@@ -586,7 +586,7 @@ def _lane(kind: str, peer, tag, buf) -> bool:
     eng = _S.engine
     if eng.works or not eng.background.idle or tracing.ON or buf.dtype.hasobject:
         return False
-    return lane.run(eng.fast_budget, eng.crowded, buf) is True
+    return lane.run(eng.fast_budget, eng.crowded, buf, None) is True
 
 
 def drop_lanes() -> None:

@@ -332,7 +332,10 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     dtype = next((x.dtype for x in arrays if x is not None), np.dtype(np.uint8))
     bufs = {n: np.empty(0, dtype) if x is None else x.reshape(-1)
             for n, x in zip(names, arrays)}
-    bufs["tmp"] = tmp if tmp is not None else np.empty(0, dtype)
+    if tmp is None:     # (this rank's plan needs none, though the schedule may have some:
+        # what CollectiveWork gives back to the pool must be the pool's size)
+        tmp = call.pool.pop() if call.pool else np.empty(call.tmp, dtype)
+    bufs["tmp"] = tmp
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    fast.FastRun.of(ran, call.fast)).wait(timeout)
     return True

@@ -388,6 +388,29 @@ def test_every_small_collective_takes_a_lane_and_still_checks():
     run(_every_lane, 3)
 
 
+def _handover_scratch(rank):
+    """A lane handed to the Python engine on a rank whose own plan needs no scratch, though
+    the schedule has some (recursive doubling at p = 3: rank 1's): the scratch that goes
+    back to the pool must still be the pool's size. An empty one went back there, and the
+    next call of any kind that took it from that pool failed ("malformed plan")."""
+    from ringlet import collectives
+    p = rl.get_world_size()
+    for i in range(8):
+        if rank == 0 and i >= 3:         # (the first calls make the lane)
+            until_asleep(range(1, p))
+        x = np.full(7, rank + i, np.float64)
+        rl.all_reduce(x, algorithm="recursive_doubling")
+        np.testing.assert_array_equal(x, sum(range(p)) + p * i)
+        for (n, _), pool in collectives._TMP.items():
+            assert all(a.size == n for a in pool), (i, n, [a.size for a in pool])
+    if rank == 1:
+        assert rl.stats()["collectives"]["all_reduce"]["handovers"] >= 1
+
+
+def test_a_handed_over_lane_keeps_the_scratch_pool_whole():
+    run(_handover_scratch, 3)
+
+
 def _late_partner(rank):
     """Rank 0 arrives well after the others' spin budget: they hand the call to the Python
     engine part-way (after their first round's sends) and it finishes there."""

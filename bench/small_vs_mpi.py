@@ -59,7 +59,8 @@ def job(rank, size, kind, calls, send, recv, barrier, path):
 RINGLET = LOOPS + r"""
 import ringlet as rl
 kind, p, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-CALLS = {"all_reduce": lambda x, y, z: rl.all_reduce(x), "broadcast": lambda x, y, z: rl.broadcast(x, 0),
+CALLS = {"all_reduce": lambda x, y, z: rl.all_reduce(x),
+         "broadcast": lambda x, y, z: rl.broadcast(x, 0),
          "reduce": lambda x, y, z: rl.reduce(x, 0), "all_gather": lambda x, y, z: rl.all_gather(y, x),
          "reduce_scatter": lambda x, y, z: rl.reduce_scatter(x, y),
          "gather": lambda x, y, z: rl.gather(x, y, dst=0),

@@ -310,9 +310,9 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     root, op, dtypes and sizes (``_S.lane``, beside point-to-point's: runtime._lane) - is
     run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
     prepared for it stands, and C checks the new buffers (``a`` and ``b``, in the order
-    ``_LANE_BUFS`` names, None past them: C-contiguous, writable where written, aligned, apart from each
-    other), numbers the call and counts it (``rl.stats`` adds the lanes' counts:
-    work.fold_lanes). Not while a progress thread may drive the engine, anything else is in
+    ``_LANE_BUFS`` names, None past them: C-contiguous, writable where written, aligned,
+    apart from each other), numbers the call and counts it (``rl.stats`` adds the lanes'
+    counts: work.fold_lanes). Not while a progress thread may drive the engine, anything else is in
     flight on it or aborts are pending, or calls are traced; nor when C declines a buffer
     or a peer is busy: False (nothing done, no sequence number taken). Where C does not
     finish it, the Python engine does, from where C stopped. The full path's Python, not

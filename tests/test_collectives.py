@@ -116,9 +116,21 @@ def _property(rank, collective, examples):
 
     @in_rank_settings(examples)
     @given(algo=st.sampled_from(algos), count=counts, dt_op=dtype_and_op(reducing),
-           root=st.integers(0, p - 1), seed=st.integers(0, 2 ** 31), variant=st.booleans())
-    def check(algo, count, dt_op, root, seed, variant):
+           root=st.integers(0, p - 1), seed=st.integers(0, 2 ** 31), variant=st.booleans(),
+           again=st.booleans())
+    def check(algo, count, dt_op, root, seed, variant, again):
+        # again: the same call once more on new inputs - a small blocking one C ran whole
+        # then takes its lane (collectives._lane), which must give the same answers (the op
+        # as a ReduceOp: a lane keys on one, a name takes the full path every time)
+        once(algo, count, dt_op, root, seed, variant, again)
+        if again:
+            once(algo, count, dt_op, root, seed + 1, variant, again)
+
+    def once(algo, count, dt_op, root, seed, variant, enum):
         dtype, op = dt_op
+        kw = {"algorithm": algo}
+        if op is not None:
+            kw["op"] = rl.ReduceOp[op] if enum else op
         dtype = np.dtype(dtype)
         if collective == "all_to_all" and variant:
             _uneven_all_to_all(rank, p, algo, count, dtype, seed)
@@ -129,12 +141,11 @@ def _property(rank, collective, examples):
                           (collective == "scatter" and r == root) else shape, dtype, op)
                for r in range(p)]
         mine = ins[rank].copy()
-        kw = {"algorithm": algo}
         if collective == "all_reduce":
-            rl.all_reduce(mine, op=op, **kw)
+            rl.all_reduce(mine, **kw)
             np.testing.assert_array_equal(mine, reference(op, ins))
         elif collective == "reduce":
-            rl.reduce(mine, root, op=op, **kw)
+            rl.reduce(mine, root, **kw)
             want = reference(op, ins) if rank == root else ins[rank]
             np.testing.assert_array_equal(mine, want)
         elif collective == "broadcast":
@@ -150,7 +161,7 @@ def _property(rank, collective, examples):
             np.testing.assert_array_equal(out, np.stack(ins))
         elif collective == "reduce_scatter":
             out = np.zeros(count, dtype)
-            rl.reduce_scatter(out, mine, op=op, **kw)
+            rl.reduce_scatter(out, mine, **kw)
             np.testing.assert_array_equal(mine, ins[rank])          # input untouched
             np.testing.assert_array_equal(out, reference(op, ins)[rank])
         elif collective == "all_to_all":

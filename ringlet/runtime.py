@@ -37,8 +37,8 @@ class _State:
     outstanding: list = []   # async works handed to the user, until destroy accounts for them
     # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
     # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
-    # all_reduces, ("all_reduce", dtype, count, op, algorithm), and barriers, ("barrier",)
-    # -> (the world, its Prepared, the Lane), see collectives._lane
+    # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
+    # world, its Prepared, the Lane, its buffers' names), see collectives._lane
     lane: dict = {}
 
 

@@ -212,8 +212,8 @@ def lane(fc: FastCall, names: tuple, nbytes: tuple, writes: tuple, fp=(0, 0), po
     return _fastpath.Lane(fc.plan, fc.peers, fc.links, fc.kernel, fp[0], fp[1],
                           tuple(plan.index(n) if n in plan else -1 for n in names),
                           plan.index("tmp") if "tmp" in plan else -1,
-                          len(plan), tuple(nbytes), tuple(int(w) for w in writes), pool, group,
-                          tag, tag_mod, algorithm, _wake, tuple(p.rank for p in fc.peers))
+                          len(plan), nbytes, writes, pool, group, tag, tag_mod, algorithm, _wake,
+                          tuple(p.rank for p in fc.peers))
 
 
 class FastRun(NamedTuple):

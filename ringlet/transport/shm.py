@@ -105,8 +105,17 @@ class ShmPeer(Peer):
         on = split.enabled()
         self.split_sender = split.Sender(self) if on else None
         self.split_receiver = split.Receiver(self) if on else None
-        self.tail = inbox.ctrl[8]
-        self.head = outbox.ctrl[0]
+
+    # Where this rank writes next (its ring in the peer's inbox) and reads next (the peer's
+    # in its own): the control words it publishes them in, and nowhere else, so the C fast
+    # path and this engine share them without handing them over (fast.py).
+    @property
+    def head(self) -> int:
+        return self.outbox.ctrl[0]
+
+    @property
+    def tail(self) -> int:
+        return self.inbox.ctrl[8]
 
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
@@ -125,15 +134,16 @@ class ShmPeer(Peer):
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         ring = self.outbox
-        cap = ring.capacity
+        ctrl, cap = ring.ctrl, ring.capacity
+        head = ctrl[0]
         need = HEADER_SIZE + (_round64(length) if payload is not None else 0)
-        free = cap - (self.head - ring.ctrl[8])
-        pos = self.head % cap
+        free = cap - (head - ctrl[8])
+        pos = head % cap
         if cap - pos < need:  # skip the ring's tail end
             if free < (cap - pos) + need:
                 return False
             HEADER.pack_into(ring.seg, ring.base + pos, PAD, 0, 0, 0, 0, 0, 0, 0, 0)
-            self.head += cap - pos
+            head += cap - pos
             free -= cap - pos
             pos = 0
         if free < need:
@@ -142,8 +152,7 @@ class ShmPeer(Peer):
             ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
         HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2,
                          zc)
-        self.head += need
-        ring.ctrl[0] = self.head          # publish (stores are ordered on x86-64)
+        ctrl[0] = head + need             # publish (stores are ordered on x86-64)
         if ring.asleep[0]:
             self.engine.ring_doorbell(self.doorbell)
         return True
@@ -151,15 +160,16 @@ class ShmPeer(Peer):
     # -- in ------------------------------------------------------------------------------
     def _poll_in(self) -> bool:
         ring = self.inbox
-        head = ring.ctrl[0]
-        if head == self.tail:
+        ctrl = ring.ctrl
+        head, tail = ctrl[0], ctrl[8]
+        if head == tail:
             return False
         cap, seg, base, data = ring.capacity, ring.seg, ring.base, ring.data
-        while self.tail < head:
-            pos = self.tail % cap
+        while tail < head:
+            pos = tail % cap
             kind, flags, tag, msgid, length, aux, fp1, fp2, zc = HEADER.unpack_from(seg, base + pos)
             if kind == PAD:
-                self.tail += cap - pos
+                tail += cap - pos
             else:
                 carries = kind in (DATA, EAGER)
                 if carries and (length < 0 or pos + HEADER_SIZE + length > cap):
@@ -179,8 +189,8 @@ class ShmPeer(Peer):
                 except (ProtocolError, ValueError) as exc:
                     self.engine.protocol_violation(self, str(exc))
                     return True
-                self.tail += HEADER_SIZE + (_round64(length) if carries else 0)
-            ring.ctrl[8] = self.tail      # hand the space back to the sender
+                tail += HEADER_SIZE + (_round64(length) if carries else 0)
+            ctrl[8] = tail                # hand the space back to the sender
         if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too
             self.engine.ring_doorbell(self.doorbell)
         return True

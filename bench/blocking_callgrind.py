@@ -76,10 +76,13 @@ def totals(path: str) -> int:
     raise SystemExit(f"{path}: no totals line")
 
 
+ENTRIES = ("run", "lane_run")     # the C fast path's ways in: a call's plan, a Lane's call
+
+
 def fastpath_run(path: str) -> tuple[int, int, int]:
-    """(calls of the C fast path's ``run``, their inclusive instructions, calls of its
-    wait loop's ``stall``) in a callgrind file, from its call lines (no other function
-    of the process is named ``run``)."""
+    """(calls into the C fast path - ``run`` or a Lane's ``lane_run`` -, their inclusive
+    instructions, calls of its wait loop's ``stall``) in a callgrind file, from its call
+    lines (no other function of the process has those names)."""
     runs = cost = stalls = 0
     names: dict = {}
     caller = None
@@ -95,9 +98,9 @@ def fastpath_run(path: str) -> tuple[int, int, int]:
             caller = name
         elif lines[i + 1].startswith("calls="):
             n = int(lines[i + 1].split("=")[1].split()[0])
-            if name == "run" and caller != "run":
+            if name in ENTRIES and caller not in ENTRIES:
                 runs, cost = runs + n, cost + int(lines[i + 2].split()[1])
-            elif name == "stall" and caller == "run":
+            elif name == "stall":
                 stalls += n
     return runs, cost, stalls
 

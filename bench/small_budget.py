@@ -92,7 +92,7 @@ def job(rank, path):
     lane = None
     if rank == 0 and hasattr(C, "_lane"):
         # A repeated call takes the lane (collectives._lane), not the steps above: its
-        # Python alone, C answered by a stub (the call number it takes is given back)
+        # Python alone, C answered by a stub (which takes no call number: the C lane would)
         key = ("all_reduce", x.dtype, x.size, op._value_, "auto")
         hit = runtime._S.lane.get(key)
         if hit is not None:      # a C lane (_fastpath.Lane): a stub's run

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import ringlet as rl
 from ringlet.runtime import engine
-from ringlet.schedule import PlanRound, RecvStep, SendStep
+from ringlet.schedule import LocalStep, PlanRound, RecvStep, SendStep
 from ringlet.transport import fast
 from conftest import run, until_asleep
 from test_collectives import _property, in_rank_settings
@@ -100,6 +100,28 @@ def test_two_messages_from_one_peer_in_a_round_keep_their_order():
                              7, 1, 2, 0.1, False, print)
     assert res[:2] == (1, -1)
     np.testing.assert_array_equal(out, [4, 5, 6, 7, 0, 1, 2, 3])
+
+
+def test_a_rounds_sends_see_its_local_steps_and_keep_their_order():
+    """A round's sends go after its local steps (the first send here reads what the local
+    step writes) and, to one peer, in the plan's order: its receiver matches them by order
+    only. (Sending the independent ones before the local steps, so the receiver copies
+    meanwhile, was measured and left out: 1.00-1.16x at p = 2, 0.96-0.99x at p = 4.)"""
+    peer = _Loopback()
+    a = np.zeros(4, np.int32)
+    b = np.arange(4, dtype=np.int32) + 10
+    src = np.arange(4, dtype=np.int32) + 20
+    out = np.zeros(8, np.int32)
+    plan = (PlanRound((LocalStep(False, "src", 0, 4, "a", 0, 4, None, 0, 0),),
+                      (SendStep(0, "a", 0, 4), SendStep(0, "b", 0, 4)),
+                      (RecvStep(0, False, "out", 0, 4, None, 0, 0),
+                       RecvStep(0, False, "out", 4, 8, None, 0, 0))),)
+    names, words = fast.encode(plan, 4, lambda rank, nbytes: 0)
+    bufs = {"a": a, "b": b, "src": src, "out": out}
+    res = fast._fastpath.run(words, tuple(bufs[k] for k in names), (peer,), (peer.link,), -1,
+                             7, 1, 2, 0.1, False, print)
+    assert res[:2] == (1, -1)
+    np.testing.assert_array_equal(out, [20, 21, 22, 23, 10, 11, 12, 13])
 
 
 def test_a_reduction_over_a_misaligned_buffer_stays_in_python():

@@ -318,16 +318,25 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     finish it, the Python engine does, from where C stopped. The full path's Python, not
     C, is most of a small call: 8 B all_reduce at p = 2 took 5.9 us a call through the
     Python lane before, 2.4 of them in C."""
-    world, call, lane, names = hit
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False
-    ran = lane.run(eng.fast_budget, eng.crowded, a, b)
+    ran = hit[2].run(eng.fast_budget, eng.crowded, a, b)
     if ran is True:
         return True
     if ran is None:
         return False
-    seq, tag, ran, tmp = ran       # begun in C: the engine goes on from where C stopped
+    _resume(hit, ran, a, b, timeout)
+    return True
+
+
+def _resume(hit: tuple, ran: tuple, a, b, timeout) -> None:
+    """A lane's call that C began and did not finish: the engine goes on from where C
+    stopped. (Apart from _lane, whose every call would otherwise make a cell for the
+    comprehension's variable: ~250 instructions of an 8 B call.)"""
+    world, call, _, names = hit
+    eng = _S.engine
+    seq, tag, ran, tmp = ran
     arrays = (a, b)
     dtype = next((x.dtype for x in arrays if x is not None), np.dtype(np.uint8))
     bufs = {n: np.empty(0, dtype) if x is None else x.reshape(-1)
@@ -338,7 +347,6 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     bufs["tmp"] = tmp
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
                    fast.FastRun.of(ran, call.fast)).wait(timeout)
-    return True
 
 
 @profiled("reduce")
@@ -513,30 +521,35 @@ def all_to_all(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     """Block j of ``inp`` goes to rank j; block i of ``out`` comes from rank i. ``out`` and
     ``inp`` are arrays of shape (p, ...) or lists of p arrays (lists may differ in size:
     they go as uneven splits)."""
-    g = resolve(group)
     if isinstance(out, (list, tuple)) or isinstance(inp, (list, tuple)):
-        if not (isinstance(out, (list, tuple)) and isinstance(inp, (list, tuple))):
-            raise TypeError("all_to_all: pass both out and inp as lists, or both as arrays")
-        for what, x in (("output", out), ("input", inp)):
-            if len(x) != g.size:
-                raise ValueError(f"all_to_all {what}: expected a list of {g.size} arrays, got {len(x)}")
-        ins = [as_array(a, f"all_to_all input[{i}]") for i, a in enumerate(inp)]
-        outs = [as_array(a, f"all_to_all output[{i}]", writable=True) for i, a in enumerate(out)]
-        dtype = ins[0].dtype if ins else np.dtype(np.float32)
-        for i, a in enumerate(ins + outs):
-            if a.dtype != dtype:
-                raise TypeError(f"all_to_all: every array must have dtype {dtype}, one has {a.dtype}")
-        flat_in = np.concatenate([_flat(a) for a in ins]) if ins else np.empty(0, dtype)
-        flat_out = np.empty(sum(a.size for a in outs), dtype)
-
-        def copy_back():
-            off = 0
-            for a in outs:
-                _flat(a)[...] = flat_out[off:off + a.size]
-                off += a.size
-        return _all_to_all_v(g, flat_out, flat_in, [a.size for a in outs], [a.size for a in ins],
-                             algorithm, async_op, timeout, copy_back)
+        return _all_to_all_lists(out, inp, resolve(group), algorithm, async_op, timeout)
     return all_to_all_single(out, inp, None, None, group, async_op, algorithm, timeout)
+
+
+def _all_to_all_lists(out, inp, g: Group, algorithm, async_op, timeout):
+    """all_to_all of lists of p arrays (uneven splits). (Apart from all_to_all, whose every
+    call would otherwise make cells for copy_back's variables.)"""
+    if not (isinstance(out, (list, tuple)) and isinstance(inp, (list, tuple))):
+        raise TypeError("all_to_all: pass both out and inp as lists, or both as arrays")
+    for what, x in (("output", out), ("input", inp)):
+        if len(x) != g.size:
+            raise ValueError(f"all_to_all {what}: expected a list of {g.size} arrays, got {len(x)}")
+    ins = [as_array(a, f"all_to_all input[{i}]") for i, a in enumerate(inp)]
+    outs = [as_array(a, f"all_to_all output[{i}]", writable=True) for i, a in enumerate(out)]
+    dtype = ins[0].dtype if ins else np.dtype(np.float32)
+    for i, a in enumerate(ins + outs):
+        if a.dtype != dtype:
+            raise TypeError(f"all_to_all: every array must have dtype {dtype}, one has {a.dtype}")
+    flat_in = np.concatenate([_flat(a) for a in ins]) if ins else np.empty(0, dtype)
+    flat_out = np.empty(sum(a.size for a in outs), dtype)
+
+    def copy_back():
+        off = 0
+        for a in outs:
+            _flat(a)[...] = flat_out[off:off + a.size]
+            off += a.size
+    return _all_to_all_v(g, flat_out, flat_in, [a.size for a in outs], [a.size for a in ins],
+                         algorithm, async_op, timeout, copy_back)
 
 
 @profiled("all_to_all_single")
@@ -569,8 +582,9 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
     row_i, row_o = int(np.prod(i.shape[1:])), int(np.prod(o.shape[1:]))  # elements per row
     in_rows = _splits(in_splits, i, p, "in_splits")
     out_rows = _splits(out_splits, o, p, "out_splits")
-    return _all_to_all_v(g, _flat(o), _flat(i), [r * row_o for r in out_rows],
-                         [r * row_i for r in in_rows], algorithm, async_op, timeout, None)
+    # (np.multiply, not a comprehension over row_i: that would make a cell every call)
+    return _all_to_all_v(g, _flat(o), _flat(i), np.multiply(out_rows, row_o).tolist(),
+                         np.multiply(in_rows, row_i).tolist(), algorithm, async_op, timeout, None)
 
 
 def _splits(splits, arr, p, what):

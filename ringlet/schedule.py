@@ -246,6 +246,9 @@ class Schedule:
     #: leading rounds of zero-element messages in which the ranks agree on the call
     #: before any data moves (rooted collectives: ``ringlet.algorithms.agree_first``)
     agreement: int = 0
+    #: its data rides the dissemination barrier's messages (the "dissemination" rooted
+    #: algorithms), so the ranks agree on the call as they move it: no agreement rounds
+    agrees: bool = False
 
     def round(self) -> Round:
         """Append a new, empty round and return it for the builder to fill."""

@@ -97,21 +97,53 @@ def test_agreeing_ranks_still_get_the_right_answer():
 @pytest.mark.parametrize("collective", ROOTED)
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
 def test_rooted_schedules_start_with_a_barrier_every_rank_hears_through(collective, p):
-    """The first lg p rounds are zero-element messages after which every rank has heard,
-    through a chain of rounds, from every other rank (so no disagreement goes unseen)."""
+    """The first lg p rounds send the dissemination barrier's messages, the same pairs for
+    every algorithm (so ranks that disagree on the algorithm meet too), after which every
+    rank has heard, through a chain of rounds, from every other rank (so no disagreement
+    goes unseen). They carry zero elements and the data rounds follow - or, in the
+    "dissemination" algorithms (``Schedule.agrees``), the data rides those very messages
+    and no message follows them."""
     lg = (p - 1).bit_length()
+    barrier = algorithms.build("barrier", "dissemination", p, 0)
     for algorithm in algorithms.CATALOG[collective]:
         s = rl.schedule(collective, p, 100, algorithm=algorithm, root=p - 1)
         heard = np.eye(p, dtype=bool)           # heard[i, j]: rank i has heard from rank j
-        for rnd in s.rounds[:lg]:
+        for rnd, signal in zip(s.rounds[:lg], barrier.rounds):
             c = rnd.cols
-            assert (c["n"] == 0).all() and (c["src"] != c["dst"]).all()
+            msg = c["src"] != c["dst"]
+            pairs = sorted(zip(c["src"][msg].tolist(), c["dst"][msg].tolist()))
+            assert pairs == sorted(zip(signal.cols["src"].tolist(), signal.cols["dst"].tolist())), \
+                (collective, algorithm, p)
+            if not s.agrees:
+                assert (c["n"] == 0).all() and msg.all(), (collective, algorithm)
             new = heard.copy()
-            for a, b in zip(c["src"], c["dst"]):
+            for a, b in zip(c["src"][msg], c["dst"][msg]):
                 new[b] |= heard[a]
             heard = new
         assert heard.all(), (collective, algorithm, p)
-        assert any((r.cols["n"] > 0).any() for r in s.rounds[lg:]), "the data rounds follow"
+        later = [(r.cols["src"] != r.cols["dst"]) & (r.cols["n"] > 0) for r in s.rounds[lg:]]
+        if s.agrees:
+            assert s.agreement == 0 and not any(m.any() for m in later), "no message after"
+            assert any((r.cols["n"] > 0).any() for r in s.rounds[:lg]), "the data rides them"
+        else:
+            assert s.agreement == lg and any(m.any() for m in later), "the data rounds follow"
+
+
+def test_only_the_dissemination_algorithms_agree_as_they_move_the_data():
+    """``Schedule.agrees`` is what ``algorithms.SELF_AGREEING`` says, and the closed forms
+    price it: a dissemination algorithm costs its binomial twin less the barrier that
+    every other rooted algorithm pays first."""
+    from ringlet.cost import model
+    for collective in ROOTED:
+        for algorithm in algorithms.CATALOG[collective]:
+            s = algorithms.build(collective, algorithm, 4, 8)
+            assert s.agrees == ((collective, algorithm) in algorithms.SELF_AGREEING)
+        for p in (2, 3, 4, 8):
+            bare = model.closed_form(collective, 1 << 20, p, "dissemination", "pcie")
+            twin = model.closed_form(collective, 1 << 20, p, "binomial", "pcie")
+            barrier = model.closed_form("barrier", 0, p, "dissemination", "pcie")
+            assert bare.latency == pytest.approx(twin.latency - barrier.latency)
+            assert bare[1:] == pytest.approx(twin[1:])
 
 
 # -- the policy on its own: what the transport reports, what fails, who is told -----------

@@ -504,15 +504,15 @@ def test_in_place_all_gather_and_gather_copy_nothing(alloc):
 
 
 def _auto_by_buffer_kind(rank):
-    """Under a calibrated host profile, 8 MiB broadcast at p = 2 is scatter_allgather from
-    NumPy buffers but direct from rl.empty ones (the root's one announcement per peer,
-    each peer copying in place, beats forwarding). Ranks that pass different kinds of
-    buffers disagree, and say why, on every rank."""
-    n = 2 << 20                                            # 8 MiB of float32
+    """Under a calibrated host profile, 1 MiB broadcast at p = 3 is dissemination (a
+    binomial tree) from NumPy buffers but direct from rl.empty ones (the root's one
+    announcement per peer, each peer copying in place, beats forwarding). Ranks that pass
+    different kinds of buffers disagree, and say why, on every rank."""
+    n = 256 << 10                                          # 1 MiB of float32
     ran = lambda: rl.stats()["collectives"]["broadcast"]["algorithm"]  # noqa: E731
     plain = np.full(n, rank, np.float32)
     rl.broadcast(plain, 0)
-    assert (plain == 0).all() and ran() == "scatter_allgather", ran()
+    assert (plain == 0).all() and ran() == "dissemination", ran()
     shared = rl.empty(n, np.float32)
     shared[...] = rank
     rl.broadcast(shared, 0)
@@ -522,7 +522,7 @@ def _auto_by_buffer_kind(rank):
         rl.broadcast(mixed, 0, timeout=20)
     msg = str(info.value)
     assert "they differ in algorithm, auto_for;" in msg, msg
-    assert "algorithm=direct" in msg and "algorithm=scatter_allgather" in msg, msg
+    assert "algorithm=direct" in msg and "algorithm=dissemination" in msg, msg
     assert "auto_for=rl.empty" in msg and "pass the same kind on every rank" in msg, msg
     rl.barrier(timeout=20)                                 # and the group carries on
 
@@ -595,9 +595,7 @@ def test_auto_agrees_on_rooted_collectives_from_rl_empty(tmp_path):
 
 
 def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
-    # (p = 2: at p = 3 on this profile's 2 cores a plain buffer's one-way messages are
-    # read whole too (transport/cma.py), and both kinds pick direct)
     from ringlet.cost import profile
     path = tmp_path / "profile.json"
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
-    run(_auto_by_buffer_kind, 2, env={"RINGLET_PROFILE": str(path)})
+    run(_auto_by_buffer_kind, 3, env={"RINGLET_PROFILE": str(path)})

@@ -288,6 +288,27 @@ def test_traffic_all_reduce_ring(p):
         assert len(s.rounds) == 2 * (p - 1)
 
 
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("collective", ["broadcast", "reduce", "gather", "scatter"])
+def test_traffic_dissemination_is_the_barriers_carrying_the_tree(collective, p):
+    """A rooted "dissemination" algorithm sends exactly the barrier's lg p messages per rank
+    in lg p rounds (no agreement before it), and the bytes of its binomial tree: every
+    non-root gets the n (or its block) once; the root sends or takes (p−1) blocks."""
+    lg = (p - 1).bit_length()
+    for count in (5, 0):
+        n = count * 4
+        for root in {0, p // 2, p - 1}:
+            s, t = traffic(collective, "dissemination", p, count, root=root)
+            assert len([r for r in s.rounds if (r.cols["src"] != r.cols["dst"]).any()]) == lg
+            assert (t["sent_messages"] == lg).all() and (t["recv_messages"] == lg).all()
+            if collective in ("broadcast", "reduce"):
+                assert t["sent_bytes"].sum() == (p - 1) * n
+            elif collective == "gather":
+                assert t["recv_bytes"][root] == (p - 1) * n
+            else:
+                assert t["sent_bytes"][root] == (p - 1) * n
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 7])
 def test_ring_uses_seed_004_chunk_indices(p):
     """In reduce-scatter step k rank i sends chunk (i−k) mod p to rank i+1."""
@@ -566,14 +587,15 @@ def test_catalog_names():
     assert set(CATALOG["all_reduce"]) == {"naive_ring", "direct", "ring", "gloo_ring",
                                           "recursive_doubling", "rabenseifner", "tree",
                                           "double_tree", "hierarchical"}
-    assert set(CATALOG["broadcast"]) == {"direct", "binomial", "pipeline", "scatter_allgather",
-                                         "hierarchical"}
-    assert set(CATALOG["reduce"]) == {"direct", "binomial", "rabenseifner"}
+    assert set(CATALOG["broadcast"]) == {"direct", "binomial", "dissemination", "pipeline",
+                                         "scatter_allgather", "hierarchical"}
+    assert set(CATALOG["reduce"]) == {"direct", "binomial", "dissemination", "rabenseifner"}
     assert set(CATALOG["all_gather"]) == {"ring", "recursive_doubling", "bruck", "direct",
                                           "hierarchical"}
     assert set(CATALOG["reduce_scatter"]) == {"ring", "recursive_halving", "direct", "hierarchical"}
     assert set(CATALOG["all_to_all"]) == set(CATALOG["all_to_all_single"]) == {"pairwise", "bruck", "direct"}
-    assert set(CATALOG["gather"]) == set(CATALOG["scatter"]) == {"direct", "binomial"}
+    assert set(CATALOG["gather"]) == set(CATALOG["scatter"]) == {"direct", "binomial",
+                                                                 "dissemination"}
     assert set(CATALOG["barrier"]) == {"dissemination"}
     for table in CATALOG.values():
         for builder in table.values():

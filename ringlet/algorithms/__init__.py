@@ -22,7 +22,8 @@ from . import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, r
 from .all_reduce import tree_segments
 from .broadcast import pipeline_segments
 
-__all__ = ["CATALOG", "ROOTED", "build", "agree_first", "pipeline_segments", "tree_segments"]
+__all__ = ["CATALOG", "ROOTED", "SELF_AGREEING", "build", "agree_first", "pipeline_segments",
+           "tree_segments"]
 
 
 def _table(module, *names):
@@ -32,22 +33,26 @@ def _table(module, *names):
 CATALOG: dict[str, dict] = {
     "all_reduce": _table(all_reduce, "naive_ring", "direct", "ring", "gloo_ring", "recursive_doubling",
                          "rabenseifner", "tree", "double_tree", "hierarchical"),
-    "broadcast": _table(broadcast, "direct", "binomial", "pipeline", "scatter_allgather",
-                        "hierarchical"),
-    "reduce": _table(reduce, "direct", "binomial", "rabenseifner"),
+    "broadcast": _table(broadcast, "direct", "binomial", "dissemination", "pipeline",
+                        "scatter_allgather", "hierarchical"),
+    "reduce": _table(reduce, "direct", "binomial", "dissemination", "rabenseifner"),
     "all_gather": _table(all_gather, "ring", "recursive_doubling", "bruck", "direct",
                          "hierarchical"),
     "reduce_scatter": _table(reduce_scatter, "ring", "recursive_halving", "direct",
                              "hierarchical"),
     "all_to_all": _table(all_to_all, "pairwise", "bruck", "direct"),
-    "gather": _table(gather, "direct", "binomial"),
-    "scatter": _table(scatter, "direct", "binomial"),
+    "gather": _table(gather, "direct", "binomial", "dissemination"),
+    "scatter": _table(scatter, "direct", "binomial", "dissemination"),
     "barrier": _table(barrier, "dissemination"),
 }
 CATALOG["all_to_all_single"] = CATALOG["all_to_all"]
 
 #: collectives with a root (the ``root`` argument of ``build`` matters only for these)
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+
+#: rooted algorithms whose data rides the agreement's own messages (``Schedule.agrees``):
+#: no barrier rounds before them, none in their price
+SELF_AGREEING = frozenset((c, "dissemination") for c in ROOTED)
 
 
 _PARAMS = {id(b): frozenset(inspect.signature(b).parameters) for t in CATALOG.values() for b in t.values()}
@@ -110,7 +115,7 @@ def _build(collective, algorithm, p, count, itemsize, root, hosts, splits) -> Sc
         kwargs["splits"] = splits
     s = CATALOG[collective][algorithm](p, count, **kwargs)
     s.collective = collective
-    if root is not None and p > 1:
+    if root is not None and p > 1 and not s.agrees:
         agree_first(s)
     return s
 
@@ -126,7 +131,10 @@ def agree_first(s: Schedule) -> None:
     dissemination rounds every rank has heard, through a chain of messages each sent
     only after its sender's previous round, from every other rank; a rank that differs
     breaks the chain where it first meets the other view, so no rank can finish the call.
-    Cost: lg p zero-byte messages per rank (the cost model prices them with the rest)."""
+    Cost: lg p zero-byte messages per rank (the cost model prices them with the rest).
+    The "dissemination" algorithms need none of it: their data rides these very messages
+    (``Schedule.agrees``), so they agree in the rounds that move the data, and write the
+    caller's buffers only in a last local step."""
     agree = barrier.dissemination(s.p).rounds
     s.rounds[:0] = agree
     s.agreement = len(agree)

@@ -23,7 +23,7 @@ from ..schedule import Round, Schedule, chunks
 __all__ = ["Schedule", "chunks", "new", "at", "lg", "fold", "binomial_rounds", "subtree",
            "ring_reduce_scatter", "ring_all_gather", "chain_reduce", "pairs",
            "optimal_segments", "SEGMENT_ALPHA", "SEGMENT_BANDWIDTH", "MAX_SEGMENTS",
-           "host_groups", "Columns"]
+           "host_groups", "Columns", "signal_others"]
 
 
 def new(collective: str, algorithm: str, p: int, count: int, itemsize: int, *, root=None,
@@ -113,6 +113,17 @@ def chain_reduce(rnd: Round, ranks, p: int, count: int, dbuf: str, doff) -> None
         rnd.reduce(src=ranks, dst=ranks, n=count, sbuf="tmp", soff=j * count,
                    dbuf=dbuf if last else "tmp", doff=doff if last else j * count,
                    abuf="tmp", aoff=(j - 1) * count)
+
+
+def signal_others(rnd: Round, p: int, k: int, carriers) -> None:
+    """The rest of dissemination round ``k`` (rank r signals r + 2^k: ``barrier``) beside
+    the messages an algorithm laid on it: a zero-element message from every rank not in
+    ``carriers``, the ranks whose message of this round already carries data. An
+    algorithm whose data rides the barrier's own messages agrees on the call as it moves
+    it (``algorithms.agree_first``), so it needs no barrier rounds before."""
+    r = np.arange(p)
+    rest = r[~np.isin(r, np.asarray(carriers, np.int64))]
+    rnd.copy(src=rest, dst=(rest + (1 << k)) % p, n=0, buf="tmp")
 
 
 def pairs(p: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import (at, binomial_rounds, chunks, host_groups, new, optimal_segments,
-                      ring_all_gather, subtree)
+from ._common import (at, binomial_rounds, chunks, host_groups, lg, new, optimal_segments,
+                      ring_all_gather, signal_others, subtree)
 
-__all__ = ["direct", "binomial", "pipeline", "scatter_allgather", "hierarchical",
+__all__ = ["direct", "binomial", "dissemination", "pipeline", "scatter_allgather", "hierarchical",
            "pipeline_segments"]
 
 
@@ -39,6 +39,26 @@ def binomial(p, count, *, itemsize=4, root=0):
     s, real = _new("binomial", p, count, itemsize, root)
     for _, child, parent in reversed(list(binomial_rounds(p))):
         s.round().copy(src=real(parent), dst=real(child), n=count, buf="buf")
+    return s
+
+
+def dissemination(p, count, *, itemsize=4, root=0):
+    """A binomial tree laid on the dissemination barrier's messages: in round k every
+    rank r signals r + 2^k, and virtual ranks v < 2^k, which hold the data, put it in
+    that message (to v + 2^k); the others' signals stay empty. The barrier is the
+    algorithm rather than a prefix to it (``Schedule.agrees``).
+
+    Every rank sends lg messages, the root's all carry n:  T = lg(α + nβ): binomial's,
+    less the lg·α of the barrier before it.
+    """
+    s, real = _new("dissemination", p, count, itemsize, root)
+    for k in range(lg(p)):
+        d = 1 << k
+        rnd = s.round()
+        v = np.arange(min(d, p - d))              # holders whose signal lands on a new rank
+        rnd.copy(src=real(v), dst=real(v + d), n=count, buf="buf")
+        signal_others(rnd, p, k, real(v))
+    s.agrees = True
     return s
 
 

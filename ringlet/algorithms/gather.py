@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import binomial_rounds, new, subtree
+from ._common import binomial_rounds, new, signal_others, subtree
 
-__all__ = ["direct", "binomial"]
+__all__ = ["direct", "binomial", "dissemination"]
 
 
 def direct(p, count, *, itemsize=4, root=0):
@@ -63,4 +63,50 @@ def binomial(p, count, *, itemsize=4, root=0):
                  doff=root * count)
         rnd.copy(src=root, dst=root, n=root * count, sbuf="tmp", soff=(p - root) * count,
                  dbuf="out", doff=0)
+    return s
+
+
+def dissemination(p, count, *, itemsize=4, root=0):
+    """The binomial tree, leaves first, laid on the dissemination barrier's messages (as
+    ``reduce.dissemination``): on mirrored virtual ranks w = (root − r) mod p, child w
+    sends the blocks of its subtree w..w+size−1 to w − 2^k, the rank it signals in barrier
+    round k; the other signals stay empty. Block v = (r − root) mod p has slot v wherever
+    it is kept, so a subtree is one run of slots (p−w−size+1 .. p−w): the root collects in
+    "out" when it is rank 0, else in tmp and rotates it into rank order at the end, as
+    ``binomial`` does. The barrier is the algorithm rather than a prefix to it.
+
+    p−1 messages of n among p·lg, lg at the root:  T = lg·α + (p−1)nβ: binomial's, less a
+    barrier.  tmp = p·count on relays (and a root other than 0).
+    """
+    w = np.arange(p)
+    size = subtree(p, w)
+    relay = (w > 0) & (size > 1)                  # non-roots that receive before sending
+    s = new("gather", "dissemination", p, count, itemsize, root=root, **{"in": count},
+            out=p * count, tmp=p * count if root or relay.any() else 0)
+    real = lambda x: (root - np.asarray(x)) % p  # noqa: E731
+    slot = lambda x: (p - np.asarray(x)) % p      # noqa: E731  (v of mirrored w)
+    at_root = "out" if root == 0 else "tmp"
+    rnd = s.round()
+    rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=0, dbuf=at_root, doff=0)
+    rnd.copy(src=real(w[relay]), dst=real(w[relay]), n=count, sbuf="in", soff=0, dbuf="tmp",
+             doff=slot(w[relay]) * count)
+    for k, (_, child, parent) in enumerate(binomial_rounds(p)):
+        if k:
+            rnd = s.round()
+        first = slot(child + size[child] - 1) * count     # the subtree's lowest slot
+        for relays in (False, True):              # leaves send "in", relays their tmp
+            for to_root in (False, True):
+                m = (relay[child] == relays) & ((parent == 0) == to_root)
+                c, f = child[m], first[m]
+                rnd.copy(src=real(c), dst=real(c - (1 << k)), n=size[c] * count,
+                         sbuf="tmp" if relays else "in", soff=f if relays else 0,
+                         dbuf=at_root if to_root else "tmp", doff=f)
+        signal_others(rnd, p, k, real(child))
+    if root:   # rotate: slot v is rank v + root's block
+        rnd = s.round()
+        rnd.copy(src=root, dst=root, n=(p - root) * count, sbuf="tmp", soff=0, dbuf="out",
+                 doff=root * count)
+        rnd.copy(src=root, dst=root, n=root * count, sbuf="tmp", soff=(p - root) * count,
+                 dbuf="out", doff=0)
+    s.agrees = True
     return s

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import binomial_rounds, chain_reduce, chunks, fold, new
+from ._common import binomial_rounds, chain_reduce, chunks, fold, new, signal_others
 
-__all__ = ["direct", "binomial", "rabenseifner"]
+__all__ = ["direct", "binomial", "dissemination", "rabenseifner"]
 
 
 def _new(algorithm, p, count, itemsize, root, tmp):
@@ -56,6 +56,35 @@ def binomial(p, count, *, itemsize=4, root=0):
                        dbuf="buf", doff=0)
             rnd.reduce(src=real(c[~to_root]), dst=real(q[~to_root]), n=count, sbuf=part, soff=0,
                        dbuf="tmp", doff=0, abuf="buf" if k == 0 else "tmp", aoff=0)
+    return s
+
+
+def dissemination(p, count, *, itemsize=4, root=0):
+    """The binomial tree, leaves first, laid on the dissemination barrier's messages: on
+    mirrored virtual ranks w = (root − r) mod p a child w sends to w − 2^k, which is rank
+    r + 2^k, the rank r signals in barrier round k; the other signals stay empty. The
+    root accumulates in buf, the other parents in tmp (as ``binomial``). The barrier is
+    the algorithm rather than a prefix to it (``Schedule.agrees``).
+
+    p−1 messages of n among p·lg:  T = lg(α + nβ + nγ): binomial's, less a barrier.
+    """
+    w = np.arange(p)
+    has_children = (w % 2 == 0) & (w + 1 < p)     # they receive in the first round
+    s, _ = _new("dissemination", p, count, itemsize, root,
+                count if has_children[1:].any() else 0)
+    real = lambda x: (root - np.asarray(x)) % p  # noqa: E731
+    for k, (_, child, parent) in enumerate(binomial_rounds(p)):
+        rnd = s.round()
+        for part in ("buf", "tmp"):               # where each child's partial is
+            sel = has_children[child] == (part == "tmp")
+            c, q = child[sel], parent[sel]
+            to_root = q == 0
+            rnd.reduce(src=real(c[to_root]), dst=root, n=count, sbuf=part, soff=0,
+                       dbuf="buf", doff=0)
+            rnd.reduce(src=real(c[~to_root]), dst=real(q[~to_root]), n=count, sbuf=part,
+                       soff=0, dbuf="tmp", doff=0, abuf="buf" if k == 0 else "tmp", aoff=0)
+        signal_others(rnd, p, k, real(child))
+    s.agrees = True
     return s
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import binomial_rounds, new, subtree
+from ._common import binomial_rounds, lg, new, signal_others, subtree
 
-__all__ = ["direct", "binomial"]
+__all__ = ["direct", "binomial", "dissemination"]
 
 
 def direct(p, count, *, itemsize=4, root=0):
@@ -66,3 +66,57 @@ def binomial(p, count, *, itemsize=4, root=0):
         s.round().copy(src=real(v[relay]), dst=real(v[relay]), n=count, sbuf="tmp", soff=0,
                        dbuf="out", doff=0)
     return s
+
+
+def dissemination(p, count, *, itemsize=4, root=0):
+    """A binomial tree, root first, laid on the dissemination barrier's messages (as
+    ``broadcast.dissemination``): in round k virtual ranks v < 2^k pass w = v + 2^k the
+    blocks of its subtree, {w + m·2^(k+1)}, in the message of the barrier's round k; the
+    other signals stay empty. Those blocks are one run of slots where block v sits at slot
+    ``bit_reversed_slots(p)[v]``: the root first copies the others' blocks of its "in" so
+    into tmp; a leaf receives its block straight into "out", a relay into tmp, taking its
+    own block out at the end. The barrier is the algorithm rather than a prefix to it.
+
+    p−1 messages of n among p·lg, lg from the root:  T = lg·α + (p−1)nβ, and the root's
+    local copy of (p−1)n: binomial's, less a barrier.  tmp = p·count on the root and relays.
+    """
+    v = np.arange(p)
+    slot = bit_reversed_slots(p)
+    high = np.array([1 << (x.bit_length() - 1) if x else 0 for x in range(p)], np.int64)
+    # v > 0 receives in the round for 2^k = high[v]; its subtree is {v + m·2^(k+1)} below p
+    blocks = np.where(v > 0, (p - 1 - v) // np.maximum(2 * high, 1) + 1, p)
+    relay = (v > 0) & (blocks > 1)
+    s = new("scatter", "dissemination", p, count, itemsize, root=root, **{"in": p * count},
+            out=count, tmp=p * count if p > 1 else 0)
+    real = lambda x: (np.asarray(x) + root) % p  # noqa: E731
+    rnd = s.round()
+    rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=root * count, dbuf="out", doff=0)
+    rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=real(v[1:]) * count, dbuf="tmp",
+             doff=slot[1:] * count)               # the others' blocks, by slot
+    for k in range(lg(p)):
+        d = 1 << k
+        if k:
+            rnd = s.round()
+        w = v[d:min(2 * d, p)]                    # they receive now, from w − d
+        for relays in (False, True):
+            c = w[relay[w] == relays]
+            rnd.copy(src=real(c - d), dst=real(c), n=blocks[c] * count, sbuf="tmp",
+                     soff=slot[c] * count, dbuf="tmp" if relays else "out",
+                     doff=slot[c] * count if relays else 0)
+        signal_others(rnd, p, k, real(w - d))
+    if relay.any():
+        s.round().copy(src=real(v[relay]), dst=real(v[relay]), n=count, sbuf="tmp",
+                       soff=slot[relay] * count, dbuf="out", doff=0)
+    s.agrees = True
+    return s
+
+
+def bit_reversed_slots(p: int) -> np.ndarray:
+    """Slot of virtual rank v: its place when 0..p−1 are sorted by their lg(p) bits read
+    backwards. The ranks that agree in their low bits - a subtree of the root-first
+    dissemination tree - then fill one run of slots, starting with its lowest rank."""
+    bits = lg(p)
+    rev = np.array([int(format(v, f"0{bits}b")[::-1], 2) if bits else 0 for v in range(p)])
+    slot = np.empty(p, np.int64)
+    slot[np.argsort(rev, kind="stable")] = np.arange(p)
+    return slot

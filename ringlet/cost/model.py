@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from ..algorithms import CATALOG, ROOTED
+from ..algorithms import CATALOG, ROOTED, SELF_AGREEING
 from ..algorithms._common import lg
 from ..algorithms.broadcast import pipeline_segments as _pipeline_segments
 
@@ -343,7 +343,7 @@ def _bc_direct(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) * n, 0, a, b, g)
 
 
-@_form("broadcast", "binomial")
+@_form("broadcast", "binomial", "dissemination")   # dissemination: the same tree, barrier-borne
 def _bc_binomial(p, n, a, b, g, **kw):
     L = lg(p)
     return _t(L, L * n, 0, a, b, g)
@@ -386,7 +386,7 @@ def _rd_direct(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) * n, (p - 1) * n, a, b, g)
 
 
-@_form("reduce", "binomial")
+@_form("reduce", "binomial", "dissemination")
 def _rd_binomial(p, n, a, b, g, **kw):
     L = lg(p)
     return _t(L, L * n, L * n, a, b, g)
@@ -532,8 +532,8 @@ def _gs_direct(p, n, a, b, g, **kw):
     return _t(p - 1, (p - 1) / p * n, 0, a, b, g)
 
 
-@_form("gather", "binomial")
-@_form("scatter", "binomial")
+@_form("gather", "binomial", "dissemination")
+@_form("scatter", "binomial", "dissemination")
 def _gs_binomial(p, n, a, b, g, **kw):
     return _t(lg(p), (p - 1) / p * n, 0, a, b, g)
 
@@ -599,8 +599,8 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
     if p == 1 and alg != "hierarchical":
         return Terms()
     terms = _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
-    if collective in ROOTED:   # its ranks agree on the call first (algorithms.agree_first)
-        terms += _barrier(p, n, link.alpha, link.beta, g)
+    if collective in ROOTED and (collective, alg) not in SELF_AGREEING:
+        terms += _barrier(p, n, link.alpha, link.beta, g)   # they agree first (agree_first)
     return terms
 
 

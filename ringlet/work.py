@@ -417,7 +417,7 @@ class CollectiveWork(Work):
         self.reqs = reqs
         self._posted_at = time.perf_counter()
         if self.tr is not None:
-            self.tr.posted(rnd.sends, self.bufs, bool(rnd.recvs), self.call.in_place)
+            self.tr.posted(rnd.sends, self.bufs, _receives(rnd), self.call.in_place)
 
     def _send(self, sends, rnd: PlanRound, sent: list, ways: int) -> None:
         """Post ``sends`` (steps of ``rnd``); the requests of those not gone at once join
@@ -430,7 +430,7 @@ class CollectiveWork(Work):
             peer = peers[t.dst]
             if not peer.send_now(tag, data, fp):   # small sends mostly go at once
                 req = SendRequest(t.dst, tag, data, fp)
-                req.receiving = bool(rnd.recvs)   # this rank copies in too (cma.py)
+                req.receiving = _receives(rnd)    # this rank copies in too (cma.py)
                 req.in_place = in_place
                 req.ways = ways
                 sent.append(req)
@@ -477,7 +477,7 @@ class CollectiveWork(Work):
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
         # (0: this round copied locally first, and its receives take no split: cma.py)
-        ways = 0 if self.plan[self.i].local else len(recvs)
+        ways = 0 if self.plan[self.i].local else sum(t.d1 > t.d0 for t in recvs)
         for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
@@ -491,6 +491,13 @@ class CollectiveWork(Work):
             reqs.append(req)
             peers[t.src].post_recv(req)
         return reqs
+
+
+def _receives(rnd: PlanRound) -> bool:
+    """Whether this rank copies bytes in during ``rnd``: an empty receive (the signal of an
+    agreement, which a "dissemination" algorithm sends beside its data) copies nothing,
+    so a send beside one is one-way (split between its two ends: cma.py, split.py)."""
+    return any(t.d1 > t.d0 for t in rnd.recvs)
 
 
 def _apart(rnd: PlanRound, bufs: dict) -> bool:

@@ -515,13 +515,15 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     """(which messages their receiver reads in place, which of them by cross-memory
     attach). In place: sent from one of the ``shared`` buffers (indices into
     ``BUFFER_NAMES``) and larger than ``zero_copy_min`` - or, by a sender that does not
-    receive in the round, than ``zero_copy_oneway_min`` (None: the same; limits.py says
+    receive bytes in the round, than ``zero_copy_oneway_min`` (None: the same; limits.py says
     why); by CMA (transport/cma.py): from a private buffer, larger than ``cma_min``, by a
     sender that receives too in the round (``src``, ``dst``: the round's messages), or by
     any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole; not to a
     rank with a local step in the round, ``local``: it declines, as a gather's root does),
     into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
     rank has a core is priced as streamed.)"""
+    if dst is not None:   # a receive of no bytes (an agreement's signal) copies nothing
+        dst = dst[nbytes > 0]
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min

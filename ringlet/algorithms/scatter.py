@@ -72,13 +72,14 @@ def dissemination(p, count, *, itemsize=4, root=0):
     """A binomial tree, root first, laid on the dissemination barrier's messages (as
     ``broadcast.dissemination``): in round k virtual ranks v < 2^k pass w = v + 2^k the
     blocks of its subtree, {w + m·2^(k+1)}, in the message of the barrier's round k; the
-    other signals stay empty. Those blocks are one run of slots where block v sits at slot
-    ``bit_reversed_slots(p)[v]``: the root first copies the others' blocks of its "in" so
-    into tmp; a leaf receives its block straight into "out", a relay into tmp, taking its
-    own block out at the end. The barrier is the algorithm rather than a prefix to it.
+    other signals stay empty. A relay keeps its subtree in tmp, block v at slot
+    ``bit_reversed_slots(p)[v]``, where a subtree is one run of slots, and takes its own
+    block out at the end; a leaf receives its block straight into "out". The root sends a
+    leaf its block straight from "in" and first lays out by slot the subtrees of the relays
+    it sends to (none at p = 2). The barrier is the algorithm rather than a prefix to it.
 
     p−1 messages of n among p·lg, lg from the root:  T = lg·α + (p−1)nβ, and the root's
-    local copy of (p−1)n: binomial's, less a barrier.  tmp = p·count on the root and relays.
+    local copy of its relays' blocks: binomial's, less a barrier.  tmp = p·count.
     """
     v = np.arange(p)
     slot = bit_reversed_slots(p)
@@ -87,22 +88,28 @@ def dissemination(p, count, *, itemsize=4, root=0):
     blocks = np.where(v > 0, (p - 1 - v) // np.maximum(2 * high, 1) + 1, p)
     relay = (v > 0) & (blocks > 1)
     s = new("scatter", "dissemination", p, count, itemsize, root=root, **{"in": p * count},
-            out=count, tmp=p * count if p > 1 else 0)
+            out=count, tmp=p * count if relay.any() else 0)
     real = lambda x: (np.asarray(x) + root) % p  # noqa: E731
+    targets = np.array([1 << k for k in range(lg(p))], np.int64)   # the root's: v = 2^k
+    laid = np.concatenate([np.zeros(0, np.int64)] +
+                          [np.arange(w, p, 2 * w) for w in targets[relay[targets]]])
     rnd = s.round()
     rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=root * count, dbuf="out", doff=0)
-    rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=real(v[1:]) * count, dbuf="tmp",
-             doff=slot[1:] * count)               # the others' blocks, by slot
+    rnd.copy(src=root, dst=root, n=count, sbuf="in", soff=real(laid) * count, dbuf="tmp",
+             doff=slot[laid] * count)
     for k in range(lg(p)):
         d = 1 << k
         if k:
             rnd = s.round()
         w = v[d:min(2 * d, p)]                    # they receive now, from w − d
-        for relays in (False, True):
-            c = w[relay[w] == relays]
-            rnd.copy(src=real(c - d), dst=real(c), n=blocks[c] * count, sbuf="tmp",
-                     soff=slot[c] * count, dbuf="tmp" if relays else "out",
-                     doff=slot[c] * count if relays else 0)
+        leaf = ~relay[w]
+        straight = leaf & (w == d)                # the root's leaf: from "in" to "out"
+        for m, sbuf, dbuf in ((straight, "in", "out"), (leaf & ~straight, "tmp", "out"),
+                              (~leaf, "tmp", "tmp")):
+            c = w[m]
+            rnd.copy(src=real(c - d), dst=real(c), n=blocks[c] * count, sbuf=sbuf,
+                     soff=(real(c) if sbuf == "in" else slot[c]) * count, dbuf=dbuf,
+                     doff=slot[c] * count if dbuf == "tmp" else 0)
         signal_others(rnd, p, k, real(w - d))
     if relay.any():
         s.round().copy(src=real(v[relay]), dst=real(v[relay]), n=count, sbuf="tmp",

@@ -522,8 +522,8 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     rank with a local step in the round, ``local``: it declines, as a gather's root does),
     into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
     rank has a core is priced as streamed.)"""
-    if dst is not None:   # a receive of no bytes (an agreement's signal) copies nothing
-        dst = dst[nbytes > 0]
+    # a receive of no bytes (an agreement's signal) copies nothing: not "receiving"
+    receivers = None if dst is None else dst[nbytes > 0]
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min
@@ -531,12 +531,12 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
             zc &= np.isin(sbuf, shared)
             if zero_copy_oneway_min is not None and src is not None \
                     and zero_copy_oneway_min > zero_copy_min:
-                zc &= np.isin(src, dst) | (nbytes > zero_copy_oneway_min)
+                zc &= np.isin(src, receivers) | (nbytes > zero_copy_oneway_min)
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
         if cma.any():
-            one_way = ~np.isin(src, dst)
+            one_way = ~np.isin(src, receivers)
             if not crowded:
                 cma &= ~one_way
             elif local is not None and len(local):

@@ -146,9 +146,9 @@ def text(d: Drawing, width: int | None = None) -> str:
     out = textwrap.wrap(d.title, width) + textwrap.wrap(
         f"a cell: ->DST CHUNK, the messages a rank sends in that round; CHUNK+ = the "
         f"receiver reduces it, else copies; chunks are numbered by offset in the "
-        f"buffer they leave from; sync = a message of no bytes (rooted calls first agree "
-        f"on the call); '.' = no message; {ROUND_TIME}: the model's time of that round "
-        f"on its own", width)
+        f"buffer they leave from; sync = a message of no bytes (a rooted call agreeing on "
+        f"the call, before or beside its data); '.' = no message; {ROUND_TIME}: the "
+        f"model's time of that round on its own", width)
     i = 0
     while i < len(s.rounds):
         j, used = i, lw

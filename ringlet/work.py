@@ -391,7 +391,7 @@ class CollectiveWork(Work):
             # one-way copy by the copies this rank makes meanwhile: its local ones too.)
             early, late = _independent(rnd, bufs)
             self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))
-            if EARLY_RECV and early and not late and rnd.recvs and _apart(rnd, bufs):
+            if EARLY_RECV and early and not late and _receives(rnd) and _apart(rnd, bufs):
                 # An exchange: receive during the local copy, as Open MPI's sendrecv-then-
                 # copy does. The peer's message is read as soon as its RTS is seen, and our
                 # CTS_DONE lets it go while we still copy: the round then ends on our own

@@ -723,7 +723,12 @@ class _HostSim:
     def _round(self, c, hot) -> None:
         src, dst = c["src"], c["dst"]
         nb = c["n"] * self.isz
-        red = c["reduce"].astype(bool)
+        # operands a transfer streams beyond a copy's: a reduce into its accumulator 1, a
+        # reduce from an accumulator apart from its destination 2 (acc, message, a third
+        # array written: reduce_scatter's ring into tmp or out from "in" was priced 18-39%
+        # short at every p, all_reduce's in-place ring within 10%)
+        red = c["reduce"].astype(float)
+        red += (red > 0) & (c["abuf"] >= 0) & ((c["abuf"] != c["dbuf"]) | (c["aoff"] != c["doff"]))
         sbuf = c["sbuf"]
         loc = src == dst
         lsrc, lnb, lred = src[loc], nb[loc], red[loc]
@@ -752,8 +757,8 @@ class _HostSim:
         k = stretch[src]
         counts = np.zeros((len(src), _N_TERMS))
         counts[:, _TERM["delta"]] = nb
-        counts[:, _TERM["gamma"]] = nb * red
-        counts[:, _TERM["mem_l2"]] = nb * f2 * (1.0 + red)     # (a reduce: one more operand)
+        counts[:, _TERM["gamma"]] = nb * (red > 0)
+        counts[:, _TERM["mem_l2"]] = nb * f2 * (1.0 + red)     # (a reduce: more operands)
         counts[:, _TERM["mem_l3"]] = nb * f3 * (1.0 + red)
         counts[:, _TERM["beta_share"]] = nb * (k - 1) / k
         return counts
@@ -791,13 +796,13 @@ class _HostSim:
         # and beta_cma took the rest of all_reduce's first round)
         recv[:, _TERM["mem_l2"]] = nb * f2 * (1.0 - hot[2]) * (1.0 + red)
         recv[:, _TERM["mem_l3"]] = nb * f3 * (1.0 - hot[3]) * (1.0 + red)
-        recv[:, _TERM["gamma"]] = nb * red
+        recv[:, _TERM["gamma"]] = nb * (red > 0)
         # read in place: the sender only announces it (RTS), the receiver's copy is the
         # one copy; no ring, so no lag of a one-way stream either. (Charging that copy the
         # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
         # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
-                                      src, dst, red, m.zero_copy_oneway_min,
+                                      src, dst, red > 0, m.zero_copy_oneway_min,
                                       bool(self.crowded), local)
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):

@@ -1371,6 +1371,27 @@ def test_a_dissemination_algorithms_data_beside_empty_signals_is_priced_one_way(
     assert inplace.tolist() == (nb > 0).tolist()   # the data read in place, one-way
 
 
+def test_a_one_way_message_into_rl_empty_is_priced_copied_by_both_ends():
+    """transport/split.py: a one-way message read in place into an rl.empty destination,
+    from split_min bytes on, is copied half by its receiver and half by its idle sender at
+    once, where each rank has a core. Priced so, an 8 MiB broadcast at p = 2 costs half the
+    copy of the receiver's alone; not below split_min, not into a plain destination (the
+    sender cannot map it), not where ranks outnumber the cores, not with split_min -1."""
+    def copy_time(p, shared, **kw):
+        m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, **kw)}).host_model("shm")
+        s = _build("broadcast", "direct", p, (8 << 20) // 4).without_agreement()
+        return simulate(s, Topology.on_host(p, m), shared=shared).features["beta"]
+    one = copy_time(2, ("buf",), split_min=-1)
+    assert copy_time(2, ("buf",), split_min=1 << 20) == pytest.approx(one / 2)
+    assert copy_time(2, ("buf",), split_min=16 << 20) == pytest.approx(one)
+    assert copy_time(2, (), split_min=1 << 20) == pytest.approx(one)   # plain: streamed
+    crowded = copy_time(3, ("buf",), split_min=1 << 20)
+    assert crowded == pytest.approx(copy_time(3, ("buf",), split_min=-1))
+    from ringlet.transport import limits
+    assert limits.facts(True)["shm"]["split_min"] == limits.SPLIT_MIN
+    assert limits.facts(False)["shm"]["split_min"] == -1 == limits.facts(True)["tcp"]["split_min"]
+
+
 def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():
     """Where the transport reads private buffers in place (cma_min >= 0: transport/cma.py),
     a plain message above cma_min, in a round where its sender receives too and into a

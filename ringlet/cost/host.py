@@ -74,6 +74,10 @@ class HostModel:
     # receiver reads the second (limits.facts, cma.py); -1: never (not priced yet: such a
     # message is priced as streamed)
     cma_put_min: int = -1
+    # a larger one-way message read in place into an rl.empty destination is copied by
+    # both its ends at once, where ranks do not outnumber cores (transport/split.py); -1:
+    # never
+    split_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
@@ -113,12 +117,12 @@ class HostModel:
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
                                   "ring_bytes", "zero_copy_min", "zero_copy_oneway_min",
-                                  "cma_min", "cma_put_min", "fast_bytes",
+                                  "cma_min", "cma_put_min", "split_min", "fast_bytes",
                                   "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
                   "zero_copy_min", "zero_copy_oneway_min", "cma_min", "cma_put_min",
-                  "fast_bytes"):
+                  "split_min", "fast_bytes"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

@@ -546,6 +546,17 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     return zc | cma, cma
 
 
+def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bool) -> np.ndarray:
+    """Which messages (read in place) both ends copy (transport/split.py): at least
+    ``split_min`` bytes (-1: never), into a destination in one of the ``shared`` buffers,
+    copied or reduced into its own accumulator (``operands`` below 2), from a sender that
+    receives no bytes in the round, where each rank has a core (not ``crowded``)."""
+    if split_min < 0 or crowded or not len(shared):
+        return np.zeros(len(nbytes), bool)
+    one_way = ~np.isin(src, dst[nbytes > 0])
+    return (nbytes >= split_min) & np.isin(dbuf, shared) & (operands < 2) & one_way
+
+
 def _overlap(prev, rank, buf, off, n) -> np.ndarray:
     """Fraction of each range ``rank``'s ``buf[off:off+n]`` that lies in the ranges of
     ``prev`` (ranks, buffers, starts, ends) of the same rank and buffer."""
@@ -729,12 +740,12 @@ class _HostSim:
         # short at every p, all_reduce's in-place ring within 10%)
         red = c["reduce"].astype(float)
         red += (red > 0) & (c["abuf"] >= 0) & ((c["abuf"] != c["dbuf"]) | (c["aoff"] != c["doff"]))
-        sbuf = c["sbuf"]
+        sbuf, dbuf = c["sbuf"], c["dbuf"]
         loc = src == dst
         lsrc, lnb, lred = src[loc], nb[loc], red[loc]
         msg = ~loc
-        src, dst, nb, red, hot, sbuf = (src[msg], dst[msg], nb[msg], red[msg], hot[:, msg],
-                                        sbuf[msg])
+        src, dst, nb, red, hot, sbuf, dbuf = (src[msg], dst[msg], nb[msg], red[msg],
+                                              hot[:, msg], sbuf[msg], dbuf[msg])
         # each rank's CPU work in the round as if alone, for how much sharing stretches it
         one = np.ones(self.p)
         work = np.zeros(self.p)
@@ -742,7 +753,7 @@ class _HostSim:
             work += np.bincount(lsrc, self._local_counts(lsrc, lnb, lred, one) @ self.theta,
                                 self.p)
         if len(src):
-            sides = self._side_counts(src, dst, nb, red, hot, sbuf, lsrc)
+            sides = self._side_counts(src, dst, nb, red, hot, sbuf, dbuf, lsrc)
             work += np.bincount(src, sides[0] @ self.theta, self.p)
             work += np.bincount(dst, sides[1] @ self.theta, self.p)
         stretch = self._stretch(work)
@@ -772,7 +783,7 @@ class _HostSim:
         self.path = self.path + k * per
         self.alone = self.alone + per
 
-    def _side_counts(self, src, dst, nb, red, hot, sbuf, local=None):
+    def _side_counts(self, src, dst, nb, red, hot, sbuf, dbuf, local=None):
         """Term counts of each message's work on its sending and its receiving side (those
         of sharing the cores left to ``_shared_counts``), and of its latency; and which
         messages the receiver reads in place."""
@@ -808,6 +819,16 @@ class _HostSim:
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0
             recv[:, _TERM["beta_cma"]] = nb * cma      # the kernel's copy, over memcpy's
+            # copied by both ends (transport/split.py): a one-way message read in place into
+            # an rl.empty destination, each end on its own core, is half the receiver's and
+            # half the sender's, at once (priced as the receiver's alone, an 8 MiB broadcast
+            # at p = 2 from rl.empty was 605 us predicted against 341-357 measured)
+            both = inplace & ~cma & _split(nb, dst, dbuf, red, self.shared, m.split_min,
+                                           src, bool(self.crowded))
+            if both.any():
+                for term in ("beta", "mem_l2", "mem_l3", "gamma"):
+                    recv[both, _TERM[term]] *= 0.5
+                    send[both, _TERM[term]] = recv[both, _TERM[term]]
         for side in (send, recv):
             side[:, _TERM["beta_crowd"]] = side[:, _TERM["beta"]] * self.crowded
         lat = np.zeros((n, _N_TERMS))

@@ -126,6 +126,8 @@ tests/test_tcp_stall.py checks that a shaped link drops nothing at the receiver.
 """
 from __future__ import annotations
 
+import os
+
 RING_BYTES = (1 << 20) + 128
 SHM_EAGER_BYTES = 512 << 10
 SHM_FRAG_BYTES = 256 << 10
@@ -163,16 +165,17 @@ def facts(fast_path: bool) -> dict:
     the two at once; s: the large messages the sender's round sends, plus its local copies
     where they wait for them (a scatter's root), r: the messages the receiver's round
     receives; so a broadcast at p = 2 halves it, a scatter's root at p = 2 writes a
-    third: cma.py), largest message of a C call (0: no fast path here). (SPLIT_MIN is not
-    among them yet: the model does not price an rl.empty message copied by both ends; it
-    prices the receiver's copy.) ``fast_path``: whether C runs calls here
-    (``fast.enabled()``)."""
+    third: cma.py), from how many bytes a one-way message read in place into an rl.empty
+    buffer is copied by both its ends (-1: never; C does the claiming, so only with the
+    fast path built, and not with RINGLET_SPLIT=0: split.py), largest message of a C call
+    (0: no fast path here). ``fast_path``: whether C runs calls here (``fast.enabled()``)."""
+    split = SPLIT_MIN if fast_path and os.environ.get("RINGLET_SPLIT", "1") != "0" else -1
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
                     "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN,
-                    "cma_min": CMA_MIN, "cma_put_min": CMA_PUT_MIN,
+                    "cma_min": CMA_MIN, "cma_put_min": CMA_PUT_MIN, "split_min": split,
                     "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES,
                     "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
                     "zero_copy_oneway_min": -1, "cma_min": -1,
-                    "cma_put_min": -1, "fast_bytes": 0}}
+                    "cma_put_min": -1, "split_min": -1, "fast_bytes": 0}}

@@ -1384,12 +1384,43 @@ def test_a_one_way_message_into_rl_empty_is_priced_copied_by_both_ends():
     one = copy_time(2, ("buf",), split_min=-1)
     assert copy_time(2, ("buf",), split_min=1 << 20) == pytest.approx(one / 2)
     assert copy_time(2, ("buf",), split_min=16 << 20) == pytest.approx(one)
-    assert copy_time(2, (), split_min=1 << 20) == pytest.approx(one)   # plain: streamed
+    assert copy_time(2, (), split_min=1 << 20) == pytest.approx(one / 2)   # plain: by CMA
     crowded = copy_time(3, ("buf",), split_min=1 << 20)
     assert crowded == pytest.approx(copy_time(3, ("buf",), split_min=-1))
     from ringlet.transport import limits
     assert limits.facts(True)["shm"]["split_min"] == limits.SPLIT_MIN
     assert limits.facts(False)["shm"]["split_min"] == -1 == limits.facts(True)["tcp"]["split_min"]
+
+
+def test_a_one_way_plain_message_is_priced_split_by_cma():
+    """transport/cma.py: above cma_put_min a one-way message from a plain buffer, into a
+    receive that copies, is written in part by its sender and read in part by its receiver,
+    at once, each at the kernel's pace (beta + beta_cma per byte): a broadcast at p = 2
+    halves the copy, a scatter's root at p = 2, copying its own block meanwhile, writes a
+    third; not into a gather's root (it copies its own block: it reads all), not where
+    ranks outnumber the cores, not with cma_put_min -1."""
+    from ringlet.cost.simulate import _put_split
+    def feats(coll, p, **kw):
+        m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, beta_cma=1e-11, **kw)}
+                                      ).host_model("shm")
+        count = (8 << 20) // 4 if coll == "broadcast" else (8 << 20) // 4 // p
+        s = _build(coll, "direct", p, count).without_agreement()
+        return simulate(s, Topology.on_host(p, m)).features
+    on, off = feats("broadcast", 2, cma_put_min=1 << 20), feats("broadcast", 2, cma_put_min=-1)
+    assert on["beta"] == on["beta_cma"] == (8 << 20) / 2     # half of it on each side
+    assert off["beta_cma"] == 0 and off["beta"] >= 8 << 20   # streamed: copied in and out
+    nb, one = np.array([8e6, 0.0]), np.array([0, 1])
+    # rank 0 -> 1 the data, 1 -> 0 an empty signal; rank 0 copies a block of its own too
+    put, head = _put_split(nb, one, one[::-1], np.zeros(2), np.zeros(2, bool), 1 << 20,
+                           np.array([0]), 2, False)                  # a scatter's root
+    assert put.tolist() == [True, False] and head[0] == pytest.approx(1 / 3)
+    into_root = _put_split(nb, one[::-1], one, np.zeros(2), np.zeros(2, bool), 1 << 20,
+                           np.array([0]), 2, False)[0]               # a gather's root
+    assert not into_root.any()
+    assert not _put_split(nb, one, one[::-1], np.zeros(2), np.zeros(2, bool), 1 << 20,
+                          np.array([0]), 3, True)[0].any()           # crowded
+    # (crowded, a one-way message is read whole by CMA instead: the same with or without)
+    assert feats("broadcast", 3, cma_put_min=1 << 20) == feats("broadcast", 3, cma_put_min=-1)
 
 
 def test_cross_memory_attach_prices_plain_buffers_as_read_in_place():

@@ -71,8 +71,7 @@ class HostModel:
     cma_min: int = -1
     # a larger one-way message from a plain buffer is split by CMA where ranks do not
     # outnumber cores: the sender writes its first half into the receive buffer while the
-    # receiver reads the second (limits.facts, cma.py); -1: never (not priced yet: such a
-    # message is priced as streamed)
+    # receiver reads the rest (limits.facts, cma.py; simulate._put_split); -1: never
     cma_put_min: int = -1
     # a larger one-way message read in place into an rl.empty destination is copied by
     # both its ends at once, where ranks do not outnumber cores (transport/split.py); -1:

@@ -133,8 +133,8 @@ def agree_first(s: Schedule) -> None:
     breaks the chain where it first meets the other view, so no rank can finish the call.
     Cost: lg p zero-byte messages per rank (the cost model prices them with the rest).
     The "dissemination" algorithms need none of it: their data rides these very messages
-    (``Schedule.agrees``), so they agree in the rounds that move the data, and write the
-    caller's buffers only in a last local step."""
+    (``Schedule.agrees``), so they agree in the rounds that move the data (a call that
+    fails leaves its outputs undefined, as with MPI)."""
     agree = barrier.dissemination(s.p).rounds
     s.rounds[:0] = agree
     s.agreement = len(agree)

@@ -10,8 +10,8 @@ import numpy as np
 from ._common import (at, binomial_rounds, chunks, host_groups, lg, new, optimal_segments,
                       ring_all_gather, signal_others, subtree)
 
-__all__ = ["direct", "binomial", "dissemination", "pipeline", "scatter_allgather", "hierarchical",
-           "pipeline_segments"]
+__all__ = ["direct", "binomial", "dissemination", "pipeline", "scatter_allgather",
+           "hierarchical", "pipeline_segments"]
 
 
 def _new(algorithm, p, count, itemsize, root):

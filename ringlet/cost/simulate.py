@@ -522,8 +522,7 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     rank with a local step in the round, ``local``: it declines, as a gather's root does),
     into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
     rank has a core is ``_put_split``'s.)"""
-    # a receive of no bytes (an agreement's signal) copies nothing: not "receiving"
-    receivers = None if dst is None else dst[nbytes > 0]
+    one_way = None if dst is None else _one_way(nbytes, src, dst)
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min
@@ -531,12 +530,11 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
             zc &= np.isin(sbuf, shared)
             if zero_copy_oneway_min is not None and src is not None \
                     and zero_copy_oneway_min > zero_copy_min:
-                zc &= np.isin(src, receivers) | (nbytes > zero_copy_oneway_min)
+                zc &= ~one_way | (nbytes > zero_copy_oneway_min)
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
         if cma.any():
-            one_way = ~np.isin(src, receivers)
             if not crowded:
                 cma &= ~one_way
             elif local is not None and len(local):
@@ -546,6 +544,13 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     return zc | cma, cma
 
 
+def _one_way(nbytes, src, dst) -> np.ndarray:
+    """Which of a round's messages (``src`` -> ``dst``, ``nbytes``) come from a rank that
+    receives no bytes in the round: an empty receive (an agreement's signal beside a
+    "dissemination" algorithm's data) copies nothing (work._receives)."""
+    return ~np.isin(src, dst[nbytes > 0])
+
+
 def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bool) -> np.ndarray:
     """Which messages (read in place) both ends copy (transport/split.py): at least
     ``split_min`` bytes (-1: never), into a destination in one of the ``shared`` buffers,
@@ -553,8 +558,8 @@ def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bo
     receives no bytes in the round, where each rank has a core (not ``crowded``)."""
     if split_min < 0 or crowded or not len(shared):
         return np.zeros(len(nbytes), bool)
-    one_way = ~np.isin(src, dst[nbytes > 0])
-    return (nbytes >= split_min) & np.isin(dbuf, shared) & (operands < 2) & one_way
+    return ((nbytes >= split_min) & np.isin(dbuf, shared) & (operands < 2)
+            & _one_way(nbytes, src, dst))
 
 
 def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
@@ -570,8 +575,8 @@ def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
     if put_min < 0 or crowded or not len(nbytes):
         return none
     local = np.asarray(local, np.int64)
-    put = ((nbytes > put_min) & ~inplace & (operands == 0)
-           & ~np.isin(src, dst[nbytes > 0]) & ~np.isin(dst, local))
+    put = ((nbytes > put_min) & ~inplace & (operands == 0) & _one_way(nbytes, src, dst)
+           & ~np.isin(dst, local))
     if not put.any():
         return none
     s = np.bincount(src[put], minlength=p) + np.bincount(local, minlength=p)

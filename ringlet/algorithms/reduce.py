@@ -43,20 +43,7 @@ def binomial(p, count, *, itemsize=4, root=0):
 
     p−1 messages of n, lg at the root:  T = lg(α + nβ + nγ).
     """
-    v = np.arange(p)
-    has_children = (v % 2 == 0) & (v + 1 < p)     # they receive in the first round
-    s, real = _new("binomial", p, count, itemsize, root, count if has_children[1:].any() else 0)
-    for k, (_, child, parent) in enumerate(binomial_rounds(p)):
-        rnd = s.round()
-        for part in ("buf", "tmp"):               # where each child's partial is
-            sel = has_children[child] == (part == "tmp")
-            c, q = child[sel], parent[sel]
-            to_root = q == 0
-            rnd.reduce(src=real(c[to_root]), dst=root, n=count, sbuf=part, soff=0,
-                       dbuf="buf", doff=0)
-            rnd.reduce(src=real(c[~to_root]), dst=real(q[~to_root]), n=count, sbuf=part, soff=0,
-                       dbuf="tmp", doff=0, abuf="buf" if k == 0 else "tmp", aoff=0)
-    return s
+    return _tree("binomial", p, count, itemsize, root, lambda v: (np.asarray(v) + root) % p)
 
 
 def dissemination(p, count, *, itemsize=4, root=0):
@@ -68,11 +55,18 @@ def dissemination(p, count, *, itemsize=4, root=0):
 
     p−1 messages of n among p·lg:  T = lg(α + nβ + nγ): binomial's, less a barrier.
     """
-    w = np.arange(p)
-    has_children = (w % 2 == 0) & (w + 1 < p)     # they receive in the first round
-    s, _ = _new("dissemination", p, count, itemsize, root,
-                count if has_children[1:].any() else 0)
-    real = lambda x: (root - np.asarray(x)) % p  # noqa: E731
+    s = _tree("dissemination", p, count, itemsize, root, lambda w: (root - np.asarray(w)) % p,
+              signal=True)
+    s.agrees = True
+    return s
+
+
+def _tree(algorithm, p, count, itemsize, root, real, signal=False):
+    """The binomial reduce, leaves first, on virtual ranks mapped to ranks by ``real``;
+    with ``signal``, every other message of each round's dissemination barrier beside it."""
+    v = np.arange(p)
+    has_children = (v % 2 == 0) & (v + 1 < p)     # they receive in the first round
+    s, _ = _new(algorithm, p, count, itemsize, root, count if has_children[1:].any() else 0)
     for k, (_, child, parent) in enumerate(binomial_rounds(p)):
         rnd = s.round()
         for part in ("buf", "tmp"):               # where each child's partial is
@@ -83,8 +77,8 @@ def dissemination(p, count, *, itemsize=4, root=0):
                        dbuf="buf", doff=0)
             rnd.reduce(src=real(c[~to_root]), dst=real(q[~to_root]), n=count, sbuf=part,
                        soff=0, dbuf="tmp", doff=0, abuf="buf" if k == 0 else "tmp", aoff=0)
-        signal_others(rnd, p, k, real(child))
-    s.agrees = True
+        if signal:
+            signal_others(rnd, p, k, real(child))
     return s
 
 

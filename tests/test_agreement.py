@@ -65,6 +65,27 @@ def test_ranks_that_disagree_on_the_root_raise_over_tcp(backend):
     run(_roots_disagree, 3, (_last_rank_differs,), backend=backend)
 
 
+def _algorithms_disagree(rank):
+    """The last rank runs binomial (barrier first), the others dissemination (data on the
+    barrier's messages): both send the same signals in round 0, so every rank raises at
+    that very call, saying they differ in algorithm, and the group goes on."""
+    p = rl.get_world_size()
+    for collective in ROOTED:
+        for n in (10, 300_000):                 # one EAGER packet (C fast path); streamed
+            algorithm = "binomial" if rank == p - 1 else "dissemination"
+            with pytest.raises(rl.CollectiveMismatch) as info:
+                _call(collective, algorithm, 0, n, rank, p)
+            assert "they differ in algorithm" in str(info.value), (collective, n, str(info.value))
+            y = np.full(4, rank + 1.0)
+            rl.all_reduce(y, timeout=20)
+            assert (y == p * (p + 1) / 2).all()
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_ranks_that_disagree_on_laying_data_on_the_barrier_raise_at_the_call(p):
+    run(_algorithms_disagree, p)
+
+
 def _agreed(rank):
     """A rooted call whose ranks agree still gives the right answer, and its schedule
     shows the agreement rounds the cost model prices."""

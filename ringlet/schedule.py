@@ -228,6 +228,11 @@ class PlanRound:
     local: tuple[LocalStep, ...]
     sends: tuple[SendStep, ...]
     recvs: tuple[RecvStep, ...]
+    #: receives that bring bytes (an agreement's empty signal brings none), counted once
+    copies_in: int = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "copies_in", sum(t.d1 > t.d0 for t in self.recvs))
 
 
 @dataclass(eq=False)

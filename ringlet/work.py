@@ -477,7 +477,8 @@ class CollectiveWork(Work):
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
         # (0: this round copied locally first, and its receives take no split: cma.py)
-        ways = 0 if self.plan[self.i].local else sum(t.d1 > t.d0 for t in recvs)
+        rnd = self.plan[self.i]
+        ways = 0 if rnd.local else rnd.copies_in
         for k, t in enumerate(recvs):
             if skip >> k & 1:
                 continue
@@ -497,7 +498,7 @@ def _receives(rnd: PlanRound) -> bool:
     """Whether this rank copies bytes in during ``rnd``: an empty receive (the signal of an
     agreement, which a "dissemination" algorithm sends beside its data) copies nothing,
     so a send beside one is one-way (split between its two ends: cma.py, split.py)."""
-    return any(t.d1 > t.d0 for t in rnd.recvs)
+    return rnd.copies_in > 0
 
 
 def _apart(rnd: PlanRound, bufs: dict) -> bool:

@@ -50,9 +50,10 @@ CATALOG["all_to_all_single"] = CATALOG["all_to_all"]
 #: collectives with a root (the ``root`` argument of ``build`` matters only for these)
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
-#: rooted algorithms whose data rides the agreement's own messages (``Schedule.agrees``):
-#: no barrier rounds before them, none in their price
-SELF_AGREEING = frozenset((c, "dissemination") for c in ROOTED)
+#: rooted algorithms whose data rides the agreement's own messages (``Schedule.agrees``,
+#: as their builders say): no barrier rounds before them, none in their price
+SELF_AGREEING = frozenset((c, a) for c in ROOTED for a, builder in CATALOG[c].items()
+                          if builder(2, 1).agrees)
 
 
 _PARAMS = {id(b): frozenset(inspect.signature(b).parameters) for t in CATALOG.values() for b in t.values()}

@@ -239,6 +239,22 @@ def _switches(tid: int) -> int:
         return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
 
 
+def _asleep(tid: int, bg, deadline: float, rank: int) -> int:
+    """Wait until the progress thread has parked and gone to sleep; its switch count then.
+    (It sets ``idle`` just before it blocks: the switch out that blocking makes may come
+    after a caller has read the flag, so wait for the count to hold still while it sleeps.)"""
+    last = None
+    while True:
+        assert time.monotonic() < deadline, f"rank {rank}: the progress thread never parked"
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        now = _switches(tid)
+        if bg.idle and state == "S" and now == last:
+            return now
+        last = now if bg.idle and state == "S" else None
+        time.sleep(0.02)
+
+
 def _parked_thread_sleeps_through_blocking_calls(rank):
     from ringlet.runtime import engine
     bg = engine().background
@@ -246,11 +262,8 @@ def _parked_thread_sleeps_through_blocking_calls(rank):
     x = np.full(300_000, rank + 1.0)
     rl.all_reduce(x, async_op=True).wait()       # the thread exists from here on
     deadline = time.monotonic() + HANG
-    while not bg.idle:                           # it parks once it has seen the work end
-        assert time.monotonic() < deadline, f"rank {rank}: the progress thread never parked"
-        time.sleep(0.001)
     tid = bg.thread.native_id
-    before = _switches(tid)
+    before = _asleep(tid, bg, deadline, rank)
     small, big = np.ones(2, np.float32), np.ones(100_000)
     for i in range(300):
         rl.all_reduce(small)

@@ -64,6 +64,10 @@ DEFAULT_RANKS = (2, 3, 4, 6)
 #: the L3 the fit may find the job really has, as fractions of what sysfs reports (on a VM
 #: the L3 is shared with other tenants; here 16-24 of 32 MiB fit the timings best)
 L3_FRACTIONS = (0.5, 0.75, 1.0)
+#: ... and every power of two from this up to them: a VM here reported 480 MiB of L3,
+#: which no timing reaches past, so the fit had no term for memory beyond it and priced
+#: 64 MiB calls 25-40% short
+L3_FLOOR = 8 << 20
 #: with more ranks than this, sizes above this are skipped (time, and first-call costs)
 CROWDED_MAX_SIZE = 16 << 20
 BACKEND = {"shm": None, "tcp": "tcp"}
@@ -323,7 +327,8 @@ def _measure_pass(runs, transport, p, sizes, budget, max_reps, timeout, quiet, m
 #: same fit of profile_quiet_1800's 504 shm timings (14.6% median residual, idle share
 #: 0.25, imbalance 1, L3 16 MiB) in 88 simulations of every timing instead of 49 (133
 #: against 73 s of CPU)
-FULL_FIT = {"l3_fractions": L3_FRACTIONS, "starts": (1.0,), "idle_shares": (0.0, 0.25, 0.5),
+FULL_FIT = {"l3_fractions": L3_FRACTIONS, "l3_floor": L3_FLOOR, "starts": (1.0,),
+            "idle_shares": (0.0, 0.25, 0.5),
             "imbalances": (0.0, 0.5, 1.0), "iterations": 8, "grid_iterations": 3}
 _K, _M = 1 << 10, 1 << 20
 #: at large sizes: an exchange that reduces, direct's many concurrent messages, a chain, a
@@ -356,7 +361,9 @@ def fit_seconds(n_samples: int, fit: dict) -> float:
         fit.get("imbalances", (0.0, 0.5, 1.0))) * (2 if starts > 1 else 1)
     full = fit.get("iterations", 12)
     quick = fit.get("grid_iterations") or full
-    tries = (starts + 2) * full + (grid + len(fit.get("l3_fractions", (1.0,))) - 1) * quick
+    from .cost.profile import l3_candidates
+    l3s = len(l3_candidates(64 << 20, fit.get("l3_fractions", (1.0,)), fit.get("l3_floor", 0)))
+    tries = (starts + 2) * full + (grid + l3s - 1) * quick
     return n_samples * tries * 0.6 * SIMULATE_SECONDS
 
 

@@ -1596,6 +1596,31 @@ def test_fit_host_finds_the_l3_the_job_really_has():
     assert held["l3_bytes"] == 32 << 20 and held["residuals"]["max_rel"] > 1e-3
 
 
+def test_fit_host_finds_a_small_l3_below_the_fractions_of_a_large_report():
+    """A VM reporting 480 MiB of L3 whose job really has 8 MiB: the fractions of the report
+    cannot reach it (no timing then goes past the L3, and its term fits to 0); the powers
+    of two from ``l3_floor`` do, and the fit is exact there."""
+    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 8 << 20,
+                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
+    samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
+                "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
+                                    Topology.on_host(2, true)).time}
+               for alg in ("ring", "naive_ring", "direct", "recursive_doubling", "tree")
+               for nb in (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    reported = dataclasses_replace(true, l3_bytes=480 << 20)
+    fractions = (0.5, 0.75, 1.0)
+    assert profile.l3_candidates(480 << 20, fractions, 8 << 20) == \
+        [480 << 20, 360 << 20, 240 << 20, 128 << 20, 64 << 20, 32 << 20, 16 << 20, 8 << 20]
+    assert profile.l3_candidates(32 << 20, fractions, 8 << 20) == [32 << 20, 24 << 20, 16 << 20,
+                                                                   8 << 20]
+    got = profile.fit_host(samples, reported, robust=False, l3_fractions=fractions,
+                           l3_floor=8 << 20)
+    assert got["l3_bytes"] == 8 << 20 and got["residuals"]["max_rel"] < 1e-6
+    short = profile.fit_host(samples, reported, robust=False, l3_fractions=fractions)
+    assert short["l3_bytes"] >= 240 << 20 and short["residuals"]["max_rel"] > 1e-3
+
+
 def test_fit_host_holds_fixed_terms():
     """A term measured some other way is held at its value; the rest fit around it."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},

@@ -406,7 +406,8 @@ FIT_START = dict(alpha=5e-6, alpha_fast=1e-6, alpha_fast_call=2e-6, alpha_call=1
 def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
              iterations: int = 12, terms=None, idle_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
              imbalances=(0.0, 0.5, 1.0), fixed: dict | None = None,
-             l3_fractions=(1.0,), starts=(1.0, 0.3, 3.0), grid_iterations=None) -> dict:
+             l3_fractions=(1.0,), starts=(1.0, 0.3, 3.0), grid_iterations=None,
+             l3_floor: int = 0) -> dict:
     """Fit a :class:`ringlet.cost.host.HostModel` to timed schedules.
 
     ``samples``: dicts with ``collective``, ``algorithm``, ``p``, ``nbytes`` and
@@ -428,7 +429,9 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
     ``idle_shares`` x ``imbalances`` by the same error (each pair tried from the best
     model so far, and from ``base`` too when there are several starts), and so is the L3 the job really
     has: ``l3_fractions`` of ``base.l3_bytes`` (on a virtual machine the L3 that sysfs
-    reports is shared with other tenants). ``grid_iterations``: fewer iterations for each
+    reports is shared with other tenants), and with ``l3_floor`` also every power of two
+    from it up to the smallest of those (a VM here reported 480 MiB, where no timing reaches
+    past the L3 and its term fits to 0). ``grid_iterations``: fewer iterations for each
     of those tries (the best is then iterated ``iterations`` times again). With ``robust``, samples the
     first fit misses by more than max(50%, 3x the median) - at most a quarter - are set
     aside as outliers, as in :func:`fit`. Returns the profile entry: every
@@ -464,10 +467,9 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
                                               imbalance=float(imb)), keep)
                 if got[0] < tried[0]:
                     tried = got
-    for frac in l3_fractions:
-        if frac != 1.0:
-            got = quick.alternate(replace(tried[1], l3_bytes=max(1, int(base.l3_bytes * frac))),
-                                  keep)
+    for l3 in l3_candidates(base.l3_bytes, l3_fractions, l3_floor):
+        if l3 != base.l3_bytes:
+            got = quick.alternate(replace(tried[1], l3_bytes=l3), keep)
             if got[0] < tried[0]:
                 tried = got
     if tried is not best:
@@ -475,6 +477,17 @@ def fit_host(samples, base=None, relative: bool = True, robust: bool = True,
         best = got if got[0] < best[0] else best
     _, model, pred = best
     return _host_entry(model, pred, y, keep, outliers)
+
+
+def l3_candidates(reported: int, fractions=(1.0,), floor: int = 0) -> list[int]:
+    """The L3 sizes a host fit tries, largest first: ``fractions`` of the ``reported`` one,
+    and each power of two from ``floor`` (0: none) below the smallest of those."""
+    sizes = {max(1, int(reported * f)) for f in fractions}
+    smallest, size = min(sizes), floor
+    while 0 < size < smallest:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes, reverse=True)
 
 
 def _fit_start(base, terms, fixed):

@@ -36,7 +36,7 @@ import time
 
 from .transport import fast, limits
 from .cost.model import Link, count_of, format_size, nbytes_of, parse_size
-from .cost.profile import FIT_START, Profile, fit_host, machine, profile_path
+from .cost.profile import FIT_START, Profile, fit_host, l3_candidates, machine, profile_path
 
 #: (collective, algorithm) timed per size; barrier only once (it moves no bytes)
 #: (all_gather's many concurrent messages price what all_reduce's do not; without them
@@ -361,7 +361,6 @@ def fit_seconds(n_samples: int, fit: dict) -> float:
         fit.get("imbalances", (0.0, 0.5, 1.0))) * (2 if starts > 1 else 1)
     full = fit.get("iterations", 12)
     quick = fit.get("grid_iterations") or full
-    from .cost.profile import l3_candidates
     l3s = len(l3_candidates(64 << 20, fit.get("l3_fractions", (1.0,)), fit.get("l3_floor", 0)))
     tries = (starts + 2) * full + (grid + l3s - 1) * quick
     return n_samples * tries * 0.6 * SIMULATE_SECONDS

@@ -1576,18 +1576,24 @@ def test_fit_host_learns_the_rendezvous_from_rl_empty_timings():
     assert profile.fit(kept + [dict(counts, seconds=5.0, shared=["buf"])])["samples"] == 2
 
 
-def test_fit_host_finds_the_l3_the_job_really_has():
-    """Timings made with a 16 MiB L3, fitted from a machine that reports 32 MiB: among the
-    L3 sizes it may try, the fit picks 16 MiB and then fits exactly; held at 32 MiB it
-    cannot."""
+def _timed_with_l3(l3_bytes: int):
+    """(a host model with this L3, all_reduce timings it makes at p = 2 from 4 KiB to 64 MiB)."""
     true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 16 << 20,
+                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": l3_bytes,
                         "fast_bytes": HOST_PROFILE["fast_bytes"]})
     samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
                 "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
                                     Topology.on_host(2, true)).time}
                for alg in ("ring", "naive_ring", "direct", "recursive_doubling", "tree")
                for nb in (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    return true, samples
+
+
+def test_fit_host_finds_the_l3_the_job_really_has():
+    """Timings made with a 16 MiB L3, fitted from a machine that reports 32 MiB: among the
+    L3 sizes it may try, the fit picks 16 MiB and then fits exactly; held at 32 MiB it
+    cannot."""
+    true, samples = _timed_with_l3(16 << 20)
     reported = dataclasses_replace(true, l3_bytes=32 << 20)
     got = profile.fit_host(samples, reported, robust=False, l3_fractions=(0.5, 0.75, 1.0))
     assert got["l3_bytes"] == 16 << 20
@@ -1600,14 +1606,7 @@ def test_fit_host_finds_a_small_l3_below_the_fractions_of_a_large_report():
     """A VM reporting 480 MiB of L3 whose job really has 8 MiB: the fractions of the report
     cannot reach it (no timing then goes past the L3, and its term fits to 0); the powers
     of two from ``l3_floor`` do, and the fit is exact there."""
-    true = HostModel(**{**{k: HOST_PROFILE[k] for k in HOST_TERMS},
-                        "idle_share": 0.5, "cores": 2, "l2_bytes": 2 << 20, "l3_bytes": 8 << 20,
-                        "fast_bytes": HOST_PROFILE["fast_bytes"]})
-    samples = [{"collective": "all_reduce", "algorithm": alg, "p": 2, "nbytes": nb,
-                "seconds": simulate(_build("all_reduce", alg, 2, nb // 4),
-                                    Topology.on_host(2, true)).time}
-               for alg in ("ring", "naive_ring", "direct", "recursive_doubling", "tree")
-               for nb in (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    true, samples = _timed_with_l3(8 << 20)
     reported = dataclasses_replace(true, l3_bytes=480 << 20)
     fractions = (0.5, 0.75, 1.0)
     assert profile.l3_candidates(480 << 20, fractions, 8 << 20) == \

@@ -472,11 +472,11 @@ def _explain_main(argv) -> int:
                     f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}"
                     .split("\n")))
     if a.zero_copy and env.host is None:
-        print("(--zero-copy changes nothing here: only a calibrated host prices in-place reads)")
+        print("(--zero-copy changes nothing here: only the host model (shm on this host) prices in-place reads)")
     host = env.host
     if host is not None and prof is not None:
         from .calibrate import describe
-        print("host model (each term once; its time is part of the column named):")
+        print(_fit("host model (each term once; its time is part of the column named):"))
         print("\n".join(_fit(line) for line in describe(prof.params("shm")).splitlines()))
         print(_fit("columns: latency = the alpha terms; bandwidth = beta, delta, beta_share, "
                    "beta_crowd, beta_lag; reduction = reduce; memory = mem_l2 + mem_l3; "
@@ -526,7 +526,8 @@ def _explain_where(a, p: int):
         prof = load_profile()
         topology = prof
         gamma = prof.gamma("shm") if a.gamma is None else a.gamma
-        where = (f"{p} ranks on this host (shm, the calibrated host model below)"
+        where = (f"{p} ranks on this host (shm, the "
+                 f"{'calibrated' if prof.calibrated else 'default'} host model below)"
                  if prof.host_model("shm") is not None else
                  f"{p} ranks on this host ({prof.link('shm')})")
     if prof is not None:

@@ -18,9 +18,9 @@ File: ``$RINGLET_PROFILE`` if set, else ``$XDG_CACHE_HOME/ringlet/profile.json``
       }
     }
 
-Extra keys are kept and ignored. Without a file, :data:`DEFAULT_PROFILE` is used: rough,
-uncalibrated numbers for a Python process moving NumPy buffers (``source == "default"``);
-run ``ringlet calibrate`` to replace them with measured ones.
+Extra keys are kept and ignored. Without a file, :data:`DEFAULT_PROFILE` is used: the host
+model as fitted on another machine, on this machine's cores and caches (``source ==
+"default"``); run ``ringlet calibrate`` to replace it with this host's own.
 
 :func:`fit` turns timings of small experiments into ``alpha``, ``beta`` and ``gamma`` by
 (non-negative, relative) least squares; ``ringlet calibrate`` measures the samples with
@@ -46,17 +46,39 @@ from .model import Link, parse_size
 
 PROFILE_VERSION = 1
 
-#: used when no calibrated profile exists (documented, deliberately round numbers)
+#: used when no calibrated profile exists. Shared memory is priced with the host model
+#: (cost/host.py) at the terms ``ringlet calibrate`` fitted on a 2-core VM (AMD EPYC,
+#: 2026-12-02, 504 timings, rounded): what ringlet's own transport costs per message in C
+#: and in Python, per byte copied, reduced and copied locally, past the caches and on
+#: shared cores; TCP likewise, between local ranks over the loopback (between hosts the
+#: network sets its price: calibrate there, or give the link's rate). The machine's cores
+#: and caches are this one's (:func:`default_profile`).
+#: A plain alpha-beta entry here priced a local copy at nothing and every message at
+#: 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked dissemination (a tree that
+#: copies 14 MiB along its critical path) over direct (5), and ran 2.5-3x slower.
 DEFAULT_PROFILE: dict = {
     "version": PROFILE_VERSION,
     "host": "",
     "created": "",
     "transports": {
-        # shared memory between processes of one host: Python-level per-message overhead,
-        # one memcpy-class copy per byte, NumPy reduction
-        "shm": {"alpha": 20e-6, "beta": 1 / 5e9, "gamma": 1 / 10e9, "delta": 0.0},
-        # TCP over the loopback or a LAN: kernel round trips per message, socket copies
-        "tcp": {"alpha": 50e-6, "beta": 1 / 1.5e9, "gamma": 1 / 10e9, "delta": 0.0},
+        "shm": {"model": "host",
+                "alpha": 43e-6, "alpha_fast": 0.8e-6, "alpha_fast_call": 0.74e-6,
+                "alpha_call": 0.0, "alpha_array": 2.0e-6, "alpha_large": 80e-6,
+                "alpha_hop": 0.014e-6, "alpha_rdv": 0.0, "alpha_crowd": 0.0,
+                "alpha_crowd_call": 4.7e-6,
+                "beta": 44e-12, "gamma": 34e-12, "delta": 64e-12,
+                "mem_l2": 5.2e-12, "mem_l3": 105e-12, "beta_share": 61e-12,
+                "beta_crowd": 0.0, "beta_lag": 34e-12, "beta_cma": 197e-12,
+                "idle_share": 0.5, "imbalance": 0.5},
+        "tcp": {"model": "host",
+                "alpha": 36e-6, "alpha_fast": 0.0, "alpha_fast_call": 0.0,
+                "alpha_call": 28e-6, "alpha_array": 16e-6, "alpha_large": 37e-6,
+                "alpha_hop": 0.0, "alpha_rdv": 61e-6, "alpha_crowd": 5.4e-6,
+                "alpha_crowd_call": 151e-6,
+                "beta": 251e-12, "gamma": 0.0, "delta": 98e-12,
+                "mem_l2": 0.0, "mem_l3": 52e-12, "beta_share": 69e-12,
+                "beta_crowd": 74e-12, "beta_lag": 12e-12, "beta_cma": 0.0,
+                "idle_share": 0.25, "imbalance": 0.5},
     },
 }
 
@@ -257,7 +279,14 @@ class Profile:
 
 
 def default_profile() -> Profile:
-    return Profile.from_dict(DEFAULT_PROFILE, source="default")
+    """:data:`DEFAULT_PROFILE` on this machine: its cores and caches (:func:`machine`; an
+    L3 the fit on a VM found smaller than sysfs said is not guessed here), and the fast
+    path where it is built, as a calibration here would record them."""
+    d = copy.deepcopy(DEFAULT_PROFILE)
+    here, facts = machine(), limits.facts(fast.enabled())
+    for name, t in d["transports"].items():
+        t.update(here, **facts[name])
+    return Profile.from_dict(d, source="default")
 
 
 _CACHE: dict = {}

@@ -78,11 +78,14 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
     if len(lanes) != p:
         raise ValueError(f"ranks names {len(lanes)} ranks but the schedule has {p}")
     hosts = schedule.hosts
+    model = "model"
     if topology is None:
         if hosts is not None and len(set(hosts)) > 1:
             topology = Topology.from_host_ids(hosts, *_profile_links())
         else:
-            topology = Topology.from_profile(1, p, load_profile())
+            prof = load_profile()
+            model = "calibrated model" if prof.calibrated else "default model (uncalibrated)"
+            topology = Topology.from_profile(1, p, prof)
     elif isinstance(topology, Link):
         topology = (Topology.from_host_ids(hosts, topology) if hosts is not None
                     else Topology.uniform(p, topology))
@@ -91,7 +94,7 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
     where = str(topology.intra) if topology.hosts == 1 else (
         f"{topology.hosts} hosts (intra {topology.intra}, inter {topology.inter})")
     if topology.host is not None:
-        where = f"this host, calibrated ({topology.intra})"
+        where = f"this host's {model} ({topology.intra})"
     times = [simulate(_alone(schedule, rnd), topology).time for rnd in schedule.rounds]
     total = simulate(schedule, topology).time if schedule.rounds else 0.0
     return Drawing(schedule, lanes, hosts if hosts and len(set(hosts)) > 1 else None,

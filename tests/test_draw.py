@@ -87,6 +87,19 @@ def test_no_algorithm_draws_what_auto_would_run(capsys):
     assert "all_gather / " in capsys.readouterr().out
 
 
+def test_a_drawing_on_this_host_says_which_model_priced_it(capsys, tmp_path, monkeypatch):
+    """Tests run without a calibration (conftest): the drawing names the default model,
+    and a calibrated profile's once there is one."""
+    assert cli(["draw", "scatter", "-n", "4", "--size", "8M"]) == 0
+    head = " ".join(capsys.readouterr().out.split("\n")[:2])
+    assert "scatter / direct: " in head and "this host's default model (uncalibrated)" in head
+    from ringlet.cost.profile import default_profile
+    monkeypatch.setenv("RINGLET_PROFILE", str(default_profile().save(tmp_path / "p.json")))
+    assert cli(["draw", "scatter", "-n", "4", "--size", "8M"]) == 0
+    head = " ".join(capsys.readouterr().out.split("\n")[:2])
+    assert "this host's calibrated model" in head
+
+
 def test_messages_of_no_bytes_are_syncs(tmp_path, capsys):
     assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "--width", "200"]) == 0
     out = capsys.readouterr().out

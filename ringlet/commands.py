@@ -472,7 +472,8 @@ def _explain_main(argv) -> int:
                     f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}"
                     .split("\n")))
     if a.zero_copy and env.host is None:
-        print("(--zero-copy changes nothing here: only the host model (shm on this host) prices in-place reads)")
+        print(_fit("(--zero-copy changes nothing here: only the host model (shm on this host) "
+                   "prices in-place reads)"))
     host = env.host
     if host is not None and prof is not None:
         from .calibrate import describe

@@ -279,9 +279,9 @@ class Profile:
 
 
 def default_profile() -> Profile:
-    """:data:`DEFAULT_PROFILE` on this machine: its cores and caches (:func:`machine`; an
-    L3 the fit on a VM found smaller than sysfs said is not guessed here), and the fast
-    path where it is built, as a calibration here would record them."""
+    """:data:`DEFAULT_PROFILE` on this machine: the cores this process may use and the
+    cache sizes sysfs reports (:func:`machine`), and the transports' limits and fast path
+    as this ringlet has them - what a calibration here would record beside its fit."""
     d = copy.deepcopy(DEFAULT_PROFILE)
     here, facts = machine(), limits.facts(fast.enabled())
     for name, t in d["transports"].items():

@@ -101,6 +101,8 @@ def main(argv=None) -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    from ringlet.bench import auto_priced_by
+    print(auto_priced_by())
     print(f"{'row':26} {'ran':20} {'plain':>7} {'rl.empty':>9} {'mpi':>7}   "
           f"{'mpi/plain (min-max)':>21} {'mpi/rl.empty (min-max)':>23}  load", flush=True)
     everything = []

@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from ringlet.bench import FACTOR, run_peer, run_ringlet
+from ringlet.bench import FACTOR, auto_priced_by, run_peer, run_ringlet
 
 MiB = 1 << 20
 
@@ -184,6 +184,7 @@ def main(argv=None) -> int:
                     help="with --ops: every side writes its inputs again before each timed call "
                          "(bench/in_job_vs_mpi.py says why)")
     a = ap.parse_args(argv)
+    print(auto_priced_by(), flush=True)
     if a.ops:
         return _section3(a.ops.split(","), [int(x) for x in a.procs.split(",")], a)
     iters = 10 if a.quick else None

@@ -205,6 +205,17 @@ def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> 
     return res
 
 
+def auto_priced_by() -> str:
+    """Which profile ``algorithm="auto"`` picks with in jobs started from here: a run's
+    picks, and so its results, depend on it (uncalibrated, an 8 MiB scatter at p = 4 once
+    ran a tree 2.5-3x slower than a calibration's pick)."""
+    from .cost import load_profile
+    prof = load_profile()
+    if prof.calibrated:
+        return f"auto picks on the calibrated profile {prof.source} ({prof.created or 'undated'})"
+    return "auto picks on the default profile (uncalibrated: `ringlet calibrate` fits this host)"
+
+
 def bind_like_mpirun(rank: int, p: int) -> None:
     """Pin this rank to one core, as ``mpirun`` pins Open MPI's ranks by default here
     (``--report-bindings``: rank r on core r at np = 2; no binding when ranks outnumber

@@ -190,3 +190,13 @@ def test_a_fresh_measurement_writes_every_input_again_before_each_call(tmp_path)
     # input are wrong after it, so the check above can fail.
     stale = [op for op in OPS if wrong[f"{op} fresh=False"]]
     assert set(stale) >= {"all_gather", "all_to_all", "reduce_scatter", "gather", "scatter"}
+
+
+def test_benchmarks_say_which_profile_auto_picked_with(tmp_path, monkeypatch):
+    """targets.py and in_job_vs_mpi.py print it first: their rows depend on it."""
+    from ringlet.bench import auto_priced_by
+    from ringlet.cost.profile import default_profile
+    assert "default profile (uncalibrated" in auto_priced_by()       # conftest: no profile
+    path = default_profile().save(tmp_path / "profile.json")
+    monkeypatch.setenv("RINGLET_PROFILE", str(path))
+    assert auto_priced_by().startswith(f"auto picks on the calibrated profile {path}")

@@ -281,11 +281,15 @@ class Profile:
 def default_profile() -> Profile:
     """:data:`DEFAULT_PROFILE` on this machine: the cores this process may use and the
     cache sizes sysfs reports (:func:`machine`), and the transports' limits and fast path
-    as this ringlet has them - what a calibration here would record beside its fit."""
-    d = copy.deepcopy(DEFAULT_PROFILE)
-    here, facts = machine(), limits.facts(fast.enabled())
-    for name, t in d["transports"].items():
-        t.update(here, **facts[name])
+    as this ringlet has them - what a calibration here would record beside its fit. The
+    machine is read once a process (sysfs: a file per cache and core, at every init)."""
+    d = _CACHE.get("default dict")
+    if d is None:
+        d = copy.deepcopy(DEFAULT_PROFILE)
+        here, facts = machine(), limits.facts(fast.enabled())
+        for name, t in d["transports"].items():
+            t.update(here, **facts[name])
+        _CACHE["default dict"] = d
     return Profile.from_dict(d, source="default")
 
 

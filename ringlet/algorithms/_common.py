@@ -92,15 +92,20 @@ def ring_reduce_scatter(s: Schedule, start: int, ranks, off, size, buf: str = "b
     return start + max(m - 1, 0)
 
 
-def ring_all_gather(s: Schedule, start: int, ranks, off, size, buf: str = "buf") -> int:
+def ring_all_gather(s: Schedule, start: int, ranks, off, size, buf: str = "buf",
+                    held=None) -> int:
     """Ring all-gather: ranks[l] starts holding chunk l and, after m - 1 steps in which
-    ranks[l] passes chunk (l - k) mod m to ranks[l + 1], every rank holds all of them."""
+    ranks[l] passes chunk (l - k) mod m to ranks[l + 1], every rank holds all of them.
+    ``held[l, c]``: ranks[l] holds chunk c already (from a scatter before the ring), so
+    nothing carries c to it; it still passes c on, from its own buffer."""
     ranks, off, size = (np.asarray(x, np.int64) for x in (ranks, off, size))
     m = len(ranks)
     l = np.arange(m)
     for k in range(m - 1):
         c = (l - k) % m
-        at(s, start + k).copy(src=ranks, dst=ranks[(l + 1) % m], n=size[c], buf=buf, off=off[c])
+        go = np.ones(m, bool) if held is None else ~held[(l + 1) % m, c]
+        at(s, start + k).copy(src=ranks[go], dst=ranks[(l[go] + 1) % m], n=size[c[go]],
+                              buf=buf, off=off[c[go]])
     return start + max(m - 1, 0)
 
 

@@ -101,7 +101,9 @@ def _chain(s, start, chain, count, itemsize):
 
 def scatter_allgather(p, count, *, itemsize=4, root=0):
     """van de Geijn: a binomial scatter gives virtual rank v chunk v (``chunks(count, p)``),
-    then a ring all-gather of the chunks, all in place in buf.
+    then a ring all-gather of the chunks, all in place in buf. The ring carries no chunk
+    to a rank that holds it already (the root holds all, a scatter parent its subtree's),
+    so every rank but the root receives n bytes in all, and the root none.
 
     T = (lg + p − 1)α + 2(p−1)/p·nβ.
     """
@@ -113,8 +115,11 @@ def scatter_allgather(p, count, *, itemsize=4, root=0):
         end = child + subtree(p, child)
         s.round().copy(src=real(parent), dst=real(child), n=edge[end] - edge[child],
                        buf="buf", off=edge[child])
-    # Phase 2: ring all-gather among virtual ranks 0..p−1.
-    ring_all_gather(s, len(s.rounds), real(np.arange(p)), off, size)
+    # Phase 2: ring all-gather among virtual ranks 0..p−1, of the chunks each lacks.
+    v = np.arange(p)
+    held = (v[None, :] >= v[:, None]) & (v[None, :] < v[:, None] + subtree(p, v)[:, None])
+    held[0] = True
+    ring_all_gather(s, len(s.rounds), real(v), off, size, held=held)
     return s
 
 

@@ -142,7 +142,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
                         master_addr=master_addr, master_port=master_port, timeout=timeout,
                         calls=Agreement(_describe_fp), generation=_S.generation)
         hosts = engine.hosts
-        profile = _share_profile(store, rank, world_size, _S.generation, timeout)
+        profile = _share_profile(store, rank, world_size, _S.generation, timeout, engine.cpus)
     except BaseException:
         store.close()
         if server is not None:
@@ -174,15 +174,19 @@ def _init_again(backend, rank, world_size) -> Group:
     raise RingletError("ringlet is already initialized; call ringlet.destroy() first")
 
 
-def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float):
+def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, cpus=None):
     """Rank 0's calibrated profile, for every rank: algorithm="auto" must decide alike
-    everywhere, even when hosts were calibrated differently."""
+    everywhere, even when hosts were calibrated differently. Where it has none, the default
+    profile on the cores the job's ranks on rank 0's host may use (``cpus``): one rank bound
+    to one core (mpirun's default for a few ranks) sees only its own."""
     import json
     from .cost.profile import Profile, default_profile, load_profile
     if rank == 0:
-        mine = load_profile().to_dict()
-        for name, params in default_profile().to_dict()["transports"].items():
-            mine["transports"].setdefault(name, params)   # a partial calibration is still usable
+        prof = load_profile()
+        mine = prof.to_dict()
+        for name, params in default_profile(cpus).to_dict()["transports"].items():
+            if not prof.calibrated or name not in mine["transports"]:
+                mine["transports"][name] = params   # a partial calibration is still usable
         rate = os.environ.get("RINGLET_LINK_RATE")
         if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
             prof = Profile.from_dict(mine, "rank 0")
@@ -364,7 +368,7 @@ def can_overlap(group: Group) -> bool:
     if len(set(group.hosts)) > 1:
         return True
     local = _S.world.hosts.count(_S.world.hosts[_S.world.rank])
-    return len(os.sched_getaffinity(0)) > local
+    return engine().ncpu > local
 
 
 def get_rank(group: Group | None = None) -> int:

@@ -208,3 +208,35 @@ def test_torch_examples_run(example, tmp_path):
                           env=_clean_env(tmp_path), capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "20 steps" in proc.stdout, proc.stdout
+
+
+BOUND_SCRIPT = """
+import os, ringlet as rl
+cpus = sorted(os.sched_getaffinity(0))
+rank = int(os.environ["RANK"])
+os.sched_setaffinity(0, {cpus[rank % len(cpus)]})     # one core each, as mpirun binds
+rl.init()
+from ringlet.runtime import _S, can_overlap, engine
+shm = _S.profile.params("shm")
+print(f"BOUND {rank} cpus={engine().cpus} crowded={engine().crowded} "
+      f"cores={shm['cores']} overlap={can_overlap(_S.world)}", flush=True)
+rl.destroy()
+"""
+
+
+def test_ranks_bound_one_core_each_count_the_jobs_cores(tmp_path):
+    """mpirun binds each of a few ranks to a core of its own (the default for np <= 2):
+    the engine and the default profile count the cores of all the job's ranks on the host,
+    not the one a rank sees, so 2 ranks on 2 cores are not priced or run as crowded."""
+    cpus = sorted(os.sched_getaffinity(0))
+    script = tmp_path / "bound.py"
+    script.write_text(BOUND_SCRIPT)
+    env = dict(_clean_env(tmp_path), RINGLET_PROFILE=str(tmp_path / "no-profile.json"))
+    proc = subprocess.run(_command("ringlet run", str(script)), env=env, capture_output=True,
+                          text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    used = sorted({cpus[r % len(cpus)] for r in range(N)})
+    crowded = N > len(used)
+    for r in range(N):
+        assert (f"BOUND {r} cpus={used} crowded={crowded} cores={len(used)} "
+                f"overlap=False") in proc.stdout, proc.stdout + proc.stderr

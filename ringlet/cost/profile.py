@@ -278,18 +278,21 @@ class Profile:
                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
 
 
-def default_profile() -> Profile:
-    """:data:`DEFAULT_PROFILE` on this machine: the cores this process may use and the
-    cache sizes sysfs reports (:func:`machine`), and the transports' limits and fast path
-    as this ringlet has them - what a calibration here would record beside its fit. The
-    machine is read once a process (sysfs: a file per cache and core, at every init)."""
-    d = _CACHE.get("default dict")
+def default_profile(cpus=None) -> Profile:
+    """:data:`DEFAULT_PROFILE` on this machine: the cores ``cpus`` (default: those this
+    process may use; a job passes all its ranks' on this host, as mpirun binds each rank to
+    one) and the cache sizes sysfs reports for them (:func:`machine`), and the transports'
+    limits and fast path as this ringlet has them - what a calibration here would record
+    beside its fit. The machine is read once a process per set of cores (sysfs: a file per
+    cache and core, at every init)."""
+    key = ("default dict", None if cpus is None else tuple(sorted(set(cpus))))
+    d = _CACHE.get(key)
     if d is None:
         d = copy.deepcopy(DEFAULT_PROFILE)
-        here, facts = machine(), limits.facts(fast.enabled())
+        here, facts = machine(key[1]), limits.facts(fast.enabled())
         for name, t in d["transports"].items():
             t.update(here, **facts[name])
-        _CACHE["default dict"] = d
+        _CACHE[key] = d
     return Profile.from_dict(d, source="default")
 
 
@@ -644,11 +647,10 @@ def _host_entry(model, pred, y, keep, outliers) -> dict:
     return out
 
 
-def machine() -> dict:
-    """This machine's cores (usable by this process) and cache sizes from sysfs:
-    ``{"cores", "l2_bytes" (sum over the cores' L2s), "l3_bytes"}``."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        list(range(os.cpu_count() or 1))
+def machine(cpus=None) -> dict:
+    """This machine's cores ``cpus`` (default: those this process may use) and their cache
+    sizes from sysfs: ``{"cores", "l2_bytes" (sum over the cores' L2s), "l3_bytes"}``."""
+    cpus = limits.affinity() if cpus is None else sorted(cpus)
     total = {2: 0, 3: 0}
     seen = set()
     for cpu in cpus:

@@ -33,6 +33,7 @@ from ..buffers import RemoteMaps
 from ..errors import AuthenticationError, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
+from .limits import affinity
 from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
@@ -184,7 +185,9 @@ class Engine:
         except BaseException:
             self.close(0)
             raise
-        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        # The cores of this machine that the job's ranks here may use, together: mpirun
+        # binds each of a few ranks to a core of its own, which is not one core for all.
+        ncpu = len(self.cpus)
         local = 1 + sum(isinstance(p, ShmPeer) for p in self.peers.values())
         # Crowded when more ranks than cores share this machine: the ranks of this host,
         # or more when other "hosts" are containers on the same kernel (same boot id).
@@ -208,7 +211,8 @@ class Engine:
         use_shm = self.backend in ("auto", "shm")
         self.hosts = (self.host_id,)
         self.same_machine = 1
-        me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid()}
+        self.cpus = affinity()
+        me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid(), "cpus": affinity()}
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             self.doorbell = Doorbell()
@@ -266,7 +270,10 @@ class Engine:
         self._close_seg_fd()
         self.hosts = host_labels([info["host"] for info in infos], shared)
         boot = _boot_of(self.host_id)
+        here = [i for i in infos if (boot is not None and _boot_of(i["host"]) == boot)
+                or i["host"] == self.host_id]
         self.same_machine = sum(boot is not None and _boot_of(i["host"]) == boot for i in infos)
+        self.cpus = sorted(set(affinity()).union(*(i.get("cpus", ()) for i in here)))
 
     def _open_local(self, infos: list) -> dict:
         """Rings and doorbells of the ranks that look like this host: {rank: (segment,

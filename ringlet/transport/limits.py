@@ -179,3 +179,10 @@ def facts(fast_path: bool) -> dict:
                     "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
                     "zero_copy_oneway_min": -1, "cma_min": -1,
                     "cma_put_min": -1, "split_min": -1, "fast_bytes": 0}}
+
+
+def affinity() -> list:
+    """The CPUs this process may run on: the engine counts its job's on this machine
+    (crowded or not), and the default profile prices on them."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))

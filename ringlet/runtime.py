@@ -187,14 +187,19 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, 
         for name, params in default_profile(cpus).to_dict()["transports"].items():
             if not prof.calibrated or name not in mine["transports"]:
                 mine["transports"][name] = params   # a partial calibration is still usable
+        # every rank's copy names rank 0's source, and says so when it is the default
+        mine["source"] = (f"rank 0's {prof.source}" if prof.calibrated else
+                          "default (rank 0's)")
         rate = os.environ.get("RINGLET_LINK_RATE")
         if rate:   # the link between hosts, when the user knows it (ringlet run --link-rate)
-            prof = Profile.from_dict(mine, "rank 0")
-            mine = prof.with_link_rate(rate, shared=prof.shared()).to_dict()
+            linked = Profile.from_dict(mine, mine["source"])
+            linked = linked.with_link_rate(rate, shared=linked.shared())
+            mine = dict(linked.to_dict(), source=linked.source)
         if world_size == 1:
-            return Profile.from_dict(mine, "rank 0")
+            return Profile.from_dict(mine, mine["source"])
         store.set(f"g{gen}/profile", json.dumps(mine).encode())
-    return Profile.from_dict(json.loads(store.get(f"g{gen}/profile", timeout=timeout)), "rank 0")
+    got = json.loads(store.get(f"g{gen}/profile", timeout=timeout))
+    return Profile.from_dict(got, got.get("source", "rank 0"))
 
 
 def _state_key(rank: int) -> str:

@@ -21,7 +21,7 @@ from ringlet.schedule import Schedule, chunks
 from ringlet.transport import fast, shm
 
 import ringlet.algorithms as algs
-from conftest import HOST_PROFILE
+from conftest import HOST_PROFILE, run
 
 IB = TIERS["infiniband"]
 A, BETA = IB.alpha, IB.beta
@@ -1725,3 +1725,18 @@ def test_nnls_is_the_best_of_every_subset(seed, ncol, relative):
     # by far more.
     rounding = 100 * np.finfo(float).eps * float(np.linalg.norm(y * w)) * best ** 0.5
     assert err(got) <= best * (1 + 1e-5) + rounding + 1e-12
+
+
+def _job_profile_says(rank, calibrated):
+    from ringlet.runtime import job_profile
+    prof = job_profile()
+    assert prof.calibrated == calibrated, prof.source
+    assert prof.link("shm").name == f"shm ({'calibrated' if calibrated else 'default'})"
+
+
+def test_a_jobs_copy_of_rank_0s_profile_says_whether_it_was_calibrated(tmp_path):
+    """Every rank prices on rank 0's profile; a copy of the default one must not pass for
+    a calibration (a price names the profile it used)."""
+    run(_job_profile_says, 2, False)
+    path = profile.default_profile().save(tmp_path / "calibrated.json")
+    run(_job_profile_says, 2, True, env={"RINGLET_PROFILE": str(path)})

@@ -7,7 +7,8 @@ lacks), in alternating blocks inside one job, so both meet the same host state.
 
 Prints per size the median block of each (the slowest rank's median call; the input
 written again before every call) and before/now block pair by block pair (> 1: now is
-faster). Checks every result. Not a unit test.
+faster). Checks the result of each block's last call. Not a unit test. (Registers the old
+schedule under a name of its own through ringlet.algorithms' private tables.)
 """
 import sys, time, inspect, numpy as np, ringlet as rl
 from ringlet import algorithms as A

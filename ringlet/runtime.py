@@ -16,6 +16,7 @@ from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
+from .transport.limits import affinity
 from .transport.engine import Engine
 from .transport.shm import detect_host_id
 from .work import RequestWork, TracedRequestWork, fold_lanes
@@ -185,8 +186,10 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, 
         prof = load_profile()
         mine = prof.to_dict()
         for name, params in default_profile(cpus).to_dict()["transports"].items():
+            # uncalibrated: the default on the job's cores; else a partial calibration
+            # is still usable, the default filling in what it lacks
             if not prof.calibrated or name not in mine["transports"]:
-                mine["transports"][name] = params   # a partial calibration is still usable
+                mine["transports"][name] = params
         # every rank's copy names rank 0's source, and says so when it is the default
         mine["source"] = (f"rank 0's {prof.source}" if prof.calibrated else
                           "default (rank 0's)")
@@ -196,10 +199,10 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, 
             linked = linked.with_link_rate(rate, shared=linked.shared())
             mine = dict(linked.to_dict(), source=linked.source)
         if world_size == 1:
-            return Profile.from_dict(mine, mine["source"])
+            return Profile.from_dict(mine, mine.pop("source"))
         store.set(f"g{gen}/profile", json.dumps(mine).encode())
     got = json.loads(store.get(f"g{gen}/profile", timeout=timeout))
-    return Profile.from_dict(got, got.get("source", "rank 0"))
+    return Profile.from_dict(got, got.pop("source", "rank 0"))
 
 
 def _state_key(rank: int) -> str:
@@ -373,7 +376,8 @@ def can_overlap(group: Group) -> bool:
     if len(set(group.hosts)) > 1:
         return True
     local = _S.world.hosts.count(_S.world.hosts[_S.world.rank])
-    return engine().ncpu > local
+    e = engine()   # (a rank bound to one core shares it with its own progress thread)
+    return len(affinity()) > 1 and e.ncpu > max(local, e.same_machine)
 
 
 def get_rank(group: Group | None = None) -> int:

@@ -103,7 +103,7 @@ def ring_all_gather(s: Schedule, start: int, ranks, off, size, buf: str = "buf",
     l = np.arange(m)
     for k in range(m - 1):
         c = (l - k) % m
-        go = np.ones(m, bool) if held is None else ~held[(l + 1) % m, c]
+        go = slice(None) if held is None else ~held[(l + 1) % m, c]
         at(s, start + k).copy(src=ranks[go], dst=ranks[(l[go] + 1) % m], n=size[c[go]],
                               buf=buf, off=off[c[go]])
     return start + max(m - 1, 0)

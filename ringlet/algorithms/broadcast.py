@@ -118,7 +118,6 @@ def scatter_allgather(p, count, *, itemsize=4, root=0):
     # Phase 2: ring all-gather among virtual ranks 0..p−1, of the chunks each lacks.
     v = np.arange(p)
     held = (v[None, :] >= v[:, None]) & (v[None, :] < v[:, None] + subtree(p, v)[:, None])
-    held[0] = True
     ring_all_gather(s, len(s.rounds), real(v), off, size, held=held)
     return s
 

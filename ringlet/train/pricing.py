@@ -145,7 +145,7 @@ def _describe(topo) -> str:
     if topo is None:
         from ..cost.profile import load_profile
         topo = load_profile()
-    if hasattr(topo, "calibrated"):   # (a job's copy of the default is "rank 0"'s, undated)
+    if hasattr(topo, "calibrated"):   # (a job's copy of the default says so, and is undated)
         return (f"this host's calibrated profile ({topo.created})" if
                 topo.calibrated and topo.created else
                 "the default profile (uncalibrated: run `ringlet calibrate`)")

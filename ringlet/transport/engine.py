@@ -33,7 +33,7 @@ from ..buffers import RemoteMaps
 from ..errors import AuthenticationError, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
 from . import fast, protocol
-from .limits import affinity
+from .limits import affinity, cpu_ranges, cpu_set
 from .progress import Progress
 from .protocol import RecvRequest, SendRequest, peer_failure
 from .shm import (RING_BYTES, Bell, Doorbell, Ring, ShmPeer, create_segment, open_segment,
@@ -212,7 +212,8 @@ class Engine:
         self.hosts = (self.host_id,)
         self.same_machine = 1
         self.cpus = affinity()
-        me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid(), "cpus": affinity()}
+        me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid(),
+              "cpus": cpu_ranges(self.cpus)}
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             self.doorbell = Doorbell()
@@ -273,7 +274,7 @@ class Engine:
         here = [i for i in infos if (boot is not None and _boot_of(i["host"]) == boot)
                 or i["host"] == self.host_id]
         self.same_machine = sum(boot is not None and _boot_of(i["host"]) == boot for i in infos)
-        self.cpus = sorted(set(affinity()).union(*(i.get("cpus", ()) for i in here)))
+        self.cpus = sorted(set(self.cpus).union(*(cpu_set(i.get("cpus", ())) for i in here)))
 
     def _open_local(self, infos: list) -> dict:
         """Rings and doorbells of the ranks that look like this host: {rank: (segment,

@@ -186,3 +186,20 @@ def affinity() -> list:
     (crowded or not), and the default profile prices on them."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         list(range(os.cpu_count() or 1))
+
+
+def cpu_ranges(cpus) -> list:
+    """CPUs as [first, last] runs: what a rank publishes of its affinity when the job forms
+    (a few numbers, not one per core of a large node)."""
+    runs: list = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return runs
+
+
+def cpu_set(runs) -> set:
+    """The CPUs of :func:`cpu_ranges`' runs."""
+    return {c for first, last in runs for c in range(first, last + 1)}

@@ -10,38 +10,73 @@ written again before every call) and before/now block pair by block pair (> 1: n
 faster). Checks the result of each block's last call. Not a unit test. (Registers the old
 schedule under a name of its own through ringlet.algorithms' private tables.)
 """
-import sys, time, inspect, numpy as np, ringlet as rl
-from ringlet import algorithms as A
-from ringlet.algorithms import broadcast as B
-from ringlet.algorithms._common import chunks, binomial_rounds, subtree, ring_all_gather
+import inspect
+import sys
+import time
+
+import numpy as np
+
+import ringlet as rl
+from ringlet import algorithms
+from ringlet.algorithms import broadcast
+from ringlet.algorithms._common import binomial_rounds, chunks, ring_all_gather, subtree
 from ringlet.bench import bind_like_mpirun
-def sag_old(p, count, *, itemsize=4, root=0):
-    s, real = B._new("sag_old", p, count, itemsize, root)
-    off, size = chunks(count, p); edge = np.append(off, count)
+
+BLOCKS = 8
+
+
+def sag_before(p, count, *, itemsize=4, root=0):
+    """scatter_allgather as it was: the ring carries every chunk to every rank."""
+    s, real = broadcast._new("sag_before", p, count, itemsize, root)
+    off, size = chunks(count, p)
+    edge = np.append(off, count)
     for _, child, parent in reversed(list(binomial_rounds(p))):
         end = child + subtree(p, child)
-        s.round().copy(src=real(parent), dst=real(child), n=edge[end] - edge[child], buf="buf", off=edge[child])
+        s.round().copy(src=real(parent), dst=real(child), n=edge[end] - edge[child],
+                       buf="buf", off=edge[child])
     ring_all_gather(s, len(s.rounds), real(np.arange(p)), off, size)
     return s
-A.CATALOG["broadcast"]["sag_old"] = sag_old
-A._PARAMS[id(sag_old)] = frozenset(inspect.signature(sag_old).parameters)
-rl.init(); r=rl.get_rank(); p=rl.get_world_size()
-if p <= 2: bind_like_mpirun(r,p)
-kind=sys.argv[1]
-for size in [int(x) for x in sys.argv[2].split(',')]:
-    n=size//4
-    b=np.empty(n,np.float32) if kind=='plain' else rl.empty(n,np.float32)
-    res={'sag_old':[], 'scatter_allgather':[]}
-    for blk in range(8):
-        for alg in (('sag_old','scatter_allgather') if blk%2 else ('scatter_allgather','sag_old')):
-            b[...]=r+1; rl.broadcast(b,0,algorithm=alg)
-            ts=[]
-            for i in range(max(5, min(60, int(2e8/size)))):
-                b[...]=r+1
-                rl.barrier(); t0=time.perf_counter(); rl.broadcast(b,0,algorithm=alg); ts.append(time.perf_counter()-t0)
-            assert (b == 1).all(), "wrong result"
-            t=np.array([np.median(ts)]); rl.all_reduce(t,op=rl.ReduceOp.MAX); res[alg].append(t[0]*1e6)
-    if r==0:
-        o,nw=np.array(res['sag_old']),np.array(res['scatter_allgather'])
-        print(f"{kind} p={p} {size>>10} KiB  before {np.median(o):.0f} us  now {np.median(nw):.0f} us  before/now per block pair {np.round(o/nw,2).tolist()}", flush=True)
-rl.destroy()
+
+
+def block(buf, rank, algorithm, calls) -> float:
+    """The slowest rank's median call, each after writing the input and a barrier."""
+    buf[...] = rank + 1
+    rl.broadcast(buf, 0, algorithm=algorithm)
+    times = []
+    for _ in range(calls):
+        buf[...] = rank + 1
+        rl.barrier()
+        t0 = time.perf_counter()
+        rl.broadcast(buf, 0, algorithm=algorithm)
+        times.append(time.perf_counter() - t0)
+    assert (buf == 1).all(), f"{algorithm}: wrong result"
+    t = np.array([np.median(times)])
+    rl.all_reduce(t, op=rl.ReduceOp.MAX)
+    return t[0] * 1e6
+
+
+def main(kind: str, sizes: list) -> None:
+    algorithms.CATALOG["broadcast"]["sag_before"] = sag_before
+    algorithms._PARAMS[id(sag_before)] = frozenset(inspect.signature(sag_before).parameters)
+    rl.init()
+    rank, p = rl.get_rank(), rl.get_world_size()
+    if p <= 2:
+        bind_like_mpirun(rank, p)
+    for size in sizes:
+        n = size // 4
+        buf = np.empty(n, np.float32) if kind == "plain" else rl.empty(n, np.float32)
+        calls = max(5, min(60, int(2e8 / size)))
+        res = {"sag_before": [], "scatter_allgather": []}
+        for b in range(BLOCKS):
+            for algorithm in (list(res) if b % 2 else list(res)[::-1]):
+                res[algorithm].append(block(buf, rank, algorithm, calls))
+        if rank == 0:
+            before, now = np.array(res["sag_before"]), np.array(res["scatter_allgather"])
+            print(f"{kind} p={p} {size >> 10} KiB  before {np.median(before):.0f} us  "
+                  f"now {np.median(now):.0f} us  before/now per block pair "
+                  f"{np.round(before / now, 2).tolist()}", flush=True)
+    rl.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], [int(x) for x in sys.argv[2].split(",")])

@@ -8,7 +8,8 @@ lacks), in alternating blocks inside one job, so both meet the same host state.
 Prints per size the median block of each (the slowest rank's median call; the input
 written again before every call) and before/now block pair by block pair (> 1: now is
 faster). Checks the result of each block's last call. Not a unit test. (Registers the old
-schedule under a name of its own through ringlet.algorithms' private tables.)
+schedule under a name of its own through ringlet.algorithms' private tables, built by
+the same builder with the ring all-gather that ignores what ranks hold.)
 """
 import inspect
 import sys
@@ -19,22 +20,23 @@ import numpy as np
 import ringlet as rl
 from ringlet import algorithms
 from ringlet.algorithms import broadcast
-from ringlet.algorithms._common import binomial_rounds, chunks, ring_all_gather, subtree
+from ringlet.algorithms._common import ring_all_gather
 from ringlet.bench import bind_like_mpirun
 
 BLOCKS = 8
 
 
 def sag_before(p, count, *, itemsize=4, root=0):
-    """scatter_allgather as it was: the ring carries every chunk to every rank."""
-    s, real = broadcast._new("sag_before", p, count, itemsize, root)
-    off, size = chunks(count, p)
-    edge = np.append(off, count)
-    for _, child, parent in reversed(list(binomial_rounds(p))):
-        end = child + subtree(p, child)
-        s.round().copy(src=real(parent), dst=real(child), n=edge[end] - edge[child],
-                       buf="buf", off=edge[child])
-    ring_all_gather(s, len(s.rounds), real(np.arange(p)), off, size)
+    """scatter_allgather as it was: the same builder, with a ring all-gather that carries
+    every chunk to every rank (it ignores what each holds)."""
+    def carry_all(*args, held=None, **kw):
+        return ring_all_gather(*args, **kw)
+    broadcast.ring_all_gather = carry_all
+    try:
+        s = broadcast.scatter_allgather(p, count, itemsize=itemsize, root=root)
+    finally:
+        broadcast.ring_all_gather = ring_all_gather
+    s.algorithm = "sag_before"
     return s
 
 

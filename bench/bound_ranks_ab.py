@@ -11,11 +11,11 @@ Prints the median block of each and before/now per block pair (> 1: now is faste
 Not a unit test. (Sets the engine's private crowded, spin and fast_budget.)
 """
 import sys
-import time
 
 import numpy as np
 
 import ringlet as rl
+from ringlet.bench import alternating_blocks
 from ringlet.runtime import engine
 from ringlet.transport import engine as eng
 
@@ -58,22 +58,13 @@ def main(cases: list, blocks: int) -> None:
     now_crowded = e.crowded
     for op, size in cases:
         x, call = caller(op, size, rank, p)
+
+        def reset():
+            x[...] = 1
+
         calls = max(10, min(2000, int(0.02 / (1e-6 + size * 2e-10))))
-        res = {"before": [], "now": []}
-        for b in range(blocks):
-            for arm in (("before", "now") if b % 2 else ("now", "before")):
-                setting(e, True if arm == "before" else now_crowded)
-                call()
-                times = []
-                for _ in range(calls):
-                    x[...] = 1
-                    rl.barrier()
-                    t0 = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - t0)
-                t = np.array([np.median(times)])
-                rl.all_reduce(t, op=rl.ReduceOp.MAX)
-                res[arm].append(t[0] * 1e6)
+        res = alternating_blocks(rl, {"before": (call, reset), "now": (call, reset)}, blocks,
+                                 calls, lambda arm: setting(e, arm == "before" or now_crowded))
         setting(e, now_crowded)
         if rank == 0:
             before, now = np.array(res["before"]), np.array(res["now"])

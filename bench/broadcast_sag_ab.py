@@ -5,15 +5,14 @@ lacks), in alternating blocks inside one job, so both meet the same host state.
     ringlet run -n 2 bench/broadcast_sag_ab.py plain 1048576,8388608
     ringlet run -n 4 bench/broadcast_sag_ab.py empty 1048576,8388608
 
-Prints per size the median block of each (the slowest rank's median call; the input
-written again before every call) and before/now block pair by block pair (> 1: now is
-faster). Checks the result of each block's last call. Not a unit test. (Registers the old
+Prints per size the median block of each (ringlet.bench.alternating_blocks: the slowest
+rank's median call, the input written again before every call) and before/now block pair by block pair (> 1: now is
+faster). Checks the result of the last call. Not a unit test. (Registers the old
 schedule under a name of its own through ringlet.algorithms' private tables, built by
 the same builder with the ring all-gather that ignores what ranks hold.)
 """
 import inspect
 import sys
-import time
 
 import numpy as np
 
@@ -21,7 +20,7 @@ import ringlet as rl
 from ringlet import algorithms
 from ringlet.algorithms import broadcast
 from ringlet.algorithms._common import ring_all_gather
-from ringlet.bench import bind_like_mpirun
+from ringlet.bench import alternating_blocks, bind_like_mpirun
 
 BLOCKS = 8
 
@@ -40,23 +39,6 @@ def sag_before(p, count, *, itemsize=4, root=0):
     return s
 
 
-def block(buf, rank, algorithm, calls) -> float:
-    """The slowest rank's median call, each after writing the input and a barrier."""
-    buf[...] = rank + 1
-    rl.broadcast(buf, 0, algorithm=algorithm)
-    times = []
-    for _ in range(calls):
-        buf[...] = rank + 1
-        rl.barrier()
-        t0 = time.perf_counter()
-        rl.broadcast(buf, 0, algorithm=algorithm)
-        times.append(time.perf_counter() - t0)
-    assert (buf == 1).all(), f"{algorithm}: wrong result"
-    t = np.array([np.median(times)])
-    rl.all_reduce(t, op=rl.ReduceOp.MAX)
-    return t[0] * 1e6
-
-
 def main(kind: str, sizes: list) -> None:
     algorithms.CATALOG["broadcast"]["sag_before"] = sag_before
     algorithms._PARAMS[id(sag_before)] = frozenset(inspect.signature(sag_before).parameters)
@@ -67,11 +49,14 @@ def main(kind: str, sizes: list) -> None:
     for size in sizes:
         n = size // 4
         buf = np.empty(n, np.float32) if kind == "plain" else rl.empty(n, np.float32)
-        calls = max(5, min(60, int(2e8 / size)))
-        res = {"sag_before": [], "scatter_allgather": []}
-        for b in range(BLOCKS):
-            for algorithm in (list(res) if b % 2 else list(res)[::-1]):
-                res[algorithm].append(block(buf, rank, algorithm, calls))
+
+        def reset():
+            buf[...] = rank + 1
+
+        arms = {a: (lambda a=a: rl.broadcast(buf, 0, algorithm=a), reset)
+                for a in ("sag_before", "scatter_allgather")}
+        res = alternating_blocks(rl, arms, BLOCKS, max(5, min(60, int(2e8 / size))))
+        assert (buf == 1).all(), "wrong result"
         if rank == 0:
             before, now = np.array(res["sag_before"]), np.array(res["scatter_allgather"])
             print(f"{kind} p={p} {size >> 10} KiB  before {np.median(before):.0f} us  "

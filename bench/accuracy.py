@@ -34,6 +34,10 @@
    collective: the median relative error |pred - meas| / meas, the fraction of cells
    where the predicted winner is within 10% of the best measured algorithm, and the
    fraction where auto's pick is, with the worst loss when it is not.
+4. With ``--tune N``, each job runs with RINGLET_TUNE=N: after a cell's blocks, the tuner
+   (ringlet/tuning.py) times auto's candidates on calls of its own (N each, inputs
+   written and a barrier before each call, as the blocks' calls) and keeps the fastest;
+   its pick is judged against the blocks' times as auto's is ("tuned ok").
 
 ``--quick`` measures a subset (QUICK_GRID: fewer sizes and group sizes, one repeat; with
 ``--calibrate``, ``ringlet calibrate --quick``) for a loaded host.
@@ -132,14 +136,20 @@ def _call(rl, c, b, alg):
     run_collective(rl, c, b, alg)
 
 
-def _auto_pick(c, count):
+def _auto_pick(c, count, tuned=False):
     """What the runtime ran for the last ``algorithm="auto"`` call of ``c`` with
-    ``count`` elements (its cache of prepared calls says)."""
-    from ringlet import collectives
+    ``count`` elements (its cache of prepared calls says): the model's pick, or with
+    ``tuned`` the tuner's (None while the shape is still on trial)."""
+    from ringlet import collectives, tuning
     got = None
     for key, prep in collectives._CALLS.items():
         if key[0] == c and key[1] == "auto" and key[3] == count:
-            got = prep.algorithm
+            if type(prep) is tuning.Trials:
+                got = None if tuned else prep.first.algorithm
+            elif tuned and key in collectives._TUNED:
+                got = prep.algorithm
+            else:   # (one candidate only: the model's pick is the tuner's too)
+                got = prep.algorithm if tuned or key not in collectives._TUNED else got
     return got
 
 
@@ -154,13 +164,14 @@ def _job(rank, work, out_path, pin=True):
     import numpy as np
 
     import ringlet as rl
+    from ringlet import tuning
     from ringlet.calibrate import prefault_rings
     from ringlet.bench import bind_like_mpirun
     p = rl.get_world_size()
     if pin:
         bind_like_mpirun(rank, p)
     prefault_rings(rl)
-    meds, picks = [], []
+    meds, picks, tuned = [], [], []
     for kind, nb, c, iters, order in work:
         count = max(1, count_of(c, p, nb))
         b = _buffers(rl, np, kind, c, p, count, rank)
@@ -179,12 +190,22 @@ def _job(rank, work, out_path, pin=True):
                 _call(rl, c, b, alg)
                 ts[i] = time.perf_counter() - t0
             meds.append(float(np.median(ts)))
+        if rl.runtime._S.tune:
+            # the tuner's own trials, after the blocks: inputs written and a barrier before
+            # each call, as the blocks' calls
+            for _ in range(rl.runtime._S.tune * tuning.MOST):
+                if _auto_pick(c, count, tuned=True) is not None:
+                    break
+                fill[...] = rank + 1
+                rl.barrier()
+                _call(rl, c, b, "auto")
+            tuned.append(_auto_pick(c, count, tuned=True))
         del b, fill
     t = np.array(meds)
     rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="direct")
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"medians": t.tolist(), "auto": picks}, f)
+            json.dump({"medians": t.tolist(), "auto": picks, "tuned": tuned}, f)
 
 
 def block_order(algos, key, block) -> list:
@@ -195,28 +216,30 @@ def block_order(algos, key, block) -> list:
     return order
 
 
-def run_job(transport, p, work, timeout=900, pin=True):
+def run_job(transport, p, work, timeout=900, pin=True, tune=0):
     import tempfile
 
     from ringlet.launch import spawn
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "job.json")
         spawn(_job, p, args=(work, path, pin), backend="tcp" if transport == "tcp" else None,
-              timeout=timeout)
+              timeout=timeout, env={"RINGLET_TUNE": str(tune)})
         with open(path) as f:
             return json.load(f)
 
 
 def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
-            quiet_wait=10.0, verbose=True, pin=True, iters=ITERS):
-    """({cell: {algorithm: [seconds per block]}}, {cell: [auto's pick per repeat]}, log).
+            quiet_wait=10.0, verbose=True, pin=True, iters=ITERS, tune=0):
+    """({cell: {algorithm: [seconds per block]}}, {cell: [auto's pick per repeat]}, log,
+    {cell: [the tuner's pick per repeat]}: with ``tune``, RINGLET_TUNE's calls per
+    candidate, after the blocks).
 
     One job per (repeat, transport, kind, p) runs all its cells. Before a job we wait
     (up to ``quiet_wait`` s) for other processes to use less than ``max_load`` / 2
     cores; a job during which they used more than ``max_load`` runs again, up to
     ``retries`` times (the machine may be shared)."""
     from ringlet.calibrate import _cpu_seconds, others_load
-    samples, autos, log = {}, {}, []
+    samples, autos, log, tuned = {}, {}, [], {}
     jobs = [(rep, tr, kind, p, sizes) for rep in range(repeats)
             for tr, kind, p, sizes in grid]
     t_start = time.time()
@@ -235,7 +258,7 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             b0, o0 = _cpu_seconds()
             t0 = time.perf_counter()
             try:
-                got = run_job(tr, p, work, pin=pin)
+                got = run_job(tr, p, work, pin=pin, tune=tune)
             except Exception as exc:      # one failed job must not lose the others' cells
                 print(f"\n  job {tr} {kind} p={p} failed: {exc}", file=sys.stderr)
                 got = None
@@ -258,12 +281,14 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             for alg in order:
                 per.setdefault(alg, []).append(next(it))
             autos.setdefault(cell, []).append(pick)
+        for cell, pick in zip(cells, got.get("tuned", [])):
+            tuned.setdefault(cell, []).append(pick)
         if verbose:
             print(f"\r  measured {j + 1}/{len(jobs)} jobs ({time.time() - t_start:.0f} s, "
                   f"others' load {load:.1f})", end="", file=sys.stderr, flush=True)
     if verbose:
         print(file=sys.stderr)
-    return samples, autos, log
+    return samples, autos, log, tuned
 
 
 def cell_times(per: dict) -> dict:
@@ -300,11 +325,12 @@ def twins(cell, algorithms) -> dict:
     return _TWINS[key]
 
 
-def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None) -> dict:
+def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None,
+             tuned: dict | None = None) -> dict:
     """Rows (cell, algorithm, measured, predicted, error) and cells (predicted winner,
-    measured best, auto's pick, their losses) for measured times ``meas[cell][alg]``.
-    ``other``: times of another measurement of the same cells taken as the prediction,
-    in place of the model's (repeatability)."""
+    measured best, auto's pick, the tuner's pick, their losses) for measured times
+    ``meas[cell][alg]``. ``other``: times of another measurement of the same cells taken
+    as the prediction, in place of the model's (repeatability)."""
     rows, cells = [], []
     for cell, m in meas.items():
         c = cell[4]
@@ -322,12 +348,14 @@ def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None) -> d
         # a pick is judged by the best time its schedule measured under any of its names
         same = twins(cell, list(m))
         m = {a: min(m[b] for b in same[a]) for a in m}
-        picks = [a for a in autos.get(cell, []) if a in m]
-        auto = max(set(picks), key=picks.count) if picks else None
-        cells.append({"cell": list(cell), "predicted_winner": pw, "measured_winner": mw,
-                      "loss": m[pw] / m[mw] - 1, "match": m[pw] <= (1 + WIN_SLACK) * m[mw],
-                      "auto": auto, "auto_loss": (m[auto] / m[mw] - 1) if auto else None,
-                      "auto_ok": (m[auto] <= (1 + WIN_SLACK) * m[mw]) if auto else None})
+        row = {"cell": list(cell), "predicted_winner": pw, "measured_winner": mw,
+               "loss": m[pw] / m[mw] - 1, "match": m[pw] <= (1 + WIN_SLACK) * m[mw]}
+        for name, got in (("auto", autos), ("tuned", tuned or {})):
+            picks = [a for a in got.get(cell, []) if a in m]
+            pick = max(set(picks), key=picks.count) if picks else None
+            row.update({name: pick, f"{name}_loss": (m[pick] / m[mw] - 1) if pick else None,
+                        f"{name}_ok": (m[pick] <= (1 + WIN_SLACK) * m[mw]) if pick else None})
+        cells.append(row)
     return {"rows": rows, "cells": cells, "summary": summarize(rows, cells)}
 
 
@@ -364,11 +392,15 @@ def summarize(rows, cells, key=lambda cell: cell[4]) -> dict:
         cs = [c for c in cells if sel(c["cell"])]
         au = [c for c in cs if c["auto"] is not None]
         misses = [c["auto_loss"] for c in au if not c["auto_ok"]]
+        tu = [c for c in cs if c.get("tuned") is not None]
+        tmiss = [c["tuned_loss"] for c in tu if not c["tuned_ok"]]
         out[str(gname)] = {
             "pairs": len(errs), "median_rel_err": statistics.median(errs) if errs else None,
             "cells": len(cs), "winner_ok": sum(c["match"] for c in cs),
             "auto_cells": len(au), "auto_ok": sum(c["auto_ok"] for c in au),
             "auto_worst_loss": max(misses) if misses else 0.0,
+            "tuned_cells": len(tu), "tuned_ok": sum(c["tuned_ok"] for c in tu),
+            "tuned_worst_loss": max(tmiss) if tmiss else 0.0,
             "winner_worst_loss": max((c["loss"] for c in cs), default=0.0)}
     return out
 
@@ -389,30 +421,38 @@ def report(res: dict, detail: bool = True) -> str:
         for r in res["rows"]:
             rows.setdefault(tuple(r["cell"]), []).append(r)
         out.append("measured / predicted us ('m': ms), error (pred - meas) / meas; "
-                   "* best measured, ^ predicted winner, A auto's pick")
+                   "* best measured, ^ predicted winner, A auto's pick, T the tuner's")
         for c in res["cells"]:
             cell = tuple(c["cell"])
             parts = []
             for r in sorted(rows[cell], key=lambda r: r["measured_s"]):
                 a = r["algorithm"]
                 mark = ("*" if a == c["measured_winner"] else "") + \
-                       ("^" if a == c["predicted_winner"] else "") + ("A" if a == c["auto"] else "")
+                       ("^" if a == c["predicted_winner"] else "") + \
+                       ("A" if a == c["auto"] else "") + ("T" if a == c.get("tuned") else "")
                 parts.append(f"{a}{mark} {_us(r['measured_s'])}/{_us(r['predicted_s'])} "
                              f"{r['rel_err'] * 100:+.0f}%")
             flag = "" if c["match"] else f"  WINNER +{c['loss'] * 100:.0f}%"
             if c["auto_ok"] is False:
                 flag += f"  AUTO +{c['auto_loss'] * 100:.0f}%"
+            if c.get("tuned_ok") is False:
+                flag += f"  TUNED +{c['tuned_loss'] * 100:.0f}%"
             out.append(f"{cell[4]:<15}{_cell_name(cell)}: " + ", ".join(parts) + flag)
         out.append("")
     s = res["summary"]
+    tuned = any(v.get("tuned_cells") for v in s.values())
     out.append(f"{'collective':<16}{'pairs':>6}{'median err':>11}{'winner ok':>14}"
-               f"{'auto ok':>14}{'auto worst':>11}")
+               f"{'auto ok':>14}{'auto worst':>11}"
+               + (f"{'tuned ok':>14}{'tuned worst':>12}" if tuned else ""))
     for g, v in s.items():
         med = v["median_rel_err"]
         out.append(f"{g:<16}{v['pairs']:>6}{(med or 0) * 100:>10.1f}%"
                    f"{v['winner_ok']:>6}/{v['cells']:<3}{v['winner_ok'] / max(v['cells'], 1) * 100:>4.0f}%"
                    f"{v['auto_ok']:>6}/{v['auto_cells']:<3}{v['auto_ok'] / max(v['auto_cells'], 1) * 100:>4.0f}%"
-                   f"{v['auto_worst_loss'] * 100:>10.0f}%")
+                   f"{v['auto_worst_loss'] * 100:>10.0f}%"
+                   + (f"{v['tuned_ok']:>6}/{v['tuned_cells']:<3}"
+                      f"{v['tuned_ok'] / max(v['tuned_cells'], 1) * 100:>4.0f}%"
+                      f"{v['tuned_worst_loss'] * 100:>11.0f}%" if tuned else ""))
     for name, key in (("transport/buffers", lambda cell: f"{cell[0]}/{cell[1]}"),
                       ("p", lambda cell: f"p={cell[2]}")):
         sub = summarize(res["rows"], res["cells"], key)
@@ -461,6 +501,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pin", action="store_true",
                     help="leave the ranks where the scheduler puts them (default: one core "
                          "each where they fit, as ringlet bench and mpirun place them)")
+    ap.add_argument("--tune", type=int, default=0,
+                    help="also run the tuner (RINGLET_TUNE=N calls per candidate) after each "
+                         "cell's blocks, and judge its pick as auto's is (column 'tuned ok')")
     ap.add_argument("--brief", action="store_true", help="only the summary tables")
     ap.add_argument("--json", default=None, help="write measurements, predictions, summary")
     ap.add_argument("--from-json", default=None,
@@ -476,6 +519,7 @@ def main(argv=None) -> int:
         samples = {tuple(m["cell"]): m["samples_s"] for m in old["measurements"]
                    if m["cell"][4] in COLLECTIVES}
         autos = {tuple(m["cell"]): m["auto"] for m in old["measurements"]}
+        tuned = {tuple(m["cell"]): m.get("tuned", []) for m in old["measurements"]}
         joblog = old.get("jobs", [])
     else:
         prof = load_profile()
@@ -490,8 +534,8 @@ def main(argv=None) -> int:
         n = len(cells_of(grid))
         print(f"measuring {len(COLLECTIVES)} collectives, every algorithm, {n} cells, "
               f"{repeats} job(s) x {a.blocks} blocks each ...", flush=True)
-        samples, autos, joblog = measure(grid, repeats, a.blocks, a.budget, a.max_load,
-                                         pin=not a.no_pin)
+        samples, autos, joblog, tuned = measure(grid, repeats, a.blocks, a.budget, a.max_load,
+                                                pin=not a.no_pin, tune=a.tune)
         redo = sum(j["attempts"] - 1 for j in joblog)
         loads = [j["others_load"] for j in joblog]
         failed = sum(j.get("failed", False) for j in joblog)
@@ -506,7 +550,7 @@ def main(argv=None) -> int:
     meas = {cell: cell_times(per) for cell, per in samples.items()}
     prof = load_profile()
     print(profile_summary(prof))
-    res = evaluate(meas, autos, prof)
+    res = evaluate(meas, autos, prof, tuned=tuned)
     print(report(res, detail=not a.brief))
     floor = repeatability(samples, a.blocks if not a.from_json else old.get("blocks", a.blocks))
     if floor is not None:
@@ -519,8 +563,8 @@ def main(argv=None) -> int:
     print(f"({time.time() - t0:.0f} s)")
     if a.json:
         doc = {"profile": prof.to_dict(), "profile_source": prof.source,
-               "measurements": [{"cell": list(k), "samples_s": v, "auto": autos.get(k, [])}
-                                for k, v in samples.items()],
+               "measurements": [{"cell": list(k), "samples_s": v, "auto": autos.get(k, []),
+                                 "tuned": tuned.get(k, [])} for k, v in samples.items()],
                "jobs": joblog, "blocks": a.blocks, "pin": not a.no_pin, **res}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

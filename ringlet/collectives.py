@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import fast
 from .transport.shm import ZERO_COPY_MIN
-from . import tracing
+from . import tracing, tuning
 from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
@@ -44,6 +45,15 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
     buffer's message can always take the plain path instead (as a NumPy buffer's does):
     when the plain pick is predicted faster than every pick read in place, the call runs
     it, and its messages are not read in place - the same call as with NumPy buffers."""
+    return _auto_candidates(collective, g, count, itemsize, shared, 1)[0][0]
+
+
+def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, shared=(),
+                     most: int = 1) -> list:
+    """Up to ``most`` picks for auto, fastest predicted first, each with its predicted
+    seconds: ((algorithm, why, picked for rl.empty buffers, read in place), seconds).
+    The first is auto's pick; the others are those predicted within tuning.SPREAD of it
+    (the tuner's candidates)."""
     from . import cost
     from .cost.tune import explain_line
     hosts = g.host_indices()
@@ -59,15 +69,20 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
                              itemsize=itemsize, shared=shared, transport=transport)
     why = explain_line(collective, nbytes, g.size, name, rows)
     if not shared:
-        return name, why, False, True
-    plain, prows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
-                               itemsize=itemsize, transport=transport)
-    if prows[0].total < rows[0].total:
-        return plain, (f"{explain_line(collective, nbytes, g.size, plain, prows)} [rl.empty "
-                       f"{', '.join(shared)}: the plain path, predicted faster than "
-                       f"{name} read in place]"), False, False
-    return (name, f"{why} [rl.empty {', '.join(shared)}; with NumPy buffers: {plain}]",
-            plain != name, True)
+        picks = [((r.algorithm, why, False, True), r.total) for r in rows]
+    else:
+        plain, prows = cost.choose(collective, nbytes, g.size, topology=job_profile(),
+                                   hosts=hosts, itemsize=itemsize, transport=transport)
+        kinds = f"rl.empty {', '.join(shared)}"
+        picks = [((r.algorithm, f"{why} [{kinds}; with NumPy buffers: {plain}]",
+                   r.algorithm != plain, True), r.total) for r in rows]
+        # the plain path (the call a NumPy buffer makes), first where predicted faster
+        picks.append(((plain, f"{explain_line(collective, nbytes, g.size, plain, prows)} "
+                       f"[{kinds}: the plain path, predicted faster than {name} read in "
+                       f"place]", False, False), prows[0].total))
+        picks.sort(key=lambda pk: pk[1])     # (stable: a tie keeps the pick read in place)
+    best = picks[0][1]
+    return [pk for pk in picks if pk[1] <= tuning.SPREAD * best][:most]
 
 
 def _shared(bufs: dict) -> tuple:
@@ -98,37 +113,55 @@ class Prepared:
 
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
 _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> Prepared
+# (or tuning.Trials while auto's candidates are on trial)
+_TRIALS: dict = {}  # the same keys -> tuning.Trials, until decided (kept when _CALLS is cleared)
+_TUNED: dict = {}   # the same keys -> the Prepared the tuner decided on
 
 
-def _prepare(key: tuple) -> Prepared:
+def _prepare(key: tuple):
     """Everything about a call that does not depend on the buffers' addresses, computed once
-    per ``key`` (see ``_run``): the algorithm (auto asks the cost model), the schedule, this
-    rank's plan, the ufunc."""
-    hit = _CALLS.get(key)
+    per ``key`` (see ``_run``): the algorithm (auto asks the cost model, or its candidates
+    go on trial: tuning.py), the schedule, this rank's plan, the ufunc."""
+    hit = _CALLS.get(key) or _TUNED.get(key) or _TRIALS.get(key)
     if hit is None:
         collective, algorithm, g, count, dtype, root, splits, op, shared = key
-        op = None if op is None else ReduceOp(op)
         if op is not None:   # a pure function of (op, dtype), both in the key: cannot go stale
-            check_op_dtype(op, dtype)
+            check_op_dtype(ReduceOp(op), dtype)
         # Uneven all-to-all is priced at its mean block size.
         mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
-        name, why, by_kind, in_place = _pick(collective, algorithm, g, mean, dtype.itemsize,
-                                             shared)
-        hosts = g.host_indices() if name == "hierarchical" else None
-        sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
-                                 root=0 if root is None else root, hosts=hosts, splits=splits)
-        fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
-                                count, root, op, by_kind)
-        tmp = sched.buffers.get("tmp", 0)
-        pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
-        plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
-        ufunc = reducer(op, dtype) if op is not None else None
-        hit = Prepared(collective, name, plan, tmp, pool, ufunc, fp, why,
-                       fast.prepare(engine(), plan, ufunc, dtype), in_place)
-        if len(_CALLS) > 4096:
-            _CALLS.clear()
-        _CALLS[key] = hit
+        if algorithm != "auto":
+            hit = _build(key, *_pick(collective, algorithm, g, mean, dtype.itemsize, shared))
+        else:
+            trials = _S.tune if (g.size > 1 and splits is None and len(_TUNED) < tuning.LIMIT) \
+                else 0
+            picks = _auto_candidates(collective, g, mean, dtype.itemsize, shared,
+                                     tuning.MOST if trials else 1)
+            calls = [_build(key, *pick) for pick, _ in picks]
+            if len(calls) > 1:
+                hit = _TRIALS[key] = tuning.Trials(calls, trials, [t for _, t in picks])
+            else:
+                hit = calls[0]
+    if len(_CALLS) > 4096:
+        _CALLS.clear()
+    _CALLS[key] = hit
     return hit
+
+
+def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Prepared:
+    """The prepared call of ``key`` running algorithm ``name``."""
+    collective, _, g, count, dtype, root, splits, op, _ = key
+    op = None if op is None else ReduceOp(op)
+    hosts = g.host_indices() if name == "hierarchical" else None
+    sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
+                             root=0 if root is None else root, hosts=hosts, splits=splits)
+    fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
+                            count, root, op, by_kind)
+    tmp = sched.buffers.get("tmp", 0)
+    pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
+    plan = compile_plan(sched.rank_plan(g.rank), g.ranks)
+    ufunc = reducer(op, dtype) if op is not None else None
+    return Prepared(collective, name, plan, tmp, pool, ufunc, fp, why,
+                    fast.prepare(engine(), plan, ufunc, dtype), in_place)
 
 
 def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype, bufs: dict,
@@ -143,6 +176,40 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     # in Python (110 ns). _prepare is called on a miss only (a Python call less per call).
     key = (collective, algorithm, g, count, dtype, root, splits, op and op._value_, shared)
     call = _CALLS.get(key) or _prepare(key)
+    if call.__class__ is tuning.Trials:
+        if not async_op:
+            return _trial(call, key, collective, g, count, dtype, bufs, timeout, root, finish,
+                          numbered)
+        call = call.first       # (async: the model's pick, not timed)
+    return _execute(call, collective, g, count, dtype, bufs, async_op, timeout, root, finish,
+                    numbered, lane)
+
+
+def _trial(trials, key, collective, g, count, dtype, bufs, timeout, root, finish, numbered):
+    """A blocking call of a shape on trial: run the candidate whose turn it is and time
+    it; after the last run, agree on the times with the group and keep the fastest."""
+    call = trials.current()
+    start = time.perf_counter()
+    _execute(call, collective, g, count, dtype, bufs, False, timeout, root, finish, numbered,
+             None)
+    if trials.record(time.perf_counter() - start):
+        agreed = trials.medians()
+        all_reduce(agreed, op=ReduceOp.MAX, group=g, algorithm="direct", timeout=timeout)
+        what = (f"{collective} {count} x {dtype} p={g.size} on group {g.name}"
+                f"{' (rl.empty ' + ', '.join(key[-1]) + ')' if key[-1] else ''}")
+        best = trials.calls[tuning.decide(trials, agreed, what)]
+        why = tuning.describe(tuning.decisions()[-1])
+        chosen = Prepared(best.collective, best.algorithm, best.plan, best.tmp, best.pool,
+                          best.ufunc, best.fp, why, best.fast, best.in_place)
+        _TUNED[key] = _CALLS[key] = chosen
+        del _TRIALS[key]
+        if _DEBUG_ALGO:
+            log.warning("ringlet rank %d: %s", _S.engine.rank, why)
+
+
+def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs: dict,
+             async_op: bool, timeout, root, finish, numbered, lane):
+    """Run this rank's part of a prepared call."""
     eng = _S.engine     # (resolve(g) found it initialized)
     if _DEBUG_ALGO:
         log.warning("ringlet rank %d, %s #%d: %s", eng.rank, g.name, g.seq + 1, call.why)
@@ -187,6 +254,8 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
         return track(work)
     work.wait(timeout)
     return None
+
+
 
 
 #: the caller's buffers a collective's lane takes, in the order lane.run takes them

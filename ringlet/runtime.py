@@ -18,6 +18,7 @@ from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree
 from .transport import fast
 from .transport.limits import affinity
 from .transport.engine import Engine
+from .tuning import trials_from_env
 from .transport.shm import detect_host_id
 from .work import RequestWork, TracedRequestWork, fold_lanes
 from . import tracing
@@ -32,6 +33,7 @@ class _State:
     store = None
     server: StoreServer | None = None
     profile = None
+    tune = 0                 # calls per candidate when auto's candidates go on trial (tuning.py)
     generation = 0
     timeout = DEFAULT_TIMEOUT
     spawned = False          # init was done by rl.spawn before calling the user's function
@@ -139,11 +141,13 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
     host_id = os.environ.get("RINGLET_HOST_ID") or detect_host_id()
     job = hashlib.sha256(token.encode()).hexdigest()[:12]
     try:
+        trials_from_env()       # (a bad RINGLET_TUNE on any rank fails before the job forms)
         engine = Engine(rank, world_size, store, token, job, host_id=host_id, backend=backend,
                         master_addr=master_addr, master_port=master_port, timeout=timeout,
                         calls=Agreement(_describe_fp), generation=_S.generation)
         hosts = engine.hosts
-        profile = _share_profile(store, rank, world_size, _S.generation, timeout, engine.cpus)
+        profile, settings = _share_profile(store, rank, world_size, _S.generation, timeout,
+                                           engine.cpus)
     except BaseException:
         store.close()
         if server is not None:
@@ -153,7 +157,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
     engine.on_long_wait = _publish_state
     engine.hang_report = _hang_report
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
-    _S.profile = profile
+    _S.profile, _S.tune = profile, settings["tune"]
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
     tracing.from_env(rank, world_size)
@@ -176,10 +180,12 @@ def _init_again(backend, rank, world_size) -> Group:
 
 
 def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, cpus=None):
-    """Rank 0's calibrated profile, for every rank: algorithm="auto" must decide alike
-    everywhere, even when hosts were calibrated differently. Where it has none, the default
-    profile on the cores the job's ranks on rank 0's host may use (``cpus``): one rank bound
-    to one core (mpirun's default for a few ranks) sees only its own."""
+    """Rank 0's calibrated profile and settings of auto (``{"tune": RINGLET_TUNE}``), for
+    every rank: algorithm="auto" must decide alike everywhere, even when hosts were
+    calibrated differently or ranks were started with different environments. Where it has
+    no profile, the default profile on the cores the job's ranks on rank 0's host may use
+    (``cpus``): one rank bound to one core (mpirun's default for a few ranks) sees only its
+    own."""
     import json
     from .cost.profile import Profile, default_profile, load_profile
     if rank == 0:
@@ -198,11 +204,14 @@ def _share_profile(store, rank: int, world_size: int, gen: int, timeout: float, 
             linked = Profile.from_dict(mine, mine["source"])
             linked = linked.with_link_rate(rate, shared=linked.shared())
             mine = dict(linked.to_dict(), source=linked.source)
+        settings = {"tune": trials_from_env()}
         if world_size == 1:
-            return Profile.from_dict(mine, mine.pop("source"))
+            return Profile.from_dict(mine, mine.pop("source")), settings
+        mine["settings"] = settings
         store.set(f"g{gen}/profile", json.dumps(mine).encode())
     got = json.loads(store.get(f"g{gen}/profile", timeout=timeout))
-    return Profile.from_dict(got, got.pop("source", "rank 0"))
+    settings = got.pop("settings", {"tune": 0})
+    return Profile.from_dict(got, got.pop("source", "rank 0")), settings
 
 
 def _state_key(rank: int) -> str:

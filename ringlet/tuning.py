@@ -1,0 +1,113 @@
+"""``algorithm="auto"`` measured on the job's own calls: the cost model names the
+candidates, the job times them, the slowest rank decides (``RINGLET_TUNE=n``).
+
+Why: the model prices this host to about its own repeatability (docs/results.md,
+"Accuracy"), and where it misses it can miss by 1.5-2.5x - where ranks outnumber the
+cores, a small all_gather by recursive doubling against direct, a broadcast's pipeline at
+8 MiB. A training job makes the same calls step after step, so it can afford to time a
+few: with ``RINGLET_TUNE=n`` (rank 0's value counts, for the whole job) the first calls of
+each call shape - collective, group, count, dtype, root, op and buffer kinds - run the
+model's candidates in turn, ``n`` calls each: every algorithm predicted within
+``SPREAD`` of the model's winner, at most ``MOST``, the model's winner first. Then one
+small all_reduce (MAX) gives every rank the slowest rank's median time of each
+candidate, and from the next call on that shape runs the fastest. Every rank decides alike:
+they make the same calls in the same order (as every collective needs) and take the same
+agreed times.
+
+Only blocking calls are timed and counted; an async call of a shape still on trial runs
+the model's winner. Uneven all_to_all_single is not tuned: its ranks key their calls by
+their own splits, which may group calls differently on different ranks.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+#: candidates: every algorithm predicted within SPREAD x the model's winner, at most MOST
+SPREAD = 2.0
+MOST = 4
+#: call shapes decided per process, after which new shapes keep the model's pick
+LIMIT = 4096
+
+
+def trials_from_env() -> int:
+    """RINGLET_TUNE: timed calls per candidate (0 or unset: the model decides alone)."""
+    raw = os.environ.get("RINGLET_TUNE", "0").strip() or "0"
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"RINGLET_TUNE must be a whole number of calls per candidate "
+                         f"(0: off), got {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"RINGLET_TUNE must be >= 0, got {n}")
+    return n
+
+
+class Trials:
+    """One call shape on trial: its candidates' prepared calls (the model's winner
+    first), each run ``per`` times in turn, and this rank's time of each run."""
+    __slots__ = ("calls", "per", "n", "times", "predicted")
+
+    def __init__(self, calls: list, per: int, predicted: list):
+        self.calls = calls            # collectives.Prepared, one per candidate
+        self.per = per
+        self.n = 0                    # runs so far
+        self.times = [[] for _ in calls]
+        self.predicted = predicted    # the model's seconds for each candidate
+
+    @property
+    def first(self):
+        """The model's winner (what an async call of this shape runs meanwhile)."""
+        return self.calls[0]
+
+    def current(self):
+        """The candidate this call runs: each in turn, so a slow spell of the host falls
+        on all of them alike."""
+        return self.calls[self.n % len(self.calls)]
+
+    def record(self, seconds: float) -> bool:
+        """This rank's time of the call ``current`` named; True once every candidate has
+        run ``per`` times."""
+        self.times[self.n % len(self.calls)].append(seconds)
+        self.n += 1
+        return self.n >= self.per * len(self.calls)
+
+    def medians(self) -> np.ndarray:
+        """This rank's median time of each candidate (the first run of one, cold, weighs
+        no more than any other)."""
+        return np.array([float(np.median(t)) for t in self.times])
+
+
+_DECISIONS: list = []
+
+
+def decide(trials: Trials, agreed: np.ndarray, what: str) -> int:
+    """The candidate every later call runs: the least agreed time (ties to the model's
+    order). Records the decision for :func:`decisions`."""
+    best = int(np.argmin(agreed))
+    _DECISIONS.append({
+        "call": what,
+        "chosen": trials.calls[best].algorithm,
+        "model": trials.first.algorithm,
+        "candidates": [{"algorithm": c.algorithm, "read_in_place": c.in_place,
+                        "predicted_s": float(pred), "measured_s": float(t)}
+                       for c, pred, t in zip(trials.calls, trials.predicted, agreed)],
+        "calls_each": trials.per})
+    return best
+
+
+def decisions() -> list:
+    """What the tuner decided in this process, oldest first: for each call shape, the
+    candidates with their predicted and agreed measured seconds (the slowest rank's
+    median), the model's winner and the one chosen."""
+    return [dict(d, candidates=[dict(c) for c in d["candidates"]]) for d in _DECISIONS]
+
+
+def describe(decision: dict) -> str:
+    """One line for RINGLET_DEBUG=algo: what the tuner chose, and from what."""
+    parts = ", ".join(f"{c['algorithm']}{'' if c['read_in_place'] else ' (plain path)'} "
+                      f"{c['measured_s'] * 1e6:.4g}us (predicted {c['predicted_s'] * 1e6:.4g})"
+                      for c in decision["candidates"])
+    return (f"{decision['call']}: {decision['chosen']} measured fastest "
+            f"({decision['calls_each']} calls each, slowest rank's median: {parts})")

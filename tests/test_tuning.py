@@ -1,0 +1,232 @@
+"""algorithm="auto" tuned on the job's own calls (RINGLET_TUNE, ringlet/tuning.py): the
+candidates run in turn and stay correct, every rank decides alike from the agreed (slowest
+rank's) times, rank 0's setting counts, async calls are not timed, and bad values fail
+before the job forms."""
+import os
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ringlet as rl
+from ringlet import collectives, tuning
+
+from conftest import ringlet_run, run
+
+
+# -- the bookkeeping, without processes ---------------------------------------------------
+class _Call:
+    def __init__(self, name):
+        self.algorithm, self.in_place = name, True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.lists(st.floats(1e-6, 1e-2), min_size=2, max_size=4), st.data())
+def test_trials_take_turns_and_decide_the_least_agreed_time(per, predicted, data):
+    calls = [_Call(f"a{i}") for i in range(len(predicted))]
+    trials = tuning.Trials(calls, per, predicted)
+    ran = []
+    for i in range(per * len(calls)):
+        ran.append(trials.current().algorithm)
+        done = trials.record(data.draw(st.floats(1e-6, 1e-2)))
+        assert done == (i == per * len(calls) - 1)
+    # each candidate in turn, the model's winner first, ``per`` times each
+    assert ran == [c.algorithm for c in calls] * per
+    assert trials.first is calls[0]
+    own = trials.medians()
+    assert np.allclose(own, [np.median(t) for t in trials.times])
+    # the agreed times are the slowest rank's: ties go to the model's order
+    agreed = np.maximum(own, data.draw(st.lists(st.sampled_from([0.0, 1e-3, 5e-3]),
+                                                min_size=len(calls), max_size=len(calls))))
+    best = tuning.decide(trials, agreed, "test")
+    assert best == int(np.flatnonzero(agreed == agreed.min())[0])
+    d = tuning.decisions()[-1]
+    assert d["chosen"] == calls[best].algorithm and d["model"] == "a0"
+    assert [c["measured_s"] for c in d["candidates"]] == pytest.approx(list(agreed))
+    assert d["calls_each"] == per
+    assert "measured fastest" in tuning.describe(d)
+
+
+def test_bad_tune_values_are_refused_before_the_job_forms(monkeypatch):
+    for bad, says in (("many", "whole number"), ("-2", ">= 0")):
+        monkeypatch.setenv("RINGLET_TUNE", bad)
+        with pytest.raises(ValueError, match=f"RINGLET_TUNE.*{says}"):
+            tuning.trials_from_env()
+        with pytest.raises(ValueError, match="RINGLET_TUNE"):
+            rl.init(rank=0, world_size=1)
+        assert not rl.is_initialized()
+    monkeypatch.setenv("RINGLET_TUNE", "")
+    assert tuning.trials_from_env() == 0
+
+
+# -- real ranks -------------------------------------------------------------------------
+PER = 2
+
+
+def _shapes(rank, p):
+    """(name, call) pairs: each call runs one collective with fresh inputs and checks its
+    result against NumPy."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(-50, 50, size=(p, 3000)).astype(np.float64)
+
+    def all_reduce():
+        x = base[rank, :37].copy()
+        rl.all_reduce(x)
+        assert np.array_equal(x, base[:, :37].sum(0))
+
+    def all_gather():
+        out = np.empty((p, 3000))
+        rl.all_gather(out, base[rank].copy())
+        assert np.array_equal(out, base)
+
+    def broadcast():
+        x = base[2].copy() if rank == 2 else np.zeros(3000)
+        rl.broadcast(x, 2)
+        assert np.array_equal(x, base[2])
+
+    def reduce_max():
+        x = base[rank, :512].copy()
+        rl.reduce(x, 1, op=rl.ReduceOp.MAX)
+        if rank == 1:
+            assert np.array_equal(x, base[:, :512].max(0))
+
+    def all_to_all():
+        inp = base[rank, :p * 100].reshape(p, 100).copy()
+        out = np.empty_like(inp)
+        rl.all_to_all(out, inp)
+        assert np.array_equal(out, base[:, rank * 100:(rank + 1) * 100])
+
+    return [all_reduce, all_gather, broadcast, reduce_max, all_to_all]
+
+
+def _tuned_job(rank, per):
+    p = rl.get_world_size()
+    assert rl.runtime._S.tune == per
+    shapes = _shapes(rank, p)
+    before = len(tuning.decisions())
+    for _ in range(per * tuning.MOST + 1):     # enough for every shape to be decided
+        for call in shapes:
+            call()
+    mine = tuning.decisions()[before:]
+    # the shapes with more than one candidate were decided, each from the agreed times
+    assert 1 <= len(mine) <= len(shapes) and not collectives._TRIALS
+    for d in mine:
+        times = [c["measured_s"] for c in d["candidates"]]
+        assert d["chosen"] == d["candidates"][int(np.argmin(times))]["algorithm"]
+        assert d["model"] == d["candidates"][0]["algorithm"] and d["calls_each"] == per
+        assert 2 <= len(d["candidates"]) <= tuning.MOST
+    # every rank decided alike, from the same agreed times
+    flat = np.array([t for d in mine for t in [c["measured_s"] for c in d["candidates"]]])
+    table = np.empty((p, flat.size))
+    rl.all_gather(table, flat, algorithm="ring")
+    assert (table == table[0]).all()
+    names = "|".join(f"{d['call']}:{d['chosen']}" for d in mine).encode()
+    lengths = np.empty(p, np.int64)
+    rl.all_gather(lengths, np.array([len(names)]), algorithm="ring")
+    assert (lengths == len(names)).all()
+    got = np.empty((p, len(names)), np.uint8)
+    rl.all_gather(got, np.frombuffer(names, np.uint8).copy(), algorithm="ring")
+    assert (got == got[0]).all()
+    # decided shapes keep running their choice, correctly
+    for call in shapes:
+        call()
+    for key, chosen in collectives._TUNED.items():
+        assert collectives._CALLS[key] is chosen
+    assert sorted(c.algorithm for c in collectives._TUNED.values()) == \
+        sorted(d["chosen"] for d in mine)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_tuned_auto_runs_every_candidate_correctly_and_ranks_decide_alike(p):
+    run(_tuned_job, p, PER, env={"RINGLET_TUNE": str(PER)})
+
+
+def test_tuned_auto_over_tcp():
+    run(_tuned_job, 3, 1, backend="tcp", env={"RINGLET_TUNE": "1"})
+
+
+def _async_not_timed(rank):
+    p = rl.get_world_size()
+    x = np.ones(40)
+    rl.all_reduce(x)                    # the first call of the shape: its trials begin
+    key = next(k for k in collectives._TRIALS if k[0] == "all_reduce")
+    trials = collectives._TRIALS[key]
+    m = len(trials.calls)
+    assert trials.n == 1 and m >= 2
+    for _ in range(3):
+        y = np.full(40, float(rank))
+        rl.all_reduce(y, async_op=True).wait()
+        assert (y == sum(range(p))).all()
+    assert trials.n == 1                # async calls run the model's pick, untimed
+    for i in range(2, 3 * m + 1):       # RINGLET_TUNE=3: decided on the 3m-th blocking call
+        x = np.ones(40)
+        rl.all_reduce(x)
+        assert (x == p).all()
+        assert (key in collectives._TRIALS) == (i < 3 * m)
+    assert collectives._CALLS[key] is collectives._TUNED[key]
+
+
+def test_async_calls_run_the_models_pick_and_are_not_timed():
+    run(_async_not_timed, 4, env={"RINGLET_TUNE": "3"})
+
+
+def _off(rank):
+    assert rl.runtime._S.tune == 0
+    before = len(tuning.decisions())
+    for _ in range(10):
+        x = np.ones(40)
+        rl.all_reduce(x)
+    assert not collectives._TRIALS and len(tuning.decisions()) == before
+
+
+def test_off_by_default():
+    env = {k: v for k, v in os.environ.items() if k == "RINGLET_TUNE"}
+    assert not env, "the test environment must not set RINGLET_TUNE"
+    run(_off, 3)
+
+
+def _uneven_not_tuned(rank):
+    p = rl.get_world_size()
+    splits = [[(r + c) % 3 + 1 for c in range(p)] for r in range(p)]   # row r: what r sends
+    inp = np.arange(sum(splits[rank]), dtype=np.float32) + 100 * rank
+    out = np.empty(sum(row[rank] for row in splits), np.float32)
+    before = len(tuning.decisions())
+    for _ in range(6):
+        rl.all_to_all_single(out, inp, out_splits=[row[rank] for row in splits],
+                             in_splits=splits[rank])
+    # (its splits' exchange, an all_gather of the same shape everywhere, may be tuned)
+    assert not any(k[0] == "all_to_all_single" for k in collectives._TRIALS)
+    assert not any(d["call"].startswith("all_to_all_single")
+                   for d in tuning.decisions()[before:])
+    want = np.concatenate([(np.arange(sum(splits[r]), dtype=np.float32) + 100 * r)
+                           [sum(splits[r][:rank]):sum(splits[r][:rank + 1])] for r in range(p)])
+    assert np.array_equal(out, want)
+
+
+def test_uneven_all_to_all_single_keeps_the_models_pick():
+    run(_uneven_not_tuned, 3, env={"RINGLET_TUNE": "2"})
+
+
+def test_rank_0s_setting_counts_for_the_whole_job(tmp_path):
+    source = (
+        "import os\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    os.environ['RINGLET_TUNE'] = '2'\n"
+        "else:\n"
+        "    os.environ.pop('RINGLET_TUNE', None)\n"
+        "import numpy as np, ringlet as rl\n"
+        "from ringlet import tuning\n"
+        "rl.init()\n"
+        "for _ in range(2 * tuning.MOST + 1):\n"
+        "    x = np.ones(1000)\n"
+        "    rl.all_reduce(x)\n"
+        "    assert (x == rl.get_world_size()).all()\n"
+        "print('decided', rl.get_rank(), [d['chosen'] for d in tuning.decisions()], flush=True)\n"
+        "rl.destroy()\n")
+    proc, _ = ringlet_run(tmp_path, source, 3)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = sorted(re.search(r"decided (\d) (.*)$", l).groups()
+                   for l in proc.stdout.splitlines() if "decided" in l)
+    assert [r for r, _ in lines] == ["0", "1", "2"]
+    assert len({d for _, d in lines}) == 1 and lines[0][1] != "[]"

@@ -193,7 +193,7 @@ def _job(rank, work, out_path, pin=True):
         if rl.runtime._S.tune:
             # the tuner's own trials, after the blocks: inputs written and a barrier before
             # each call, as the blocks' calls
-            for _ in range(rl.runtime._S.tune * tuning.MOST):
+            for _ in range(tuning.BLOCKS * (rl.runtime._S.tune + 1) * tuning.MOST):
                 if _auto_pick(c, count, tuned=True) is not None:
                     break
                 fill[...] = rank + 1
@@ -205,7 +205,8 @@ def _job(rank, work, out_path, pin=True):
     rl.all_reduce(t, op=rl.ReduceOp.MAX, algorithm="direct")
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"medians": t.tolist(), "auto": picks, "tuned": tuned}, f)
+            json.dump({"medians": t.tolist(), "auto": picks, "tuned": tuned,
+                       "decisions": tuning.decisions()}, f)
 
 
 def block_order(algos, key, block) -> list:
@@ -274,7 +275,8 @@ def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             continue
         log.append({"transport": tr, "kind": kind, "p": p, "repeat": rep,
                     "attempts": attempt + 1, "others_load": load,
-                    "seconds": time.perf_counter() - t0})
+                    "seconds": time.perf_counter() - t0,
+                    "tuner": got.get("decisions", [])})
         it = iter(got["medians"])
         for cell, (_, _, c, _, order), pick in zip(cells, work, got["auto"]):
             per = samples.setdefault(cell, {})

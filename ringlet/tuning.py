@@ -7,10 +7,15 @@ cores, a small all_gather by recursive doubling against direct, a broadcast's pi
 8 MiB. A training job makes the same calls step after step, so it can afford to time a
 few: with ``RINGLET_TUNE=n`` (rank 0's value counts, for the whole job) the first calls of
 each call shape - collective, group, count, dtype, root, op and buffer kinds - run the
-model's candidates in turn, ``n`` calls each: every algorithm predicted within
-``SPREAD`` of the model's winner, at most ``MOST``, the model's winner first. Then one
+model's candidates in turn: every algorithm predicted within ``SPREAD`` of the model's
+winner, at most ``MOST``, the model's winner first, each in ``BLOCKS`` blocks of one
+untimed call and ``n`` timed ones, the blocks of the candidates in turn. Blocks, not one
+call each in turn: ranks that outnumber the cores fall into a rhythm over repeated calls
+of one algorithm, and a call that follows another algorithm's took 2-3x as long (8 B
+broadcast, p = 4 on 2 cores: 60-115 us called in turn, 23-44 us in blocks). Then one
 small all_reduce (MAX) gives every rank the slowest rank's median time of each
-candidate, and from the next call on that shape runs the fastest. Every rank decides alike:
+candidate, and from the next call on that shape runs the fastest - where it beat the
+model's winner by more than ``KEEP``; a smaller lead is within this host's noise. Every rank decides alike:
 they make the same calls in the same order (as every collective needs) and take the same
 agreed times.
 
@@ -27,12 +32,19 @@ import numpy as np
 #: candidates: every algorithm predicted within SPREAD x the model's winner, at most MOST
 SPREAD = 2.0
 MOST = 4
+#: each candidate runs in BLOCKS blocks (of one untimed call and n timed ones)
+BLOCKS = 2
+#: another candidate replaces the model's winner only if it measured this much faster:
+#: two measurements of this host's cells disagree on the winner by more than 10% in about
+#: one cell of six (bench/accuracy.py's repeatability), so a smaller lead is as likely noise
+KEEP = 0.10
 #: call shapes decided per process, after which new shapes keep the model's pick
 LIMIT = 4096
 
 
 def trials_from_env() -> int:
-    """RINGLET_TUNE: timed calls per candidate (0 or unset: the model decides alone)."""
+    """RINGLET_TUNE: timed calls per candidate and block (0 or unset: the model decides
+    alone)."""
     raw = os.environ.get("RINGLET_TUNE", "0").strip() or "0"
     try:
         n = int(raw)
@@ -46,15 +58,20 @@ def trials_from_env() -> int:
 
 class Trials:
     """One call shape on trial: its candidates' prepared calls (the model's winner
-    first), each run ``per`` times in turn, and this rank's time of each run."""
-    __slots__ = ("calls", "per", "n", "times", "predicted")
+    first), each run in BLOCKS blocks of 1 + ``per`` calls, the blocks in turn, and this
+    rank's time of each timed call."""
+    __slots__ = ("calls", "per", "n", "order", "times", "predicted", "lanes")
 
     def __init__(self, calls: list, per: int, predicted: list):
         self.calls = calls            # collectives.Prepared, one per candidate
         self.per = per
         self.n = 0                    # runs so far
+        # (candidate, timed) of every run: a block's first call only sets its rhythm
+        self.order = [(i, k > 0) for _ in range(BLOCKS) for i in range(len(calls))
+                      for k in range(per + 1)]
         self.times = [[] for _ in calls]
         self.predicted = predicted    # the model's seconds for each candidate
+        self.lanes = {}               # candidate -> its lane (collectives._lane), once C ran it whole
 
     @property
     def first(self):
@@ -62,20 +79,21 @@ class Trials:
         return self.calls[0]
 
     def current(self):
-        """The candidate this call runs: each in turn, so a slow spell of the host falls
-        on all of them alike."""
-        return self.calls[self.n % len(self.calls)]
+        """The candidate this call runs: blocks in turn, so that a slow spell of the host
+        falls on all of them alike."""
+        return self.calls[self.order[self.n][0]]
 
     def record(self, seconds: float) -> bool:
-        """This rank's time of the call ``current`` named; True once every candidate has
-        run ``per`` times."""
-        self.times[self.n % len(self.calls)].append(seconds)
+        """This rank's time of the call ``current`` named; True once every block has
+        run."""
+        i, timed = self.order[self.n]
+        if timed:
+            self.times[i].append(seconds)
         self.n += 1
-        return self.n >= self.per * len(self.calls)
+        return self.n >= len(self.order)
 
     def medians(self) -> np.ndarray:
-        """This rank's median time of each candidate (the first run of one, cold, weighs
-        no more than any other)."""
+        """This rank's median time of each candidate over its timed calls."""
         return np.array([float(np.median(t)) for t in self.times])
 
 
@@ -84,8 +102,11 @@ _DECISIONS: list = []
 
 def decide(trials: Trials, agreed: np.ndarray, what: str) -> int:
     """The candidate every later call runs: the least agreed time (ties to the model's
-    order). Records the decision for :func:`decisions`."""
+    order), if it beat the model's winner by more than KEEP; else the model's winner.
+    Records the decision for :func:`decisions`."""
     best = int(np.argmin(agreed))
+    if not agreed[best] * (1 + KEEP) < agreed[0]:
+        best = 0
     _DECISIONS.append({
         "call": what,
         "chosen": trials.calls[best].algorithm,
@@ -109,5 +130,7 @@ def describe(decision: dict) -> str:
     parts = ", ".join(f"{c['algorithm']}{'' if c['read_in_place'] else ' (plain path)'} "
                       f"{c['measured_s'] * 1e6:.4g}us (predicted {c['predicted_s'] * 1e6:.4g})"
                       for c in decision["candidates"])
-    return (f"{decision['call']}: {decision['chosen']} measured fastest "
-            f"({decision['calls_each']} calls each, slowest rank's median: {parts})")
+    how = ("the model's pick, kept" if decision["chosen"] == decision["model"] else
+           f"measured fastest (the model picked {decision['model']})")
+    return (f"{decision['call']}: {decision['chosen']}, {how} ({BLOCKS} blocks of 1 + "
+            f"{decision['calls_each']} calls each, slowest rank's median: {parts})")

@@ -22,6 +22,7 @@ from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
 log = logging.getLogger("ringlet")
 _AVG = ReduceOp.AVG     # (ReduceOp.AVG goes through the Enum metaclass's __getattr__: 50 ns)
 _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
+_Trials = tuning.Trials     # (a module attribute less per call)
 
 
 def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, shared=()):
@@ -176,7 +177,7 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     # in Python (110 ns). _prepare is called on a miss only (a Python call less per call).
     key = (collective, algorithm, g, count, dtype, root, splits, op and op._value_, shared)
     call = _CALLS.get(key) or _prepare(key)
-    if call.__class__ is tuning.Trials:
+    if call.__class__ is _Trials:
         if not async_op:
             return _trial(call, key, collective, g, count, dtype, bufs, timeout, root, finish,
                           numbered, lane)
@@ -262,8 +263,6 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         return track(work)
     work.wait(timeout)
     return None
-
-
 
 
 #: the caller's buffers a collective's lane takes, in the order lane.run takes them

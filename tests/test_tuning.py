@@ -2,8 +2,11 @@
 candidates run in turn and stay correct, every rank decides alike from the agreed (slowest
 rank's) times, rank 0's setting counts, async calls are not timed, and bad values fail
 before the job forms."""
+import json
 import os
 import re
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -239,3 +242,43 @@ def test_rank_0s_setting_counts_for_the_whole_job(tmp_path):
                    for l in proc.stdout.splitlines() if "decided" in l)
     assert [r for r, _ in lines] == ["0", "1", "2"]
     assert len({d for _, d in lines}) == 1 and lines[0][1] != "[]"
+
+
+def _killed_during_trials(rank, path, at):
+    x = np.ones(2000, np.float32)
+
+    def die(*args, **kwargs):
+        with open(path + ".killed", "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == 2 and at == "agreement":     # gone as the others agree on the times
+        collectives.all_reduce = die        # (what _trial calls; rl.all_reduce is not it)
+    calls = 0
+    try:
+        while True:
+            if rank == 2 and calls == at:   # gone between two trial calls
+                die()
+            rl.all_reduce(x, timeout=30)
+            calls += 1
+    except rl.PeerFailure as exc:
+        with open(f"{path}.{rank}", "w") as f:
+            json.dump({"rank": exc.rank, "t": time.time(), "calls": calls}, f)
+        raise
+
+
+@pytest.mark.parametrize("at", [1, 5, "agreement"])
+def test_a_rank_lost_during_trials_is_named_not_waited_for(tmp_path, at):
+    """Survivors of a rank killed between trial calls, or as they agree on the times,
+    raise PeerFailure naming it, within seconds."""
+    path = str(tmp_path / "seen")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_killed_during_trials, 3, path, at, env={"RINGLET_TUNE": "2"})
+    assert info.value.rank == 2
+    killed = float(open(path + ".killed").read())
+    for r in (0, 1):
+        seen = json.load(open(f"{path}.{r}"))
+        assert seen["rank"] == 2 and seen["t"] - killed < 5.0, seen
+        if at == "agreement":   # raised by the last trial call (2 blocks of 1 + 2 calls
+            # for each candidate), which agrees on the times
+            assert (seen["calls"] + 1) % (tuning.BLOCKS * 3) == 0 and seen["calls"] >= 11, seen

@@ -53,8 +53,7 @@ def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, share
                      most: int = 1) -> list:
     """Up to ``most`` picks for auto, fastest predicted first, each with its predicted
     seconds: ((algorithm, why, picked for rl.empty buffers, read in place), seconds).
-    The first is auto's pick; the others are those predicted within tuning.SPREAD of it
-    (the tuner's candidates)."""
+    The first is auto's pick; the others are the tuner's candidates (tuning.shortlist)."""
     from . import cost
     from .cost.tune import explain_line
     hosts = g.host_indices()
@@ -82,8 +81,7 @@ def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, share
                        f"[{kinds}: the plain path, predicted faster than {name} read in "
                        f"place]", False, False), prows[0].total))
         picks.sort(key=lambda pk: pk[1])     # (stable: a tie keeps the pick read in place)
-    best = picks[0][1]
-    return [pk for pk in picks if pk[1] <= tuning.SPREAD * best][:most]
+    return picks[:min(most, tuning.shortlist([t for _, t in picks]))]
 
 
 def _shared(bufs: dict) -> tuple:

@@ -491,6 +491,13 @@ def _explain_main(argv) -> int:
             print(_fit(f"auto runs {plain} on the plain path here (nothing read in place): "
                        f"{prows[0].total * 1e6:.1f} us predicted, against {winner}'s "
                        f"{rows[0].total * 1e6:.1f} us read in place"))
+    elif coll != "barrier" and not a.algorithms and not a.tier:   # (what a job here would do)
+        from .tuning import shortlist
+        n = shortlist([r.total for r in rows])
+        if n > 1:
+            print(_fit(f"with RINGLET_TUNE set, a job times {', '.join(r.algorithm for r in rows[:n])} "
+                       f"on its first blocking calls of this shape and keeps the fastest "
+                       f"(where it beats {winner} by more than 10%)"))
     cross, sweep = _explain_crossovers(a, coll, p, topology, gamma, shared, env, rows, winner)
     if a.plot:
         _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])

@@ -42,6 +42,12 @@ KEEP = 0.10
 LIMIT = 4096
 
 
+def shortlist(predicted) -> int:
+    """How many of the candidates predicted to take ``predicted`` seconds (fastest first)
+    go on trial: those within SPREAD of the model's winner, at most MOST."""
+    return min(MOST, sum(1 for t in predicted if t <= SPREAD * predicted[0]))
+
+
 def trials_from_env() -> int:
     """RINGLET_TUNE: timed calls per candidate and block (0 or unset: the model decides
     alone)."""

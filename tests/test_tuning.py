@@ -282,3 +282,29 @@ def test_a_rank_lost_during_trials_is_named_not_waited_for(tmp_path, at):
         if at == "agreement":   # raised by the last trial call (2 blocks of 1 + 2 calls
             # for each candidate), which agrees on the times
             assert (seen["calls"] + 1) % (tuning.BLOCKS * 3) == 0 and seen["calls"] >= 11, seen
+
+
+def test_explain_names_the_candidates_a_tuned_job_would_time(capsys):
+    from ringlet import commands
+    from ringlet.cost import choose
+    assert commands.explain_main(["all_gather", "--size", "64K", "-n", "4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    _, rows = choose("all_gather", 64 << 10, 4)
+    n = tuning.shortlist([r.total for r in rows])
+    assert 2 <= n <= tuning.MOST
+    assert f"a job times {', '.join(r.algorithm for r in rows[:n])} on its first" in out
+    # not where explain prices another link than a job here would, or fewer algorithms
+    for extra in (["--tier", "nvlink"], ["--algorithms", "ring,direct"]):
+        assert commands.explain_main(["all_gather", "--size", "64K", "-n", "4"] + extra) == 0
+        assert "RINGLET_TUNE" not in capsys.readouterr().out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-7, 1.0), min_size=1, max_size=9))
+def test_the_shortlist_is_the_fastest_predicted_within_the_spread(predicted):
+    predicted = sorted(predicted)
+    n = tuning.shortlist(predicted)
+    assert 1 <= n <= tuning.MOST
+    assert all(t <= tuning.SPREAD * predicted[0] for t in predicted[:n])
+    assert n == tuning.MOST or n == len(predicted) or \
+        predicted[n] > tuning.SPREAD * predicted[0]

@@ -35,9 +35,11 @@
    where the predicted winner is within 10% of the best measured algorithm, and the
    fraction where auto's pick is, with the worst loss when it is not.
 4. With ``--tune N``, each job runs with RINGLET_TUNE=N: after a cell's blocks, the tuner
-   (ringlet/tuning.py) times auto's candidates on calls of its own (N each, inputs
-   written and a barrier before each call, as the blocks' calls) and keeps the fastest;
-   its pick is judged against the blocks' times as auto's is ("tuned ok").
+   (ringlet/tuning.py) times auto's candidates on calls of its own (two blocks of 1 + N
+   each, inputs written and a barrier before each call, as the blocks' calls) and keeps
+   the fastest where it beat the model's pick by more than 10%;
+   each job's pick is judged against the blocks' times as auto's is ("tuned ok": of the
+   jobs' picks, not of cells).
 
 ``--quick`` measures a subset (QUICK_GRID: fewer sizes and group sizes, one repeat; with
 ``--calibrate``, ``ringlet calibrate --quick``) for a loaded host.
@@ -144,12 +146,10 @@ def _auto_pick(c, count, tuned=False):
     got = None
     for key, prep in collectives._CALLS.items():
         if key[0] == c and key[1] == "auto" and key[3] == count:
-            if type(prep) is tuning.Trials:
+            if type(prep) is tuning.Trials:     # on trial: the model's pick comes first
                 got = None if tuned else prep.first.algorithm
-            elif tuned and key in collectives._TUNED:
+            else:   # the model's pick, the tuner's choice, or the only candidate
                 got = prep.algorithm
-            else:   # (one candidate only: the model's pick is the tuner's too)
-                got = prep.algorithm if tuned or key not in collectives._TUNED else got
     return got
 
 
@@ -232,8 +232,8 @@ def run_job(transport, p, work, timeout=900, pin=True, tune=0):
 def measure(grid, repeats=2, blocks=3, budget=0.01, max_load=0.5, retries=1,
             quiet_wait=10.0, verbose=True, pin=True, iters=ITERS, tune=0):
     """({cell: {algorithm: [seconds per block]}}, {cell: [auto's pick per repeat]}, log,
-    {cell: [the tuner's pick per repeat]}: with ``tune``, RINGLET_TUNE's calls per
-    candidate, after the blocks).
+    {cell: [the tuner's pick per repeat]}: with ``tune``, RINGLET_TUNE's timed calls per
+    candidate and block, after the blocks).
 
     One job per (repeat, transport, kind, p) runs all its cells. Before a job we wait
     (up to ``quiet_wait`` s) for other processes to use less than ``max_load`` / 2
@@ -350,14 +350,17 @@ def evaluate(meas: dict, autos: dict, prof=None, other: dict | None = None,
         # a pick is judged by the best time its schedule measured under any of its names
         same = twins(cell, list(m))
         m = {a: min(m[b] for b in same[a]) for a in m}
-        row = {"cell": list(cell), "predicted_winner": pw, "measured_winner": mw,
-               "loss": m[pw] / m[mw] - 1, "match": m[pw] <= (1 + WIN_SLACK) * m[mw]}
-        for name, got in (("auto", autos), ("tuned", tuned or {})):
-            picks = [a for a in got.get(cell, []) if a in m]
-            pick = max(set(picks), key=picks.count) if picks else None
-            row.update({name: pick, f"{name}_loss": (m[pick] / m[mw] - 1) if pick else None,
-                        f"{name}_ok": (m[pick] <= (1 + WIN_SLACK) * m[mw]) if pick else None})
-        cells.append(row)
+        picks = sorted(a for a in autos.get(cell, []) if a in m)
+        auto = max(picks, key=picks.count) if picks else None
+        # the tuner decides in each job anew: every job's pick counts
+        tuned_picks = [a for a in (tuned or {}).get(cell, []) if a in m]
+        tuned_loss = [m[a] / m[mw] - 1 for a in tuned_picks]
+        cells.append({"cell": list(cell), "predicted_winner": pw, "measured_winner": mw,
+                      "loss": m[pw] / m[mw] - 1, "match": m[pw] <= (1 + WIN_SLACK) * m[mw],
+                      "auto": auto, "auto_loss": (m[auto] / m[mw] - 1) if auto else None,
+                      "auto_ok": (m[auto] <= (1 + WIN_SLACK) * m[mw]) if auto else None,
+                      "tuned": tuned_picks, "tuned_loss": tuned_loss,
+                      "tuned_ok": [m[a] <= (1 + WIN_SLACK) * m[mw] for a in tuned_picks]})
     return {"rows": rows, "cells": cells, "summary": summarize(rows, cells)}
 
 
@@ -394,14 +397,15 @@ def summarize(rows, cells, key=lambda cell: cell[4]) -> dict:
         cs = [c for c in cells if sel(c["cell"])]
         au = [c for c in cs if c["auto"] is not None]
         misses = [c["auto_loss"] for c in au if not c["auto_ok"]]
-        tu = [c for c in cs if c.get("tuned") is not None]
-        tmiss = [c["tuned_loss"] for c in tu if not c["tuned_ok"]]
+        tu = [(ok, x) for c in cs for ok, x in zip(c.get("tuned_ok", []),
+                                                    c.get("tuned_loss", []))]
+        tmiss = [x for ok, x in tu if not ok]
         out[str(gname)] = {
             "pairs": len(errs), "median_rel_err": statistics.median(errs) if errs else None,
             "cells": len(cs), "winner_ok": sum(c["match"] for c in cs),
             "auto_cells": len(au), "auto_ok": sum(c["auto_ok"] for c in au),
             "auto_worst_loss": max(misses) if misses else 0.0,
-            "tuned_cells": len(tu), "tuned_ok": sum(c["tuned_ok"] for c in tu),
+            "tuned_cells": len(tu), "tuned_ok": sum(ok for ok, _ in tu),
             "tuned_worst_loss": max(tmiss) if tmiss else 0.0,
             "winner_worst_loss": max((c["loss"] for c in cs), default=0.0)}
     return out
@@ -431,14 +435,14 @@ def report(res: dict, detail: bool = True) -> str:
                 a = r["algorithm"]
                 mark = ("*" if a == c["measured_winner"] else "") + \
                        ("^" if a == c["predicted_winner"] else "") + \
-                       ("A" if a == c["auto"] else "") + ("T" if a == c.get("tuned") else "")
+                       ("A" if a == c["auto"] else "") + ("T" * c.get("tuned", []).count(a))
                 parts.append(f"{a}{mark} {_us(r['measured_s'])}/{_us(r['predicted_s'])} "
                              f"{r['rel_err'] * 100:+.0f}%")
             flag = "" if c["match"] else f"  WINNER +{c['loss'] * 100:.0f}%"
             if c["auto_ok"] is False:
                 flag += f"  AUTO +{c['auto_loss'] * 100:.0f}%"
-            if c.get("tuned_ok") is False:
-                flag += f"  TUNED +{c['tuned_loss'] * 100:.0f}%"
+            for ok, x in zip(c.get("tuned_ok", []), c.get("tuned_loss", [])):
+                flag += "" if ok else f"  TUNED +{x * 100:.0f}%"
             out.append(f"{cell[4]:<15}{_cell_name(cell)}: " + ", ".join(parts) + flag)
         out.append("")
     s = res["summary"]
@@ -504,8 +508,9 @@ def main(argv=None) -> int:
                     help="leave the ranks where the scheduler puts them (default: one core "
                          "each where they fit, as ringlet bench and mpirun place them)")
     ap.add_argument("--tune", type=int, default=0,
-                    help="also run the tuner (RINGLET_TUNE=N calls per candidate) after each "
-                         "cell's blocks, and judge its pick as auto's is (column 'tuned ok')")
+                    help="also run the tuner (RINGLET_TUNE=N timed calls per candidate and "
+                         "block) after each cell's blocks, and judge its pick as auto's is "
+                         "(column 'tuned ok')")
     ap.add_argument("--brief", action="store_true", help="only the summary tables")
     ap.add_argument("--json", default=None, help="write measurements, predictions, summary")
     ap.add_argument("--from-json", default=None,

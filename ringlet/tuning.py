@@ -2,22 +2,22 @@
 candidates, the job times them, the slowest rank decides (``RINGLET_TUNE=n``).
 
 Why: the model prices this host to about its own repeatability (docs/results.md,
-"Accuracy"), and where it misses it can miss by 1.5-2.5x - where ranks outnumber the
-cores, a small all_gather by recursive doubling against direct, a broadcast's pipeline at
-8 MiB. A training job makes the same calls step after step, so it can afford to time a
-few: with ``RINGLET_TUNE=n`` (rank 0's value counts, for the whole job) the first calls of
-each call shape - collective, group, count, dtype, root, op and buffer kinds - run the
-model's candidates in turn: every algorithm predicted within ``SPREAD`` of the model's
-winner, at most ``MOST``, the model's winner first, each in ``BLOCKS`` blocks of one
-untimed call and ``n`` timed ones, the blocks of the candidates in turn. Blocks, not one
-call each in turn: ranks that outnumber the cores fall into a rhythm over repeated calls
-of one algorithm, and a call that follows another algorithm's took 2-3x as long (8 B
-broadcast, p = 4 on 2 cores: 60-115 us called in turn, 23-44 us in blocks). Then one
-small all_reduce (MAX) gives every rank the slowest rank's median time of each
-candidate, and from the next call on that shape runs the fastest - where it beat the
-model's winner by more than ``KEEP``; a smaller lead is within this host's noise. Every rank decides alike:
-they make the same calls in the same order (as every collective needs) and take the same
-agreed times.
+"Cost-model accuracy"), and where it misses it can miss by 1.5-2.5x - where ranks
+outnumber the cores, a small all_gather by recursive doubling against direct, a
+broadcast's pipeline at 8 MiB. A training job makes the same calls step after step, so it
+can afford to time a few: with ``RINGLET_TUNE=n`` (rank 0's value counts, for the whole
+job) the first calls of each call shape - collective, group, count, dtype, root, op and
+buffer kinds - run the model's candidates (``shortlist``: every algorithm predicted
+within ``SPREAD`` of the model's winner, at most ``MOST``, the model's winner first), each
+in ``BLOCKS`` blocks of one untimed call and ``n`` timed ones, the blocks of the
+candidates in turn. Blocks, not one call each in turn: ranks that outnumber the cores
+fall into a rhythm over repeated calls of one algorithm, and a call that follows another
+algorithm's took 2-3x as long (8 B broadcast, p = 4 on 2 cores: 60-115 us called in
+turn, 23-44 us in blocks). Then one small all_reduce (MAX) gives every rank the slowest
+rank's median time of each candidate, and from the next call on that shape runs the
+fastest - where it beat the model's winner by more than ``KEEP``; a smaller lead is
+within this host's noise. Every rank decides alike: they make the same calls in the same
+order (as every collective needs) and take the same agreed times.
 
 Only blocking calls are timed and counted; an async call of a shape still on trial runs
 the model's winner. Uneven all_to_all_single is not tuned: its ranks key their calls by

@@ -190,7 +190,8 @@ def _trial(trials, key, collective, g, count, dtype, bufs, timeout, root, finish
     it; after the last run, agree on the times with the group and keep the fastest. A
     call that may take a lane (``lane``: _lane_key's) runs each candidate in a lane of its
     own once C ran it whole, as the chosen one will run: in a lane, a small call where
-    ranks outnumber cores took 30-40 us less (16 KiB broadcast, p = 4 on 2 cores)."""
+    ranks outnumber cores took 24-52 us less (16 KiB broadcast, p = 4 on 2 cores: 50-66
+    us against 86-102)."""
     i = trials.order[trials.n][0]
     start = time.perf_counter()
     hit = trials.lanes.get(i) if lane is not None and finish is None else None

@@ -308,3 +308,25 @@ def test_the_shortlist_is_the_fastest_predicted_within_the_spread(predicted):
     assert all(t <= tuning.SPREAD * predicted[0] for t in predicted[:n])
     assert n == tuning.MOST or n == len(predicted) or \
         predicted[n] > tuning.SPREAD * predicted[0]
+
+
+def _subgroup(rank):
+    g = rl.new_group([1, 2, 3])
+    before = len(tuning.decisions())
+    if rank == 0:
+        return
+    me = g.rank
+    for i in range(tuning.BLOCKS * 3 * tuning.MOST + 2):
+        out = np.empty((3, 700), np.float32)
+        rl.all_gather(out, np.full(700, me + i, np.float32), group=g)
+        assert (out == (np.arange(3) + i)[:, None]).all()
+    mine = tuning.decisions()[before:]
+    assert len(mine) == 1 and "group" in mine[0]["call"] and "p=3" in mine[0]["call"]
+    times = np.array([c["measured_s"] for c in mine[0]["candidates"]])
+    table = np.empty((3, times.size))
+    rl.all_gather(table, times, group=g, algorithm="ring")
+    assert (table == table[0]).all()
+
+
+def test_a_subgroup_tunes_among_its_members():
+    run(_subgroup, 4, env={"RINGLET_TUNE": "2"})

@@ -1,7 +1,7 @@
 """algorithm="auto" tuned on the job's own calls (RINGLET_TUNE, ringlet/tuning.py): the
-candidates run in turn and stay correct, every rank decides alike from the agreed (slowest
-rank's) times, rank 0's setting counts, async calls are not timed, and bad values fail
-before the job forms."""
+candidates run in turn and stay correct, every rank (of the world or a subgroup) decides
+alike from the agreed (slowest rank's) times, rank 0's setting counts, async calls are not
+timed, a rank lost mid-trial is named, and bad values fail before the job forms."""
 import json
 import os
 import re
@@ -73,8 +73,8 @@ PER = 2
 
 
 def _shapes(rank, p):
-    """(name, call) pairs: each call runs one collective with fresh inputs and checks its
-    result against NumPy."""
+    """Calls that each run one collective with fresh inputs and check its result against
+    NumPy."""
     rng = np.random.default_rng(7)
     base = rng.integers(-50, 50, size=(p, 3000)).astype(np.float64)
 

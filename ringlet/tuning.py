@@ -14,9 +14,9 @@ candidates in turn. Blocks, not one call each in turn: ranks that outnumber the 
 fall into a rhythm over repeated calls of one algorithm, and a call that follows another
 algorithm's took 2-3x as long (8 B broadcast, p = 4 on 2 cores: 60-115 us called in
 turn, 23-44 us in blocks). Then one small all_reduce (MAX) gives every rank the slowest
-rank's median time of each candidate, and from the next call on that shape runs the
-fastest - where it beat the model's winner by more than ``KEEP``; a smaller lead is
-within this host's noise. Every rank decides alike: they make the same calls in the same
+rank's median time of each candidate in each block, and from the next call on that
+shape runs the fastest (the least mean of its blocks) - where it beat the model's winner
+by more than ``KEEP``; a smaller lead is within this host's noise. Every rank decides alike: they make the same calls in the same
 order (as every collective needs) and take the same agreed times.
 
 Only blocking calls are timed and counted; an async call of a shape still on trial runs
@@ -72,10 +72,10 @@ class Trials:
         self.calls = calls            # collectives.Prepared, one per candidate
         self.per = per
         self.n = 0                    # runs so far
-        # (candidate, timed) of every run: a block's first call only sets its rhythm
-        self.order = [(i, k > 0) for _ in range(BLOCKS) for i in range(len(calls))
+        # (candidate, block, timed) of every run: a block's first call only sets its rhythm
+        self.order = [(i, b, k > 0) for b in range(BLOCKS) for i in range(len(calls))
                       for k in range(per + 1)]
-        self.times = [[] for _ in calls]
+        self.times = [[[] for _ in range(BLOCKS)] for _ in calls]
         self.predicted = predicted    # the model's seconds for each candidate
         self.lanes = {}               # candidate -> its lane (collectives._lane), once C ran it whole
 
@@ -92,33 +92,41 @@ class Trials:
     def record(self, seconds: float) -> bool:
         """This rank's time of the call ``current`` named; True once every block has
         run."""
-        i, timed = self.order[self.n]
+        i, b, timed = self.order[self.n]
         if timed:
-            self.times[i].append(seconds)
+            self.times[i][b].append(seconds)
         self.n += 1
         return self.n >= len(self.order)
 
     def medians(self) -> np.ndarray:
-        """This rank's median time of each candidate over its timed calls."""
-        return np.array([float(np.median(t)) for t in self.times])
+        """This rank's median time of each candidate in each block (candidates x blocks)."""
+        return np.array([[float(np.median(b)) for b in t] for t in self.times])
 
 
 _DECISIONS: list = []
 
 
+def pick(agreed: np.ndarray) -> int:
+    """Which candidate wins, from the agreed times (candidates x blocks, the model's
+    winner first): the least mean over its blocks (ties to the model's order), if that
+    beat the model's winner by more than KEEP; else the model's winner."""
+    overall = agreed.mean(axis=1)
+    best = int(np.argmin(overall))
+    return best if overall[best] * (1 + KEEP) < overall[0] else 0
+
+
 def decide(trials: Trials, agreed: np.ndarray, what: str) -> int:
-    """The candidate every later call runs: the least agreed time (ties to the model's
-    order), if it beat the model's winner by more than KEEP; else the model's winner.
-    Records the decision for :func:`decisions`."""
-    best = int(np.argmin(agreed))
-    if not agreed[best] * (1 + KEEP) < agreed[0]:
-        best = 0
+    """The candidate every later call runs (:func:`pick`), from the agreed times
+    (candidates x blocks: the slowest rank's median in each block). Records the decision
+    for :func:`decisions`."""
+    best = pick(agreed)
     _DECISIONS.append({
         "call": what,
         "chosen": trials.calls[best].algorithm,
         "model": trials.first.algorithm,
         "candidates": [{"algorithm": c.algorithm, "read_in_place": c.in_place,
-                        "predicted_s": float(pred), "measured_s": float(t)}
+                        "predicted_s": float(pred), "measured_s": float(t.mean()),
+                        "blocks_s": [float(x) for x in t]}
                        for c, pred, t in zip(trials.calls, trials.predicted, agreed)],
         "calls_each": trials.per})
     return best
@@ -126,9 +134,11 @@ def decide(trials: Trials, agreed: np.ndarray, what: str) -> int:
 
 def decisions() -> list:
     """What the tuner decided in this process, oldest first: for each call shape, the
-    candidates with their predicted and agreed measured seconds (the slowest rank's
-    median), the model's winner and the one chosen."""
-    return [dict(d, candidates=[dict(c) for c in d["candidates"]]) for d in _DECISIONS]
+    candidates with their predicted and agreed measured seconds (``blocks_s``: the slowest
+    rank's median in each block; ``measured_s``: their mean), the model's winner and the
+    one chosen."""
+    return [dict(d, candidates=[dict(c, blocks_s=list(c["blocks_s"])) for c in d["candidates"]])
+            for d in _DECISIONS]
 
 
 def describe(decision: dict) -> str:

@@ -112,7 +112,18 @@ def _shapes(rank, p):
         rl.all_to_all(out, inp)
         assert np.array_equal(out, base[:, rank * 100:(rank + 1) * 100])
 
-    return [all_reduce, all_gather, broadcast, reduce_max, all_to_all]
+    def gather():
+        out = np.empty((p, 600)) if rank == 1 else None
+        rl.gather(base[rank, :600].copy(), out, dst=1)
+        if rank == 1:
+            assert np.array_equal(out, base[:, :600])
+
+    def scatter():
+        out = np.empty(500)
+        rl.scatter(out, base[0, :p * 500].reshape(p, 500).copy() if rank == 0 else None, src=0)
+        assert np.array_equal(out, base[0, rank * 500:(rank + 1) * 500])
+
+    return [all_reduce, all_gather, broadcast, reduce_max, all_to_all, gather, scatter]
 
 
 def _tuned_job(rank, per):

@@ -16,10 +16,10 @@ from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
                          job_token, local_address_towards, new_token, torchrun_store)
 from .transport import fast
-from .transport.limits import affinity
 from .transport.engine import Engine
-from .tuning import trials_from_env
+from .transport.limits import affinity
 from .transport.shm import detect_host_id
+from .tuning import trials_from_env
 from .work import RequestWork, TracedRequestWork, fold_lanes
 from . import tracing
 

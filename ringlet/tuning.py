@@ -35,10 +35,10 @@ SPREAD = 2.0
 MOST = 4
 #: each candidate runs in BLOCKS blocks (of one untimed call and n timed ones)
 BLOCKS = 2
-#: another candidate replaces the model's winner only if it measured this much faster
-#: (in every block):
-#: two measurements of this host's cells disagree on the winner by more than 10% in about
-#: one cell of six (bench/accuracy.py's repeatability), so a smaller lead is as likely noise
+#: another candidate replaces the model's winner only if it measured this much faster, in
+#: every block: two measurements of this host's cells disagree on the winner by more than
+#: 10% in one cell of six to eleven (bench/accuracy.py's repeatability, 82-91% agreement
+#: on 2026-12-02), so a smaller lead is as likely noise
 KEEP = 0.10
 #: call shapes decided per process, after which new shapes keep the model's pick
 LIMIT = 4096

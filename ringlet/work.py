@@ -12,6 +12,7 @@ import numpy as np
 from .errors import PeerFailure
 from .profiling import profiled
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
+from .transport import copies
 from .transport.fast import _fastpath
 from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
 from .transport.protocol import RecvRequest, SendRequest
@@ -445,6 +446,8 @@ class CollectiveWork(Work):
                 # NumPy off its overlap check (a third of a small call's reduce time).
                 acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
                 ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
+            elif dst.nbytes >= copies.LOOP_MIN:
+                copies.copy(dst, bufs[t.sbuf][t.s0:t.s1])
             else:
                 dst[...] = bufs[t.sbuf][t.s0:t.s1]
 
@@ -463,11 +466,11 @@ class CollectiveWork(Work):
             k = 0
             while k < src.size:
                 if all(r.done for r in reqs):     # nothing left to look for: the rest at once
-                    dst[k:] = src[k:]
+                    copies.copy(dst[k:], src[k:])
                     break
                 for peer in peers:
                     peer.progress()
-                dst[k:k + step] = src[k:k + step]
+                copies.copy(dst[k:k + step], src[k:k + step])
                 k += step
         for peer in peers:
             peer.progress()

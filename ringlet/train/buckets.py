@@ -23,6 +23,7 @@ import numpy as np
 from ..collectives import all_gather, all_reduce
 from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
+from ..transport import copies
 from .pricing import Call, buffer, hosts_of, overlaps, price
 
 
@@ -143,7 +144,13 @@ class GradBuckets:
         if self._held[i]:
             view += g.reshape(view.shape)
         else:
-            flat[...] = g.reshape(-1)
+            src = g.reshape(-1)
+            # A slot starts at any element of its bucket, so some lie a few bytes past their
+            # gradient's page offset, where memcpy crawls (transport/copies.py).
+            if src.dtype == flat.dtype and src.nbytes >= copies.LOOP_MIN and src.flags.c_contiguous:
+                copies.copy(flat, src)
+            else:
+                flat[...] = src
             self._held[i] = True
         if not self._sync:
             return

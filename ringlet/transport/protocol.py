@@ -42,6 +42,7 @@ import numpy as np
 from ..buffers import address, locate
 from ..errors import PeerFailure, RingletError
 from ..group import group_of
+from . import copies
 
 HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
@@ -120,7 +121,10 @@ class RecvRequest(Request):
         if n == 0:
             return
         if self.ufunc is None:
-            self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
+            if n >= copies.LOOP_MIN:
+                copies.copy(self.dst.view(np.uint8)[self.offset:self.offset + n], payload)
+            else:
+                self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
         elif n == self.nbytes:   # the whole message at once (small ones): no slicing
             self.ufunc(self.acc, payload.view(self.dtype), out=self.dst)
         else:

@@ -21,7 +21,7 @@ import socket
 
 import numpy as np
 
-from . import cma, limits, split
+from . import cma, copies, limits, split
 from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
 
 SEG_HEADER = 64
@@ -149,7 +149,10 @@ class ShmPeer(Peer):
         if free < need:
             return False
         if payload is not None and length:
-            ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
+            if length >= copies.LOOP_MIN:
+                copies.copy(ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length], payload)
+            else:
+                ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
         HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2,
                          zc)
         ctrl[0] = head + need             # publish (stores are ordered on x86-64)

@@ -14,7 +14,7 @@ from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
 from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
 from .runtime import _S, engine, job_profile, resolve, track
-from .transport import fast
+from .transport import copies, fast
 from .transport.shm import ZERO_COPY_MIN
 from . import tracing, tuning
 from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
@@ -475,12 +475,12 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         flat = np.empty(p * like.size, like.dtype)
         if not writable:
             for i, a in enumerate(arrs):
-                flat[i * like.size:(i + 1) * like.size] = _flat(a)
+                copies.assign(flat[i * like.size:(i + 1) * like.size], _flat(a))
             return flat, None
 
         def copy_back():
             for i, a in enumerate(arrs):
-                _flat(a)[...] = flat[i * like.size:(i + 1) * like.size]
+                copies.assign(_flat(a), flat[i * like.size:(i + 1) * like.size])
         return flat, copy_back
     arr = as_array(x, what, writable=writable)
     if arr.dtype != like.dtype:
@@ -624,13 +624,17 @@ def _all_to_all_lists(out, inp, g: Group, algorithm, async_op, timeout):
     for i, a in enumerate(ins + outs):
         if a.dtype != dtype:
             raise TypeError(f"all_to_all: every array must have dtype {dtype}, one has {a.dtype}")
-    flat_in = np.concatenate([_flat(a) for a in ins]) if ins else np.empty(0, dtype)
+    flat_in = np.empty(sum(a.size for a in ins), dtype)
+    off = 0
+    for a in ins:    # (not np.concatenate: its memcpy crawls at some distances, copies.py)
+        copies.assign(flat_in[off:off + a.size], _flat(a))
+        off += a.size
     flat_out = np.empty(sum(a.size for a in outs), dtype)
 
     def copy_back():
         off = 0
         for a in outs:
-            _flat(a)[...] = flat_out[off:off + a.size]
+            copies.assign(_flat(a), flat_out[off:off + a.size])
             off += a.size
     return _all_to_all_v(g, flat_out, flat_in, [a.size for a in outs], [a.size for a in ins],
                          algorithm, async_op, timeout, copy_back)

@@ -446,10 +446,8 @@ class CollectiveWork(Work):
                 # NumPy off its overlap check (a third of a small call's reduce time).
                 acc = dst if t.abuf is None else bufs[t.abuf][t.a0:t.a1]
                 ufunc(acc, bufs[t.sbuf][t.s0:t.s1], out=dst)
-            elif dst.nbytes >= copies.LOOP_MIN:
-                copies.copy(dst, bufs[t.sbuf][t.s0:t.s1])
             else:
-                dst[...] = bufs[t.sbuf][t.s0:t.s1]
+                copies.assign(dst, bufs[t.sbuf][t.s0:t.s1])
 
     def _local_polling(self, steps, reqs: list) -> None:
         """The local steps, copies in POLL_CHUNK pieces with a look at the receives' peers
@@ -466,11 +464,11 @@ class CollectiveWork(Work):
             k = 0
             while k < src.size:
                 if all(r.done for r in reqs):     # nothing left to look for: the rest at once
-                    copies.copy(dst[k:], src[k:])
+                    copies.assign(dst[k:], src[k:])
                     break
                 for peer in peers:
                     peer.progress()
-                copies.copy(dst[k:k + step], src[k:k + step])
+                copies.assign(dst[k:k + step], src[k:k + step])
                 k += step
         for peer in peers:
             peer.progress()

@@ -72,6 +72,8 @@ def test_copy_refuses_what_it_cannot_do():
         copies.copy(np.empty(16, np.uint8)[::2], np.empty(8, np.uint8))
     with pytest.raises((BufferError, TypeError)):
         copies.copy(b"12345678", np.empty(8, np.uint8))   # read-only destination
+    with pytest.raises(TypeError, match="object"):   # pointers, not bytes: no refcounts kept
+        copies.assign(np.empty(1000, object), np.array([object()] * 1000, dtype=object))
 
 
 def _best(fn, reps: int = 15) -> float:

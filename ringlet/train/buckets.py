@@ -147,8 +147,8 @@ class GradBuckets:
             src = g.reshape(-1)
             # A slot starts at any element of its bucket, so some lie a few bytes past their
             # gradient's page offset, where memcpy crawls (transport/copies.py).
-            if src.dtype == flat.dtype and src.nbytes >= copies.LOOP_MIN and src.flags.c_contiguous:
-                copies.copy(flat, src)
+            if src.dtype == flat.dtype and src.flags.c_contiguous:
+                copies.assign(flat, src)
             else:
                 flat[...] = src
             self._held[i] = True

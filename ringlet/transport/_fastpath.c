@@ -1109,20 +1109,24 @@ static PyObject *cma(PyObject *self, PyObject *args) {
 }
 
 /* copy(dst, src): dst[:] = src for two C-contiguous buffers of one size, by copy_bytes (or
- * memmove where they overlap) - for the Python engine's large copies (transport/fast.py:
- * copy). The GIL is released for large ones. */
+ * memmove where they overlap) - the Python engine's large copies (transport/copies.py).
+ * Object arrays are refused (their bytes are references). The GIL is released for large
+ * ones. */
 static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "copy(dst, src)");
         return NULL;
     }
     Py_buffer d, s;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &s, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &s, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&d);
         return NULL;
     }
-    if (d.len != s.len) {
+    if ((d.format && strchr(d.format, 'O')) || (s.format && strchr(s.format, 'O'))) {
+        PyErr_SetString(PyExc_TypeError, "copy: object references are not bytes to copy");
+    } else if (d.len != s.len) {
         PyErr_Format(PyExc_ValueError, "copy: %zd bytes into %zd", s.len, d.len);
     } else if (d.len >= (1 << 16)) {
         Py_BEGIN_ALLOW_THREADS
@@ -1131,7 +1135,7 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     } else {
         move_bytes(d.buf, s.buf, (size_t)d.len);
     }
-    int bad = d.len != s.len;
+    int bad = PyErr_Occurred() != NULL;
     PyBuffer_Release(&s);
     PyBuffer_Release(&d);
     if (bad) return NULL;

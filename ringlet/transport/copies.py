@@ -18,6 +18,16 @@ except ImportError:   # built without a C compiler: NumPy's copy, slow distances
 LOOP_MIN = 2048   # below this glibc does not use rep movsb: the caller's own copy is cheaper
 
 
+def assign(dst, src) -> None:
+    """``dst[:] = src`` for 1-D C-contiguous buffers of one size and type (NumPy arrays of
+    one dtype, byte memoryviews, bytes): ``copy`` from ``LOOP_MIN`` bytes, the caller's own
+    slice assignment below."""
+    if _fastpath is not None and len(src) * getattr(src, "itemsize", 1) >= LOOP_MIN:
+        _fastpath.copy(dst, src)
+    else:
+        dst[:] = src
+
+
 def copy(dst, src) -> None:
     """``dst[:] = src`` for two C-contiguous buffers of one size in bytes (NumPy arrays,
     memoryviews, bytes), which may overlap."""

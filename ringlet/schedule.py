@@ -170,6 +170,13 @@ def _regions(sbuf, soff, dbuf, doff, buf, off) -> tuple:
     return buf, off, buf, off
 
 
+def one_way(nbytes, src, dst) -> np.ndarray:
+    """Which of a round's messages (``src`` -> ``dst``, ``nbytes`` or elements) come from a
+    rank that receives no bytes in the round: an empty receive (an agreement's signal beside
+    a "dissemination" algorithm's data) copies nothing (work._receives)."""
+    return ~np.isin(src, dst[nbytes > 0])
+
+
 class RankRound(NamedTuple):
     """One rank's part of one round: local steps, then messages out and in."""
     local: tuple[Transfer, ...]
@@ -307,6 +314,20 @@ class Schedule:
     @property
     def messages(self) -> int:
         return int(sum(np.count_nonzero(r.cols["src"] != r.cols["dst"]) for r in self.rounds))
+
+    def sent_alone(self) -> frozenset:
+        """(src, dst, soff, doff, n) of every message whose sender receives no bytes in its
+        round (:func:`one_way`): what every rank can tell of any message from the schedule,
+        though its own plan holds only its own rounds."""
+        out = set()
+        for rnd in self.rounds:
+            c = rnd.cols
+            msg = c["src"] != c["dst"]
+            src, dst, n = c["src"][msg], c["dst"][msg], c["n"][msg]
+            alone = one_way(n, src, dst)
+            out.update(zip(src[alone].tolist(), dst[alone].tolist(), c["soff"][msg][alone].tolist(),
+                           c["doff"][msg][alone].tolist(), n[alone].tolist()))
+        return frozenset(out)
 
     def validate(self) -> None:
         """Raise ValueError if a transfer names a rank or region outside the schedule, or a

@@ -580,19 +580,30 @@ class CallStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def compile_plan(plan, world_of) -> tuple[PlanRound, ...]:
+def compile_plan(plan, world_of, pieces_of=None) -> tuple[PlanRound, ...]:
     """A rank's plan (``Schedule.rank_plan``) in the executor's form (``PlanRound``) — the
     same transfers, with group ranks turned into world ranks and offsets into slice
     bounds, so a small call spends no time on arithmetic. An accumulator equal to the
-    destination is None."""
+    destination is None. A message for which ``pieces_of(transfer)`` gives k > 0 goes as
+    packets of k elements (its peer's plan splits it alike: collectives._pieces_of)."""
     def acc(t):
         ab, ao = t.acc
         return (None, 0, 0) if (ab, ao) == (t.dbuf, t.doff) else (ab, ao, ao + t.n)
 
+    def spans(t):       # (offset into the message, elements) of each packet
+        k = pieces_of(t) if pieces_of is not None else 0
+        return ((0, t.n),) if not k else tuple((i, min(k, t.n - i)) for i in range(0, t.n, k))
+
+    def recvs(t):
+        src, (ab, a0, _) = world_of[t.src], acc(t)
+        return (RecvStep(src, t.op == REDUCE, t.dbuf, t.doff + i, t.doff + i + n, ab,
+                         a0 + i if ab is not None else 0, a0 + i + n if ab is not None else 0)
+                for i, n in spans(t))
+
     return tuple(PlanRound(
         tuple(LocalStep(t.op == REDUCE, t.sbuf, t.soff, t.soff + t.n, t.dbuf, t.doff,
                         t.doff + t.n, *acc(t)) for t in rnd.local),
-        tuple(SendStep(world_of[t.dst], t.sbuf, t.soff, t.soff + t.n) for t in rnd.sends),
-        tuple(RecvStep(world_of[t.src], t.op == REDUCE, t.dbuf, t.doff, t.doff + t.n, *acc(t))
-              for t in rnd.recvs))
+        tuple(SendStep(world_of[t.dst], t.sbuf, t.soff + i, t.soff + i + n)
+              for t in rnd.sends for i, n in spans(t)),
+        tuple(r for t in rnd.recvs for r in recvs(t)))
         for rnd in plan)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..transport import shm
+from ..transport import limits, shm
 from .model import Link
 
 
@@ -81,6 +81,9 @@ class HostModel:
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
     fast_bytes: int = 0
+    # a message of more bytes (up to ``eager``) goes as EAGER packets of this many, one
+    # copied out while the next is copied in (limits.pieces); 0: whole
+    piece: int = limits.SHM_PIECE_BYTES
 
     def __post_init__(self):
         for name in HOST_TERMS:
@@ -117,11 +120,11 @@ class HostModel:
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
                                   "ring_bytes", "zero_copy_min", "zero_copy_oneway_min",
                                   "cma_min", "cma_put_min", "split_min", "fast_bytes",
-                                  "idle_share", "imbalance"}
+                                  "piece", "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
                   "zero_copy_min", "zero_copy_oneway_min", "cma_min", "cma_put_min",
-                  "split_min", "fast_bytes"):
+                  "split_min", "fast_bytes", "piece"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

@@ -634,7 +634,7 @@ def _host_entry(model, pred, y, keep, outliers) -> dict:
                ring_bytes=int(model.ring_bytes),
                zero_copy_min=int(model.zero_copy_min),
                zero_copy_oneway_min=int(model.zero_copy_oneway_min), cma_min=int(model.cma_min),
-               fast_bytes=int(model.fast_bytes),
+               fast_bytes=int(model.fast_bytes), piece=int(model.piece),
                idle_share=float(model.idle_share),
                imbalance=float(model.imbalance))
     if out["beta"] <= 0:

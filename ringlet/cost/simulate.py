@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms import build
-from ..schedule import BUFFER_NAMES, USER_BUFFERS
-from ..transport import shm
+from ..schedule import BUFFER_NAMES, USER_BUFFERS, one_way
+from ..transport import limits, shm
 from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel, Machine
 from .model import Link, Terms, _form, tier
 
@@ -522,7 +522,7 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     rank with a local step in the round, ``local``: it declines, as a gather's root does),
     into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
     rank has a core is ``_put_split``'s.)"""
-    one_way = None if dst is None else _one_way(nbytes, src, dst)
+    alone = None if dst is None else one_way(nbytes, src, dst)
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
         zc = nbytes > zero_copy_min
@@ -530,25 +530,18 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
             zc &= np.isin(sbuf, shared)
             if zero_copy_oneway_min is not None and src is not None \
                     and zero_copy_oneway_min > zero_copy_min:
-                zc &= ~one_way | (nbytes > zero_copy_oneway_min)
+                zc &= ~alone | (nbytes > zero_copy_oneway_min)
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
         if cma.any():
             if not crowded:
-                cma &= ~one_way
+                cma &= ~alone
             elif local is not None and len(local):
-                cma &= ~(one_way & np.isin(dst, local))
+                cma &= ~(alone & np.isin(dst, local))
         if reduce is not None:
             cma &= ~reduce
     return zc | cma, cma
-
-
-def _one_way(nbytes, src, dst) -> np.ndarray:
-    """Which of a round's messages (``src`` -> ``dst``, ``nbytes``) come from a rank that
-    receives no bytes in the round: an empty receive (an agreement's signal beside a
-    "dissemination" algorithm's data) copies nothing (work._receives)."""
-    return ~np.isin(src, dst[nbytes > 0])
 
 
 def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bool) -> np.ndarray:
@@ -559,7 +552,7 @@ def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bo
     if split_min < 0 or crowded or not len(shared):
         return np.zeros(len(nbytes), bool)
     return ((nbytes >= split_min) & np.isin(dbuf, shared) & (operands < 2)
-            & _one_way(nbytes, src, dst))
+            & one_way(nbytes, src, dst))
 
 
 def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
@@ -575,7 +568,7 @@ def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
     if put_min < 0 or crowded or not len(nbytes):
         return none
     local = np.asarray(local, np.int64)
-    put = ((nbytes > put_min) & ~inplace & (operands == 0) & _one_way(nbytes, src, dst)
+    put = ((nbytes > put_min) & ~inplace & (operands == 0) & one_way(nbytes, src, dst)
            & ~np.isin(dst, local))
     if not put.any():
         return none
@@ -774,6 +767,9 @@ class _HostSim:
         msg = ~loc
         src, dst, nb, red, hot, sbuf, dbuf = (src[msg], dst[msg], nb[msg], red[msg],
                                               hot[:, msg], sbuf[msg], dbuf[msg])
+        self.msgs_total += len(src)            # (the schedule's messages, not packets)
+        src, dst, nb, red, hot, sbuf, dbuf = self._pieces(c["n"][msg], src, dst, nb, red, hot,
+                                                          sbuf, dbuf)
         # each rank's CPU work in the round as if alone, for how much sharing stretches it
         one = np.ones(self.p)
         work = np.zeros(self.p)
@@ -789,6 +785,29 @@ class _HostSim:
             self._local_steps(lsrc, lnb, lred, stretch)
         if len(src):
             self._messages(src, dst, nb, sides, stretch)
+
+    def _pieces(self, n, src, dst, nb, red, hot, sbuf, dbuf):
+        """The round's messages as the transport sends them: one of ``n`` elements from a
+        sender that receives nothing in the round, which ``limits.pieces`` splits, becomes
+        its packets, in order (an EAGER one each, so its receiver copies one out while the
+        sender copies the next in)."""
+        m = self.m
+        if not len(n) or not limits.pieces(m.eager // int(self.isz), int(self.isz), self.p,
+                                           m.piece, m.eager):
+            return src, dst, nb, red, hot, sbuf, dbuf      # (none can be: the usual case)
+        sizes, at = np.unique(n, return_inverse=True)
+        per = np.array([limits.pieces(int(k), int(self.isz), self.p, m.piece, m.eager)
+                        for k in sizes], np.int64)[at]
+        per *= one_way(n, src, dst)          # (an exchange's stay whole: work.compile_plan)
+        if not per.any():
+            return src, dst, nb, red, hot, sbuf, dbuf
+        k = np.where(per > 0, -(-n // np.maximum(per, 1)), 1)
+        rows = np.repeat(np.arange(len(n)), k)
+        first = np.repeat(np.cumsum(k) - k, k)
+        j = np.arange(len(rows)) - first                         # packet j of its message
+        size = np.where(per[rows] > 0, np.minimum(per[rows], n[rows] - j * per[rows]), n[rows])
+        return (src[rows], dst[rows], size * self.isz, red[rows], hot[:, rows], sbuf[rows],
+                dbuf[rows])
 
     def _local_counts(self, src, nb, red, stretch) -> np.ndarray:
         """Term counts of a round's local steps (copies and reduces on their own rank)."""
@@ -894,7 +913,6 @@ class _HostSim:
         m, th = self.m, self.theta
         start, path, alone = self.start, self.path, self.alone
         self.bytes_total += float(nb.sum())
-        self.msgs_total += len(src)
         send, recv, lat, inplace = sides
         k_s, k_d = stretch[src], stretch[dst]
         self._shared_counts(send, k_s)

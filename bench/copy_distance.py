@@ -21,10 +21,7 @@ faster). Ranks pinned as mpirun pins Open MPI's.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -103,7 +100,7 @@ def _calls(rl, op, nbytes, p, rank, offset):
 
 def _job(rank, ops, sizes, offset, blocks, calls, out):
     import ringlet as rl
-    from ringlet.bench import alternating_blocks, bind_like_mpirun
+    from ringlet.bench import ab_row, bind_like_mpirun, write_rows
     from ringlet.transport import _fastpath
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
@@ -116,15 +113,9 @@ def _job(rank, ops, sizes, offset, blocks, calls, out):
         for size in sizes:
             arms = {arm: _calls(rl, op, size, p, rank, 0 if arm == "even" else offset)
                     for arm in ARMS}
-            res = alternating_blocks(rl, arms, blocks, calls, switch=switch)
+            rows.append(ab_row(rl, op, size, arms, blocks, calls, switch))
             _fastpath.copy_loop(True)
-            wrong = np.array([sum(check() for _, _, check in arms.values())], np.int64)
-            rl.all_reduce(wrong)
-            rows.append({"op": op, "size": size, "res": res, "wrong": int(wrong[0]),
-                         "ran": rl.stats()["collectives"].get(op, {}).get("algorithm")})
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
+    write_rows(rank, rows, out)
 
 
 def main(argv=None) -> int:
@@ -138,8 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--no-jobs", action="store_true", help="only the one-process copy table")
     a = ap.parse_args(argv)
-    import ringlet as rl
-    from ringlet.bench import parse_sizes
+    from ringlet.bench import parse_sizes, spawn_rows
     copy_table([64 << 10, 512 << 10, 1 << 20, 4 << 20], [0, 4, 8, 16, 32, 64])
     if a.no_jobs:
         return 0
@@ -148,13 +138,8 @@ def main(argv=None) -> int:
     print(f"{'row':<24} {'ran':<18} {'even':>7} {'near':>7} {'memcpy':>7}   memcpy/near (min-max)")
     bad = 0
     for p in [int(x) for x in a.procs.split(",")]:
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "rows.json")
-            rl.spawn(_job, p, args=(a.ops.split(","), parse_sizes(a.sizes), a.offset, a.blocks,
-                                    a.calls, out), timeout=1800)
-            with open(out) as f:
-                rows = json.load(f)
-        for r in rows:
+        for r in spawn_rows(_job, p, a.ops.split(","), parse_sizes(a.sizes), a.offset,
+                            a.blocks, a.calls):
             res = r["res"]
             ratio = np.array(res["near-memcpy"]) / np.array(res["near"])
             med = {k: np.median(v) for k, v in res.items()}

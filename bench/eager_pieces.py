@@ -16,10 +16,7 @@ faster). Ranks pinned as mpirun pins Open MPI's.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -30,7 +27,7 @@ OPS = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
 def _job(rank, ops, sizes, blocks, calls, out):
     import ringlet as rl
     from ringlet import collectives, runtime
-    from ringlet.bench import _make_call, alternating_blocks, bind_like_mpirun, paged_empty
+    from ringlet.bench import _make_call, ab_row, bind_like_mpirun, paged_empty, write_rows
     from ringlet.transport import limits
     p = rl.get_world_size()
     bind_like_mpirun(rank, p)
@@ -47,15 +44,9 @@ def _job(rank, ops, sizes, blocks, calls, out):
             arms = {arm: _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto",
                                     fresh=True, plain=paged_empty)
                     for arm in ("whole", "pieces")}
-            res = alternating_blocks(rl, arms, blocks, calls, switch=switch)
-            wrong = np.array([sum(check() for _, _, check in arms.values())], np.int64)
-            rl.all_reduce(wrong)
-            rows.append({"op": op, "size": size, "res": res, "wrong": int(wrong[0]),
-                         "ran": rl.stats()["collectives"].get(op, {}).get("algorithm")})
+            rows.append(ab_row(rl, op, size, arms, blocks, calls, switch))
     switch("pieces")
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
+    write_rows(rank, rows, out)
 
 
 def main(argv=None) -> int:
@@ -67,19 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--calls", type=int, default=20)
     a = ap.parse_args(argv)
-    import ringlet as rl
-    from ringlet.bench import auto_priced_by, parse_sizes
+    from ringlet.bench import auto_priced_by, parse_sizes, spawn_rows
     print(auto_priced_by())
     print(f"{'row':<26} {'ran':<20} {'whole':>7} {'pieces':>7}   whole/pieces (min-max)")
     bad = 0
     for p in [int(x) for x in a.procs.split(",")]:
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "rows.json")
-            rl.spawn(_job, p, args=(a.ops.split(","), parse_sizes(a.sizes), a.blocks, a.calls,
-                                    out), timeout=1800)
-            with open(out) as f:
-                rows = json.load(f)
-        for r in rows:
+        for r in spawn_rows(_job, p, a.ops.split(","), parse_sizes(a.sizes), a.blocks, a.calls):
             whole, split = np.array(r["res"]["whole"]), np.array(r["res"]["pieces"])
             ratio = whole / split
             size = r["size"]

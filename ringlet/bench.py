@@ -205,6 +205,35 @@ def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> 
     return res
 
 
+def ab_row(rl, op: str, size: int, arms: dict, blocks: int, calls: int, switch=None) -> dict:
+    """One row of an in-job A/B: :func:`alternating_blocks` of ``arms`` (name -> ``(call,
+    reset, check)``), then every arm's wrong elements summed over the ranks and the
+    algorithm the job ran last. Every rank calls it."""
+    res = alternating_blocks(rl, arms, blocks, calls, switch=switch)
+    wrong = np.array([sum(check() for _, _, check in arms.values())], np.int64)
+    rl.all_reduce(wrong)
+    return {"op": op, "size": size, "res": res, "wrong": int(wrong[0]),
+            "ran": rl.stats()["collectives"].get(op, {}).get("algorithm")}
+
+
+def spawn_rows(fn, p: int, *args, timeout: float = 1800) -> list:
+    """Run ``fn(rank, *args, out)`` on ``p`` local ranks, rank 0 writing its rows to the
+    JSON file ``out``; returns them."""
+    import ringlet as rl
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.json")
+        rl.spawn(fn, p, args=(*args, out), timeout=timeout)
+        with open(out) as f:
+            return json.load(f)
+
+
+def write_rows(rank: int, rows: list, out: str) -> None:
+    """:func:`spawn_rows`' other end: rank 0 writes ``rows``."""
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+
+
 def auto_priced_by() -> str:
     """Which profile ``algorithm="auto"`` picks with in jobs started from here: a run's
     picks, and so its results, depend on it (uncalibrated, an 8 MiB scatter at p = 4 once

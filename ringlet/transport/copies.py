@@ -2,7 +2,7 @@
 
 glibc's ``memcpy`` (and so NumPy's copies) moves 2 KiB to ~1 MiB with ``rep movsb``, which on
 some x86 cores crawls when the destination lies a few bytes past the source within a page:
-on this project's AMD EPYC VM 512 KiB took 210 us at distances 1-15 against 13 at distance
+on this project's AMD EPYC VM 512 KiB took 150-210 us at distances 1-15 against 13 at distance
 0 (``bench/copy_distance.py``), and an all_gather at p = 2 of 1 MiB into an output starting 4
 bytes into a page took 5x its time. Such distances are common (views of a flat buffer start
 at any element: a shard, a bucket, ``x[1:]``), so the engine's large copies go through

@@ -149,3 +149,18 @@ def _counted_job(rank):
 
 def test_a_large_eager_message_goes_in_four_packets():
     run(_counted_job, 2)
+
+
+def _counts_differ(rank):
+    """Ranks disagree on a pieced broadcast's count (4 packets against 3): every rank fails
+    (the root, which only sends, at the latest in its next call), none takes the other's
+    packets for its own."""
+    x = np.full(100_000 if rank == 0 else 90_000, 7.0 if rank == 0 else 0.0, np.float32)
+    with pytest.raises(rl.CollectiveMismatch):
+        rl.broadcast(x, 0, timeout=10)
+        rl.all_reduce(np.ones(3), timeout=10)
+    assert rank == 0 or not (x == 7.0).any()
+
+
+def test_ranks_that_disagree_on_a_pieced_message_fail():
+    run(_counts_differ, 2)

@@ -1,12 +1,12 @@
-"""EAGER messages of 128-512 KiB in pieces (limits.SHM_PIECE_BYTES) against whole packets,
+"""One-way EAGER messages of 128-512 KiB in pieces (limits.pieces) against whole packets,
 A/B in one job.
 
     python bench/eager_pieces.py                       # p = 2 and 4, 256 KiB and 1 MiB
     python bench/eager_pieces.py --ops scatter,broadcast -p 2 --sizes 1M --blocks 16
 
-A collective's message of more than SHM_PIECE_BYTES, up to the EAGER limit, goes to a local
-peer as packets of that size: its receiver copies one out while the sender copies the next
-in. The arms take turns in blocks of calls (ringlet.bench.alternating_blocks; the order
+A collective's message of more than 128 KiB, up to the EAGER limit, from a sender that
+receives nothing in its round, goes to a local peer as up to 4 packets: its receiver
+copies one out while the sender copies the next in. The arms take turns in blocks of calls (ringlet.bench.alternating_blocks; the order
 rotating block by block); switching arms sets the piece size on every rank and drops the
 prepared calls and lanes, so the next call compiles its plan again. Each block's time is
 the slowest rank's median call, inputs written again before each call (``--fresh``'s

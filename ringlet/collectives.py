@@ -170,7 +170,7 @@ def _pieces_of(sched, g: Group):
     Both ends decide alike from the schedule; None where no message can go in pieces."""
     isz = sched.itemsize
     if not limits.pieces(limits.SHM_EAGER_BYTES // isz, isz, g.size) or \
-            max(sched.buffers.values(), default=0) * isz <= limits.SHM_PIECE_BYTES:
+            max(sched.buffers.values(), default=0) * isz <= 2 * limits.SHM_PIECE_BYTES:
         return None
     alone = sched.sent_alone()
     peers, world = engine().peers, g.ranks

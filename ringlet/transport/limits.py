@@ -10,18 +10,22 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   round trip, which only pays when the data needs several fragments anyway; and a call of
   EAGER packets can run in C (fast.py).
 * SHM_FRAG_BYTES: the largest DATA fragment of a longer message (a quarter of the ring).
-* SHM_PIECE_BYTES: a collective's message of more (up to SHM_EAGER_BYTES) to a local peer,
-  from a sender that receives nothing in its round (a root's, a tree's), goes as EAGER
-  packets of this size (``pieces``; collectives._pieces_of applies it to the compiled
-  plan, from the schedule, so both ends, in C or the Python engine, send and expect the
-  same packets): its receiver copies one piece out while its sender copies the next in,
-  where one packet made the receiver wait for the whole copy in. In-job A/B (pieces of
-  128 KiB / 64 KiB against whole packets, 10 block pairs, quiet): at p = 2 scatter 1 MiB
-  1.70x / 1.72x faster, broadcast 1 MiB 1.61x / 1.68x, reduce 256 KiB 1.37x / 1.67x,
-  gather 1 MiB 1.21x; exchanges (all_gather, all_to_all: both cores copy anyway) 0.95x at
-  p = 2 all_to_all 1 MiB, so their messages stay whole; at p = 4 on 2 cores 0.91-1.23x,
-  noise (bench/eager_pieces.py). Point-to-point messages stay whole (a send and its
-  receive may run on different paths, which must agree on the packets).
+* SHM_PIECE_BYTES, SHM_PIECES: a collective's message of more than two pieces (128 KiB, up
+  to SHM_EAGER_BYTES) to a local peer, from a sender that receives nothing in its round (a
+  root's, a tree's), goes as up to SHM_PIECES EAGER packets of at least SHM_PIECE_BYTES
+  (``pieces``; collectives._pieces_of applies it to the compiled plan, from the schedule,
+  so both ends, in C or the Python engine, send and expect the same packets): its
+  receiver copies one piece out while its sender copies the next in, where one packet
+  made the receiver wait for the whole copy in. In-job A/B (pieces of 128 KiB / 64 KiB
+  against whole packets, 10 block pairs, quiet): at p = 2 scatter 1 MiB 1.70x / 1.72x
+  faster, broadcast 1 MiB 1.61x / 1.68x, reduce 256 KiB 1.37x / 1.67x, gather 1 MiB
+  1.21x; messages of 128 KiB (a 256 KiB scatter's) no faster in pieces (0.99x). Four
+  pieces of at least 64 KiB against pieces of 128 KiB: scatter p = 2 512 KiB 1.17x,
+  reduce and broadcast 256 KiB 1.13-1.14x, 1 MiB rows 0.98-1.02x. Exchanges (all_gather,
+  all_to_all: both cores copy anyway) ran 0.95x in pieces at p = 2 all_to_all 1 MiB, so
+  their messages stay whole; at p = 4 on 2 cores 0.91-1.23x, noise
+  (bench/eager_pieces.py). Point-to-point messages stay whole (a send and its receive may
+  run on different paths, which must agree on the packets).
 * SHM_STREAM_BYTES: up to the ring's size a larger message's DATA follows its RTS at once
   (a receiver not ready parks it, bounded as an eager one is).
 * ZERO_COPY_MIN: above it, a send from an rl.empty buffer, in a round where its sender
@@ -143,7 +147,8 @@ import os
 RING_BYTES = (1 << 20) + 128
 SHM_EAGER_BYTES = 512 << 10
 SHM_FRAG_BYTES = 256 << 10
-SHM_PIECE_BYTES = 128 << 10
+SHM_PIECE_BYTES = 64 << 10
+SHM_PIECES = 4
 PIECES_MAX_RANKS = 16
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
@@ -225,13 +230,16 @@ def cpu_set(runs) -> set:
 def pieces(count: int, itemsize: int, p: int, piece: int | None = None,
            eager: int = SHM_EAGER_BYTES) -> int:
     """Elements per packet of a collective's message of ``count`` elements to a local peer,
-    in a group of ``p`` ranks (SHM_PIECE_BYTES above; the cost model passes its own
-    ``piece`` and ``eager``): 0 if it goes whole. The runtime splits its plans by it and the
-    model its messages, so both count the same packets. Not in groups of more than
-    PIECES_MAX_RANKS: a round's receives (up to p - 1, each in up to 4 pieces) must stay
-    within what one C call tracks (fast.MAX_RECVS, 62)."""
+    in a group of ``p`` ranks: 0 if it goes whole, else at most SHM_PIECES packets of at
+    least ``piece`` bytes (SHM_PIECE_BYTES; the cost model passes its own ``piece`` and
+    ``eager``), so only messages of more than two pieces' bytes, up to ``eager``, split.
+    The runtime splits its plans by it and the model its messages, so both count the same
+    packets. Not in groups of more than PIECES_MAX_RANKS: a round's receives (up to p - 1,
+    each in up to SHM_PIECES packets) must stay within what one C call tracks
+    (fast.MAX_RECVS, 62)."""
     piece = SHM_PIECE_BYTES if piece is None else piece
     nbytes = count * itemsize
-    if piece <= 0 or p > PIECES_MAX_RANKS or not piece < nbytes <= eager:
+    if piece <= 0 or p > PIECES_MAX_RANKS or not 2 * piece < nbytes <= eager:
         return 0
-    return max(piece // itemsize, 1)
+    k = min(SHM_PIECES, -(-nbytes // piece))
+    return -(-count // k)

@@ -178,8 +178,13 @@ def _pieces_of(sched, g: Group):
     def pieces_of(t):
         if (t.src, t.dst, t.soff, t.doff, t.n) not in alone:
             return 0
-        peer = peers.get(world[t.dst if t.src == g.rank else t.src])
-        return limits.pieces(t.n, isz, g.size) if isinstance(peer, ShmPeer) else 0
+        out = t.src == g.rank
+        peer = peers.get(world[t.dst if out else t.src])
+        if not isinstance(peer, ShmPeer):
+            return 0
+        # the direction's own eager limit (a smaller ring, RINGLET_SHM_RING, lowers it):
+        # both ends read it off the one ring it uses
+        return limits.pieces(t.n, isz, g.size, eager=peer.eager if out else peer.eager_in)
     return pieces_of
 
 

@@ -12,15 +12,15 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
 * SHM_FRAG_BYTES: the largest DATA fragment of a longer message (a quarter of the ring).
 * SHM_PIECE_BYTES, SHM_PIECES: a collective's message of more than two pieces (128 KiB, up
   to SHM_EAGER_BYTES) to a local peer, from a sender that receives nothing in its round (a
-  root's, a tree's), goes as up to SHM_PIECES EAGER packets of at least SHM_PIECE_BYTES
-  (``pieces``; collectives._pieces_of applies it to the compiled plan, from the schedule,
+  root's, a tree's), goes as ceil(bytes / SHM_PIECE_BYTES) EAGER packets, at most
+  SHM_PIECES (``pieces``; collectives._pieces_of applies it to the compiled plan, from the schedule,
   so both ends, in C or the Python engine, send and expect the same packets): its
   receiver copies one piece out while its sender copies the next in, where one packet
   made the receiver wait for the whole copy in. In-job A/B (pieces of 128 KiB / 64 KiB
   against whole packets, 10 block pairs, quiet): at p = 2 scatter 1 MiB 1.70x / 1.72x
   faster, broadcast 1 MiB 1.61x / 1.68x, reduce 256 KiB 1.37x / 1.67x, gather 1 MiB
-  1.21x; messages of 128 KiB (a 256 KiB scatter's) no faster in pieces (0.99x). Four
-  pieces of at least 64 KiB against pieces of 128 KiB: scatter p = 2 512 KiB 1.17x,
+  1.21x; messages of 128 KiB (a 256 KiB scatter's) no faster in pieces (0.99x). This rule
+  (pieces of 64 KiB, at most 4) against pieces of 128 KiB: scatter p = 2 512 KiB 1.17x,
   reduce and broadcast 256 KiB 1.13-1.14x, 1 MiB rows 0.98-1.02x. Exchanges (all_gather,
   all_to_all: both cores copy anyway) ran 0.95x in pieces at p = 2 all_to_all 1 MiB, so
   their messages stay whole; at p = 4 on 2 cores 0.91-1.23x, noise
@@ -230,9 +230,10 @@ def cpu_set(runs) -> set:
 def pieces(count: int, itemsize: int, p: int, piece: int | None = None,
            eager: int = SHM_EAGER_BYTES) -> int:
     """Elements per packet of a collective's message of ``count`` elements to a local peer,
-    in a group of ``p`` ranks: 0 if it goes whole, else at most SHM_PIECES packets of at
-    least ``piece`` bytes (SHM_PIECE_BYTES; the cost model passes its own ``piece`` and
-    ``eager``), so only messages of more than two pieces' bytes, up to ``eager``, split.
+    in a group of ``p`` ranks: 0 if it goes whole, else ceil(bytes / ``piece``) packets, at
+    most SHM_PIECES (so pieces of ``piece`` bytes up to 4 of them, a quarter of the message
+    above; SHM_PIECE_BYTES, the cost model passes its own ``piece``), for messages of more
+    than two pieces, up to ``eager`` (the direction's eager limit: a smaller ring lowers it).
     The runtime splits its plans by it and the model its messages, so both count the same
     packets. Not in groups of more than PIECES_MAX_RANKS: a round's receives (up to p - 1,
     each in up to SHM_PIECES packets) must stay within what one C call tracks

@@ -92,6 +92,9 @@ class ShmPeer(Peer):
         frag = min(frag, outbox.capacity // 4)
         # an EAGER packet must fit wherever the head is (PAD skips the ring's tail end)
         super().__init__(engine, rank, min(eager, outbox.capacity // 2 - HEADER_SIZE), frag)
+        # ... and what the peer's eager limit is towards us: the same rule on its ring here
+        # (both ends of a direction see one ring, so both know its limit: collectives' pieces)
+        self.eager_in = min(eager, inbox.capacity // 2 - HEADER_SIZE)
         self.zc_min = min(ZERO_COPY_MIN, self.eager)   # a tiny ring: RTS sooner, still in place
         self.stream_max = min(STREAM_BYTES, outbox.capacity)
         # (a smaller ring takes less at once: a one-way message goes in place sooner)

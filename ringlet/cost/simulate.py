@@ -792,8 +792,8 @@ class _HostSim:
         its packets, in order (an EAGER one each, so its receiver copies one out while the
         sender copies the next in)."""
         m = self.m
-        if not len(n) or not limits.pieces(m.eager // int(self.isz), int(self.isz), self.p,
-                                           m.piece, m.eager):
+        if not limits.pieces(m.eager // int(self.isz), int(self.isz), self.p, m.piece, m.eager) \
+                or not ((nb > 2 * m.piece) & (nb <= m.eager)).any():
             return src, dst, nb, red, hot, sbuf, dbuf      # (none can be: the usual case)
         sizes, at = np.unique(n, return_inverse=True)
         per = np.array([limits.pieces(int(k), int(self.isz), self.p, m.piece, m.eager)

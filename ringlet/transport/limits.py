@@ -170,9 +170,8 @@ TCP_RCVBUF = 0
 
 
 def facts(fast_path: bool) -> dict:
-    """What each transport does, as the cost model prices it: eager limit, above how many
-    bytes (up to the eager limit) a collective's message goes as EAGER packets of that many
-    (0: never), above how many
+    """What each transport does, as the cost model prices it: eager limit, the piece size
+    of a one-way collective message up to it (``pieces``; 0: whole), above how many
     bytes a message waits for CTS, bytes a pair cycles through, above how many bytes a send
     from an rl.empty buffer is read in place (-1: never), above how many bytes a send from
     a plain buffer is read whole by CMA (-1: never; only in a round where the sender

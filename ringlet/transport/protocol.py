@@ -121,10 +121,7 @@ class RecvRequest(Request):
         if n == 0:
             return
         if self.ufunc is None:
-            if n >= copies.LOOP_MIN:
-                copies.copy(self.dst.view(np.uint8)[self.offset:self.offset + n], payload)
-            else:
-                self.dst.view(np.uint8)[self.offset:self.offset + n] = payload   # dst is flat
+            copies.assign(self.dst.view(np.uint8)[self.offset:self.offset + n], payload)
         elif n == self.nbytes:   # the whole message at once (small ones): no slicing
             self.ufunc(self.acc, payload.view(self.dtype), out=self.dst)
         else:

@@ -152,10 +152,7 @@ class ShmPeer(Peer):
         if free < need:
             return False
         if payload is not None and length:
-            if length >= copies.LOOP_MIN:
-                copies.copy(ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length], payload)
-            else:
-                ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length] = payload
+            copies.assign(ring.bytes[pos + HEADER_SIZE:pos + HEADER_SIZE + length], payload)
         HEADER.pack_into(ring.seg, ring.base + pos, kind, flags, tag, msgid, length, aux, fp1, fp2,
                          zc)
         ctrl[0] = head + need             # publish (stores are ordered on x86-64)

@@ -1418,8 +1418,10 @@ def test_a_one_way_plain_message_is_priced_split_by_cma():
     receive that copies, is written in part by its sender and read in part by its receiver,
     at once, each at the kernel's pace (beta + beta_cma per byte): a broadcast at p = 2
     halves the copy, a scatter's root at p = 2, copying its own block meanwhile, writes a
-    third; not into a gather's root (it copies its own block: it reads all), not where
-    ranks outnumber the cores, not with cma_put_min -1."""
+    third; into a gather's root (which posts its receive before copying its own block:
+    work.EARLY_ROOT) the sender writes it all, also where ranks outnumber the cores, and
+    the message starts with the root's round, not after its copy; nothing else is split
+    where ranks outnumber the cores, nothing with cma_put_min -1."""
     from ringlet.cost.simulate import _put_split
     def feats(coll, p, **kw):
         m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, beta_cma=1e-11, **kw)}
@@ -1432,14 +1434,28 @@ def test_a_one_way_plain_message_is_priced_split_by_cma():
     assert off["beta_cma"] == 0 and off["beta"] >= 8 << 20   # streamed: copied in and out
     nb, one = np.array([8e6, 0.0]), np.array([0, 1])
     # rank 0 -> 1 the data, 1 -> 0 an empty signal; rank 0 copies a block of its own too
-    put, head = _put_split(nb, one, one[::-1], np.zeros(2), np.zeros(2, bool), 1 << 20,
-                           np.array([0]), 2, False)                  # a scatter's root
+    put, head, whole = _put_split(nb, one, one[::-1], np.zeros(2), np.zeros(2, bool),
+                                  1 << 20, np.array([0]), 2, False)  # a scatter's root
     assert put.tolist() == [True, False] and head[0] == pytest.approx(1 / 3)
-    into_root = _put_split(nb, one[::-1], one, np.zeros(2), np.zeros(2, bool), 1 << 20,
-                           np.array([0]), 2, False)[0]               # a gather's root
-    assert not into_root.any()
+    assert not whole.any()
+    for crowded in (False, True):                                     # a gather's root
+        put, head, whole = _put_split(nb, one[::-1], one, np.zeros(2), np.zeros(2, bool),
+                                      1 << 20, np.array([0]), 2 + crowded, crowded)
+        assert put.tolist() == whole.tolist() == [True, False] and head[0] == 1.0
     assert not _put_split(nb, one, one[::-1], np.zeros(2), np.zeros(2, bool), 1 << 20,
                           np.array([0]), 3, True)[0].any()           # crowded
+    # the gather's message overlaps its root's copy: the critical path runs through the
+    # sender's whole write (beta and beta_cma on every byte) or through the root's copy
+    # (delta), never through both
+    for p in (2, 4):
+        for beta_cma in (1e-12, 1e-10):       # the copy longer, then the write
+            m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, beta_cma=beta_cma,
+                                                       cma_put_min=1 << 20)}).host_model("shm")
+            s = _build("gather", "direct", p, (8 << 20) // 4 // p).without_agreement()
+            f = simulate(s, Topology.on_host(p, m)).features
+            assert (f["delta"] > 0) != (f["beta_cma"] > 0), (p, beta_cma, f)
+            if beta_cma > 1e-11 and p == 2:      # (p = 4: stretched by the shared cores)
+                assert f["beta_cma"] == f["beta"] == (8 << 20) // p
     # (crowded, a one-way message is read whole by CMA instead: the same with or without)
     assert feats("broadcast", 3, cma_put_min=1 << 20) == feats("broadcast", 3, cma_put_min=-1)
 

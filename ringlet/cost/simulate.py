@@ -558,24 +558,27 @@ def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bo
 def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
                crowded: bool):
     """(which messages from plain buffers CMA splits between their two ends, the share of
-    each that its sender writes): above ``put_min`` bytes (-1: never), not read in place
-    already, into a receive that copies on a rank with no local step in the round (a
-    gather's root: it reads all), from a sender that receives no bytes in the round, where
-    each rank has a core (not ``crowded``). The sender writes r/(s + r) of it: s the
-    copies its round makes (these messages, and its local steps, as a scatter's root's),
-    r the messages its receiver's round receives (cma.Reader.head_bytes)."""
-    none = np.zeros(len(nbytes), bool), np.zeros(len(nbytes))
-    if put_min < 0 or crowded or not len(nbytes):
+    each that its sender writes, which of them are written whole into a receiver that
+    posted before its local steps): above ``put_min`` bytes (-1: never), not read in place
+    already, into a receive that copies, from a sender that receives no bytes in the round.
+    Into a rank with a local step in the round (a gather's root: work.EARLY_ROOT) the
+    sender writes all of it while the receiver copies its own, crowded or not. Else, where
+    each rank has a core (not ``crowded``), the sender writes r/(s + r) of it: s the copies
+    its round makes (these messages, and its local steps, as a scatter's root's), r the
+    messages its receiver's round receives (cma.Reader.head_bytes)."""
+    none = np.zeros(len(nbytes), bool), np.zeros(len(nbytes)), np.zeros(len(nbytes), bool)
+    if put_min < 0 or not len(nbytes):
         return none
-    local = np.asarray(local, np.int64)
-    put = ((nbytes > put_min) & ~inplace & (operands == 0) & one_way(nbytes, src, dst)
-           & ~np.isin(dst, local))
+    local = np.asarray(() if local is None else local, np.int64)
+    put = (nbytes > put_min) & ~inplace & (operands == 0) & one_way(nbytes, src, dst)
+    whole = put & np.isin(dst, local)
+    put &= whole | (not crowded)
     if not put.any():
         return none
     s = np.bincount(src[put], minlength=p) + np.bincount(local, minlength=p)
     r = np.bincount(dst[nbytes > 0], minlength=p)
-    head = np.where(put, r[dst] / np.maximum(s[src] + r[dst], 1), 0.0)
-    return put, head
+    head = np.where(whole, 1.0, np.where(put, r[dst] / np.maximum(s[src] + r[dst], 1), 0.0))
+    return put, head, whole
 
 
 def _overlap(prev, rank, buf, off, n) -> np.ndarray:
@@ -781,10 +784,11 @@ class _HostSim:
             work += np.bincount(src, sides[0] @ self.theta, self.p)
             work += np.bincount(dst, sides[1] @ self.theta, self.p)
         stretch = self._stretch(work)
+        before = self.start, self.path, self.alone     # (where a receive posted first starts)
         if len(lsrc):
             self._local_steps(lsrc, lnb, lred, stretch)
         if len(src):
-            self._messages(src, dst, nb, sides, stretch)
+            self._messages(src, dst, nb, sides, stretch, before)
 
     def _pieces(self, n, src, dst, nb, red, hot, sbuf, dbuf):
         """The round's messages as the transport sends them: one of ``n`` elements from a
@@ -880,8 +884,8 @@ class _HostSim:
         # writes its head into the receive buffer while the receiver reads the rest, each
         # at the kernel's pace (priced as streamed, an 8 MiB broadcast at p = 2 was 632 us
         # predicted against 419-431 measured)
-        put, head = _put_split(nb, src, dst, red, inplace, m.cma_put_min, local, self.p,
-                               bool(self.crowded))
+        put, head, early = _put_split(nb, src, dst, red, inplace, m.cma_put_min, local,
+                                      self.p, bool(self.crowded))
         if put.any():
             tail = 1.0 - head
             for term in ("mem_l2", "mem_l3"):
@@ -897,7 +901,7 @@ class _HostSim:
         lat[:, _TERM["alpha_hop"]] = 1.0
         lat[:, _TERM["alpha_rdv"]] = (nb > max(m.eager, m.rendezvous)) | inplace
         lat[:, _TERM["alpha_crowd"]] = self.crowded
-        return send, recv, lat, inplace
+        return send, recv, lat, inplace, early
 
     def _shared_counts(self, side, k) -> None:
         """A side's counts of sharing the cores, stretched ``k`` (per message): each byte
@@ -907,29 +911,32 @@ class _HostSim:
         side[:, _TERM["beta_share"]] = moved * (k - 1) / k
         side[:, _TERM["beta_crowd"]] = moved * self.crowded / k
 
-    def _messages(self, src, dst, nb, sides, stretch) -> None:
+    def _messages(self, src, dst, nb, sides, stretch, before) -> None:
         """A round's messages: when each side's work can start, each rank's own work in
-        order, and the round's end on every rank."""
+        order, and the round's end on every rank. ``before``: (start, path, alone) before
+        the round's local steps, where a receive posted before them (``early``) starts."""
         m, th = self.m, self.theta
         start, path, alone = self.start, self.path, self.alone
         self.bytes_total += float(nb.sum())
-        send, recv, lat, inplace = sides
+        send, recv, lat, inplace, early = sides
         k_s, k_d = stretch[src], stretch[dst]
         self._shared_counts(send, k_s)
         self._shared_counts(recv, k_d)
         w_send = k_s * (send @ th)
         w_recv = k_d * (recv @ th)
-        s_src, s_dst = start[src], start[dst]
+        s_src, s_dst = start[src], np.where(early, before[0][dst], start[dst])
         # A rendezvous message starts when both ends have started the round (plus its
         # latency) and streams through the ring, both sides copying at once. An eager
         # one (a single fragment) is store-and-forward: the sender copies it in as soon
         # as it starts, the receiver copies it out once it has arrived; the sender does
         # not wait for the receiver.
         eager = (nb <= m.eager) & ~inplace
-        later = np.where(s_src >= s_dst, src, dst)     # the end whose path it extends
+        by_src = s_src >= s_dst
+        later = np.where(by_src, src, dst)     # the end whose path it extends
         t0 = np.maximum(s_src, s_dst) + lat @ th
-        base_path = path[later] + lat
-        base_alone = alone[later] + lat
+        pre = (early & ~by_src)[:, None]
+        base_path = np.where(pre, before[1][dst], path[later]) + lat
+        base_alone = np.where(pre, before[2][dst], alone[later]) + lat
         # a sender copies its eager messages in the order it posts them
         queued = _cumsum_by(src, send * eager[:, None])
         arrive = s_src + k_s * (queued @ th) + lat @ th

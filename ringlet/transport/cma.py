@@ -29,16 +29,19 @@ Two ways, by what the sender does meanwhile (bench/single_copy.py):
   p = 4 1.13-1.35, p = 3 1.43-1.57; gather p = 4 1.03-1.17, p = 3 0.88-1.00; broadcast,
   a pipeline, p = 4 0.96-0.97, p = 3 0.95-1.06). The sender offers it (RTS_OFFER) and the receiver answers as for a split
   with no head: it reads the message whole (CTS_DONE), or declines (CTS_OK) where it
-  would decline a split - a reduction, or a round that copied locally first: a gather's
-  root reading every block alone lost to the stream, where its senders copy in at once
-  (gather p = 4 8 MiB direct, fresh jobs in turns, load 9-12: 10393 us read whole against
-  6781 streamed). RINGLET_CMA_CROWDED=0: those stream, as before.
+  would decline a split (a reduction). A gather's root reading every block alone lost to
+  the stream, where its senders copy in at once (gather p = 4 8 MiB direct, fresh jobs in
+  turns, load 9-12: 10393 us read whole against 6781 streamed); its senders now write
+  their blocks whole instead (below). RINGLET_CMA_CROWDED=0: those stream, as before.
 
 A receiver that reduces declines (CTS_OK) and takes the stream: reading into scratch and
 reducing from there lost to the ring, which overlaps the sender's copy with the
-receiver's reduce. So does one whose round copied locally first (a gather's root, its
-own block): there the split lost to the stream (gather p = 2 8 MiB, ranks pinned, load
-4.5, in-job A/B: 0.37-0.78x), declining it ties (0.98-1.00x). The kernel allows the calls only where ptrace would be (same user,
+receiver's reduce. A receiver whose round also copies locally (a gather's root, its own
+block) posts its receives before that copy (work.EARLY_ROOT) and asks for each offered
+message written whole (CTS_PUT of all of it, protocol.WRITE_WHOLE), crowded or not: the
+senders write while the root copies. Copying first and then splitting had lost to the
+stream (gather p = 2 8 MiB, in-job A/B: 0.37-0.78x): the senders idled through the
+root's copy. The kernel allows the calls only where ptrace would be (same user,
 ``kernel.yama.ptrace_scope`` <= 1 for a non-ancestor, no seccomp filter refusing them, as
 in some containers): a refused read turns reads from that peer off, a refused write writes
 to it; whatever part was refused streams through the ring from the first byte missing (a

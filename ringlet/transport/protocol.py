@@ -49,6 +49,7 @@ HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 PUT = 8      # (shm only: not in KINDS, which TCP accepts) the sender wrote a head: cma.py
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
+WRITE_WHOLE = -1   # RecvRequest.ways of a receive whose offered message its sender writes all of
 CTS_SPLIT = 3    # CTS flag: copy your RTS_ZC_HELP message's back chunks into my buffer (split.py)
 CTS_PUT = 4      # CTS flag: write the message's first ``length`` bytes at address aux (cma.py)
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
@@ -111,7 +112,9 @@ class RecvRequest(Request):
         self.dtype = dst.dtype
         self.itemsize = dst.dtype.itemsize
         self.tail = 0             # bytes at its end already in place (read by CMA)
-        self.ways = 1             # messages its round receives (cma.py shares the copy by it)
+        # messages its round receives (cma.py shares the copy by it); WRITE_WHOLE: posted
+        # before its round's local copies, which it makes while the sender writes it all
+        self.ways = 1
 
     def deliver(self, payload) -> None:
         """Apply one in-order piece of the message (a bytes-like of whole elements)."""
@@ -513,20 +516,25 @@ class Peer:
         the tail meanwhile; the receive completes on the sender's PUT (_on_put). Where
         ranks outnumber cores, read it all instead (cma.Reader.reads_whole). A receive
         that reduces, or a buffer not contiguous, or one whose round copied locally first
-        (``ways`` 0: a gather's root), or one at a distance from the sender's where the
-        kernel copies slowly (cma.fast_offset) takes the stream (CTS_OK) instead; one whose
-        reads the kernel refuses asks for the whole message to be written (or, read whole,
-        takes the stream)."""
+        (``ways`` 0), or one at a distance from the sender's where the kernel copies slowly
+        (cma.fast_offset) takes the stream (CTS_OK) instead; one whose reads the kernel
+        refuses asks for the whole message to be written (or, read whole, takes the
+        stream). One posted before its round's local copies (``ways`` WRITE_WHOLE: a
+        gather's root, work.CollectiveWork._post) asks the sender to write it all while
+        it copies its own block, even where ranks outnumber cores."""
         req.msgid = msgid
         self.incoming[msgid] = req
-        if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways:
+        whole = req.ways == WRITE_WHOLE
+        if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways or \
+                (whole and not self.cma.put_ok):
             self._queue_cts(msgid, CTS_OK, 0)
             return
         n, addr = req.nbytes, offer.addr
         if not self.cma.fast_at(address(req.dst), addr):   # (a write is as slow there)
             self._queue_cts(msgid, CTS_OK, 0)
             return
-        head = (0 if self.cma.reads_whole(self.engine.crowded) and self.cma.ok else
+        head = (n if whole else
+                0 if self.cma.reads_whole(self.engine.crowded) and self.cma.ok else
                 self.cma.head_bytes(n, offer.ways, req.ways))
         if head == 0:             # we read it all (the sender is the busier side)
             if self.cma.deliver(req, addr, n):

@@ -15,7 +15,7 @@ from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
 from .transport import copies
 from .transport.fast import _fastpath
 from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
-from .transport.protocol import WRITE_WHOLE, RecvRequest, SendRequest
+from .transport.protocol import WRITE_WHOLE, WRITE_WHOLE_IDLE, RecvRequest, SendRequest
 
 # An exchange round (large sends announced before its local copies, receives that no local
 # step touches) posts its receives before the copies, and looks for the peers' messages
@@ -416,6 +416,10 @@ class CollectiveWork(Work):
                 self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))
                 reqs = self._post_recvs(rnd.recvs, ways=WRITE_WHOLE)
                 self._local_polling(rnd.local, reqs)
+                peers = self.engine.peers
+                for r in reqs:      # (one from rl.empty announced from now on: split at once)
+                    r.ways = WRITE_WHOLE_IDLE
+                    peers[r.peer].join_split(r)     # (from rl.empty: what its sender left)
         if reqs is not None:
             self._posted(rnd, reqs, sent)
             return

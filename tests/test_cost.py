@@ -1413,6 +1413,25 @@ def test_a_one_way_message_into_rl_empty_is_priced_copied_by_both_ends():
     assert limits.facts(False)["shm"]["split_min"] == -1 == limits.facts(True)["tcp"]["split_min"]
 
 
+def test_a_gathers_root_copies_its_block_while_its_senders_copy_theirs():
+    """work.EARLY_ROOT, from rl.empty buffers: into a gather's root (a rank with a local
+    step in the round) each sender copies its whole message (split.Receiver.offer) while
+    the root copies its own block, crowded or not: the critical path runs through the
+    senders' copies (beta) or the root's (delta), never both; with split_min -1 the root
+    reads every block itself after its copy (both)."""
+    for p in (2, 4):
+        for delta in (1e-12, 1e-9):          # the senders' copies longer, then the root's
+            def feats(**kw):
+                m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, delta=delta, **kw)}
+                                              ).host_model("shm")
+                s = _build("gather", "direct", p, (8 << 20) // 4 // p).without_agreement()
+                return simulate(s, Topology.on_host(p, m), shared=("in", "out")).features
+            f = feats(split_min=1 << 20)
+            assert (f["delta"] > 0) != (f["beta"] > 0), (p, delta, f)
+            f = feats(split_min=-1)
+            assert f["delta"] > 0 and f["beta"] > 0, (p, delta, f)
+
+
 def test_a_one_way_plain_message_is_priced_split_by_cma():
     """transport/cma.py: above cma_put_min a one-way message from a plain buffer, into a
     receive that copies, is written in part by its sender and read in part by its receiver,

@@ -875,17 +875,29 @@ class _HostSim:
             # half the sender's, at once (priced as the receiver's alone, an 8 MiB broadcast
             # at p = 2 from rl.empty was 605 us predicted against 341-357 measured)
             both = inplace & ~cma & _split(nb, dst, dbuf, red, self.shared, m.split_min,
-                                           src, bool(self.crowded))
+                                           src, False)
+            # into a rank that copies locally in the round (a gather's root), its sender
+            # copies all of it while the root copies its own (split.Receiver.offer), crowded
+            # or not; elsewhere only where each rank has a core
+            whole = both & np.isin(dst, np.asarray(() if local is None else local, np.int64))
+            both &= ~whole & (not self.crowded)
             if both.any():
                 for term in ("beta", "mem_l2", "mem_l3", "gamma"):
                     recv[both, _TERM[term]] *= 0.5
                     send[both, _TERM[term]] = recv[both, _TERM[term]]
+            if whole.any():
+                for term in ("beta", "mem_l2", "mem_l3", "gamma"):
+                    send[whole, _TERM[term]] = recv[whole, _TERM[term]]
+                    recv[whole, _TERM[term]] = 0.0
+        else:
+            whole = inplace
         # a one-way message from a plain buffer split by CMA (transport/cma.py): the sender
         # writes its head into the receive buffer while the receiver reads the rest, each
         # at the kernel's pace (priced as streamed, an 8 MiB broadcast at p = 2 was 632 us
         # predicted against 419-431 measured)
         put, head, early = _put_split(nb, src, dst, red, inplace, m.cma_put_min, local,
                                       self.p, bool(self.crowded))
+        early = early | whole
         if put.any():
             tail = 1.0 - head
             for term in ("mem_l2", "mem_l3"):

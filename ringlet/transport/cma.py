@@ -39,7 +39,8 @@ reducing from there lost to the ring, which overlaps the sender's copy with the
 receiver's reduce. A receiver whose round also copies locally (a gather's root, its own
 block) posts its receives before that copy (work.EARLY_ROOT) and asks for each offered
 message written whole (CTS_PUT of all of it, protocol.WRITE_WHOLE), crowded or not: the
-senders write while the root copies. Copying first and then splitting had lost to the
+senders write while the root copies (an offer that comes after the copy is split as any
+where each rank has a core, written whole where ranks outnumber cores). Copying first and then splitting had lost to the
 stream (gather p = 2 8 MiB, in-job A/B: 0.37-0.78x): the senders idled through the
 root's copy. The kernel allows the calls only where ptrace would be (same user,
 ``kernel.yama.ptrace_scope`` <= 1 for a non-ancestor, no seccomp filter refusing them, as

@@ -49,7 +49,9 @@ HEADER_SIZE = 64
 EAGER, RTS, CTS, DATA, PAD, BYE, ABORT = 1, 2, 3, 4, 5, 6, 7
 PUT = 8      # (shm only: not in KINDS, which TCP accepts) the sender wrote a head: cma.py
 CTS_OK, CTS_REJECT, CTS_DONE = 0, 1, 2
-WRITE_WHOLE = -1   # RecvRequest.ways of a receive whose offered message its sender writes all of
+# RecvRequest.ways of a receive whose offered message its sender writes all of: posted
+# before its round's local copies (work.EARLY_ROOT), and once they are done
+WRITE_WHOLE, WRITE_WHOLE_IDLE = -1, -2
 CTS_SPLIT = 3    # CTS flag: copy your RTS_ZC_HELP message's back chunks into my buffer (split.py)
 CTS_PUT = 4      # CTS flag: write the message's first ``length`` bytes at address aux (cma.py)
 RTS_ZC = 1   # RTS flag: the data sits in the sender's shared buffer at (zc, aux); read it there
@@ -114,6 +116,7 @@ class RecvRequest(Request):
         self.tail = 0             # bytes at its end already in place (read by CMA)
         # messages its round receives (cma.py shares the copy by it); WRITE_WHOLE: posted
         # before its round's local copies, which it makes while the sender writes it all
+        # (WRITE_WHOLE_IDLE once they are done: a message from rl.empty is split at once)
         self.ways = 1
 
     def deliver(self, payload) -> None:
@@ -490,9 +493,13 @@ class Peer:
             self._refuse(req, length)
         elif type(where) is _Offer:
             self._take_offer(req, msgid, where)
-        elif where is not None and self.read_remote(req, where, length, msgid):
-            self._received(req)     # one copy (or reduce), straight from the sender's buffer
-            self._queue_cts(msgid, CTS_DONE, 0)
+        elif where is not None and (got := self.read_remote(req, where, length, msgid)) \
+                is not False:
+            if got:   # one copy (or reduce), straight from the sender's buffer
+                self._received(req)
+                self._queue_cts(msgid, CTS_DONE, 0)
+            else:     # (the sender copies it now: join_split completes it)
+                req.msgid = msgid
         else:
             req.msgid = msgid
             self.incoming[msgid] = req
@@ -521,11 +528,15 @@ class Peer:
         refuses asks for the whole message to be written (or, read whole, takes the
         stream). One posted before its round's local copies (``ways`` WRITE_WHOLE: a
         gather's root, work.CollectiveWork._post) asks the sender to write it all while
-        it copies its own block, even where ranks outnumber cores."""
+        it copies its own block, even where ranks outnumber cores; once they are done
+        (WRITE_WHOLE_IDLE) only there."""
         req.msgid = msgid
         self.incoming[msgid] = req
-        whole = req.ways == WRITE_WHOLE
-        if req.ufunc is not None or not req.dst.flags.c_contiguous or not req.ways or \
+        ways, crowded = req.ways, self.engine.crowded
+        # (once the root's copies are done, a late offer is split as any, where each rank
+        # has a core; crowded, written whole still: read whole by the root, it lost)
+        whole = ways == WRITE_WHOLE or (ways == WRITE_WHOLE_IDLE and crowded)
+        if req.ufunc is not None or not req.dst.flags.c_contiguous or not ways or \
                 (whole and not self.cma.put_ok):
             self._queue_cts(msgid, CTS_OK, 0)
             return
@@ -534,8 +545,8 @@ class Peer:
             self._queue_cts(msgid, CTS_OK, 0)
             return
         head = (n if whole else
-                0 if self.cma.reads_whole(self.engine.crowded) and self.cma.ok else
-                self.cma.head_bytes(n, offer.ways, req.ways))
+                0 if self.cma.reads_whole(crowded) and self.cma.ok else
+                self.cma.head_bytes(n, offer.ways, max(ways, 1)))
         if head == 0:             # we read it all (the sender is the busier side)
             if self.cma.deliver(req, addr, n):
                 del self.incoming[msgid]
@@ -643,12 +654,17 @@ class Peer:
     cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address
     cma = None          # ... and the cma.Reader that moves such messages (shm)
 
-    def read_remote(self, req: RecvRequest, where, nbytes: int, msgid: int) -> bool:
+    def read_remote(self, req: RecvRequest, where, nbytes: int, msgid: int):
         """Read the sender's message ``msgid`` where its RTS says it lies (an rl.empty
         buffer's (alloc id, fd, offset, whether the sender offers to copy half), or a
         private buffer's address) into ``req``: True when done, False (``req`` untouched)
-        when this link cannot: then it is streamed."""
+        when this link cannot: then it is streamed; None when the sender copies it while
+        this rank copies its own block (``req.ways`` WRITE_WHOLE): ``join_split`` then
+        completes it."""
         return False
+
+    def join_split(self, req: RecvRequest) -> None:
+        """Complete ``req`` if ``read_remote`` left it to its sender (None); none here."""
 
     split_sender = None   # a transport whose senders copy half of a split message: its split.Sender
 

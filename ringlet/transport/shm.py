@@ -22,7 +22,8 @@ import socket
 import numpy as np
 
 from . import cma, copies, limits, split
-from .protocol import DATA, EAGER, HEADER, HEADER_SIZE, PAD, Peer, ProtocolError, peer_failure
+from .protocol import (CTS_DONE, DATA, EAGER, HEADER, HEADER_SIZE, PAD, WRITE_WHOLE, Peer,
+                       ProtocolError, peer_failure)
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
@@ -123,17 +124,30 @@ class ShmPeer(Peer):
     # -- out -----------------------------------------------------------------------------
     zero_copy = True
 
-    def read_remote(self, req, where, nbytes, msgid) -> bool:
+    def read_remote(self, req, where, nbytes, msgid):
         if isinstance(where, int):          # a private buffer's address: cma.py
             return self.cma.deliver(req, where, nbytes)
         alloc, fd, offset, helper = where
         src = self.engine.remote_maps.view(self.pid, alloc, fd, offset, nbytes)
         if src is None:
             return False
-        if not (helper and self.split_receiver is not None
-                and self.split_receiver.read(req, src, msgid, nbytes)):
-            req.deliver(src)
+        if helper and self.split_receiver is not None:
+            if req.ways == WRITE_WHOLE:     # the sender copies it while we copy ours
+                if self.split_receiver.offer(req, src, msgid, nbytes):
+                    return None             # (join_split completes it)
+            elif self.split_receiver.read(req, src, msgid, nbytes):
+                return True
+        req.deliver(src)
         return True
+
+    def join_split(self, req) -> None:
+        """Once this rank's local copies are done: complete ``req`` if its sender has been
+        copying it meanwhile (split.Receiver.offer), helping with what is left."""
+        if self.split_receiver is not None and self.split_receiver.join(req) \
+                and not req.done:
+            self._received(req)
+            self._queue_cts(req.msgid, CTS_DONE, 0)
+            self.pump_out()
 
     def _write(self, kind, flags, tag, msgid, length, aux, payload, fp1=0, fp2=0, zc=0) -> bool:
         ring = self.outbox

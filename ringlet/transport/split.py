@@ -58,23 +58,55 @@ class Receiver:
         self.peer = peer
         self.ctrl = ctrl_of(peer.inbox)
         self.splits = 0          # messages copied by both ends
+        self.pending = None      # (req, src, msgid, nbytes, kernel, chunks) the sender copies
 
     def read(self, req, src: np.ndarray, msgid: int, nbytes: int) -> bool:
         """Copy the message at ``src`` (the sender's buffer, mapped) into ``req`` with the
         sender's help: False (nothing done) when it cannot - a reduction, or a destination
         not in an rl.empty buffer."""
+        started = self._start(req, src, msgid, nbytes)
+        if started is None:
+            return False
+        self._finish(*started)
+        return True
+
+    def offer(self, req, src: np.ndarray, msgid: int, nbytes: int) -> bool:
+        """Let the sender copy the message into ``req`` alone while this rank copies its own
+        block (a receive posted before its round's local copies: protocol.WRITE_WHOLE);
+        ``join`` then takes what is left. False (nothing done) where ``read`` could not, or
+        where this link has such a message already (one split at a time on its words)."""
+        if self.pending is not None:
+            return False
+        self.pending = self._start(req, src, msgid, nbytes)
+        return self.pending is not None
+
+    def join(self, req) -> bool:
+        """``req``, if ``offer`` left it to the sender, once this rank is free: copy the
+        chunks still unclaimed and wait for the sender's (True), else False. A receive
+        that failed meanwhile (its call aborted) is only let go."""
+        started = self.pending
+        if started is None or started[0] is not req:
+            return False
+        self.pending = None
+        if not req.done:
+            self._finish(*started)
+        return True
+
+    def _start(self, req, src, msgid, nbytes):
+        """Name our destination to the sender (CTS_SPLIT), which then claims chunks from
+        the back: the arguments of ``_finish``, or None where the split cannot be."""
         dst = req.dst
         if nbytes < MIN_BYTES or not dst.flags.c_contiguous:
-            return False
+            return None
         kernel = -1
         if req.ufunc is not None:   # dst = op(dst, message), in C's kernel
             kernel = fast.kernel(req.ufunc, req.dtype)
             if kernel is None or req.acc is not dst or _addr(dst) % req.itemsize \
                     or _addr(src) % req.itemsize:
-                return False
+                return None
         where = locate(dst)
         if where is None:
-            return False
+            return None
         chunks = -(-nbytes // CHUNK)
         ctrl = self.ctrl
         ctrl[1] = 0
@@ -83,6 +115,11 @@ class Receiver:
         peer = self.peer
         peer._queue_cts(msgid, CTS_SPLIT, offset, alloc << 32 | fd, kernel + 1)
         peer.pump_out()
+        return req, src, msgid, nbytes, kernel, chunks
+
+    def _finish(self, req, src, msgid, nbytes, kernel, chunks) -> None:
+        """Copy chunks from the front while any are unclaimed, then wait for the sender's."""
+        dst, ctrl, peer = req.dst, self.ctrl, self.peer
         fast._fastpath.split_copy(_addr(dst), _addr(src), nbytes, CHUNK, _addr(ctrl), True,
                                   msgid, kernel)
         # the sender's last chunk may still be on its way: it writes into dst, so wait
@@ -95,15 +132,14 @@ class Receiver:
                 if spins & 0xFFFF == 0:
                     if not peer.check_alive():
                         req.fail(peer.dead)      # (its process exited mid-copy)
-                        return True
+                        return
                     if time.monotonic() > deadline:
                         req.fail(TimeoutError(
                             f"recv from rank {peer.rank}: its copy of a shared message "
                             f"({nbytes} B) stalled for {peer.engine.timeout:g} s"))
-                        return True
+                        return
         req.offset = nbytes
         self.splits += 1
-        return True
 
 
 class Sender:

@@ -63,8 +63,8 @@ class Receiver:
     def read(self, req, src: np.ndarray, msgid: int, nbytes: int) -> bool:
         """Copy the message at ``src`` (the sender's buffer, mapped) into ``req`` with the
         sender's help: False (nothing done) when it cannot - a reduction, or a destination
-        not in an rl.empty buffer."""
-        started = self._start(req, src, msgid, nbytes)
+        not in an rl.empty buffer - or while the words are another's (``offer``'s)."""
+        started = self._start(req, src, msgid, nbytes) if self.pending is None else None
         if started is None:
             return False
         self._finish(*started)

@@ -28,10 +28,11 @@ from .transport.protocol import WRITE_WHOLE, WRITE_WHOLE_IDLE, RecvRequest, Send
 EARLY_RECV = True
 # A root's round that copies its own block and receives large one-way messages (a
 # gather's) posts its receives first too; each sender then writes its whole message into
-# the root while the root copies (protocol.WRITE_WHOLE). bench/exchange_order.py --round
-# root --fresh (one job, old/new of the median block pair, plain buffers, load 0.5-1.2):
-# p = 2 4 MiB 4.51 and 5.02, 8 MiB 1.39 and 1.66; p = 4 4 MiB 1.03, 8 MiB 1.37, 32 MiB 3.84;
-# rl.empty buffers (read in place, before the copy now instead of after) 0.88-1.00.
+# the root while the root copies (protocol.WRITE_WHOLE), or from rl.empty copies it in
+# through the mapping, the root taking what is left after its copy (split.Receiver.offer).
+# bench/exchange_order.py --round root --fresh (one job, old/new of the median block pair,
+# load 0.5-1.4): plain p = 2 8 MiB 1.39-6.27, 32 MiB 1.31-1.65, p = 4 8 MiB 1.37-2.30,
+# 32 MiB 1.48-3.84; rl.empty p = 2 1.18-1.93, p = 4 1.09-1.30; 2 MiB (streamed) 0.99-1.02.
 EARLY_ROOT = True
 POLL_CHUNK = 512 << 10
 
@@ -409,8 +410,8 @@ class CollectiveWork(Work):
         elif EARLY_ROOT and rnd.local and _receives_offered(rnd, bufs, self.engine.peers) \
                 and _apart(rnd, bufs):
             # A root's round (a gather's): it copies its own block and receives large
-            # one-way messages. Posted first, each is written whole into our buffer by its
-            # sender (cma.py) while we copy ours, instead of waiting on our copy to start.
+            # one-way messages. Posted first, each is written into our buffer by its sender
+            # (cma.py, split.py) while we copy ours, instead of waiting on our copy to start.
             early, late = _independent(rnd, bufs) if late else ((), ())
             if not late:
                 self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))

@@ -18,7 +18,8 @@ from conftest import run, two_hosts
 
 
 def _stalled_sender(rank, path):
-    if rank == 1:
+    rl.barrier()     # both ranks past init and connected before rank 1 stops (a CI run under
+    if rank == 1:    # load once failed here without rank 0's timeout message)
         w = rl.isend(np.ones(1 << 20), 0)      # 8 MiB: its RTS goes out at once
         with open(path + ".pid", "w") as f:
             f.write(str(os.getpid()))

@@ -569,7 +569,7 @@ def _put_split(nbytes, src, dst, operands, inplace, put_min: int, local, p: int,
     none = np.zeros(len(nbytes), bool), np.zeros(len(nbytes)), np.zeros(len(nbytes), bool)
     if put_min < 0 or not len(nbytes):
         return none
-    local = np.asarray(() if local is None else local, np.int64)
+    local = np.asarray(local, np.int64)
     put = (nbytes > put_min) & ~inplace & (operands == 0) & one_way(nbytes, src, dst)
     whole = put & np.isin(dst, local)
     put &= whole | (not crowded)
@@ -863,9 +863,11 @@ class _HostSim:
         # one copy; no ring, so no lag of a one-way stream either. (Charging that copy the
         # source's memory stalls too, as the reader streams it, priced a 64 MiB broadcast
         # read in place 61% long and an 8 MiB all_gather's direct reads 30% long here.)
+        local = np.asarray(() if local is None else local, np.int64)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red > 0, m.zero_copy_oneway_min,
                                       bool(self.crowded), local)
+        whole = np.zeros(n, bool)     # read in place, copied by its sender into a root
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):
                 send[inplace, _TERM[term]] = 0.0
@@ -879,7 +881,7 @@ class _HostSim:
             # into a rank that copies locally in the round (a gather's root), its sender
             # copies all of it while the root copies its own (split.Receiver.offer), crowded
             # or not; elsewhere only where each rank has a core
-            whole = both & np.isin(dst, np.asarray(() if local is None else local, np.int64))
+            whole = both & np.isin(dst, local)
             both &= ~whole & (not self.crowded)
             if both.any():
                 for term in ("beta", "mem_l2", "mem_l3", "gamma"):
@@ -889,8 +891,6 @@ class _HostSim:
                 for term in ("beta", "mem_l2", "mem_l3", "gamma"):
                     send[whole, _TERM[term]] = recv[whole, _TERM[term]]
                     recv[whole, _TERM[term]] = 0.0
-        else:
-            whole = inplace
         # a one-way message from a plain buffer split by CMA (transport/cma.py): the sender
         # writes its head into the receive buffer while the receiver reads the rest, each
         # at the kernel's pace (priced as streamed, an 8 MiB broadcast at p = 2 was 632 us

@@ -1410,7 +1410,24 @@ def test_a_one_way_message_into_rl_empty_is_priced_copied_by_both_ends():
     assert crowded == pytest.approx(copy_time(3, ("buf",), split_min=-1))
     from ringlet.transport import limits
     assert limits.facts(True)["shm"]["split_min"] == limits.SPLIT_MIN
+    assert limits.facts(True)["shm"]["split_reduce_min"] == limits.SPLIT_REDUCE_MIN
     assert limits.facts(False)["shm"]["split_min"] == -1 == limits.facts(True)["tcp"]["split_min"]
+
+
+def test_a_one_way_reduction_into_rl_empty_is_split_from_its_own_size():
+    """A one-way message its receiver reduces in place is split as a copy is, but only from
+    split_reduce_min bytes (limits.SPLIT_REDUCE_MIN: below it the receiver reducing alone
+    was faster): an 8 MiB reduce at p = 2 from rl.empty is priced with half the reduction
+    on each end, a 2 MiB one with all of it on the receiver's."""
+    def gamma_path(nbytes, **kw):
+        m = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, **kw)}).host_model("shm")
+        s = _build("reduce", "binomial", 2, nbytes // 4)
+        return simulate(s, Topology.on_host(2, m), shared=("buf",)).features["gamma"]
+    for nbytes in (2 << 20, 8 << 20):
+        alone = gamma_path(nbytes, split_min=1 << 20, split_reduce_min=-1)
+        assert alone == pytest.approx(nbytes)
+        split = gamma_path(nbytes, split_min=1 << 20, split_reduce_min=4 << 20)
+        assert split == pytest.approx(alone / 2 if nbytes >= 4 << 20 else alone)
 
 
 def test_a_gathers_root_copies_its_block_while_its_senders_copy_theirs():

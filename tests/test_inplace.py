@@ -200,7 +200,7 @@ def test_split_copy_claims_every_chunk_once():
 
 def _split_job(rank, slow_receiver):
     """Broadcast from rl.empty buffers, p = 2: the receiver splits every message over
-    MIN_BYTES; with ``slow_receiver`` it starts its own copy late, so the sender (waiting
+    MIN_BYTES, and every reduction from REDUCE_MIN_BYTES; with ``slow_receiver`` it starts its own copy late, so the sender (waiting
     for CTS_DONE) must have copied chunks - and the result is right either way, odd sizes
     and dtypes included."""
     from ringlet.transport import split
@@ -225,12 +225,15 @@ def _split_job(rank, slow_receiver):
             x[...] = want if rank == 0 else 0
             rl.broadcast(x, 0, algorithm=algorithm)
             np.testing.assert_array_equal(x, want)
-        # a reduction: the root's buffer gets op(root's, leaf's), the sender's chunks too
+        # a reduction: the root's buffer gets op(root's, leaf's), the sender's chunks too;
+        # split from REDUCE_MIN_BYTES (the last, smaller, one: the receiver reduces alone)
+        least = split.REDUCE_MIN_BYTES
         for dtype, op, count, algorithm in (
-                (np.float32, "SUM", (4 << 20) // 4 + 7, "binomial"),
-                (np.int16, "MAX", (1 << 20) + 3, "binomial"),
-                (np.float64, "PROD", 200001, "binomial"),
-                (np.float32, "SUM", (4 << 20) // 4 + 7, "dissemination")):
+                (np.float32, "SUM", least // 4 + 7, "binomial"),
+                (np.int16, "MAX", least // 2 + 3, "binomial"),
+                (np.float64, "PROD", least // 8 + 1, "binomial"),
+                (np.float32, "SUM", least // 4 + 7, "dissemination"),
+                (np.float32, "SUM", least // 8, "binomial")):
             mine = ((np.arange(count) * (rank + 3)) % 7 + 1).astype(dtype)
             x = rl.empty(count, dtype)
             x[...] = mine

@@ -77,6 +77,8 @@ class HostModel:
     # both its ends at once, where ranks do not outnumber cores (transport/split.py); -1:
     # never
     split_min: int = -1
+    # ... and one its receiver reduces, from this many bytes (limits.SPLIT_REDUCE_MIN)
+    split_reduce_min: int = -1
     # a call whose messages have at most this many bytes (EAGER packets) runs in C
     # (alpha_fast, not alpha); 0: none does (no fast path, or a profile fitted before
     # there was one)
@@ -119,12 +121,12 @@ class HostModel:
     def from_params(cls, params: dict) -> "HostModel":
         keys = set(HOST_TERMS) | {"l2_bytes", "l3_bytes", "cores", "eager", "rendezvous",
                                   "ring_bytes", "zero_copy_min", "zero_copy_oneway_min",
-                                  "cma_min", "cma_put_min", "split_min", "fast_bytes",
-                                  "piece", "idle_share", "imbalance"}
+                                  "cma_min", "cma_put_min", "split_min", "split_reduce_min",
+                                  "fast_bytes", "piece", "idle_share", "imbalance"}
         kw = {k: params[k] for k in keys if k in params}
         for k in ("l2_bytes", "l3_bytes", "cores", "eager", "rendezvous", "ring_bytes",
                   "zero_copy_min", "zero_copy_oneway_min", "cma_min", "cma_put_min",
-                  "split_min", "fast_bytes", "piece"):
+                  "split_min", "split_reduce_min", "fast_bytes", "piece"):
             if k in kw:
                 kw[k] = int(kw[k])
         return cls(**kw)

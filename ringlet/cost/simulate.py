@@ -544,14 +544,18 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     return zc | cma, cma
 
 
-def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bool) -> np.ndarray:
+def _split(nbytes, dst, dbuf, operands, shared, split_min: int, src, crowded: bool,
+           split_reduce_min: int = -1) -> np.ndarray:
     """Which messages (read in place) both ends copy (transport/split.py): at least
-    ``split_min`` bytes (-1: never), into a destination in one of the ``shared`` buffers,
-    copied or reduced into its own accumulator (``operands`` below 2), from a sender that
-    receives no bytes in the round, where each rank has a core (not ``crowded``)."""
+    ``split_min`` bytes (-1: never) copied, or ``split_reduce_min`` reduced into its own
+    accumulator (``operands`` 1; 2, apart from it: never), into a destination in one of
+    the ``shared`` buffers, from a sender that receives no bytes in the round, where each
+    rank has a core (not ``crowded``)."""
     if split_min < 0 or crowded or not len(shared):
         return np.zeros(len(nbytes), bool)
-    return ((nbytes >= split_min) & np.isin(dbuf, shared) & (operands < 2)
+    least = np.where(operands > 0, split_reduce_min if split_reduce_min >= 0 else 1 << 62,
+                     split_min)
+    return ((nbytes >= least) & np.isin(dbuf, shared) & (operands < 2)
             & one_way(nbytes, src, dst))
 
 
@@ -877,7 +881,7 @@ class _HostSim:
             # half the sender's, at once (priced as the receiver's alone, an 8 MiB broadcast
             # at p = 2 from rl.empty was 605 us predicted against 341-357 measured)
             both = inplace & ~cma & _split(nb, dst, dbuf, red, self.shared, m.split_min,
-                                           src, False)
+                                           src, False, m.split_reduce_min)
             # into a rank that copies locally in the round (a gather's root), its sender
             # copies all of it while the root copies its own (split.Receiver.offer), crowded
             # or not; elsewhere only where each rank has a core

@@ -45,6 +45,13 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   the sender from the back, in SPLIT_CHUNK pieces each claims by compare-and-swap
   (split.py): with an idle sender, each end does about half; a sender busy elsewhere in
   its round (a scatter's root copying its own block) takes what is left when it gets to it.
+  SPLIT_REDUCE_MIN: the same for a message its receiver reduces (dst = op(dst, message)),
+  from a larger size: below it the receiver reducing alone was faster. In-job A/B (reduce
+  p = 2, dissemination, rl.empty, fresh inputs, 8-10 alternating blocks of 10 calls, four
+  jobs, load < 1; split / receiver alone on the median block): 1 MiB 1.07-1.35, 1.5 MiB
+  0.96-1.18, 2 MiB 0.99-1.07, 3 MiB 1.03, 4 MiB 0.93-0.96, 8 MiB 0.77-0.82, 32 MiB 0.76.
+  Copies split from SPLIT_MIN (broadcast p = 2, the same A/B: 1 MiB 0.92-1.16, 2 MiB
+  0.92-0.99, 4 MiB 0.80).
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
   address in the RTS (cma.py): one copy instead of two. Not below: up to the ring's size
@@ -154,6 +161,7 @@ SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
 ZERO_COPY_ONEWAY_MIN = 896 << 10
 SPLIT_MIN = 1 << 20
+SPLIT_REDUCE_MIN = 4 << 20
 SPLIT_CHUNK = 256 << 10
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
@@ -187,19 +195,23 @@ def facts(fast_path: bool) -> dict:
     receives; so a broadcast at p = 2 halves it, a scatter's root at p = 2 writes a
     third: cma.py), from how many bytes a one-way message read in place into an rl.empty
     buffer is copied by both its ends (-1: never; C does the claiming, so only with the
-    fast path built, and not with RINGLET_SPLIT=0: split.py), largest message of a C call
+    fast path built, and not with RINGLET_SPLIT=0: split.py), the same for one its
+    receiver reduces (split_reduce_min), largest message of a C call
     (0: no fast path here). ``fast_path``: whether C runs calls here (``fast.enabled()``)."""
-    split = SPLIT_MIN if fast_path and os.environ.get("RINGLET_SPLIT", "1") != "0" else -1
+    on = fast_path and os.environ.get("RINGLET_SPLIT", "1") != "0"
+    split, split_reduce = (SPLIT_MIN, SPLIT_REDUCE_MIN) if on else (-1, -1)
     return {"shm": {"eager": SHM_EAGER_BYTES, "rendezvous": SHM_STREAM_BYTES,
                     "piece": SHM_PIECE_BYTES,
                     "ring_bytes": RING_BYTES, "zero_copy_min": ZERO_COPY_MIN,
                     "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN,
                     "cma_min": CMA_MIN, "cma_put_min": CMA_PUT_MIN, "split_min": split,
+                    "split_reduce_min": split_reduce,
                     "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES, "piece": 0,
                     "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
                     "zero_copy_oneway_min": -1, "cma_min": -1,
-                    "cma_put_min": -1, "split_min": -1, "fast_bytes": 0}}
+                    "cma_put_min": -1, "split_min": -1, "split_reduce_min": -1,
+                    "fast_bytes": 0}}
 
 
 def affinity() -> list:

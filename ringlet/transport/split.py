@@ -12,8 +12,9 @@ its own copy when the offer is taken helps with what is left, or not at all. The
 completes once every chunk is counted done (the sender's last one included: nothing writes
 into its buffer after the receive returns) and answers CTS_DONE as for any message read in
 place. A receive that reduces in place (dst = op(dst, message), a reduce's or an
-all_reduce's one-way step) is split the same way when C has the kernel (fast.kernel): the
-sender reduces its chunks into the receiver's buffer with the same elementwise kernel.
+all_reduce's one-way step) is split the same way when C has the kernel (fast.kernel), from
+a larger size (limits.SPLIT_REDUCE_MIN): the sender reduces its chunks into the
+receiver's buffer with the same elementwise kernel.
 RINGLET_SPLIT=0 turns it off.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .protocol import CTS_SPLIT
 
 CHUNK = limits.SPLIT_CHUNK       # bytes a side claims at a time
 MIN_BYTES = limits.SPLIT_MIN     # smaller messages: one side copies it all
+REDUCE_MIN_BYTES = limits.SPLIT_REDUCE_MIN   # ... or reduces it all (limits.py)
 
 
 def enabled() -> bool:
@@ -96,7 +98,8 @@ class Receiver:
         """Name our destination to the sender (CTS_SPLIT), which then claims chunks from
         the back: the arguments of ``_finish``, or None where the split cannot be."""
         dst = req.dst
-        if nbytes < MIN_BYTES or not dst.flags.c_contiguous:
+        if nbytes < (MIN_BYTES if req.ufunc is None else REDUCE_MIN_BYTES) \
+                or not dst.flags.c_contiguous:
             return None
         kernel = -1
         if req.ufunc is not None:   # dst = op(dst, message), in C's kernel

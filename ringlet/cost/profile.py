@@ -48,30 +48,30 @@ PROFILE_VERSION = 1
 
 #: used when no calibrated profile exists. Shared memory is priced with the host model
 #: (cost/host.py) at the terms ``ringlet calibrate`` fitted on a 2-core VM (AMD EPYC,
-#: 2026-12-02 14:55, quiet, 504 timings a transport, rounded): what ringlet's own
-#: transport costs per message in C and in Python, per byte copied, reduced and copied
-#: locally, past the caches and on shared cores; TCP likewise, between local ranks over
-#: the loopback (between hosts the network sets its price: calibrate there, or give the
-#: link's rate). The machine's cores and caches are this one's (:func:`default_profile`).
-#: A plain alpha-beta entry here priced a local copy at nothing and every message at
-#: 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked dissemination (a tree that
-#: copies 14 MiB along its critical path) over direct (5), and ran 2.5-3x slower. The fit
-#: before this one (the same VM at 02:47, busy) priced its quiet hours about 2x long: median
-#: error 106% and 114% on two accuracy grids of that day, against 19% and 21% for this fit
-#: (docs/results.md, "Without a calibration").
+#: 2026-12-02 14:55, quiet, 504 timings a transport, refitted to this model, rounded):
+#: what ringlet's own transport costs per message in C and in Python, per byte copied,
+#: reduced and copied locally, past the caches and on shared cores; TCP likewise, between
+#: local ranks over the loopback (between hosts the network sets its price: calibrate
+#: there, or give the link's rate). The machine's cores and caches are this one's
+#: (:func:`default_profile`). A plain alpha-beta entry here priced a local copy at nothing
+#: and every message at 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked
+#: dissemination (a tree that copies 14 MiB along its critical path) over direct (5), and
+#: ran 2.5-3x slower. The fit before this one (the same VM at 02:47, busy) priced its quiet
+#: hours about 2x long: median error 106% and 114% on two accuracy grids of that day,
+#: against 19.5% and 20.1% for this one (docs/results.md, "Without a calibration").
 DEFAULT_PROFILE: dict = {
     "version": PROFILE_VERSION,
     "host": "",
     "created": "",
     "transports": {
         "shm": {"model": "host",
-                "alpha": 11e-6, "alpha_fast": 0.29e-6, "alpha_fast_call": 1.9e-6,
-                "alpha_call": 0.0, "alpha_array": 0.41e-6, "alpha_large": 38e-6,
-                "alpha_hop": 0.0, "alpha_rdv": 0.0, "alpha_crowd": 0.51e-6,
-                "alpha_crowd_call": 2.2e-6,
-                "beta": 34e-12, "gamma": 1.7e-12, "delta": 12e-12,
-                "mem_l2": 12e-12, "mem_l3": 41e-12, "beta_share": 8.0e-12,
-                "beta_crowd": 0.0, "beta_lag": 3.0e-12, "beta_cma": 78e-12,
+                "alpha": 18e-6, "alpha_fast": 0.30e-6, "alpha_fast_call": 1.9e-6,
+                "alpha_call": 0.0, "alpha_array": 0.41e-6, "alpha_large": 31e-6,
+                "alpha_hop": 0.0, "alpha_rdv": 0.41e-6, "alpha_crowd": 0.51e-6,
+                "alpha_crowd_call": 2.1e-6,
+                "beta": 34e-12, "gamma": 1.6e-12, "delta": 13e-12,
+                "mem_l2": 12e-12, "mem_l3": 45e-12, "beta_share": 9.5e-12,
+                "beta_crowd": 0.0, "beta_lag": 0.0, "beta_cma": 74e-12,
                 "idle_share": 0.25, "imbalance": 1.0},
         "tcp": {"model": "host",
                 "alpha": 15e-6, "alpha_fast": 0.0, "alpha_fast_call": 0.0,

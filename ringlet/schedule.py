@@ -123,6 +123,13 @@ class Round:
         self._cols = None
         return self
 
+    def extend(self, other: "Round", mask=None) -> "Round":
+        """Add ``other``'s transfers (those where ``mask`` is true) after this round's."""
+        c = other.cols
+        self._parts.append(tuple(c[k] if mask is None else c[k][mask] for k in _COLUMNS))
+        self._cols = None
+        return self
+
     # -- reading ---------------------------------------------------------------------
     @property
     def cols(self) -> dict[str, np.ndarray]:
@@ -237,9 +244,12 @@ class PlanRound:
     recvs: tuple[RecvStep, ...]
     #: receives that bring bytes (an agreement's empty signal brings none), counted once
     copies_in: int = field(init=False)
+    #: sends that carry bytes (what the sender's copies are shared by: cma.py)
+    copies_out: int = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "copies_in", sum(t.d1 > t.d0 for t in self.recvs))
+        object.__setattr__(self, "copies_out", sum(t.s1 > t.s0 for t in self.sends))
 
 
 @dataclass(eq=False)
@@ -255,9 +265,11 @@ class Schedule:
     splits: tuple[tuple[int, ...], ...] | None = None
     hosts: tuple[int, ...] | None = None
     notes: dict = field(default_factory=dict)
-    #: leading rounds of zero-element messages in which the ranks agree on the call
-    #: before any data moves (rooted collectives: ``ringlet.algorithms.agree_first``)
+    #: leading rounds that carry the messages in which the ranks agree on the call, beside
+    #: the algorithm's own (rooted collectives: ``ringlet.algorithms.agree_alongside``)
     agreement: int = 0
+    #: the algorithm's own rounds, before the agreement's messages joined them
+    alone: list[Round] | None = None
     #: its data rides the dissemination barrier's messages (the "dissemination" rooted
     #: algorithms), so the ranks agree on the call as they move it: no agreement rounds
     agrees: bool = False
@@ -269,8 +281,10 @@ class Schedule:
         return rnd
 
     def without_agreement(self) -> "Schedule":
-        """The algorithm alone, without its agreement rounds: what the textbook counts."""
-        return replace(self, rounds=self.rounds[self.agreement:], agreement=0)
+        """The algorithm alone, without its agreement's messages: what the textbook counts."""
+        if self.alone is None:
+            return self
+        return replace(self, rounds=list(self.alone), agreement=0, alone=None)
 
     # -- per-rank views, computed once (schedules are cached, so are these) -------------
     def rank_plan(self, rank: int) -> tuple[RankRound, ...]:
@@ -368,7 +382,7 @@ class Schedule:
                 + (f", root {self.root}" if self.root is not None else ""))
         lines = [head]
         for i, rnd in enumerate(self.rounds):
-            lines.append(f"  round {i}:" + (" (agree on the call)" if i < self.agreement else ""))
+            lines.append(f"  round {i}:" + (" (agreeing on the call)" if i < self.agreement else ""))
             lines.extend(f"    {t}" for t in rnd)
         return "\n".join(lines)
 

@@ -399,7 +399,7 @@ class CollectiveWork(Work):
             # peer's copy of it overlaps ours instead of following it. (cma.py shares a
             # one-way copy by the copies this rank makes meanwhile: its local ones too.)
             early, late = _independent(rnd, bufs)
-            self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))
+            self._send(early, rnd, sent, rnd.copies_out + len(rnd.local))
             if EARLY_RECV and early and not late and _receives(rnd) and _apart(rnd, bufs):
                 # An exchange: receive during the local copy, as Open MPI's sendrecv-then-
                 # copy does. The peer's message is read as soon as its RTS is seen, and our
@@ -414,7 +414,7 @@ class CollectiveWork(Work):
             # (cma.py, split.py) while we copy ours, instead of waiting on our copy to start.
             early, late = _independent(rnd, bufs) if late else ((), ())
             if not late:
-                self._send(early, rnd, sent, len(rnd.sends) + len(rnd.local))
+                self._send(early, rnd, sent, rnd.copies_out + len(rnd.local))
                 reqs = self._post_recvs(rnd.recvs, ways=WRITE_WHOLE)
                 self._local_polling(rnd.local, reqs)
                 peers = self.engine.peers
@@ -429,7 +429,7 @@ class CollectiveWork(Work):
         # Sends before receives: a receive whose message was announced already from a
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
-        self._send(late, rnd, sent, len(rnd.sends))
+        self._send(late, rnd, sent, rnd.copies_out)
         self._posted(rnd, self._post_recvs(rnd.recvs), sent)
 
     def _posted(self, rnd: PlanRound, reqs: list, sent: list) -> None:

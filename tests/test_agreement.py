@@ -117,37 +117,49 @@ def test_agreeing_ranks_still_get_the_right_answer():
 
 @pytest.mark.parametrize("collective", ROOTED)
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
-def test_rooted_schedules_start_with_a_barrier_every_rank_hears_through(collective, p):
-    """The first lg p rounds send the dissemination barrier's messages, the same pairs for
-    every algorithm (so ranks that disagree on the algorithm meet too), after which every
-    rank has heard, through a chain of rounds, from every other rank (so no disagreement
-    goes unseen). They carry zero elements and the data rounds follow - or, in the
-    "dissemination" algorithms (``Schedule.agrees``), the data rides those very messages
-    and no message follows them."""
+def test_rooted_schedules_carry_a_barrier_every_rank_hears_through(collective, p):
+    """Round k of the first lg p rounds has a message from rank r to r + 2^k for every r -
+    the dissemination barrier's pairs, the same for every algorithm and root (so ranks
+    that disagree on them meet too) - after which every rank has heard, through a chain of
+    rounds, from every other rank (so no disagreement goes unseen). The algorithm's first
+    round rides the barrier's last (``algorithms.agree_alongside``): there a barrier's
+    message is the algorithm's own where it sends on that pair, an empty signal where it
+    does not (never both). Without the signals, the schedule is the algorithm's own;
+    the "dissemination" algorithms (``Schedule.agrees``) lay their data on the signals and
+    send nothing after them."""
     lg = (p - 1).bit_length()
     barrier = algorithms.build("barrier", "dissemination", p, 0)
     for algorithm in algorithms.CATALOG[collective]:
-        s = rl.schedule(collective, p, 100, algorithm=algorithm, root=p - 1)
-        heard = np.eye(p, dtype=bool)           # heard[i, j]: rank i has heard from rank j
-        for rnd, signal in zip(s.rounds[:lg], barrier.rounds):
-            c = rnd.cols
-            msg = c["src"] != c["dst"]
-            pairs = sorted(zip(c["src"][msg].tolist(), c["dst"][msg].tolist()))
-            assert pairs == sorted(zip(signal.cols["src"].tolist(), signal.cols["dst"].tolist())), \
-                (collective, algorithm, p)
-            if not s.agrees:
-                assert (c["n"] == 0).all() and msg.all(), (collective, algorithm)
-            new = heard.copy()
-            for a, b in zip(c["src"][msg], c["dst"][msg]):
-                new[b] |= heard[a]
-            heard = new
-        assert heard.all(), (collective, algorithm, p)
-        later = [(r.cols["src"] != r.cols["dst"]) & (r.cols["n"] > 0) for r in s.rounds[lg:]]
-        if s.agrees:
-            assert s.agreement == 0 and not any(m.any() for m in later), "no message after"
-            assert any((r.cols["n"] > 0).any() for r in s.rounds[:lg]), "the data rides them"
-        else:
-            assert s.agreement == lg and any(m.any() for m in later), "the data rounds follow"
+        for root in (0, p - 1):
+            s = rl.schedule(collective, p, 100, algorithm=algorithm, root=root)
+            heard = np.eye(p, dtype=bool)       # heard[i, j]: rank i has heard from rank j
+            for rnd, signal in zip(s.rounds[:lg], barrier.rounds):
+                c = rnd.cols
+                msg = c["src"] != c["dst"]
+                pairs = list(zip(c["src"][msg].tolist(), c["dst"][msg].tolist()))
+                assert len(pairs) == len(set(pairs)), "two messages on one pair in a round"
+                want = list(zip(signal.cols["src"].tolist(), signal.cols["dst"].tolist()))
+                assert set(want) <= set(pairs), (collective, algorithm, p, root)
+                new = heard.copy()
+                for a, b in want:
+                    new[b] |= heard[a]
+                heard = new
+            assert heard.all(), (collective, algorithm, p, root)
+            later = [(r.cols["src"] != r.cols["dst"]) & (r.cols["n"] > 0) for r in s.rounds[lg:]]
+            if s.agrees:
+                assert s.agreement == 0 and not any(m.any() for m in later), "no message after"
+                assert any((r.cols["n"] > 0).any() for r in s.rounds[:lg]), "the data rides them"
+                continue
+            assert s.agreement == lg
+            alone = s.without_agreement()
+            bare = algorithms.CATALOG[collective][algorithm](p, 100, root=root)
+            assert len(alone.rounds) == len(bare.rounds)
+            for a, b in zip(alone.rounds, bare.rounds):
+                assert all((a.cols[k] == b.cols[k]).all() for k in a.cols)
+            # what the signals added: empty messages only
+            added = sum(len(r) for r in s.rounds) - sum(len(r) for r in alone.rounds)
+            assert added == sum(int((r.cols["n"] == 0).sum()) for r in s.rounds) - \
+                sum(int((r.cols["n"] == 0).sum()) for r in alone.rounds)
 
 
 def test_only_the_dissemination_algorithms_agree_as_they_move_the_data():

@@ -380,11 +380,26 @@ def test_simulator_matches_closed_form(coll, alg):
             if coll == "all_to_all_single":
                 kw["splits"] = tuple(tuple(count for _ in range(p)) for _ in range(p))
             s = algs.build(coll, alg, p, count, itemsize=4, root=0, **kw)
-            res = simulate(s, Topology.uniform(p, IB, gamma=gamma))
             nb = model.nbytes_of(coll, p, count, 4)
             extra = {"hosts": len(set(hosts))} if hosts else {}
             t = breakdown(coll, nb, p, alg, IB, gamma, share=1, **extra)
-            assert res.time == pytest.approx(t.total, rel=0.01, abs=1e-12), (coll, alg, p, count, res.terms, t)
+            _matches_closed_form(s, Topology.uniform(p, IB, gamma=gamma), t, gamma,
+                                 (coll, alg, p, count))
+
+
+def _matches_closed_form(s, topo, t, gamma, why) -> None:
+    """The simulator on ``s`` against its closed form ``t`` on the IB link: the same, for an
+    algorithm alone. A rooted one's agreement rides its rounds (algorithms.agree_alongside),
+    where the closed form adds a barrier before them: the algorithm alone is the closed
+    form less that barrier, and its agreement's messages add at most that barrier."""
+    res = simulate(s, topo)
+    if not s.agreement:
+        assert res.time == pytest.approx(t.total, rel=0.01, abs=1e-12), (why, res.terms, t)
+        return
+    bar = breakdown("barrier", 0, s.p, "dissemination", IB, gamma).total
+    alone = simulate(s.without_agreement(), topo).time
+    assert alone == pytest.approx(t.total - bar, rel=0.01, abs=1e-12), why
+    assert alone <= res.time <= t.total * 1.01, (why, alone, res.time, t.total)
 
 
 def test_hierarchical_beats_flat_ring_on_two_tiers():
@@ -549,9 +564,9 @@ def test_simulator_matches_closed_form_with_roots_and_odd_counts():
         for alg in ALGORITHMS[coll]:
             for p, count, root in ((7, 1000003, 6), (12, 5, 5), (16, 3 << 18, 9)):
                 s = algs.build(coll, alg, p, count, root=root)
-                res = simulate(s, Topology.uniform(p, IB, gamma=1e-10))
                 t = breakdown(coll, model.nbytes_of(coll, p, count), p, alg, IB, 1e-10)
-                assert res.time == pytest.approx(t.total, rel=0.01), (coll, alg, p, count, root)
+                _matches_closed_form(s, Topology.uniform(p, IB, gamma=1e-10), t, 1e-10,
+                                     (coll, alg, p, count, root))
 
 
 def test_predict_on_a_topology():
@@ -989,9 +1004,10 @@ def test_only_messages_beyond_one_eager_packet_pay_alpha_large():
     too); alpha_large only the messages of more than one EAGER packet."""
     m = _host(alpha=4e-6, beta=1e-12, eager=4096, alpha_large=50e-6)
     res = simulate(_build("reduce", "binomial", 2, 2048), Topology.on_host(2, m))  # 8 KiB
-    # the agreement's message, then the data's on both sides (they stream: the slower is
-    # on the path): alpha three times, alpha_large once
-    assert res.features["alpha_large"] == 1 and res.features["alpha"] == 3
+    # the data's message on both sides (it streams: the slower is on the path), the
+    # agreement's empty one going the other way in the same round: alpha twice,
+    # alpha_large once
+    assert res.features["alpha_large"] == 1 and res.features["alpha"] == 2
     free = simulate(_build("reduce", "binomial", 2, 2048),
                     Topology.on_host(2, dataclasses_replace(m, alpha_large=0.0)))
     assert res.time - free.time == pytest.approx(50e-6)
@@ -1367,8 +1383,9 @@ def test_a_dissemination_algorithms_data_beside_empty_signals_is_priced_one_way(
     """A rooted "dissemination" algorithm sends its data in rounds whose only receives are
     the barrier's empty signals: its sender receives no bytes, so its large message is
     one-way, read in place from rl.empty (or by cross-memory attach, crowded) on the same
-    terms as binomial's - no dearer than binomial, which pays the barrier first (but for
-    scatter's root laying out its relays' blocks, from p = 3). (Once
+    terms as binomial's - within 15% of binomial, whose first round rides the agreement's
+    last, on a tree of another shape (but for scatter's root laying out its relays' blocks,
+    from p = 3). (Once
     priced as an exchange, an 8 MiB rl.empty broadcast at p = 2 was predicted like
     binomial's while its split was off: 622 against 375 us measured.)"""
     prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, cma_min=shm.RING_BYTES)})
@@ -1381,7 +1398,7 @@ def test_a_dissemination_algorithms_data_beside_empty_signals_is_priced_one_way(
                                  candidates=("binomial", "dissemination"))
                 t = {r.algorithm: r.total for r in rows}
                 if collective != "scatter" or p == 2:   # (scatter's root lays blocks out)
-                    assert t["dissemination"] <= 1.05 * t["binomial"], (collective, nbytes, t)
+                    assert t["dissemination"] <= 1.15 * t["binomial"], (collective, nbytes, t)
     # one-way, so read in place only above zero_copy_oneway_min (896 KiB), as the runtime
     # does: at 640 KiB it streams (an exchange's would be read in place above 512 KiB)
     for nbytes, read in ((640 << 10, False), (2 << 20, True)):

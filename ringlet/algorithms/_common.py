@@ -125,7 +125,7 @@ def signal_others(rnd: Round, p: int, k: int, carriers) -> None:
     the messages an algorithm laid on it: a zero-element message from every rank not in
     ``carriers``, the ranks whose message of this round already carries data. An
     algorithm whose data rides the barrier's own messages agrees on the call as it moves
-    it (``algorithms.agree_first``), so it needs no barrier rounds before."""
+    it, so it needs no barrier rounds of its own (``algorithms.agree_alongside``)."""
     r = np.arange(p)
     rest = r[~np.isin(r, np.asarray(carriers, np.int64))]
     rnd.copy(src=rest, dst=(rest + (1 << k)) % p, n=0, buf="tmp")

@@ -600,7 +600,9 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
         return Terms()
     terms = _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
     if collective in ROOTED and (collective, alg) not in SELF_AGREEING:
-        terms += _barrier(p, n, link.alpha, link.beta, g)   # they agree first (agree_first)
+        # they agree in a barrier's rounds, the last of which carries their first
+        # (agree_alongside): priced as if all came first, at most one round long
+        terms += _barrier(p, n, link.alpha, link.beta, g)
     return terms
 
 

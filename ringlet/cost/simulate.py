@@ -345,8 +345,11 @@ class _Sim:
                 ae, be = topo.inter.alphas(nb), topo.inter.beta
                 if topo.nic_sharing:
                     p = self.p
-                    kout = np.bincount(host, np.bincount(src[x], minlength=p) > 0, self.H)
-                    kin = np.bincount(host, np.bincount(dst[x], minlength=p) > 0, self.H)
+                    # (ranks whose messages across carry bytes: an agreement's empty
+                    # signal shares no bandwidth)
+                    carrying = x & (nb > 0)
+                    kout = np.bincount(host, np.bincount(src[carrying], minlength=p) > 0, self.H)
+                    kin = np.bincount(host, np.bincount(dst[carrying], minlength=p) > 0, self.H)
                     def cost(share):
                         share = np.where(share > 1, share / topo.shared, share)
                         return np.where(x, nb * be * share, nb * bi)

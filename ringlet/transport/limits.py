@@ -48,8 +48,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   SPLIT_REDUCE_MIN: the same for a message its receiver reduces (dst = op(dst, message)),
   from a larger size: below it the receiver reducing alone was faster. In-job A/B (reduce
   p = 2, dissemination, rl.empty, fresh inputs, 8-10 alternating blocks of 10 calls, four
-  jobs, load < 1; split / receiver alone on the median block): 1 MiB 1.07-1.35, 1.5 MiB
-  0.96-1.18, 2 MiB 0.99-1.07, 3 MiB 1.03, 4 MiB 0.93-0.96, 8 MiB 0.77-0.82, 32 MiB 0.76.
+  jobs, load < 1; split / receiver alone on the median block): 1 MiB 1.07-1.36, 1.5 MiB
+  0.96-1.18, 2 MiB 0.99-1.07, 3 MiB 1.03, 4 MiB 0.93-0.96, 8 MiB 0.68-0.82, 32 MiB 0.76.
   Copies split from SPLIT_MIN (broadcast p = 2, the same A/B: 1 MiB 0.92-1.16, 2 MiB
   0.92-0.99, 4 MiB 0.80).
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.

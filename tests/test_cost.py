@@ -389,9 +389,10 @@ def test_simulator_matches_closed_form(coll, alg):
 
 def _matches_closed_form(s, topo, t, gamma, why) -> None:
     """The simulator on ``s`` against its closed form ``t`` on the IB link: the same, for an
-    algorithm alone. A rooted one's agreement rides its rounds (algorithms.agree_alongside),
-    where the closed form adds a barrier before them: the algorithm alone is the closed
-    form less that barrier, and its agreement's messages add at most that barrier."""
+    algorithm alone. A rooted one's first round rides its agreement barrier's last
+    (algorithms.agree_alongside), where the closed form adds the whole barrier before it:
+    the algorithm alone is the closed form less that barrier, and with its agreement it
+    costs at most the closed form."""
     res = simulate(s, topo)
     if not s.agreement:
         assert res.time == pytest.approx(t.total, rel=0.01, abs=1e-12), (why, res.terms, t)

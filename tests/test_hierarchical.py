@@ -87,9 +87,10 @@ def test_closed_form_is_the_simulated_schedule(collective, h, m):
         if not sched.agreement:
             assert form == pytest.approx(sim, rel=1e-5)   # segments differ by an element at most
             continue
-        # a rooted call's agreement rides its rounds (algorithms.agree_alongside), where the
-        # closed form adds a barrier before them: the algorithm alone is the closed form
-        # less that barrier, and the agreement's messages add at most the barrier
+        # a rooted call's first round rides its agreement barrier's last
+        # (algorithms.agree_alongside), where the closed form adds the whole barrier before
+        # it: the algorithm alone is the closed form less that barrier, and with its
+        # agreement it costs at most the closed form
         bar = breakdown("barrier", 0, h * m, "dissemination", "ethernet").total
         alone = simulate(sched.without_agreement(), topo).time
         assert form - bar == pytest.approx(alone, rel=1e-5)

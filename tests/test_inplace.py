@@ -200,9 +200,9 @@ def test_split_copy_claims_every_chunk_once():
 
 def _split_job(rank, slow_receiver):
     """Broadcast from rl.empty buffers, p = 2: the receiver splits every message over
-    MIN_BYTES, and every reduction from REDUCE_MIN_BYTES; with ``slow_receiver`` it starts its own copy late, so the sender (waiting
-    for CTS_DONE) must have copied chunks - and the result is right either way, odd sizes
-    and dtypes included."""
+    MIN_BYTES, and every reduction from REDUCE_MIN_BYTES; with ``slow_receiver`` it starts
+    its own copy late, so the sender (waiting for CTS_DONE) must have copied chunks - and
+    the result is right either way, odd sizes and dtypes included."""
     from ringlet.transport import split
     peer = engine().peers[1 - rank]
     if slow_receiver and rank == 1:

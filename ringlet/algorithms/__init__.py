@@ -24,8 +24,8 @@ from . import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, r
 from .all_reduce import tree_segments
 from .broadcast import pipeline_segments
 
-__all__ = ["CATALOG", "ROOTED", "SELF_AGREEING", "build", "agree_alongside", "pipeline_segments",
-           "tree_segments"]
+__all__ = ["CATALOG", "ROOTED", "SELF_AGREEING", "build", "agree_alongside",
+           "pipeline_segments", "tree_segments"]
 
 
 def _table(module, *names):

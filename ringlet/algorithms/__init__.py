@@ -142,7 +142,8 @@ def agree_alongside(s: Schedule) -> None:
     with MPI (and as with the "dissemination" algorithms, whose data rides these very
     messages: ``Schedule.agrees``). Merged into the algorithm's rounds from the first on,
     the later signals waited for the data before them, and a crowded scatter at p = 4
-    8 MiB ran 0.61-0.96x as fast as with the barrier first (in-job A/B, docs/results.md)."""
+    8 MiB ran 0.61-0.96x as fast as with the barrier first in six of seven in-job A/B rows
+    (docs/results.md)."""
     agree = barrier.dissemination(s.p).rounds
     s.alone = list(s.rounds)
     last = agree[-1]

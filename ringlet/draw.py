@@ -107,6 +107,11 @@ def _profile_links():
     return prof.link("shm"), prof.link("inter"), prof.gamma("shm"), prof.delta("shm")
 
 
+def round_name(s: Schedule, i: int) -> str:
+    """A round's heading: its number, and whether it is posted with round 0."""
+    return f"round {i}" + (" (with 0)" if i == s.early else "")
+
+
 def _alone(s: Schedule, rnd) -> Schedule:
     return Schedule(s.collective, s.algorithm, s.p, s.count, [rnd], dict(s.buffers),
                     s.itemsize, s.root, s.splits, s.hosts)
@@ -139,7 +144,7 @@ def text(d: Drawing, width: int | None = None) -> str:
             if not t.local:
                 sent[t.src].append(f"->{d.lanes[t.dst]} {d.label(t)}")
         cells.append([", ".join(x) or "." for x in sent])
-    heads = [f"round {i}" for i in range(len(s.rounds))]
+    heads = [round_name(s, i) for i in range(len(s.rounds))]
     foot = [format_time(t) for t in d.round_times]
     colw = [max(len(h), len(f), *(len(c) for c in col)) for h, f, col in zip(heads, foot, cells)]
     lane = [f"rank {r}" + (f" (host {d.hosts[i]})" if d.hosts else "")
@@ -151,7 +156,9 @@ def text(d: Drawing, width: int | None = None) -> str:
         f"receiver reduces it, else copies; chunks are numbered by offset in the "
         f"buffer they leave from; sync = a message of no bytes (a rooted call agreeing on "
         f"the call, before or beside its data); '.' = no message; {ROUND_TIME}: the "
-        f"model's time of that round on its own", width)
+        f"model's time of that round on its own"
+        + ("; (with 0): posted with round 0, its data moving beside the rounds between"
+           if s.early >= 0 else ""), width)
     i = 0
     while i < len(s.rounds):
         j, used = i, lw
@@ -255,7 +262,7 @@ def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
     ax.set_yticks([y[r] for r in range(p)])
     ax.set_yticklabels([f"rank {d.lanes[r]}" for r in range(p)], fontsize=8)
     ax.set_xticks([k + 0.5 for k in range(R)])
-    ax.set_xticklabels([f"round {k}" for k in range(R)], fontsize=8,
+    ax.set_xticklabels([round_name(d.schedule, k) for k in range(R)], fontsize=8,
                        rotation=0 if R <= 12 else 90)
     ax.xaxis.tick_top()
     for side in ("right", "bottom", "left"):

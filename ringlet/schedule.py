@@ -185,10 +185,12 @@ def one_way(nbytes, src, dst) -> np.ndarray:
 
 
 class RankRound(NamedTuple):
-    """One rank's part of one round: local steps, then messages out and in."""
+    """One rank's part of one round: local steps, then messages out and in; ``early``: the
+    round is posted with the rank's first (``Schedule.early``)."""
     local: tuple[Transfer, ...]
     sends: tuple[Transfer, ...]
     recvs: tuple[Transfer, ...]
+    early: bool = False
 
 
 # -- the executor's form of a rank's plan (``ringlet.work.compile_plan``): the same
@@ -238,10 +240,14 @@ class RecvStep:
 
 @dataclass(frozen=True, slots=True)
 class PlanRound:
-    """One round of a compiled plan: local steps, then messages out and in."""
+    """One round of a compiled plan: local steps, then messages out and in. ``then``: the
+    index of a later round posted right after this one (-1: none); ``early``: this round
+    was posted so, and is only waited for in its turn (``Schedule.early``)."""
     local: tuple[LocalStep, ...]
     sends: tuple[SendStep, ...]
     recvs: tuple[RecvStep, ...]
+    then: int = -1
+    early: bool = False
     #: receives that bring bytes (an agreement's empty signal brings none), counted once
     copies_in: int = field(init=False)
     #: sends that carry bytes (what the sender's copies are shared by: cma.py)
@@ -273,6 +279,10 @@ class Schedule:
     #: its data rides the dissemination barrier's messages (the "dissemination" rooted
     #: algorithms), so the ranks agree on the call as they move it: no agreement rounds
     agrees: bool = False
+    #: the index of a round whose messages every rank posts right after its first round's
+    #: and waits for in its turn (-1: none): a rooted algorithm's first round, moving while
+    #: the agreement's rounds go on (``ringlet.algorithms.agree_alongside``)
+    early: int = -1
 
     def round(self) -> Round:
         """Append a new, empty round and return it for the builder to fill."""
@@ -284,7 +294,7 @@ class Schedule:
         """The algorithm alone, without its agreement's messages: what the textbook counts."""
         if self.alone is None:
             return self
-        return replace(self, rounds=list(self.alone), agreement=0, alone=None)
+        return replace(self, rounds=list(self.alone), agreement=0, alone=None, early=-1)
 
     # -- per-rank views, computed once (schedules are cached, so are these) -------------
     def rank_plan(self, rank: int) -> tuple[RankRound, ...]:
@@ -299,7 +309,7 @@ class Schedule:
 
     def _make_plan(self, rank: int) -> tuple[RankRound, ...]:
         plan = []
-        for rnd in self.rounds:
+        for i, rnd in enumerate(self.rounds):
             c = rnd.cols
             mine_src, mine_dst = c["src"] == rank, c["dst"] == rank
             local = mine_src & mine_dst
@@ -307,7 +317,7 @@ class Schedule:
             recvs = rnd.rows(mine_dst & ~local)
             loc = rnd.rows(local)
             if loc or sends or recvs:
-                plan.append(RankRound(tuple(loc), tuple(sends), tuple(recvs)))
+                plan.append(RankRound(tuple(loc), tuple(sends), tuple(recvs), i == self.early))
         return tuple(plan)
 
     # -- counting: what the tracer and the textbook formulas compare ---------------------
@@ -382,7 +392,8 @@ class Schedule:
                 + (f", root {self.root}" if self.root is not None else ""))
         lines = [head]
         for i, rnd in enumerate(self.rounds):
-            lines.append(f"  round {i}:" + (" (agreeing on the call)" if i < self.agreement else ""))
+            lines.append(f"  round {i}:" + (" (agreeing on the call)" if i < self.agreement else "")
+                         + (" (posted with round 0)" if i == self.early else ""))
             lines.extend(f"    {t}" for t in rnd)
         return "\n".join(lines)
 

@@ -314,7 +314,7 @@ class CollectiveWork(Work):
             self.i, mask = resume.rounds, resume.recv_mask
             self.waited, self._spun = resume.waited, resume.stalled
             if mask >= 0:   # its local steps and sends are done, and these receives
-                self.reqs = self._post_recvs(plan[self.i].recvs, mask)
+                self.reqs = self._post_recvs(plan[self.i], mask)
                 self._posted_at = time.perf_counter()
                 self.i += 1
         self.advance()
@@ -354,11 +354,27 @@ class CollectiveWork(Work):
                         err = exc
                 self._end(err)
                 return True
-            self._post(self.plan[self.i])
+            rnd = self.plan[self.i]
+            if rnd.early:       # posted with the first round: its turn to be waited for
+                self.reqs, self._early = self._early, None
+                self._posted_at = time.perf_counter()
+            else:
+                self._post(rnd)
+                if rnd.then >= 0 and not self.done:
+                    self._post_early(self.plan[rnd.then])
             self.i += 1
             moved = True
             if self.done:   # failed while posting (a mismatch, a peer lost while it polled)
                 return True
+
+    def _post_early(self, rnd: PlanRound) -> None:
+        """Post a later round now, right after the first (``PlanRound.then``): a rooted
+        call's data moves while its agreement goes on. Both ends of every pair post in
+        that order (messages of one pair and call are matched in order). Its requests
+        wait for its turn; the call ends only after every round, the agreement's too."""
+        first, at = self.reqs, self._posted_at
+        self._post(rnd)
+        self._early, self.reqs, self._posted_at = self.reqs, first, at
 
     def fail(self, exc) -> None:
         if not self.done:
@@ -405,7 +421,7 @@ class CollectiveWork(Work):
                 # copy does. The peer's message is read as soon as its RTS is seen, and our
                 # CTS_DONE lets it go while we still copy: the round then ends on our own
                 # copy instead of on a wait (and often a sleep) for the peer's answer.
-                reqs = self._post_recvs(rnd.recvs)
+                reqs = self._post_recvs(rnd)
                 self._local_polling(rnd.local, reqs)
         elif EARLY_ROOT and rnd.local and _receives_offered(rnd, bufs, self.engine.peers) \
                 and _apart(rnd, bufs):
@@ -415,7 +431,7 @@ class CollectiveWork(Work):
             early, late = _independent(rnd, bufs) if late else ((), ())
             if not late:
                 self._send(early, rnd, sent, rnd.copies_out + len(rnd.local))
-                reqs = self._post_recvs(rnd.recvs, ways=WRITE_WHOLE)
+                reqs = self._post_recvs(rnd, ways=WRITE_WHOLE)
                 self._local_polling(rnd.local, reqs)
                 peers = self.engine.peers
                 for r in reqs:      # (one from rl.empty announced from now on: split at once)
@@ -430,7 +446,7 @@ class CollectiveWork(Work):
         # buffer read in place (rl.empty, CMA) is copied as it is posted, and the peer
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
         self._send(late, rnd, sent, rnd.copies_out)
-        self._posted(rnd, self._post_recvs(rnd.recvs), sent)
+        self._posted(rnd, self._post_recvs(rnd), sent)
 
     def _posted(self, rnd: PlanRound, reqs: list, sent: list) -> None:
         """The round is posted: its receives and its sends not gone at once are what it
@@ -495,15 +511,14 @@ class CollectiveWork(Work):
         for peer in peers:
             peer.progress()
 
-    def _post_recvs(self, recvs, skip: int = 0, ways: int | None = None) -> list:
+    def _post_recvs(self, rnd: PlanRound, skip: int = 0, ways: int | None = None) -> list:
         """Post a round's receives (but those whose bit is set in ``skip``)."""
         bufs, ufunc, peers, tag, fp = self.bufs, self.ufunc, self.engine.peers, self.tag, self.fp
         reqs = []
         # (0: this round copied locally first, and its receives take no split: cma.py)
         if ways is None:
-            rnd = self.plan[self.i]
             ways = 0 if rnd.local else rnd.copies_in
-        for k, t in enumerate(recvs):
+        for k, t in enumerate(rnd.recvs):
             if skip >> k & 1:
                 continue
             dst = bufs[t.dbuf][t.d0:t.d1]
@@ -635,10 +650,13 @@ def compile_plan(plan, world_of, pieces_of=None) -> tuple[PlanRound, ...]:
                          a0 + i if ab is not None else 0, a0 + i + n if ab is not None else 0)
                 for i, n in spans(t))
 
+    # a round posted early goes right after the rank's first (Schedule.early)
+    early = next((i for i, rnd in enumerate(plan) if rnd.early and i > 0), -1)
     return tuple(PlanRound(
         tuple(LocalStep(t.op == REDUCE, t.sbuf, t.soff, t.soff + t.n, t.dbuf, t.doff,
                         t.doff + t.n, *acc(t)) for t in rnd.local),
         tuple(SendStep(world_of[t.dst], t.sbuf, t.soff + i, t.soff + i + n)
               for t in rnd.sends for i, n in spans(t)),
-        tuple(r for t in rnd.recvs for r in recvs(t)))
-        for rnd in plan)
+        tuple(r for t in rnd.recvs for r in recvs(t)),
+        early if k == 0 else -1, k == early)
+        for k, rnd in enumerate(plan))

@@ -1,5 +1,6 @@
 """Ranks that disagree on a rooted collective's root raise CollectiveMismatch at that very
 call, on every rank, for every algorithm — never a hang, never a silently wrong result."""
+import itertools
 import re
 
 import numpy as np
@@ -115,6 +116,55 @@ def test_agreeing_ranks_still_get_the_right_answer():
     run(_agreed, 3)
 
 
+def _agreed_large(rank, n):
+    """Large rooted calls, whose first round moves beside the agreement (posted right after
+    its first round, ``Schedule.early``) where lg p >= 2: every algorithm, every root, from
+    plain and rl.empty buffers, gives the right answer - a data message and a signal on one
+    pair are matched in the order both ends posted them."""
+    p = rl.get_world_size()
+    for alloc in (np.empty, rl.empty):
+        def full(shape, value):
+            a = alloc(shape, np.float64)
+            a[...] = value
+            return a
+        for collective in ROOTED:
+            for algorithm in algorithms.CATALOG[collective]:
+                for root in range(p):
+                    where = (collective, algorithm, root, alloc.__module__)
+                    x = full(n, rank + 1.0)
+                    if collective == "broadcast":
+                        rl.broadcast(x, root, algorithm=algorithm, timeout=30)
+                        assert (x == root + 1).all(), where
+                    elif collective == "reduce":
+                        rl.reduce(x, root, algorithm=algorithm, timeout=30)
+                        assert (x == (p * (p + 1) / 2 if rank == root else rank + 1)).all(), where
+                    elif collective == "gather":
+                        out = full((p, n), 0.0) if rank == root else None
+                        rl.gather(x, out, dst=root, algorithm=algorithm, timeout=30)
+                        if rank == root:
+                            assert (out == np.arange(1, p + 1)[:, None]).all(), where
+                    else:
+                        inp = full((p, n), np.arange(p)[:, None] + 10.0) if rank == root else None
+                        rl.scatter(x, inp, src=root, algorithm=algorithm, timeout=30)
+                        assert (x == rank + 10.0).all(), where
+
+
+@pytest.mark.parametrize("p", [3, 5])
+def test_large_rooted_calls_moving_beside_their_agreement_get_the_right_answer(p):
+    n = (algorithms.EARLY_MIN_BYTES // 8) * 3 // 2       # 768 KiB of float64 per block
+    for collective in ROOTED:                            # (the schedules are the early kind)
+        s = algorithms.build(collective, "direct", p, n, itemsize=8)
+        assert s.early == s.agreement == (p - 1).bit_length(), collective
+    run(_agreed_large, p, n)
+
+
+def test_the_early_bound_is_the_fast_paths_eager_packet():
+    """A plan whose every message is one shared-memory EAGER packet may run in C, which
+    takes rounds in turn: only larger first rounds are posted early."""
+    from ringlet.transport import limits
+    assert algorithms.EARLY_MIN_BYTES == limits.SHM_EAGER_BYTES
+
+
 @pytest.mark.parametrize("collective", ROOTED)
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
 def test_rooted_schedules_carry_a_barrier_every_rank_hears_through(collective, p):
@@ -129,37 +179,47 @@ def test_rooted_schedules_carry_a_barrier_every_rank_hears_through(collective, p
     send nothing after them."""
     lg = (p - 1).bit_length()
     barrier = algorithms.build("barrier", "dissemination", p, 0)
-    for algorithm in algorithms.CATALOG[collective]:
-        for root in (0, p - 1):
-            s = rl.schedule(collective, p, 100, algorithm=algorithm, root=root)
-            heard = np.eye(p, dtype=bool)       # heard[i, j]: rank i has heard from rank j
-            for rnd, signal in zip(s.rounds[:lg], barrier.rounds):
-                c = rnd.cols
-                msg = c["src"] != c["dst"]
-                pairs = list(zip(c["src"][msg].tolist(), c["dst"][msg].tolist()))
-                assert len(pairs) == len(set(pairs)), "two messages on one pair in a round"
-                want = list(zip(signal.cols["src"].tolist(), signal.cols["dst"].tolist()))
-                assert set(want) <= set(pairs), (collective, algorithm, p, root)
-                new = heard.copy()
-                for a, b in want:
-                    new[b] |= heard[a]
-                heard = new
-            assert heard.all(), (collective, algorithm, p, root)
-            later = [(r.cols["src"] != r.cols["dst"]) & (r.cols["n"] > 0) for r in s.rounds[lg:]]
-            if s.agrees:
-                assert s.agreement == 0 and not any(m.any() for m in later), "no message after"
-                assert any((r.cols["n"] > 0).any() for r in s.rounds[:lg]), "the data rides them"
-                continue
-            assert s.agreement == lg
-            alone = s.without_agreement()
-            bare = algorithms.CATALOG[collective][algorithm](p, 100, root=root)
-            assert len(alone.rounds) == len(bare.rounds)
-            for a, b in zip(alone.rounds, bare.rounds):
-                assert all((a.cols[k] == b.cols[k]).all() for k in a.cols)
-            # what the signals added: empty messages only
-            added = sum(len(r) for r in s.rounds) - sum(len(r) for r in alone.rounds)
-            assert added == sum(int((r.cols["n"] == 0).sum()) for r in s.rounds) - \
-                sum(int((r.cols["n"] == 0).sum()) for r in alone.rounds)
+    big = algorithms.EARLY_MIN_BYTES // 4 + 1      # first rounds above it: posted early
+    for algorithm, root, count in itertools.product(algorithms.CATALOG[collective],
+                                                    (0, p - 1), (100, big)):
+        s = rl.schedule(collective, p, count, algorithm=algorithm, root=root)
+        heard = np.eye(p, dtype=bool)       # heard[i, j]: rank i has heard from rank j
+        for rnd, signal in zip(s.rounds[:lg], barrier.rounds):
+            c = rnd.cols
+            msg = c["src"] != c["dst"]
+            pairs = list(zip(c["src"][msg].tolist(), c["dst"][msg].tolist()))
+            assert len(pairs) == len(set(pairs)), "two messages on one pair in a round"
+            want = list(zip(signal.cols["src"].tolist(), signal.cols["dst"].tolist()))
+            assert set(want) <= set(pairs), (collective, algorithm, p, root)
+            new = heard.copy()
+            for a, b in want:
+                new[b] |= heard[a]
+            heard = new
+        assert heard.all(), (collective, algorithm, p, root)
+        later = [(r.cols["src"] != r.cols["dst"]) & (r.cols["n"] > 0) for r in s.rounds[lg:]]
+        if s.agrees:
+            assert s.agreement == 0 and not any(m.any() for m in later), "no message after"
+            assert any((r.cols["n"] > 0).any() for r in s.rounds[:lg]), "the data rides them"
+            continue
+        assert s.agreement == lg
+        alone = s.without_agreement()
+        bare = algorithms.CATALOG[collective][algorithm](p, count, root=root)
+        first = bare.rounds[0].cols
+        large = (first["n"][first["src"] != first["dst"]] * 4 >
+                 algorithms.EARLY_MIN_BYTES).any()
+        if lg > 1 and large:
+            # the barrier whole, then the algorithm, its first round posted with round 0
+            assert s.early == lg and not any((r.cols["n"] > 0).any() for r in s.rounds[:lg])
+            assert len(s.rounds) == lg + len(bare.rounds)
+        else:       # its first round rides the barrier's last
+            assert s.early == -1 and len(s.rounds) == lg - 1 + len(bare.rounds)
+        assert len(alone.rounds) == len(bare.rounds)
+        for a, b in zip(alone.rounds, bare.rounds):
+            assert all((a.cols[k] == b.cols[k]).all() for k in a.cols)
+        # what the signals added: empty messages only
+        added = sum(len(r) for r in s.rounds) - sum(len(r) for r in alone.rounds)
+        assert added == sum(int((r.cols["n"] == 0).sum()) for r in s.rounds) - \
+            sum(int((r.cols["n"] == 0).sum()) for r in alone.rounds)
 
 
 def test_only_the_dissemination_algorithms_agree_as_they_move_the_data():

@@ -504,7 +504,7 @@ def test_in_place_all_gather_and_gather_copy_nothing(alloc):
 
 
 def _auto_by_buffer_kind(rank):
-    """Under a calibrated host profile, 1 MiB broadcast at p = 3 is dissemination (a
+    """Under a calibrated host profile, 1 MiB broadcast at p = 4 is dissemination (a
     binomial tree) from NumPy buffers but direct from rl.empty ones (the root's one
     announcement per peer, each peer copying in place, beats forwarding). Ranks that pass
     different kinds of buffers disagree, and say why, on every rank."""
@@ -598,4 +598,4 @@ def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
     from ringlet.cost import profile
     path = tmp_path / "profile.json"
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
-    run(_auto_by_buffer_kind, 3, env={"RINGLET_PROFILE": str(path)})
+    run(_auto_by_buffer_kind, 4, env={"RINGLET_PROFILE": str(path)})

@@ -917,6 +917,31 @@ def _build(coll, alg, p, count):
     return algs.build(coll, alg, p, count, itemsize=4)
 
 
+def test_a_large_rooted_first_round_is_priced_beside_its_agreement(monkeypatch):
+    """A rooted algorithm's large first round, posted with the agreement's first round
+    (Schedule.early), moves beside the agreement: where each rank has a core, the call
+    takes the longer of the two, the barrier alone or the algorithm alone after the CPU of
+    the signals its rank sends and receives meanwhile (one thread: 2 lg p of them, alpha
+    each). Riding the barrier's last round instead, it waited for the rounds before it:
+    where a hop's latency is more than a message's CPU, that is longer."""
+    m = _host(alpha=2e-6, alpha_hop=30e-6, beta=1e-10, alpha_rdv=5e-6, cores=8)
+    for coll, p in itertools.product(("scatter", "gather", "broadcast", "reduce"), (4, 8)):
+        s = _build(coll, "direct", p, 1 << 20)              # 4 MiB messages
+        assert s.early == s.agreement == (p - 1).bit_length()
+        topo = Topology.on_host(p, m)
+        t = simulate(s, topo).time
+        alone = simulate(s.without_agreement(), topo).time
+        bar = simulate(_build("barrier", "dissemination", p, 0), topo).time
+        signals = 2 * (p - 1).bit_length() * m.alpha
+        assert t == pytest.approx(max(alone + signals, bar)), coll
+        monkeypatch.setattr(algs, "EARLY_MIN_BYTES", 1 << 62)
+        algs._build.cache_clear()
+        riding = _build(coll, "direct", p, 1 << 20)
+        monkeypatch.undo()
+        algs._build.cache_clear()
+        assert riding.early == -1 and simulate(riding, topo).time > t, coll
+
+
 def test_host_model_ring_p2_by_hand():
     """p = 2 ring all-reduce of 64 KiB: two rounds, one 32 KiB message each way.
     Each rank is one thread: it copies its send into the ring AND copies (reduces) its
@@ -1360,8 +1385,8 @@ def test_a_rank_without_the_fast_path_prices_as_the_profile_says(monkeypatch):
 
 def test_choose_prices_rl_empty_buffers_as_read_in_place():
     """With a calibrated host, choose() prices the caller's rl.empty buffers as read in
-    place: 8 MiB broadcast at p = 4 turns from forwarding (pipeline or dissemination, by
-    how the profile prices its EAGER pieces) to direct. A profile that did not
+    place: 8 MiB broadcast at p = 4 turns from forwarding (a tree or pipeline, by how the
+    profile prices its EAGER pieces and its agreement) to direct. A profile that did not
     record the transport's in-place threshold gets it from the transport. (Without
     cross-memory attach: with it, plain buffers' exchanges are read in place too.)"""
     prof = profile.Profile.from_fits({"shm": {**HOST_PROFILE, "cma_min": -1}})
@@ -1369,8 +1394,8 @@ def test_choose_prices_rl_empty_buffers_as_read_in_place():
     assert prof.host_model("shm").zero_copy_min == shm.ZERO_COPY_MIN
     plain, rows = choose("broadcast", 8 << 20, 4, topology=prof)
     mine, shared_rows = choose("broadcast", 8 << 20, 4, topology=prof, shared=("buf",))
-    # (plain: a forwarding algorithm, pipeline's segments or dissemination's tree)
-    assert mine == "direct" and plain in ("pipeline", "dissemination")
+    # (plain: a forwarding algorithm, pipeline's segments or a binomial tree)
+    assert mine == "direct" and plain in ("pipeline", "dissemination", "binomial")
     t = {r.algorithm: r.total for r in rows}
     ts = {r.algorithm: r.total for r in shared_rows}
     # never dearer; the same where every message is an EAGER packet (pipeline's segments)

@@ -123,12 +123,32 @@ def _build(collective, algorithm, p, count, itemsize, root, hosts, splits) -> Sc
     return s
 
 
+# A rooted algorithm's first round whose largest message is above this many bytes moves
+# from the start of the call, beside the agreement (``Schedule.early``); a smaller one rides
+# the agreement's last round. The bound is the shared-memory EAGER packet's
+# (limits.SHM_EAGER_BYTES, tests/test_agreement.py holds them equal): a plan whose every
+# message is one such packet runs in C (transport/fast.py), which takes rounds in turn.
+EARLY_MIN_BYTES = 512 << 10
+
+
 def agree_alongside(s: Schedule) -> None:
     """A rooted collective's ranks agree on the call in the dissemination barrier's lg p
-    rounds (rank i signals rank i + 2^k with zero elements in round k), the last of which
-    also carries the algorithm's first round: its data does not wait for the whole
-    barrier, and no signal waits for data. Where the algorithm sends from i to i + 2^k in
-    that round, that message is the signal.
+    rounds (rank i signals rank i + 2^k with zero elements in round k). The algorithm's
+    first round goes beside them, so its data does not wait for the whole barrier and no
+    signal waits for data:
+
+    * a large one (a message above ``EARLY_MIN_BYTES``) with lg p >= 2 is posted by every
+      rank right after the barrier's first round and waited for after its last
+      (``Schedule.early``): a root announces its blocks as it enters the call, and each
+      receiver reads its own as soon as it enters, whoever else is late (p = 4 on two
+      cores, 8 MiB scatter, in one job: without any agreement 530-630 us against 655-680
+      with the data in the barrier's last round; Open MPI 520-545);
+    * otherwise it rides the barrier's last round; where the algorithm sends from i to
+      i + 2^k in that round, that message is the signal.
+
+    Both ends post a pair's messages in the same order (the early round's after the first
+    round's, before the later rounds'), and messages of one pair and call are matched in
+    order, so a signal never meets a data receive.
 
     Every message carries the sender's fingerprint of the call (root included), and a
     receiver that sees another one aborts the call on every rank. A rooted algorithm alone
@@ -138,7 +158,7 @@ def agree_alongside(s: Schedule) -> None:
     after its sender's previous round, from every other rank; a rank that differs breaks
     the chain where it first meets the other view (whatever the algorithm and root, the
     pairs are the barrier's), so no rank can finish the call. Data that moves beside the
-    last signals may have moved in a call that then fails: its outputs are undefined, as
+    signals may have moved in a call that then fails: its outputs are undefined, as
     with MPI (and as with the "dissemination" algorithms, whose data rides these very
     messages: ``Schedule.agrees``). Merged into the algorithm's rounds from the first on,
     the later signals waited for the data before them, and a crowded scatter at p = 4
@@ -146,6 +166,11 @@ def agree_alongside(s: Schedule) -> None:
     (docs/results.md)."""
     agree = barrier.dissemination(s.p).rounds
     s.alone = list(s.rounds)
+    s.agreement = len(agree)
+    if len(agree) > 1 and s.rounds and _largest(s.rounds[0]) * s.itemsize > EARLY_MIN_BYTES:
+        s.rounds[:0] = agree
+        s.early = len(agree)
+        return
     last = agree[-1]
     if s.rounds:
         c, sig = s.rounds[0].cols, last.cols
@@ -155,4 +180,9 @@ def agree_alongside(s: Schedule) -> None:
                          for a, b in zip(sig["src"].tolist(), sig["dst"].tolist())], bool)
         last = Round().extend(s.rounds[0]).extend(last, keep)
     s.rounds[:1] = [*agree[:-1], last]
-    s.agreement = len(agree)
+
+
+def _largest(rnd: Round) -> int:
+    """The most elements one message of ``rnd`` carries (0: none)."""
+    c = rnd.cols
+    return int(c["n"][c["src"] != c["dst"]].max(initial=0))

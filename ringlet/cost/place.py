@@ -90,6 +90,7 @@ class _Merged:
     p: int
     itemsize: int
     rounds: list = field(default_factory=list)
+    early: int = -1     # Schedule.early, where every group's schedule has it alike
 
 
 class _Pricer:
@@ -113,7 +114,7 @@ class _Pricer:
 
     def comm_time(self, c: Comm, host_of) -> tuple[float, list[str]]:
         merged = _Merged(self.P, 4)
-        algs = []
+        algs, early = [], set()
         for g in c.groups:
             if len(g) < 2:
                 continue
@@ -124,6 +125,7 @@ class _Pricer:
             sched = build_schedule(c.collective, alg, len(g), c.nbytes,
                                    hosts=ids if len(set(ids)) > 1 else None)
             merged.itemsize = sched.itemsize
+            early.add(sched.early)
             ranks = np.asarray(g, np.int64)
             for i, rnd in enumerate(sched.rounds):
                 if len(merged.rounds) <= i:
@@ -133,6 +135,8 @@ class _Pricer:
                                          cols["reduce"]))
         if not algs:
             return 0.0, algs
+        # (groups whose early rounds differ: each round in its turn, an upper bound)
+        merged.early = early.pop() if len(early) == 1 else -1
         merged.rounds = [_Round(dict(zip(("src", "dst", "n", "reduce"),
                                          (np.concatenate(col) for col in zip(*parts)))))
                          for parts in merged.rounds]

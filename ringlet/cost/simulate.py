@@ -250,23 +250,27 @@ class _Sim:
             self.start = self.start + (p - mach.cores) * mach.lat_call
             self.lat = self.lat + (p - mach.cores) * mach.lat_call
         nrounds = 0
-        for rnd in self.s.rounds:
+        first = None        # each rank's state as its first round starts (Schedule.early)
+        state = ("start", "lat", "bw", "red", "xt")
+        for i, rnd in enumerate(self.s.rounds):
             c = rnd.cols
             src = c["src"]
             if not len(src):
                 continue
             nrounds += 1
-            dst, n, rflag = c["dst"], c["n"], c["reduce"]
-            before = self.start
-            loc = src == dst
-            if loc.any():
-                self._local_steps(src[loc], n[loc] * self.isz, rflag[loc].astype(bool))
-                if not loc.all():
-                    self._messages(src[~loc], dst[~loc], n[~loc] * self.isz, rflag[~loc])
+            if first is None:
+                first = [getattr(self, k) for k in state]
+            if i == self.s.early:   # posted with the first round: it runs beside the rest
+                # (the links' alpha is latency here, no CPU that the signals would hold)
+                after = [getattr(self, k) for k in state]
+                for k, v in zip(state, first):
+                    setattr(self, k, v)
+                self._round(c)
+                later = after[0] > self.start
+                for k, v in zip(state, after):
+                    setattr(self, k, np.where(later, v, getattr(self, k)))
             else:
-                self._messages(src, dst, n * self.isz, rflag)
-            if self.topo.machine is not None:
-                self._machine_bound(before, src, dst, n * self.isz, rflag.astype(bool))
+                self._round(c)
         start, lat, bw, red, xt = self.start, self.lat, self.bw, self.red, self.xt
         rank_terms = np.stack([lat, bw, red], axis=1)
         last = int(np.argmax(start)) if p else 0
@@ -277,6 +281,19 @@ class _Sim:
                          {"intra": int(self.msgs_intra), "inter": int(self.msgs_inter)},
                          self.nic_out if self.H > 1 else None, self.nic_in if self.H > 1 else None,
                          nrounds, inter=float(xt[last]) if p else 0.0)
+
+    def _round(self, c) -> None:
+        src, dst, n, rflag = c["src"], c["dst"], c["n"], c["reduce"]
+        before = self.start
+        loc = src == dst
+        if loc.any():
+            self._local_steps(src[loc], n[loc] * self.isz, rflag[loc].astype(bool))
+            if not loc.all():
+                self._messages(src[~loc], dst[~loc], n[~loc] * self.isz, rflag[~loc])
+        else:
+            self._messages(src, dst, n * self.isz, rflag)
+        if self.topo.machine is not None:
+            self._machine_bound(before, src, dst, n * self.isz, rflag.astype(bool))
 
     def _local_steps(self, src, nbytes, reduce) -> None:
         """Local steps: a reduce costs n*gamma, a copy n*delta, on their own rank."""
@@ -726,14 +743,35 @@ class _HostSim:
         nrounds = 0
         prev = None                 # what each rank touched in the previous round
         fresh = not hits
-        for rnd in s.rounds:
+        first = None        # each rank's state as its first round starts (Schedule.early)
+        for i, rnd in enumerate(s.rounds):
             c = rnd.cols
             if not len(c["src"]):
                 continue
             if fresh:
                 hot, prev = _cache_hits(prev, c, p, m, self.isz)
                 hits.append(hot)
-            self._round(c, hits[nrounds])
+            if first is None:
+                first = self.start, self.path, self.alone
+            if i == s.early:    # posted with the first round: it runs beside the rest
+                after = self.start, self.path, self.alone
+                # ... on the same thread as the rounds before it, whose messages' CPU
+                # (their signals': alpha each, sent or received) it waits for, not their
+                # waits
+                sig = np.zeros((p, _N_TERMS))
+                for r in s.rounds[:i]:
+                    moved = r.cols["src"] != r.cols["dst"]
+                    sig[:, self.per_message] += np.bincount(r.cols["src"][moved], minlength=p)
+                    sig[:, self.per_message] += np.bincount(r.cols["dst"][moved], minlength=p)
+                self.start = first[0] + sig @ self.theta
+                self.path, self.alone = first[1] + sig, first[2] + sig
+                self._round(c, hits[nrounds])
+                later = after[0] > self.start
+                self.start = np.where(later, after[0], self.start)
+                self.path = np.where(later[:, None], after[1], self.path)
+                self.alone = np.where(later[:, None], after[2], self.alone)
+            else:
+                self._round(c, hits[nrounds])
             nrounds += 1
         return self._result(nrounds)
 

@@ -89,7 +89,7 @@ class FastCall:
 def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     """A FastCall for a compiled plan (``work.compile_plan``), or None when some message
     is not an EAGER one to a local peer (or C cannot reduce this dtype)."""
-    if not engine.fast:
+    if not engine.fast or (plan and plan[0].then >= 0):   # (C runs rounds in turn only)
         return None
     k = kernel(ufunc, dtype)
     if k is None:

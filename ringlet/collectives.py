@@ -250,8 +250,10 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
     seq, tag = numbered or g.next_collective_tag()
     tr = resume = None
     if tracing.ON:
+        from .cost.model import nbytes_of     # (the size every report and the model use)
         tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
-                          count * dtype.itemsize, g.size, call.plan, eng.peers)
+                          nbytes_of(collective, g.size, count, dtype.itemsize), g.size,
+                          call.plan, eng.peers)
     # Only a progress thread can drive the engine beside this caller, and only this caller
     # can start or wake one (after this call is posted): while there is none or it is
     # parked (transport/progress.py), the engine needs no lock.

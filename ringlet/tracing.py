@@ -9,6 +9,10 @@ line — a header (rank, host, clocks), then per call::
      "bytes": 4096, "start": t, "end": t, "waited": s, "waited_on": r, "predicted": s,
      "path": "python" | "C" | "C, then python", "tag": tag}
 
+where "bytes" is the call's size as the cost model and every report count it (the whole
+output of an all_gather or gather, the whole input of a reduce_scatter, all_to_all or
+scatter) and "predicted" the model's seconds for a call of that size on this host;
+
 per point-to-point operation the same kind of record with "coll" send, recv, isend or
 irecv, "algo" "point-to-point", "seq" null, "peer" (world rank) and "user_tag"; and per
 message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,

@@ -12,6 +12,7 @@ import numpy as np
 
 import ringlet as rl
 from ringlet import timeline
+from ringlet.cost import predict_host
 from conftest import run, until_asleep
 
 
@@ -48,10 +49,13 @@ def test_every_call_and_message_is_recorded_and_merged(tmp_path):
         calls = [(c["coll"], c["group"], c["bytes"]) for c in d["calls"]]
         world = [c for c in calls if c[1] == "world"]
         assert world == [("all_reduce", "world", 8), ("all_reduce", "world", 2 << 20),
-                         ("all_reduce", "world", 4 << 20), ("all_gather", "world", 4000)]
+                         ("all_reduce", "world", 4 << 20), ("all_gather", "world", 12000)]
         assert len(calls) == (5 if r < 2 else 4)
         for c in d["calls"]:
             assert c["end_us"] >= c["start_us"] and c["waited"] >= 0 and c["predicted"] > 0
+        # the model priced each call at its size (all_gather: the whole output, p blocks)
+        gathered = [c for c in d["calls"] if c["coll"] == "all_gather"][0]
+        assert gathered["predicted"] == predict_host("all_gather", 12000, 3, gathered["algo"])
         seqs = [c["seq"] for c in d["calls"] if c["group"] == "world"]
         assert seqs == sorted(seqs) and len(set(seqs)) == 4
     paths = {m["path"] for d in ranks.values() for m in d["msgs"] if m["ev"] == "send"}

@@ -253,7 +253,8 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         from .cost.model import nbytes_of     # (the size every report and the model use)
         tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
                           nbytes_of(collective, g.size, count, dtype.itemsize), g.size,
-                          call.plan, eng.peers)
+                          call.plan, eng.peers,
+                          _shared({k: v for k, v in bufs.items() if k != "tmp"}))
     # Only a progress thread can drive the engine beside this caller, and only this caller
     # can start or wake one (after this call is posted): while there is none or it is
     # parked (transport/progress.py), the engine needs no lock.

@@ -53,34 +53,38 @@ class Recorder:
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"rank{rank}.jsonl")
         self.rank, self.world_size = rank, world_size
-        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p): what is
-        # (collective, seq, group, algorithm); p2p None, or (peer, user tag, its message)
+        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p, shared):
+        # what is (collective, seq, group, algorithm); p2p None, or (peer, user tag, its
+        # message); shared the names of the call's rl.empty buffers
         self.calls: list = []
         self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
         self.c_msgs: list = []     # what the C fast path sent and received, see c_messages
         self._predicted: dict = {}
         self.mono0, self.wall0 = time.perf_counter(), time.time()
 
-    def predicted(self, coll: str, algo: str, p: int, nbytes: int) -> float | None:
-        """The cost model's seconds for this call on this host (cached per shape)."""
-        key = (coll, algo, p, nbytes)
+    def predicted(self, coll: str, algo: str, p: int, nbytes: int,
+                  shared: tuple = ()) -> float | None:
+        """The cost model's seconds for this call on this host (cached per shape), from
+        ``shared``: the buffers that are rl.empty arrays."""
+        key = (coll, algo, p, nbytes, shared)
         t = self._predicted.get(key, False)
         if t is False:
             try:
                 from .cost import predict_host
-                t = predict_host(coll, nbytes, p, algo)
+                t = predict_host(coll, nbytes, p, algo, shared=shared)
             except (ValueError, KeyError, RuntimeError, TypeError):
                 t = None
             self._predicted[key] = t
         return t
 
     def call_record(self, c) -> dict:
-        (coll, seq, group, algo), p, nbytes, tag, t0, t1, waited, waited_on, path, err, pp = c
+        (coll, seq, group, algo), p, nbytes, tag, t0, t1, waited, waited_on, path, err, pp, \
+            shared = c
         out = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq, "p": p,
                "bytes": nbytes, "tag": tag, "start": t0, "end": t1, "waited": waited,
                "waited_on": waited_on, "path": path}
         if pp is None:
-            out["predicted"] = self.predicted(coll, algo, p, nbytes)
+            out["predicted"] = self.predicted(coll, algo, p, nbytes, shared)
         else:       # one message between two ranks: a two-rank broadcast's price
             out.update(peer=pp[0], user_tag=pp[1],
                        predicted=self.predicted("broadcast", "binomial", 2, nbytes))
@@ -97,7 +101,7 @@ class Recorder:
             f.write(json.dumps(head) + "\n")
             for c in self.calls:
                 f.write(json.dumps(self.call_record(c)) + "\n")
-            p2p = [c[-1][2] for c in self.calls if c[-1] is not None]
+            p2p = [c[10][2] for c in self.calls if c[10] is not None]
             for kind, peer, nbytes, path, ts, tag, seq in (self.msgs + p2p
                                                            + c_messages(self.c_msgs)):
                 f.write(json.dumps({"ev": kind, "peer": peer, "bytes": nbytes, "path": path,
@@ -154,12 +158,14 @@ def c_messages(runs) -> list:
 class Call:
     """One traced collective call; the runtime makes it only when :data:`ON` (see
     collectives._run). It stamps and keeps what it needs; the record is made at close."""
-    __slots__ = ("rec", "what", "tag", "nbytes", "p", "plan", "peers", "path", "start")
+    __slots__ = ("rec", "what", "tag", "nbytes", "p", "plan", "peers", "path", "start",
+                 "shared")
 
-    def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers):
+    def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers, shared=()):
         self.rec = _REC
         self.what, self.tag, self.nbytes, self.p, self.plan, self.peers = \
             what, tag, nbytes, p, plan, peers
+        self.shared = shared     # the names of its rl.empty buffers (read in place)
         self.path = "python"
         self.start = time.perf_counter()
 
@@ -200,7 +206,7 @@ class Call:
             rec.calls.append((self.what, self.p, self.nbytes, self.tag, self.start,
                               now or time.perf_counter(), waited, waited_on, self.path,
                               None if error is None else f"{type(error).__name__}: {error}",
-                              None))
+                              None, self.shared))
 
 
 class P2P:
@@ -249,7 +255,7 @@ class P2P:
             rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
                               self.peer, "C" if in_c else "python",
                               None if error is None else f"{type(error).__name__}: {error}",
-                              (self.peer, self.user_tag, msg)))
+                              (self.peer, self.user_tag, msg), ()))
 
 
 def path_of(peer, buf, start: int, stop: int, receiving: bool = False,

@@ -56,6 +56,10 @@ def test_every_call_and_message_is_recorded_and_merged(tmp_path):
         # the model priced each call at its size (all_gather: the whole output, p blocks)
         gathered = [c for c in d["calls"] if c["coll"] == "all_gather"][0]
         assert gathered["predicted"] == predict_host("all_gather", 12000, 3, gathered["algo"])
+        in_place = [c for c in d["calls"] if c["bytes"] == 4 << 20][0]    # from rl.empty
+        assert in_place["predicted"] == predict_host("all_reduce", 4 << 20, 3, "ring",
+                                                     shared=("buf",))
+        assert in_place["predicted"] != predict_host("all_reduce", 4 << 20, 3, "ring")
         seqs = [c["seq"] for c in d["calls"] if c["group"] == "world"]
         assert seqs == sorted(seqs) and len(set(seqs)) == 4
     paths = {m["path"] for d in ranks.values() for m in d["msgs"] if m["ev"] == "send"}

@@ -2,6 +2,7 @@
 Schedule (a resumable state machine, so several collectives can be in flight at once)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
@@ -89,9 +90,36 @@ class Work:
         spun, self._spun = self._spun, 0.0
         if not self._done() or self.error is not None:
             eng = self.engine
+            bg = eng.background
+            limit = eng.timeout if timeout is None else timeout
+            deadline = time.monotonic() + limit
+            done = self._done
             eng.enter()
             try:
-                eng.wait(self._done, timeout, self._describe_timeout, self._waiting_on, spun)
+                while True:
+                    if bg.watched:   # (else the checks cost nothing)
+                        done = lambda: self._done() or eng.wanted or bool(bg.due(self))  # noqa: E731
+                    eng.wait(done, max(deadline - time.monotonic(), 0.0),
+                             lambda _: self._describe_timeout(limit), self._waiting_on, spun)
+                    if self._done():
+                        break
+                    # Other works finished whose futures' callbacks must run before this one
+                    # can (a chained call's next step: Chained), or a callback already
+                    # running in the background thread wants the engine to post that step:
+                    # while this wait holds the engine neither could, and peers waiting
+                    # for that step would wait for ever. Callbacks run outside the lock
+                    # (they may call ringlet).
+                    due = bg.due(self)
+                    eng.leave()
+                    try:
+                        for w in due:
+                            w._settle()
+                        handoff = time.monotonic() + 0.05
+                        while eng.wanted and not eng.lock.locked() \
+                                and time.monotonic() < handoff:
+                            os.sched_yield()    # (Python's lock is not fair)
+                    finally:
+                        eng.enter()
                 if isinstance(self.error, PeerFailure):
                     eng.flush_aborts()
             finally:

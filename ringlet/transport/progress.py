@@ -53,7 +53,9 @@ class Progress:
     # -- the caller's side -----------------------------------------------------------------
     def watch(self, work) -> None:
         """Drive ``work`` (just posted, and handed to the user) until it finishes."""
-        if not self.on:
+        if not self.on:      # no thread: only listed, for waiters to run its callbacks (due)
+            with self.cv:
+                self.watched.append(work)
             return
         with self.cv:
             if self.stopping:
@@ -67,6 +69,8 @@ class Progress:
 
     def poke(self) -> None:
         """Wake the thread from its sleep: the caller changed what it should watch."""
+        if self.wakefd < 0:   # (no thread)
+            return
         try:
             os.eventfd_write(self.wakefd, 1)
         except (OSError, ValueError):
@@ -155,6 +159,18 @@ class Progress:
                 break
             os.sched_yield()
         eng.lock.acquire()
+
+    def due(self, waited) -> list:
+        """Watched works other than ``waited`` that have finished and whose futures still
+        have callbacks to run (a chained call's next step, work.Chained): a caller that
+        waits on ``waited`` holds the engine, so this thread cannot run them; the caller
+        must, or a next step its peers wait for never starts."""
+        if not self.on:      # (no thread prunes the list: finished works leave it here)
+            with self.cv:
+                self.watched = [w for w in self.watched if not w._done() or (
+                    w._future is not None and not w._future.done())]
+        return [w for w in self.watched if w is not waited and w._future is not None
+                and not w._future.done() and w._done()]
 
     def _finished(self) -> list:
         with self.cv:

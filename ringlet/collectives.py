@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from . import algorithms, fingerprint
+from . import algorithms, buffers, fingerprint
 from .buffers import locate
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
@@ -491,7 +491,8 @@ def _averager(op: ReduceOp, flat: np.ndarray, g: Group):
 # -- gathering and scattering ------------------------------------------------------------
 def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
     """Bind a (p, *shape) array — or a list of p arrays shaped like ``like`` — to one flat
-    buffer. Returns (flat, copy_back) where copy_back scatters a temporary into the list."""
+    buffer. Returns (flat, finish): finish (None for an array) scatters a temporary back
+    into the list, and returns the temporary lent for a list of rl.empty arrays."""
     if isinstance(x, (list, tuple)):
         if len(x) != p:
             raise ValueError(f"{what}: expected a list of {p} arrays (one per rank), got {len(x)}")
@@ -500,15 +501,25 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
             if a.dtype != like.dtype or a.size != like.size:
                 raise ValueError(f"{what}[{i}]: expected {like.size} elements of {like.dtype}, "
                                  f"got {a.size} of {a.dtype}")
-        flat = np.empty(p * like.size, like.dtype)
+        # A list of rl.empty arrays binds to a temporary of the same kind: the ranks that
+        # pass no list (a gather's senders, a scatter's receivers) count the root's as
+        # rl.empty too, and auto must price both alike (a plain temporary at a gather's
+        # root picked dissemination where the senders picked direct: CollectiveMismatch)
+        lent = None
+        if arrs and all(locate(a) is not None for a in arrs):
+            lent = buffers.lend(p * like.nbytes)
+            flat = buffers.lent_view(lent, (p * like.size,), like.dtype)
+        else:
+            flat = np.empty(p * like.size, like.dtype)
         if not writable:
             for i, a in enumerate(arrs):
                 copies.assign(flat[i * like.size:(i + 1) * like.size], _flat(a))
-            return flat, None
+            return flat, (None if lent is None else lambda: buffers.give_back(lent))
 
         def copy_back():
             for i, a in enumerate(arrs):
                 copies.assign(_flat(a), flat[i * like.size:(i + 1) * like.size])
+            buffers.give_back(lent)
         return flat, copy_back
     arr = as_array(x, what, writable=writable)
     if arr.dtype != like.dtype:
@@ -570,11 +581,13 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
     op = as_op(op)
     o = _writable(out, "reduce_scatter output")
     check_op_dtype(op, o.dtype)
-    flat_in, _ = _blocks(inp, g.size, o, "reduce_scatter input", False)
+    flat_in, done = _blocks(inp, g.size, o, "reduce_scatter input", False)
     flat_out = _flat(o)
     bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
+    avg = _averager(op, flat_out, g)
+    finish = avg if done is None else done if avg is None else (lambda: (avg(), done()))
     return _run("reduce_scatter", g, algorithm, o.size, o.dtype, bufs, op, async_op, timeout,
-                finish=_averager(op, flat_out, g), lane=lane)
+                finish=finish, lane=lane)
 
 
 @profiled("gather")
@@ -618,12 +631,12 @@ def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
     if g.rank == src:
         if inp is None:
             raise ValueError(f"scatter: the source rank {src} must pass an input")
-        flat_in, _ = _blocks(inp, g.size, o, "scatter input", False)
+        flat_in, done = _blocks(inp, g.size, o, "scatter input", False)
     else:
-        flat_in = np.empty(0, o.dtype)
+        flat_in, done = np.empty(0, o.dtype), None
     bufs = {"in": _separate(flat_in, _flat(o)), "out": _flat(o)}
     return _run("scatter", g, algorithm, o.size, o.dtype, bufs, None, async_op, timeout, root=src,
-                lane=lane)
+                finish=done, lane=lane)
 
 
 # -- all-to-all --------------------------------------------------------------------------

@@ -43,6 +43,9 @@ class _State:
     # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
     # world, its Prepared, the Lane, its buffers' names), see collectives._lane
     lane: dict = {}
+    # ranks that left the job (destroy) while this rank waited for them: counted once as
+    # having left, in the store, so their destroy need not wait for this rank's (_departed)
+    released: set = set()
 
 
 _S = _State()
@@ -154,7 +157,9 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
+    _S.released = set()
     engine.on_long_wait = _publish_state
+    engine.departed = _departed
     engine.hang_report = _hang_report
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
     _S.profile, _S.tune = profile, settings["tune"]
@@ -236,6 +241,32 @@ def _publish_state(waiting: str | None = None) -> None:
         _S.store.set(_state_key(_S.engine.rank), json.dumps(state).encode())
     except RingletError:
         pass
+
+
+def _left_key(rank: int) -> str:
+    return f"g{_S.generation - 1}/left/{rank}"
+
+
+def _departed(ranks) -> list:
+    """Which of ``ranks`` have left the job (destroy marks it in the store before it waits
+    for the others to leave); asked by a long wait, at most once a second."""
+    import time
+    now = time.monotonic()
+    if now - getattr(_S, "departed_checked", 0.0) < 1.0 or _S.store is None \
+            or not hasattr(_S.store, "try_get"):
+        return []
+    _S.departed_checked = now
+    try:
+        gone = [r for r in ranks if _S.store.try_get(_left_key(r)) is not None]
+        # a rank that left waits in destroy until every rank has left - or, here, no
+        # longer waits for it: this rank counts itself done with it, once
+        for r in gone:
+            if r not in _S.released and _S.world is not None and r in _S.world.ranks:
+                _S.released.add(r)
+                _S.store.add(f"g{_S.generation - 1}/bye/{_S.world.id}", 1)
+        return gone
+    except RingletError:
+        return []
 
 
 def _hang_report(tag: int, what) -> str:
@@ -330,6 +361,11 @@ def destroy() -> None:
             # one count per world, as it may have shrunk
             bye = f"g{_S.generation - 1}/bye/{world.id}"
             try:
+                # peers still waiting for this rank learn it left (Engine._fail_departed),
+                # and hang reports say where it is
+                _S.store.set(_left_key(eng.rank), b"1")
+                _S.published = 0.0
+                _publish_state(f"rank {world.rank}: in destroy(), leaving the job")
                 _S.store.add(bye, 1)
                 _S.store.wait_count(bye, world.size, timeout=_S.timeout)
             except RingletError:

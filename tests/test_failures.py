@@ -59,6 +59,25 @@ def test_ringlet_run_names_a_sigkilled_rank(tmp_path):
     assert took < 30
 
 
+def _leaves_early(rank):
+    """Rank 1 leaves (destroy) while the others wait for it in a collective: they learn
+    it left within seconds, not at their timeout blaming it as busy or hung."""
+    rl.all_reduce(np.ones(3))
+    if rank == 1:
+        rl.destroy()
+        return
+    start = time.monotonic()
+    with pytest.raises(rl.PeerFailure) as info:
+        rl.all_reduce(np.ones(3), timeout=30)
+    assert info.value.rank == 1 and "left the job" in str(info.value), str(info.value)
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("env", [None, two_hosts(3)], ids=["shm", "tcp"])
+def test_a_rank_that_left_is_named_at_once(env):
+    run(_leaves_early, 3, env=env)
+
+
 def _await(*paths, limit=60.0):
     deadline = time.monotonic() + limit
     while not all(os.path.exists(p) for p in paths):

@@ -166,6 +166,7 @@ class Engine:
         self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
         # What the runtime adds, for the collectives it runs on this engine:
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
+        self.departed = None        # (ranks) -> those of them that left the job (destroy)
         self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
         self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
         self.lanes: dict = {}       # collective -> its lanes (C counts their calls: fold_lanes)
@@ -549,6 +550,8 @@ class Engine:
                     return
                 if now - start > REPORT_AFTER and self.on_long_wait is not None:
                     self.on_long_wait()
+                    if self.departed is not None and self._fail_departed(peers()) and done():
+                        return
             if now > deadline:
                 # the connections' state first: describe() may wait for the hang report
                 state = self.transport_state(peers())
@@ -567,6 +570,27 @@ class Engine:
                 os.sched_yield()
                 continue
             self._sleep(min(deadline - now, LIVENESS_EVERY) + 1e-4)
+
+    def _fail_departed(self, ranks) -> bool:
+        """Fail the peers among ``ranks`` (whom a long wait waits for) that have left the
+        job: they called destroy, which waits for every rank to leave, so what this rank
+        waits for from them will never come - without this, the wait ran to its timeout
+        and blamed them as busy or hung. Not a peer whose bytes are still arriving (a slow
+        link still delivers what it sent before it left). True if any was failed."""
+        gone = self.departed(sorted(r for r in set(ranks) if r in self.peers
+                                    and not self.peers[r].dead))
+        failed = False
+        for r in gone:
+            peer = self.peers[r]
+            if isinstance(peer, TcpPeer) and peer.incoming and peer.arriving(1000):
+                continue
+            if isinstance(peer, ShmPeer):
+                peer._poll_in()      # (its last words first)
+            if not peer.dead:
+                peer.fail(peer_failure(r, "it has left the job (it called destroy()) while "
+                                          "this rank still waits for it"))
+                failed = True
+        return failed
 
     def transport_state(self, ranks) -> str:
         """For a timeout's message: what this rank's TCP connections to ``ranks`` hold

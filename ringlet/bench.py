@@ -40,6 +40,11 @@ def parse_sizes(spec: str) -> list[int]:
         parts = spec.split(":")
         lo, hi = parse_size(parts[0]), parse_size(parts[1])
         factor = int(parts[2]) if len(parts) > 2 else 2
+        if factor < 2:
+            raise ValueError(f"the step {factor} of {spec!r} must be at least 2 "
+                             f"(each size is the one before times the step)")
+        if lo > hi:
+            raise ValueError(f"{spec!r} runs from {lo} B down to {hi} B: give LO:HI")
         out, s = [], max(lo, 1)
         while s <= hi:
             out.append(s)
@@ -448,10 +453,19 @@ def main(argv=None) -> int:
                     help="save time and bus bandwidth vs size, the model's prediction "
                          "dashed, peers beside (needs matplotlib)")
     a = ap.parse_args(argv)
+    if a.n < 1:
+        ap.error(f"-n must be at least 1 rank, got {a.n}")
+    try:
+        itemsize = dtype_named(a.dtype).itemsize
+    except TypeError:
+        ap.error(f"--dtype: unknown dtype {a.dtype!r} (e.g. float32, float16, bfloat16, int64)")
     try:
         sizes = parse_sizes(a.sizes)
     except ValueError as exc:
         ap.error(f"--sizes: {exc}")
+    # each row says the bytes the call moves: whole elements, at least one per rank's block
+    # (asked 100 B of an all_gather at p = 3, it moves 96; asked 0, p elements)
+    sizes = sorted({counts(a.op, s, a.n, itemsize)[1] * itemsize for s in sizes})
     algos = [x for x in a.algo.split(",") if x]
     from .algorithms import CATALOG     # unknown names fail here, before any rank starts
     bad = [x for x in algos if x != "auto" and x not in CATALOG[a.op]]

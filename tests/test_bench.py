@@ -136,6 +136,32 @@ def test_bench_sizes_read_units_as_the_cost_commands_do():
     assert r.returncode == 2 and "--sizes: cannot read size '8parsecs'" in r.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (("--sizes", "8:1K:1"), "the step 1 of '8:1K:1' must be at least 2"),   # (looped for ever)
+    (("--sizes", "64K:8"), "give LO:HI"),                                  # (printed nothing)
+    (("-n", "0"), "-n must be at least 1 rank"),                           # (a traceback)
+    (("--dtype", "foo"), "--dtype: unknown dtype 'foo'"),                  # (a rank's TypeError)
+])
+def test_bench_refuses_bad_arguments_before_starting_ranks(args, says):
+    r = bench(*args, timeout=30)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_bench_rows_say_the_bytes_the_call_moved(tmp_path):
+    """Asked sizes that are no whole number of elements per block, a row says what the
+    call moved, and its bandwidth and prediction are of that (they were of the size asked:
+    100 B of an all_gather at p = 3 moves 96, 8 B moves 12)."""
+    out = tmp_path / "rows.jsonl"
+    r = bench("-n", "3", "--op", "all_gather", "--sizes", "8,100", "--iters", "2",
+              "--warmup", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["bytes"] for x in rows] == [12, 96]
+    for x in rows:
+        per, total = counts("all_gather", x["bytes"], 3, 4)
+        assert total * 4 == x["bytes"]
+
+
 def test_bench_plot_and_columns_aligned_whatever_the_algorithm_name(tmp_path):
     import matplotlib.image
     png = tmp_path / "b.png"

@@ -469,7 +469,8 @@ def _explain_main(argv) -> int:
     env = environment(p, topology, None, gamma)
     kind = ", rl.empty buffers" if a.zero_copy else ""
     print("\n".join(_fit(x) for x in
-                    f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}"
+                    (f"{coll}, p = {p}: {where}" if coll == "barrier" else   # (moves no data)
+                     f"{coll} of {format_size(nb)} {conv} ({nb:,} B){kind}, p = {p}: {where}")
                     .split("\n")))
     if a.zero_copy and env.host is None:
         print(_fit("(--zero-copy changes nothing here: only the host model (shm on this host) "

@@ -343,6 +343,8 @@ def main(argv=None) -> int:
         p = len(ranks) if ranks else a.nranks
         if p < 1:
             raise ValueError(f"-n must be >= 1, got {p}")
+        if a.itemsize < 1:
+            raise ValueError(f"--itemsize must be >= 1, got {a.itemsize}")
         if ranks and len(set(ranks)) != len(ranks):
             raise ValueError(f"--ranks names a rank twice: {a.ranks}")
         coll = a.collective

@@ -715,6 +715,23 @@ def test_fit_recovers_alpha_beta_gamma():
 
 # --------------------------------------------------------------------------- commands
 
+def test_the_crossover_sweep_stays_inside_its_range():
+    """From the smallest whole call up to hi, never past it (it ran to 6 GiB for 4 GiB,
+    128 MiB for 100 MiB), and an empty range is refused (100:10 swept 100 B .. 200 B)."""
+    for hi in (100 << 20, 4 << 30):
+        _, sweep = tune.crossovers("all_gather", 3, topology=IB, lo=8, hi=hi)
+        assert sweep[0][0] == 12 and hi - 12 < sweep[-1][0] <= hi
+    for lo, hi in ((100, 10), (0, 0)):
+        with pytest.raises(ValueError, match="range is empty"):
+            tune.crossovers("all_gather", 3, topology=IB, lo=lo, hi=hi)
+
+
+def test_explain_a_barrier_names_no_size(capsys):
+    assert commands.explain_main(["barrier", "-n", "4", "--tier", "infiniband"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("barrier, p = 4") and "MiB" not in first, first
+
+
 def test_explain_command(capsys):
     assert commands.explain_main(["all_reduce", "--size", "64M", "-n", "8", "--tier",
                                   "infiniband"]) == 0

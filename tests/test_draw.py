@@ -114,6 +114,8 @@ def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert "nope" in capsys.readouterr().err
     assert cli(["draw", "all_reduce", "-n", "6", "--hosts", "4"]) == 2
     assert "divide" in capsys.readouterr().err
+    assert cli(["draw", "all_reduce", "--itemsize", "0"]) == 2    # (a ZeroDivisionError)
+    assert "--itemsize must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("coll,algo,extra", [

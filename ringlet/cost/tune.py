@@ -392,9 +392,13 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
     def winner(ts):
         return min(ts, key=lambda a: (ts[a], order[a]))
 
-    n_oct = max(1, math.ceil(math.log2(max(hi, lo + 1) / lo)))
-    sizes = sorted({(int(round(lo * 2 ** (i / points_per_octave))) // unit) * unit or unit
-                    for i in range(n_oct * points_per_octave + 1)})
+    if int(hi) <= lo:
+        raise ValueError(f"the sweep's range is empty: from {lo} B to {int(hi)} B "
+                         f"(give LO < HI; the smallest call here is {unit} B)")
+    top = max(unit, (int(hi) // unit) * unit)      # (the sweep ends at hi, not past it)
+    n_oct = max(1, math.ceil(math.log2(top / lo)))
+    sizes = sorted({min(top, (int(round(lo * 2 ** (i / points_per_octave))) // unit) * unit
+                        or unit) for i in range(n_oct * points_per_octave + 1)})
     sweep = [(nb, times(nb)) for nb in sizes]
     out = []
     for (n0, t0), (n1, t1) in zip(sweep, sweep[1:]):

@@ -240,3 +240,11 @@ def test_ranks_bound_one_core_each_count_the_jobs_cores(tmp_path):
     for r in range(N):
         assert (f"BOUND {r} cpus={used} crowded={crowded} cores={len(used)} "
                 f"overlap=False") in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_ringlet_run_refuses_a_missing_script_before_starting_ranks(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3",
+                           str(tmp_path / "nonexist.py")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "no such script" in proc.stderr, proc.stderr
+    assert "[0]" not in proc.stderr and "Traceback" not in proc.stderr   # (no rank started)

@@ -144,6 +144,10 @@ def _plan_main(argv) -> int:
     R, g, fppe = a.flops, a.bytes_per_param, a.fppe
     if a.global_batch is not None and a.local_batch is not None:
         raise _Exit("give --global-batch (strong scaling) or --local-batch (weak), not both")
+    if a.global_batch is not None and a.workers and max(a.workers) > a.global_batch:
+        # (b = G // K would be 0: each worker needs a sample, or the global batch grows)
+        raise _Exit(f"a global batch of {a.global_batch} cannot be split over "
+                    f"{max(a.workers)} workers: give K <= G, or --local-batch for weak scaling")
     out = []
     plot_series = []
     multi = a.params is not None and len(a.params) > 1

@@ -715,6 +715,12 @@ def test_fit_recovers_alpha_beta_gamma():
 
 # --------------------------------------------------------------------------- commands
 
+def test_plan_refuses_more_workers_than_samples(capsys):
+    # (it printed local batch 1 for K = 4 and 8 of a global batch of 3)
+    assert commands.plan_main(["-G", "3", "-K", "1,2,4,8"]) == 2
+    assert "cannot be split over 8 workers" in capsys.readouterr().err
+
+
 def test_the_crossover_sweep_stays_inside_its_range():
     """From the smallest whole call up to hi, never past it (it ran to 6 GiB for 4 GiB,
     128 MiB for 100 MiB), and an empty range is refused (100:10 swept 100 B .. 200 B)."""

@@ -58,5 +58,11 @@ def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
     if "algorithm" in fields and (mine.get("auto_for") or theirs.get("auto_for")):
         hint = ("; algorithm='auto' picks for the kind of buffers passed (rl.empty arrays are "
                 "read in place): pass the same kind on every rank, or name the algorithm")
+    kinds = {mine["collective"]: mine, theirs["collective"]: theirs}
+    if set(kinds) == {"all_gather", "all_to_all"} and str(kinds["all_gather"].get("dtype")) \
+            == "int64":
+        hint = ("; this looks like all_to_all_single given in_splits/out_splits on some ranks "
+                "only (uneven splits first all_gather the split matrix): pass them on every "
+                "rank, or on none")
     return (f"rank {me} called {show(mine)} but rank {them} called {show(theirs)}; "
             f"they differ in {', '.join(fields) or 'nothing visible'}{hint}")

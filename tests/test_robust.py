@@ -310,3 +310,18 @@ def test_a_call_refused_after_a_death_names_the_dead_rank(tmp_path):
         run(_refused_after_a_death, 4, path)
     assert info.value.rank == 3
     assert all(os.path.exists(f"{path}.{r}") for r in range(3))
+
+
+def _splits_on_one_rank(rank):
+    p = rl.get_world_size()
+    x, y = np.ones(2 * p), np.zeros(2 * p)
+    with pytest.raises(rl.CollectiveMismatch, match="in_splits/out_splits on some ranks only"):
+        if rank == 0:
+            rl.all_to_all_single(y, x, [2] * p, [2] * p, timeout=20)
+        else:
+            rl.all_to_all_single(y, x, timeout=20)
+
+
+def test_splits_given_on_some_ranks_only_are_named_as_such():
+    # (the error spoke of an all_gather and an all_to_all: calls the user never made)
+    run(_splits_on_one_rank, 2)

@@ -281,8 +281,6 @@ def run_main(argv) -> int:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if a.grace < 0:
         ap.error("--grace must be >= 0 seconds")
-    if not a.module and not os.path.isfile(a.script):   # (before N ranks each say so)
-        ap.error(f"no such script: {a.script!r} (or give a module with -m)")
     world = a.nproc_per_node * a.nnodes
     token = os.environ.get("RINGLET_TOKEN")
     if a.nnodes > 1:
@@ -291,6 +289,8 @@ def run_main(argv) -> int:
                      "export RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
         if not a.master_port:
             ap.error("multi-node jobs need --master-port")
+    if not a.module and not os.path.isfile(a.script):   # (before N ranks each say so)
+        ap.error(f"no such script: {a.script!r} (or give a module with -m)")
     token = token or new_token()
     env = _options_env(a, ap)
     first = a.node_rank * a.nproc_per_node

@@ -361,11 +361,9 @@ def destroy() -> None:
             # one count per world, as it may have shrunk
             bye = f"g{_S.generation - 1}/bye/{world.id}"
             try:
-                # peers still waiting for this rank learn it left (Engine._fail_departed),
-                # and hang reports say where it is
+                # peers still waiting for this rank learn it left (Engine._fail_departed);
+                # (its published state stays its last call's, which hang reports name)
                 _S.store.set(_left_key(eng.rank), b"1")
-                _S.published = 0.0
-                _publish_state(f"rank {world.rank}: in destroy(), leaving the job")
                 _S.store.add(bye, 1)
                 _S.store.wait_count(bye, world.size, timeout=_S.timeout)
             except RingletError:

@@ -14,6 +14,7 @@ from .errors import PeerFailure
 from .profiling import profiled
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
 from .transport import copies
+from .transport.progress import HANDOFF
 from .transport.fast import _fastpath
 from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
 from .transport.protocol import WRITE_WHOLE, WRITE_WHOLE_IDLE, RecvRequest, SendRequest
@@ -101,6 +102,7 @@ class Work:
                         done = lambda: self._done() or eng.wanted or bool(bg.due(self))  # noqa: E731
                     eng.wait(done, max(deadline - time.monotonic(), 0.0),
                              lambda _: self._describe_timeout(limit), self._waiting_on, spun)
+                    spun = 0.0          # (C's spin counts against the first wait only)
                     if self._done():
                         break
                     # Other works finished whose futures' callbacks must run before this one
@@ -114,7 +116,7 @@ class Work:
                     try:
                         for w in due:
                             w._settle()
-                        handoff = time.monotonic() + 0.05
+                        handoff = time.monotonic() + HANDOFF
                         while eng.wanted and not eng.lock.locked() \
                                 and time.monotonic() < handoff:
                             os.sched_yield()    # (Python's lock is not fair)

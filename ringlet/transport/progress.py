@@ -54,8 +54,9 @@ class Progress:
     def watch(self, work) -> None:
         """Drive ``work`` (just posted, and handed to the user) until it finishes."""
         if not self.on:      # no thread: only listed, for waiters to run its callbacks (due)
-            with self.cv:
-                self.watched.append(work)
+            with self.cv:    # (and, with no thread to prune it, what is settled leaves here)
+                self.watched = [w for w in self.watched if not w._done() or (
+                    w._future is not None and not w._future.done())] + [work]
             return
         with self.cv:
             if self.stopping:
@@ -165,10 +166,6 @@ class Progress:
         have callbacks to run (a chained call's next step, work.Chained): a caller that
         waits on ``waited`` holds the engine, so this thread cannot run them; the caller
         must, or a next step its peers wait for never starts."""
-        if not self.on:      # (no thread prunes the list: finished works leave it here)
-            with self.cv:
-                self.watched = [w for w in self.watched if not w._done() or (
-                    w._future is not None and not w._future.done())]
         return [w for w in self.watched if w is not waited and w._future is not None
                 and not w._future.done() and w._done()]
 

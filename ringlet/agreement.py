@@ -85,9 +85,12 @@ class Agreement:
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting
-        on someone alive who will now never send."""
+        on someone alive who will now never send. Also when a peer told this rank (an
+        ABORT): a member waiting on this rank may not have heard from that peer yet, and
+        this rank's exit would reach it first, blamed as this rank's failure. (At most one
+        ABORT per call and member: a call fails here once.)"""
         dead = getattr(exc, "rank", None)
-        if dead is None or "reported by" in str(exc):
+        if dead is None:
             return
         self.engine.send_aborts(work.tag, [r for r in work.world_of if r != dead], work.fp,
                                 (dead, 0), DEAD)

@@ -339,3 +339,16 @@ def test_a_dead_member_fails_its_calls_and_the_survivors_are_told():
     calls.peer_failed(2, dead)
     assert mine.error is dead and other.error is None
     assert [(r, c) for _, r, c in eng.aborts_sent] == [(1, protocol.DEAD)]
+
+
+def test_a_death_heard_from_a_peer_is_passed_on_to_the_other_members():
+    """Rank 1 reported rank 2's death to this rank: rank 3, waiting on this rank, may not
+    have heard of it from rank 1 yet, and this rank's exit would reach it first (blamed
+    as this rank's failure) unless this rank tells it before it goes."""
+    calls, eng = _policy()
+    work = _Call((1 << 47) | 9, _fp(4), (0, 1, 2, 3))
+    calls.start(work)
+    eng.dead[2] = told = rl.PeerFailure("rank 2 failed (reported by rank 1)", rank=2)
+    calls.peer_failed(2, told)
+    assert work.error is told
+    assert sorted((r, c) for _, r, c in eng.aborts_sent) == [(1, protocol.DEAD), (3, protocol.DEAD)]

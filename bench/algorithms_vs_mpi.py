@@ -1,0 +1,109 @@
+"""Every algorithm of a collective beside Open MPI, in one mpirun job: alternating blocks
+of calls (ringlet.bench.alternating_blocks), so each algorithm and Open MPI meet the same
+placement on the cores and the same spells of the host, block by block.
+
+    python bench/algorithms_vs_mpi.py --op reduce -p 4 --sizes 1M,8M
+    python bench/algorithms_vs_mpi.py --op all_gather -p 2,4 --kinds plain --blocks 12
+
+Inputs are written again before every call (as in_job_vs_mpi.py --fresh); plain buffers
+start 64 bytes into a page (ringlet.bench.paged_empty). Printed per row: the median block
+of each arm in us (the slowest rank's median call of each block) and which arm was
+fastest. Use it to compare a schedule changed in the tree against the others and Open MPI
+(bench/in_job_vs_mpi.py compares auto's pick only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def _child(a) -> None:
+    from mpi4py import MPI
+
+    import ringlet as rl
+    from ringlet import algorithms
+    from ringlet.bench import _make_call, alternating_blocks, paged_empty, parse_sizes
+    from ringlet.peers import mpi_call
+    comm = MPI.COMM_WORLD
+    rl.init()
+    p, rank = rl.get_world_size(), rl.get_rank()
+    names = a.algorithms.split(",") if a.algorithms else [
+        n for n in algorithms.CATALOG[a.op] if n != "hierarchical"]
+    rows = []
+    for size in parse_sizes(a.sizes):
+        for kind in a.kinds.split(","):
+            arms = {n: _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), n,
+                                  kind == "rl.empty", fresh=True, plain=paged_empty)
+                    for n in names}
+            call, x = mpi_call(comm, a.op, size, paged_empty)
+            arms["mpi"] = (call, (lambda x=x: x.fill(1.0)) if x is not None else (lambda: None))
+            got = alternating_blocks(rl, arms, a.blocks, a.calls)
+            rows.append({"op": a.op, "p": p, "bytes": size, "kind": kind,
+                         "median_us": {k: float(np.median(v)) for k, v in got.items()},
+                         "blocks": got})
+    rl.destroy()
+    if rank == 0:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", default="reduce")
+    ap.add_argument("--algorithms", default="", help="comma-separated (default: all but "
+                    "hierarchical)")
+    ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
+    ap.add_argument("--sizes", default="1M,8M")
+    ap.add_argument("--kinds", default="plain,rl.empty")
+    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        _child(a)
+        return 0
+    from ringlet.bench import _python_with
+    python = _python_with("mpi4py")
+    if python is None:
+        print("needs mpi4py and Open MPI (bench/install_peers.sh)")
+        return 1
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    everything = []
+    for p in (int(x) for x in a.p.split(",")):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.json")
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
+                   os.path.abspath(__file__), "--child", "--out", out, "--op", a.op,
+                   "--algorithms", a.algorithms, "--sizes", a.sizes, "--kinds", a.kinds,
+                   "--blocks", str(a.blocks), "--calls", str(a.calls)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                print(f"p = {p}: the job failed:\n{proc.stderr[-2000:]}")
+                return 1
+            rows = json.load(open(out))
+        for r in rows:
+            med = r["median_us"]
+            best = min(med, key=med.get)
+            print(f"{a.op} p={p} {r['bytes'] >> 10} KiB {r['kind']:8} "
+                  + "  ".join(f"{k} {v:.0f}" for k, v in med.items()) + f"   fastest: {best}",
+                  flush=True)
+        everything += rows
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,7 +31,7 @@ def direct(p, count, *, itemsize=4, root=0):
     The root receives p−1 messages of n:  T = (p−1)(α + nβ + nγ).  Root's tmp = count
     (none when the root is rank 0, whose buf holds the partial from the start, or p = 2).
     """
-    s, real = _new("direct", p, count, itemsize, root, count if root and p > 2 else 0)
+    s, _ = _new("direct", p, count, itemsize, root, count if root and p > 2 else 0)
     if p == 1:
         return s
     acc = "buf" if root == 0 else "tmp"       # where the root's partial lives

@@ -429,7 +429,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="ranks")
     ap.add_argument("--op", default="all_reduce", choices=OPS)
-    ap.add_argument("--algo", default="auto", help="comma-separated algorithm names")
+    ap.add_argument("--algo", "--algorithm", default="auto", help="comma-separated algorithm names")
     ap.add_argument("--sizes", default="8:64M:8", help='"8,1K,1M", "8:256M" or "8:256M:4"')
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--iters", type=int, default=None)

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -71,27 +68,17 @@ def main(argv=None) -> int:
     if a.child:
         _child(a)
         return 0
-    from ringlet.bench import _python_with
-    python = _python_with("mpi4py")
-    if python is None:
-        print("needs mpi4py and Open MPI (bench/install_peers.sh)")
-        return 1
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    from ringlet.bench import mpi_job_rows
     everything = []
     for p in (int(x) for x in a.p.split(",")):
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "rows.json")
-            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
-                   os.path.abspath(__file__), "--child", "--out", out, "--op", a.op,
-                   "--algorithms", a.algorithms, "--sizes", a.sizes, "--kinds", a.kinds,
-                   "--blocks", str(a.blocks), "--calls", str(a.calls)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-            if proc.returncode != 0:
-                print(f"p = {p}: the job failed:\n{proc.stderr[-2000:]}")
-                return 1
-            rows = json.load(open(out))
+        try:
+            rows = mpi_job_rows(__file__, p, ["--op", a.op, "--algorithms", a.algorithms,
+                                              "--sizes", a.sizes, "--kinds", a.kinds,
+                                              "--blocks", str(a.blocks), "--calls",
+                                              str(a.calls)])
+        except RuntimeError as exc:
+            print(exc)
+            return 1
         for r in rows:
             med = r["median_us"]
             best = min(med, key=med.get)

@@ -417,6 +417,28 @@ def _python_with(module: str) -> str | None:
     return None
 
 
+def mpi_job_rows(script: str, p: int, args: list) -> list:
+    """Run ``script --child --out FILE *args`` as a ``p``-rank mpirun job (the in-job
+    benchmarks against Open MPI: bench/in_job_vs_mpi.py, bench/algorithms_vs_mpi.py) with
+    ringlet importable from this tree, and return the rows rank 0 wrote to FILE (JSON).
+    Raises RuntimeError when mpi4py is missing or the job fails."""
+    python = _python_with("mpi4py")
+    if python is None:
+        raise RuntimeError("needs mpi4py and Open MPI (bench/install_peers.sh)")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.json")
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
+               os.path.abspath(script), "--child", "--out", out, *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"p = {p}: the job failed:\n{proc.stderr[-2000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
 def _fmt_size(n: int) -> str:
     for unit, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= s and n % s == 0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
@@ -46,6 +47,8 @@ class _State:
     # ranks that left the job (destroy) while this rank waited for them: counted once as
     # having left, in the store, so their destroy need not wait for this rank's (_departed)
     released: set = set()
+    published = 0.0          # when _publish_state last wrote this rank's state
+    departed_checked = 0.0   # when _departed last asked the store (at most once a second)
 
 
 _S = _State()
@@ -228,9 +231,8 @@ def _publish_state(waiting: str | None = None) -> None:
     reports); called when a wait has lasted a while, at most once a second. Cheap: it
     names the calls in flight and never builds a hang report itself."""
     import json
-    import time
     now = time.monotonic()
-    if now - getattr(_S, "published", 0.0) < 1.0 or _S.store is None:
+    if now - _S.published < 1.0 or _S.store is None:
         return
     _S.published = now
     if waiting is None:
@@ -250,9 +252,8 @@ def _left_key(rank: int) -> str:
 def _departed(ranks) -> list:
     """Which of ``ranks`` have left the job (destroy marks it in the store before it waits
     for the others to leave); asked by a long wait, at most once a second."""
-    import time
     now = time.monotonic()
-    if now - getattr(_S, "departed_checked", 0.0) < 1.0 or _S.store is None \
+    if now - _S.departed_checked < 1.0 or _S.store is None \
             or not hasattr(_S.store, "try_get"):
         return []
     _S.departed_checked = now
@@ -273,7 +274,6 @@ def _hang_report(tag: int, what) -> str:
     """Why a collective timed out, learned from the other ranks: who never entered it,
     who is inside it waiting for whom, who did not report."""
     import json
-    import time
     collective, seq, group_name, _ = what
     g = next((x for x in _S.groups if x.id == group_of(tag)), None)
     if g is None or _S.store is None:

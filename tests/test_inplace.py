@@ -277,6 +277,38 @@ def test_no_split_into_a_plain_buffer_or_when_off():
     run(_no_split_into_plain, 2, env={"RINGLET_SPLIT": "0"})
 
 
+def _busy_sender_split(rank, crowded):
+    """A scatter's root, from rl.empty into rl.empty, p = 3: it has other copies in its
+    round, so where ranks outnumber cores (``crowded``, forced on every rank) it offers no
+    help with a block under SPLIT_BUSY_MIN (protocol.CROWDED_BUSY_HELP), and from it on it
+    does; with a core per rank it helps with both. Every block lands where NumPy puts it."""
+    from ringlet.transport import split
+    engine().crowded = crowded
+    p = rl.get_world_size()
+    peers = [q for q in engine().peers.values() if isinstance(q, ShmPeer)]
+    got = []
+    for block in (limits.SPLIT_MIN + 4096, limits.SPLIT_BUSY_MIN + 4):
+        count = block // 4
+        assert split.MIN_BYTES <= count * 4 and limits.ZERO_COPY_ONEWAY_MIN < count * 4
+        x = rl.empty((p, count), np.float32) if rank == 0 else None
+        if rank == 0:
+            x[...] = np.arange(p * count, dtype=np.float32).reshape(p, count) % 1009
+        y = rl.empty(count, np.float32)
+        was = sum(q.split_receiver.splits for q in peers)
+        rl.scatter(y, x, 0, algorithm="direct")
+        np.testing.assert_array_equal(
+            y, np.arange(rank * count, (rank + 1) * count, dtype=np.float32) % 1009)
+        splits = np.array([sum(q.split_receiver.splits for q in peers) - was], np.int64)
+        rl.all_reduce(splits)
+        got.append(int(splits[0]))
+    assert got == ([0, p - 1] if crowded else [p - 1, p - 1]), got
+
+
+def test_a_busy_sender_helps_only_large_blocks_where_ranks_outnumber_cores():
+    run(_busy_sender_split, 3, True)
+    run(_busy_sender_split, 3, False)
+
+
 def test_idle_spin_reads_the_runnable_count():
     """A waiter spins past SPIN_FREE only while /proc/loadavg's runnable count is at most
     the cores (engine.IDLE_SPIN): the count parses, and an unreadable file reads as busy."""

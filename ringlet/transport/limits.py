@@ -52,6 +52,15 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   0.96-1.18, 2 MiB 0.99-1.07, 3 MiB 1.03, 4 MiB 0.93-0.96, 8 MiB 0.68-0.82, 32 MiB 0.76.
   Copies split from SPLIT_MIN (broadcast p = 2, the same A/B: 1 MiB 0.92-1.16, 2 MiB
   0.92-0.99, 4 MiB 0.80).
+  SPLIT_BUSY_MIN: where ranks outnumber cores, a sender with other copies in its round (a
+  scatter's root, a direct broadcast's) offers its help only from this size: below it the
+  help took a core from receivers waiting their turn for one, and each waited for the
+  sender's last chunk. In-job A/B, bench/crowded_help.py (rl.empty, 12 alternating blocks
+  of 10 calls, quiet host; help / alone on the median block): scatter p = 4 8 MiB (2 MiB
+  blocks) 1.14, 1.11, 1.20, 1.16; p = 3 1.28, 1.05; 16 MiB 0.91, 0.95; 32 MiB 0.86, 0.97;
+  broadcast direct p = 3, 4 at 2-3 MiB 1.01-1.19. Senders with nothing else to copy (a
+  gather's leaves, a pipeline's root) help as before: broadcast p = 4 8 MiB (auto) without
+  any help 1.06-1.20x slower.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
   address in the RTS (cma.py): one copy instead of two. Not below: up to the ring's size
@@ -163,6 +172,7 @@ ZERO_COPY_ONEWAY_MIN = 896 << 10
 SPLIT_MIN = 1 << 20
 SPLIT_REDUCE_MIN = 4 << 20
 SPLIT_CHUNK = 256 << 10
+SPLIT_BUSY_MIN = 4 << 20
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 CMA_PUT_MIN = CMA_MIN

@@ -43,6 +43,7 @@ from ..buffers import address, locate
 from ..errors import PeerFailure, RingletError
 from ..group import group_of
 from . import copies
+from .limits import SPLIT_BUSY_MIN
 
 HEADER = struct.Struct("<IIqqqqqqq")  # kind, flags, tag, msgid, length, aux, fp1, fp2, zc
 HEADER_SIZE = 64
@@ -61,6 +62,10 @@ RTS_CMA = 3      # RTS flag: the data sits at address aux in the sender's privat
 RTS_OFFER = 5    # RTS flag: ... and the sender, idle, can write its head into the receiver's
 KINDS = {EAGER, RTS, CTS, DATA, PAD, BYE, ABORT}
 CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
+# Where ranks outnumber cores, a sender with other copies in its round (a scatter's root,
+# a direct broadcast's) offers no help with a message read in place below
+# limits.SPLIT_BUSY_MIN (split.py says why). True: it helps with all, as before.
+CROWDED_BUSY_HELP = False
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
 NO_FP = (0, 0)
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
@@ -316,8 +321,12 @@ class Peer:
                                      item.nbytes, 0, None, *item.fp)
                 else:
                     alloc, fd, off = item.zc
-                    # a sender that only sends in its round offers to copy half (split.py)
-                    flag = RTS_ZC_HELP if self.split_sender and not item.receiving else RTS_ZC
+                    # a sender that only sends in its round offers to copy half (split.py),
+                    # unless ranks outnumber cores and it has other copies to make
+                    helps = self.split_sender and not item.receiving and (
+                        item.ways <= 1 or not self.engine.crowded or CROWDED_BUSY_HELP
+                        or item.nbytes >= SPLIT_BUSY_MIN)
+                    flag = RTS_ZC_HELP if helps else RTS_ZC
                     ok = self._write(RTS, flag, item.tag, item.msgid, item.nbytes, off, None,
                                      *item.fp, alloc << 32 | fd)
                 if not ok:

@@ -14,7 +14,8 @@ into its buffer after the receive returns) and answers CTS_DONE as for any messa
 place. A receive that reduces in place (dst = op(dst, message), a reduce's or an
 all_reduce's one-way step) is split the same way when C has the kernel (fast.kernel), from
 a larger size (limits.SPLIT_REDUCE_MIN): the sender reduces its chunks into the
-receiver's buffer with the same elementwise kernel.
+receiver's buffer with the same elementwise kernel. Where ranks outnumber cores a sender
+with other copies in its round offers help only from limits.SPLIT_BUSY_MIN (limits.py).
 RINGLET_SPLIT=0 turns it off.
 """
 from __future__ import annotations

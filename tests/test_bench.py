@@ -157,9 +157,12 @@ def test_bench_rows_say_the_bytes_the_call_moved(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [x["bytes"] for x in rows] == [12, 96]
+    from ringlet import cost
     for x in rows:
-        per, total = counts("all_gather", x["bytes"], 3, 4)
-        assert total * 4 == x["bytes"]
+        assert x["algbw_GBps"] == pytest.approx(x["bytes"] / x["time_us"] / 1e3)
+        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * 2 / 3)   # (p - 1) / p
+        moved = cost.predict_host("all_gather", x["bytes"], 3, x["ran"], "shm")
+        assert x["pred_us"] == pytest.approx(moved * 1e6, rel=1e-6)
 
 
 def test_bench_plot_and_columns_aligned_whatever_the_algorithm_name(tmp_path):

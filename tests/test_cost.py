@@ -732,6 +732,29 @@ def test_the_crossover_sweep_stays_inside_its_range():
             tune.crossovers("all_gather", 3, topology=IB, lo=lo, hi=hi)
 
 
+def test_crossovers_with_a_tie_keep_a_winner_within_it():
+    """On the default profile's host model ring and gloo_ring are priced within a hair of
+    each other and traded places every few MiB (all_reduce p = 8, 1 MiB .. 1 GiB: 11
+    changes). With ``tie`` a winner keeps its range while within that fraction of the
+    fastest: far fewer changes, each to the fastest algorithm there, and at every sweep
+    point the range's winner is within the tie of the fastest."""
+    tie = 0.02
+    kw = dict(candidates=["ring", "gloo_ring", "rabenseifner"], lo=1 << 20, hi=1 << 30)
+    strict, sweep = tune.crossovers("all_reduce", 8, **kw)
+    loose, _ = tune.crossovers("all_reduce", 8, tie=tie, **kw)
+    assert len(loose) < len(strict) and loose
+    first = min(sweep[0][1], key=sweep[0][1].get)
+    assert [w for _, w, _ in loose] == [first] + [w for _, _, w in loose[:-1]]
+    for n, old, new in loose:
+        ts = {r.algorithm: r.total for r in choose("all_reduce", n, 8,
+                                                    candidates=kw["candidates"])[1]}
+        assert ts[new] == min(ts.values()) and ts[old] > ts[new] * (1 + tie) * 0.999, (n, ts)
+    bounds = [n for n, _, _ in loose]
+    for n, ts in sweep:
+        held = ([first] + [w for _, _, w in loose])[sum(b <= n for b in bounds)]
+        assert ts[held] <= min(ts.values()) * (1 + tie) * 1.001, (n, held, ts)
+
+
 def test_explain_a_barrier_names_no_size(capsys):
     assert commands.explain_main(["barrier", "-n", "4", "--tier", "infiniband"]) == 0
     first = capsys.readouterr().out.splitlines()[0]

@@ -372,12 +372,15 @@ def explain_line(collective, nbytes, p, algorithm, rows) -> str:
 
 def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=None, *,
                lo: int | None = None, hi: int = 1 << 32, points_per_octave: int = 2,
-               itemsize: int = 4, gamma: float | None = None, rtol: float = 1e-3, shared=()):
+               itemsize: int = 4, gamma: float | None = None, rtol: float = 1e-3, shared=(),
+               tie: float = 0.0):
     """Sizes where the winner changes: a log sweep from ``lo`` to ``hi`` bytes, then
     bisection between sweep points with different winners (to ``rtol`` relative
     precision, on whole elements). Returns ``[(nbytes, old_winner, new_winner), ...]``
     plus, as a second value, the sweep ``[(nbytes, {algorithm: seconds})]``. ``shared``:
-    see :func:`choose`."""
+    see :func:`choose`. ``tie`` > 0: a winner keeps its range while it is within this
+    fraction of the fastest (the change comes where another beats it by more), so two
+    algorithms priced alike (ring and gloo_ring) do not trade places every few KiB."""
     env = environment(p, topology, hosts, gamma)
     cands = candidates_for(collective, env.topology is not None, candidates)
     order = {a: i for i, a in enumerate(ALGORITHMS[collective])}
@@ -392,6 +395,9 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
     def winner(ts):
         return min(ts, key=lambda a: (ts[a], order[a]))
 
+    def keeps(ts, w):       # w still wins at these times
+        return ts[w] <= min(ts.values()) * (1 + tie) if tie > 0 else winner(ts) == w
+
     if int(hi) <= lo:
         raise ValueError(f"the sweep's range is empty: from {lo} B to {int(hi)} B "
                          f"(give LO < HI; the smallest call here is {unit} B)")
@@ -401,23 +407,20 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
                         or unit) for i in range(n_oct * points_per_octave + 1)})
     sweep = [(nb, times(nb)) for nb in sizes]
     out = []
-    for (n0, t0), (n1, t1) in zip(sweep, sweep[1:]):
-        w0, w1 = winner(t0), winner(t1)
-        if w0 == w1:
-            continue
+    w = winner(sweep[0][1])
+    for (n0, _), (n1, t1) in zip(sweep, sweep[1:]):
         a, end = n0 // unit, n1 // unit          # in elements per block
-        wa = w0
-        while wa != w1 and a < end:
+        while not keeps(t1, w) and a < end:
             b = end
             while b - a > 1 and (b - a) > rtol * a:
                 mid = (a + b) // 2
-                if winner(times(mid * unit)) == wa:
+                if keeps(times(mid * unit), w):
                     a = mid
                 else:
                     b = mid
-            wb = winner(times(b * unit))
-            out.append((b * unit, wa, wb))
-            a, wa = b, wb
+            new = winner(times(b * unit))
+            out.append((b * unit, w, new))
+            a, w = b, new
     return out, sweep
 
 

@@ -25,8 +25,7 @@ def _child(a) -> None:
 
     import ringlet as rl
     from ringlet import algorithms
-    from ringlet.bench import _make_call, alternating_blocks, paged_empty, parse_sizes
-    from ringlet.peers import mpi_call
+    from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -38,8 +37,7 @@ def _child(a) -> None:
             arms = {n: _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), n,
                                   kind == "rl.empty", fresh=True, plain=paged_empty)
                     for n in names}
-            call, x = mpi_call(comm, a.op, size, paged_empty)
-            arms["mpi"] = (call, (lambda x=x: x.fill(1.0)) if x is not None else (lambda: None))
+            arms["mpi"] = mpi_arm(comm, a.op, size)
             got = alternating_blocks(rl, arms, a.blocks, a.calls)
             rows.append({"op": a.op, "p": p, "bytes": size, "kind": kind,
                          "median_us": {k: float(np.median(v)) for k, v in got.items()},

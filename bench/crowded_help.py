@@ -22,8 +22,7 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet.bench import _make_call, alternating_blocks, paged_empty, parse_sizes
-    from ringlet.peers import mpi_call
+    from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
     from ringlet.transport import protocol
     comm = MPI.COMM_WORLD
     rl.init()
@@ -37,9 +36,7 @@ def _child(a) -> None:
         for kind in a.kinds.split(","):
             call = _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), a.algorithm,
                               kind == "rl.empty", fresh=True, plain=paged_empty)
-            mpi, x = mpi_call(comm, a.op, size, paged_empty)
-            arms = {"help": call, "alone": call,
-                    "mpi": (mpi, (lambda x=x: x.fill(1.0)) if x is not None else (lambda: None))}
+            arms = {"help": call, "alone": call, "mpi": mpi_arm(comm, a.op, size)}
             got = alternating_blocks(rl, arms, a.blocks, a.calls, switch=switch)
             rows.append({"op": a.op, "p": p, "bytes": size, "kind": kind,
                          "median_us": {k: float(np.median(v)) for k, v in got.items()},

@@ -43,8 +43,7 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet.bench import _make_call, alternating_blocks, paged_empty, parse_sizes
-    from ringlet.peers import mpi_call
+    from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -56,9 +55,7 @@ def _child(a) -> None:
                 arms[kind] = _make_call(rl, op, size, p, rank, np.dtype(np.float32), "auto",
                                         kind == "rl.empty", fresh=a.fresh, plain=paged_empty)
             if "mpi" in a.arms.split(","):
-                call, x = mpi_call(comm, op, size, paged_empty)
-                arms["mpi"] = (call, (lambda x=x: x.fill(1.0)) if a.fresh and x is not None
-                               else (lambda: None))
+                arms["mpi"] = mpi_arm(comm, op, size, a.fresh)
             got = alternating_blocks(rl, arms, a.blocks, a.calls)
             ran = rl.stats()["collectives"].get(op, {}).get("algorithm")
             rows.append({"op": op, "p": p, "bytes": size, "ran": ran, "blocks": got,

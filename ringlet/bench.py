@@ -417,6 +417,15 @@ def _python_with(module: str) -> str | None:
     return None
 
 
+def mpi_arm(comm, op: str, nbytes: int, fresh: bool = True) -> tuple:
+    """Open MPI's call of ``op`` (mpi4py, buffers from :func:`paged_empty`) as an arm of
+    :func:`alternating_blocks` in an mpirun job: ``(call, reset)``, ``reset`` writing the
+    input again when ``fresh`` (as ``_make_call``'s do)."""
+    from .peers import mpi_call
+    call, x = mpi_call(comm, op, nbytes, paged_empty)
+    return call, (lambda: x.fill(1.0)) if fresh and x is not None else (lambda: None)
+
+
 def mpi_job_rows(script: str, p: int, args: list) -> list:
     """Run ``script --child --out FILE *args`` as a ``p``-rank mpirun job (the in-job
     benchmarks against Open MPI: bench/in_job_vs_mpi.py, bench/algorithms_vs_mpi.py) with

@@ -188,6 +188,41 @@ def test_split_only_where_ranks_have_cores(p, whole):
         env={"RINGLET_SHM_RING": str(RING), "RINGLET_CMA_CROWDED": str(int(whole)), **ANY})
 
 
+def _crowded_exchange(rank, crowded):
+    """An all_to_all, p = 3, of plain blocks a little larger than one EAGER packet and
+    smaller than the ring (CMA_MIN): where ranks outnumber cores (``crowded``, forced on
+    every rank) each block is read whole by CMA (protocol.CROWDED_EXCHANGE_CMA), with the
+    flag cleared or a core per rank it streams through the ring; the model prices it the
+    same way (simulate._read_in_place). Every element is where NumPy puts it."""
+    from ringlet.cost.simulate import _read_in_place
+    from ringlet.transport import limits, protocol
+    engine().crowded = crowded
+    p = rl.get_world_size()
+    count = (limits.SHM_EAGER_BYTES + 4096) // 4
+    assert count * 4 <= limits.CMA_MIN
+    got = []
+    for flag in (True, False):
+        protocol.CROWDED_EXCHANGE_CMA = flag
+        before = _reads()
+        _call(rank, p, "all_to_all", count, np.dtype(np.float32), 1, paged_empty, "direct")
+        reads = np.array([_reads() - before], np.int64)
+        rl.all_reduce(reads)
+        got.append(int(reads[0]))
+    protocol.CROWDED_EXCHANGE_CMA = True
+    assert got == ([p * (p - 1), 0] if crowded else [0, 0]), got
+    src, dst = np.nonzero(~np.eye(p, dtype=bool))
+    nb = np.full(len(src), count * 4)
+    _, by_cma = _read_in_place(nb, np.zeros(len(src), np.int64), (), -1, limits.CMA_MIN,
+                               src, dst, np.zeros(len(src), bool), None, crowded, None,
+                               limits.SHM_EAGER_BYTES)
+    assert by_cma.all() == crowded and by_cma.any() == crowded
+
+
+def test_crowded_exchange_reads_blocks_past_one_eager_packet_by_cma():
+    run(_crowded_exchange, 3, True, env=ANY)
+    run(_crowded_exchange, 3, False, env=ANY)
+
+
 def _gather_written_whole(rank, early):
     """A gather's root (work.EARLY_ROOT) posts its receives first: each sender writes its
     whole block into the root's output while the root copies its own, for every

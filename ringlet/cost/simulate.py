@@ -499,7 +499,8 @@ class _Sim:
 
 def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
                 zero_copy_min: int = -1, cma_min: int = -1,
-                zero_copy_oneway_min: int | None = None, crowded: bool = False) -> float:
+                zero_copy_oneway_min: int | None = None, crowded: bool = False,
+                eager: int = -1) -> float:
     """Bytes a job touches: the buffers each rank reads or writes (a rooted collective's
     other ranks never touch the root's gathered array), plus the part of each shared ring
     that its pair's messages cycle through (up to the ring's size). A message its
@@ -516,7 +517,7 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
         msg = (c["src"] != c["dst"]) & ~_read_in_place(
             c["n"] * isz, c["sbuf"], shared, zero_copy_min, cma_min, c["src"], c["dst"],
             c["reduce"].astype(bool), zero_copy_oneway_min, crowded,
-            c["src"][c["src"] == c["dst"]])[0]
+            c["src"][c["src"] == c["dst"]], eager)[0]
         if not msg.any():
             continue
         pair = c["src"][msg] * schedule.p + c["dst"][msg]
@@ -531,7 +532,7 @@ def working_set(schedule, ring_bytes: int = shm.RING_BYTES, shared=(),
 
 def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, src=None,
                    dst=None, reduce=None, zero_copy_oneway_min: int | None = None,
-                   crowded: bool = False, local=None) -> tuple:
+                   crowded: bool = False, local=None, eager: int = -1) -> tuple:
     """(which messages their receiver reads in place, which of them by cross-memory
     attach). In place: sent from one of the ``shared`` buffers (indices into
     ``BUFFER_NAMES``) and larger than ``zero_copy_min`` - or, by a sender that does not
@@ -540,8 +541,10 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     sender that receives too in the round (``src``, ``dst``: the round's messages), or by
     any sender where ranks outnumber cores (``crowded``: cma.Reader.reads_whole; not to a
     rank with a local step in the round, ``local``: it declines, as a gather's root does),
-    into a receive that copies (``reduce`` false). -1: none. (A one-way message split where each
-    rank has a core is ``_put_split``'s.)"""
+    into a receive that copies (``reduce`` false). -1: none. Where ranks outnumber cores, a
+    sender that receives too sends by CMA what is larger than ``eager`` already (one EAGER
+    packet: protocol.CROWDED_EXCHANGE_CMA). (A one-way message split where each rank has a
+    core is ``_put_split``'s.)"""
     alone = None if dst is None else one_way(nbytes, src, dst)
     zc = np.zeros(len(nbytes), bool)
     if zero_copy_min >= 0 and len(shared):
@@ -554,6 +557,8 @@ def _read_in_place(nbytes, sbuf, shared, zero_copy_min: int, cma_min: int = -1, 
     cma = np.zeros(len(nbytes), bool)
     if cma_min >= 0 and src is not None:
         cma = (nbytes > cma_min) & ~zc
+        if crowded and eager >= 0 and alone is not None:
+            cma |= (nbytes > min(eager, cma_min)) & ~alone & ~zc
         if cma.any():
             if not crowded:
                 cma &= ~alone
@@ -701,11 +706,11 @@ class _HostSim:
         self.isz = float(s.itemsize)
         self.crowded = 1.0 if p > m.cores else 0.0
         key = (m.ring_bytes, m.zero_copy_min, m.cma_min, m.zero_copy_oneway_min, m.cores,
-               m.l2_bytes, m.l3_bytes)
+               m.l2_bytes, m.l3_bytes, m.eager)
         known = self.memo.get(key) if self.memo is not None else None
         if known is None:
             ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
-                             m.zero_copy_oneway_min, bool(self.crowded))
+                             m.zero_copy_oneway_min, bool(self.crowded), m.eager)
             known = (ws, [])
             if self.memo is not None:
                 self.memo[key] = known
@@ -911,7 +916,7 @@ class _HostSim:
         local = np.asarray(() if local is None else local, np.int64)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red > 0, m.zero_copy_oneway_min,
-                                      bool(self.crowded), local)
+                                      bool(self.crowded), local, m.eager)
         whole = np.zeros(n, bool)     # read in place, copied by its sender into a root
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):

@@ -55,7 +55,7 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   SPLIT_BUSY_MIN: where ranks outnumber cores, a sender with other copies in its round (a
   scatter's root, a direct broadcast's) offers its help only from this size: below it the
   help took a core from receivers waiting their turn for one, and each waited for the
-  sender's last chunk. In-job A/B, bench/crowded_help.py (rl.empty, 12 alternating blocks
+  sender's last chunk. In-job A/B, bench/crowded_ab.py (rl.empty, 12 alternating blocks
   of 10 calls, quiet host; help / alone on the median block): scatter p = 4 8 MiB (2 MiB
   blocks) 1.14, 1.11, 1.20, 1.16; p = 3 1.28, 1.05; 16 MiB 0.91, 0.95; 32 MiB 0.86, 0.97;
   broadcast direct p = 3, 4 at 2-3 MiB 1.01-1.19. Senders with nothing else to copy (a
@@ -69,7 +69,18 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   sender writes a head into the receive buffer (process_vm_writev; p = 2: half) while
   the receiver reads the rest (CMA_PUT_MIN, the same limit; only where ranks do not
   outnumber cores: where they do, the receiver reads it whole, as in an exchange round).
-  Taken only by a receive that copies (cma.py says why).
+  Taken only by a receive that copies (cma.py says why). Where ranks outnumber cores, an
+  exchange's message is read whole from past one EAGER packet (SHM_EAGER_BYTES) instead
+  (protocol.CROWDED_EXCHANGE_CMA): streamed, both of its copies take CPU the ranks share,
+  and a 1 MiB message with its headers overflows the ring, so its sender waits for the
+  receiver to drain it. In-job A/B, bench/crowded_ab.py --flag CROWDED_EXCHANGE_CMA
+  (plain, 10 alternating blocks; read whole / streamed on the median block): all_to_all
+  p = 4 3 MiB (768 KiB messages) 0.90, 0.80, 4 MiB 0.74, 0.68; p = 3 2 MiB 0.84, 3 MiB
+  0.68; all_gather p = 4 3 MiB 0.91, 4 MiB 0.55; p = 3 2 MiB 0.89, 3 MiB 0.72. A
+  receive that reduces declines it and takes the stream after the round trip: neutral
+  (reduce_scatter, all_reduce p = 4 at 3-4 MiB 0.95-1.04). Not from smaller messages,
+  which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB messages read whole
+  ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet

@@ -66,6 +66,9 @@ CHECK_FINGERPRINTS = True  # set at engine start (engine._read_check_switch)
 # a direct broadcast's) offers no help with a message read in place below
 # limits.SPLIT_BUSY_MIN (split.py says why). True: it helps with all, as before.
 CROWDED_BUSY_HELP = False
+# Where ranks outnumber cores, an exchange's plain message larger than one EAGER packet is
+# read whole by CMA, not from CMA_MIN on (limits.py says why). False: from CMA_MIN, as before.
+CROWDED_EXCHANGE_CMA = True
 MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may park here
 NO_FP = (0, 0)
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
@@ -252,11 +255,15 @@ class Peer:
         if self.zero_copy and req.in_place and \
                 req.nbytes > (self.zc_min if req.receiving else self.zc_oneway_min):
             req.zc = locate(req.data)      # (once: send_now is not asked again)
-            if (req.zc is None and self.cma_min >= 0 and req.nbytes > self.cma_min
+            crowded = self.engine.crowded
+            # (where ranks outnumber cores, an exchange's message past one EAGER packet is
+            # read whole too: limits.py, CMA_MIN)
+            least = (min(self.eager, self.cma_min) if crowded and req.receiving
+                     and CROWDED_EXCHANGE_CMA else self.cma_min)
+            if (req.zc is None and self.cma_min >= 0 and req.nbytes > least
                     and req.data.flags.c_contiguous):
                 # read whole where every rank copies anyway; offered where the sender
                 # idles: split, or read whole where ranks outnumber cores (cma.py)
-                crowded = self.engine.crowded
                 req.cma = (RTS_CMA if req.receiving else
                            RTS_OFFER if self.cma.splits(crowded) or self.cma.reads_whole(crowded)
                            else 0)

@@ -1,13 +1,18 @@
-"""Where ranks outnumber cores, should a sender with other copies in its round help copy a
-message its receiver reads in place (transport/split.py)? One mpirun job: alternating
-blocks of the same call with protocol.CROWDED_BUSY_HELP on ("help") and off ("alone"),
-and Open MPI's call beside them, every input written again before each call.
+"""Where ranks outnumber cores: a transport rule of protocol.py on and off in one mpirun
+job - alternating blocks of the same call with the flag set ("on") and cleared ("off"),
+Open MPI's call beside them, every input written again before each call.
 
-    python bench/crowded_help.py --op scatter -p 3,4 --sizes 8M,32M
-    python bench/crowded_help.py --op broadcast --algorithm direct -p 4 --sizes 8M
+* ``--flag CROWDED_BUSY_HELP`` (on: the old rule): a sender with other copies in its round
+  helps copy a message its receiver reads in place (transport/split.py).
+* ``--flag CROWDED_EXCHANGE_CMA`` (on: the new rule): an exchange's plain message larger
+  than one EAGER packet is read whole by CMA (transport/limits.py, CMA_MIN).
+
+    python bench/crowded_ab.py --op scatter -p 3,4 --sizes 8M,32M
+    python bench/crowded_ab.py --flag CROWDED_EXCHANGE_CMA --op all_to_all --kinds plain \
+        --sizes 3M,4M
 
 Printed per row: the median block of each arm in us (the slowest rank's median call of
-each block) and help / alone (above 1: helping lost).
+each block) and on / off (above 1: the flag on was slower).
 """
 from __future__ import annotations
 
@@ -29,14 +34,14 @@ def _child(a) -> None:
     p, rank = rl.get_world_size(), rl.get_rank()
 
     def switch(name):
-        protocol.CROWDED_BUSY_HELP = name == "help"
+        setattr(protocol, a.flag, name == "on")
 
     rows = []
     for size in parse_sizes(a.sizes):
         for kind in a.kinds.split(","):
             call = _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), a.algorithm,
                               kind == "rl.empty", fresh=True, plain=paged_empty)
-            arms = {"help": call, "alone": call, "mpi": mpi_arm(comm, a.op, size)}
+            arms = {"on": call, "off": call, "mpi": mpi_arm(comm, a.op, size)}
             got = alternating_blocks(rl, arms, a.blocks, a.calls, switch=switch)
             rows.append({"op": a.op, "p": p, "bytes": size, "kind": kind,
                          "median_us": {k: float(np.median(v)) for k, v in got.items()},
@@ -50,6 +55,8 @@ def _child(a) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flag", default="CROWDED_BUSY_HELP",
+                    choices=["CROWDED_BUSY_HELP", "CROWDED_EXCHANGE_CMA"])
     ap.add_argument("--op", default="scatter")
     ap.add_argument("--algorithm", default="auto")
     ap.add_argument("-p", default="4", help="rank counts, comma-separated")
@@ -67,13 +74,14 @@ def main(argv=None) -> int:
     from ringlet.bench import mpi_job_rows
     rows = []
     for p in (int(x) for x in a.p.split(",")):
-        for r in mpi_job_rows(__file__, p, ["--op", a.op, "--algorithm", a.algorithm,
+        for r in mpi_job_rows(__file__, p, ["--flag", a.flag, "--op", a.op,
+                                            "--algorithm", a.algorithm,
                                             "--sizes", a.sizes, "--kinds", a.kinds,
                                             "--blocks", str(a.blocks), "--calls", str(a.calls)]):
             m = r["median_us"]
-            print(f"{r['op']} p={r['p']} {r['bytes'] >> 10} KiB {r['kind']:<9} "
-                  f"help {m['help']:.0f}  alone {m['alone']:.0f}  mpi {m['mpi']:.0f}   "
-                  f"help/alone {m['help'] / m['alone']:.2f}", flush=True)
+            print(f"{a.flag} {r['op']} p={r['p']} {r['bytes'] >> 10} KiB {r['kind']:<9} "
+                  f"on {m['on']:.0f}  off {m['off']:.0f}  mpi {m['mpi']:.0f}   "
+                  f"on/off {m['on'] / m['off']:.2f}", flush=True)
             rows.append(r)
     if a.json:
         with open(a.json, "w") as f:

@@ -14,7 +14,7 @@ from .errors import CollectiveMismatch, PeerFailure
 from .fingerprint import diff
 from .group import TAG_COLLECTIVE, call_number, group_of
 from .transport import protocol
-from .transport.protocol import DEAD, STALE
+from .transport.protocol import DEAD, LEFT, STALE
 
 REMEMBER = 1024   # tags kept in ``aborts`` and ``failed`` (a peer cannot make us keep more)
 
@@ -23,8 +23,14 @@ def _refusal(exc, earlier: int) -> tuple:
     """What an ABORT tells the peers of a call refused because an earlier call of its group
     failed: that a member died (naming it), or that the earlier call was mismatched."""
     if isinstance(exc, PeerFailure) and exc.rank is not None:
-        return (exc.rank, 0), DEAD
+        return _death(exc), DEAD
     return (earlier, 0), STALE
+
+
+def _death(exc) -> tuple:
+    """A DEAD ABORT's fingerprint words for ``exc`` (a PeerFailure): the rank, and LEFT if
+    it left the job (destroy) rather than died, so the members told say which."""
+    return exc.rank, LEFT if getattr(exc, "left", False) else 0
 
 
 def _bounded_put(d: dict, tag: int, value) -> None:
@@ -93,7 +99,7 @@ class Agreement:
         if dead is None:
             return
         self.engine.send_aborts(work.tag, [r for r in work.world_of if r != dead], work.fp,
-                                (dead, 0), DEAD)
+                                _death(exc), DEAD)
 
     def retire(self, below: int, exc) -> None:
         """The world shrank: fail every call still in flight and forget all traffic of the
@@ -126,7 +132,10 @@ class Agreement:
             return
         if culprit == DEAD:
             dead = culprit_fp[0]   # (an ABORT's fingerprint field names the dead rank)
-            exc = PeerFailure(f"rank {dead} failed (reported by rank {sender})", rank=dead)
+            left = culprit_fp[1] == LEFT
+            what = "failed: it has left the job (it called destroy())" if left else "failed"
+            exc = PeerFailure(f"rank {dead} {what} (reported by rank {sender})", rank=dead,
+                              left=left)
             # Every call with it fails alike (peer_failed), not only this one: members need
             # not be in the same call, and the reporter may exit before we see the death.
             if dead != sender:

@@ -12,11 +12,13 @@ class TimeoutError(RingletError, builtins.TimeoutError):
 
 
 class PeerFailure(RingletError):
-    """A peer rank died or closed its connection while this rank depended on it."""
+    """A peer rank died or closed its connection while this rank depended on it.
+    ``left``: it left the job (called destroy()) rather than died."""
 
-    def __init__(self, message, rank=None):
+    def __init__(self, message, rank=None, left: bool = False):
         super().__init__(message)
         self.rank = rank
+        self.left = left
 
 
 class CollectiveMismatch(RingletError):

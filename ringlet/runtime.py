@@ -259,15 +259,19 @@ def _departed(ranks) -> list:
     _S.departed_checked = now
     try:
         gone = [r for r in ranks if _S.store.try_get(_left_key(r)) is not None]
-        # a rank that left waits in destroy until every rank has left - or, here, no
-        # longer waits for it: this rank counts itself done with it, once
         for r in gone:
-            if r not in _S.released and _S.world is not None and r in _S.world.ranks:
-                _S.released.add(r)
-                _S.store.add(f"g{_S.generation - 1}/bye/{_S.world.id}", 1)
+            _release(r)
         return gone
     except RingletError:
         return []
+
+
+def _release(r: int) -> None:
+    """A rank that left waits in destroy until every rank has left - or no longer waits
+    for it: this rank counts itself done with rank ``r``, once."""
+    if r not in _S.released and _S.world is not None and r in _S.world.ranks:
+        _S.released.add(r)
+        _S.store.add(f"g{_S.generation - 1}/bye/{_S.world.id}", 1)
 
 
 def _hang_report(tag: int, what) -> str:
@@ -356,6 +360,12 @@ def destroy() -> None:
             eng.check_liveness()
             eng.progress()
         world = _S.world
+        for r in world.ranks:     # told by a peer that r left (an ABORT), not by the store
+            if r != eng.rank and getattr(eng.peers[r].dead, "left", False):
+                try:
+                    _release(r)
+                except RingletError:
+                    pass
         if world.size > 1 and not any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
             # nobody may leave while a peer still needs them (a dead peer never says bye);
             # one count per world, as it may have shrunk

@@ -252,6 +252,7 @@ class _Mechanism:
 
     def send_aborts(self, tag, ranks, mine, theirs, culprit):
         self.aborts_sent += [(tag, r, culprit) for r in ranks if r != self.rank and r not in self.dead]
+        self.abort_words = theirs
 
     def fail_tag(self, tag, exc):
         self.failed_tags.append(tag)
@@ -339,6 +340,32 @@ def test_a_dead_member_fails_its_calls_and_the_survivors_are_told():
     calls.peer_failed(2, dead)
     assert mine.error is dead and other.error is None
     assert [(r, c) for _, r, c in eng.aborts_sent] == [(1, protocol.DEAD)]
+
+
+def test_a_rank_that_left_is_reported_as_left_by_the_members_told():
+    """Rank 2 left the job (destroy) while this rank waited for it: the ABORT this rank
+    sends its other members says so (protocol.LEFT), and a member told by it says "left
+    the job" too - not "failed", as if it had died (test_failures' rank that left, over
+    TCP, heard of it from rank 0 first)."""
+    from ringlet.transport.protocol import peer_failure
+    calls, eng = _policy()
+    work = _Call((1 << 47) | 11, _fp(4), (0, 1, 2, 3))
+    calls.start(work)
+    eng.dead[2] = gone = peer_failure(2, "it has left the job (it called destroy())", left=True)
+    calls.peer_failed(2, gone)
+    assert eng.abort_words == (2, protocol.LEFT)
+    other, eng2 = _policy()
+    work2 = _Call((1 << 47) | 11, _fp(4), (0, 1, 2, 3))
+    other.start(work2)
+    other.abort_received(work2.tag, _fp(4), eng.abort_words, protocol.DEAD, 0)
+    err = work2.error
+    assert isinstance(err, rl.PeerFailure) and err.rank == 2 and err.left, err
+    assert "left the job" in str(err) and "reported by rank 0" in str(err), str(err)
+    calls3, eng3 = _policy()                      # a death stays a death
+    work3 = _Call((1 << 47) | 11, _fp(4), (0, 1, 2, 3))
+    calls3.start(work3)
+    calls3.abort_received(work3.tag, _fp(4), (2, 0), protocol.DEAD, 0)
+    assert not work3.error.left and str(work3.error) == "rank 2 failed (reported by rank 0)"
 
 
 def test_a_death_heard_from_a_peer_is_passed_on_to_the_other_members():

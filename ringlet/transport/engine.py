@@ -588,7 +588,7 @@ class Engine:
                 peer._poll_in()      # (its last words first)
             if not peer.dead:
                 peer.fail(peer_failure(r, "it has left the job (it called destroy()) while "
-                                          "this rank still waits for it"))
+                                          "this rank still waits for it", left=True))
                 failed = True
         return failed
 

@@ -73,6 +73,7 @@ MAX_UNEXPECTED = 1 << 30   # bytes of unasked-for small messages one peer may pa
 NO_FP = (0, 0)
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
 DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
+LEFT = 1                 # ... and a DEAD ABORT's second fingerprint word 1: it left the job
 
 
 class Request:
@@ -745,5 +746,5 @@ class ProtocolError(RingletError):
     """A peer sent a packet that breaks the protocol (corrupt, malicious or out of order)."""
 
 
-def peer_failure(rank: int, why: str) -> PeerFailure:
-    return PeerFailure(f"rank {rank} failed: {why}", rank=rank)
+def peer_failure(rank: int, why: str, left: bool = False) -> PeerFailure:
+    return PeerFailure(f"rank {rank} failed: {why}", rank=rank, left=left)

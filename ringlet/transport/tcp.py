@@ -516,7 +516,8 @@ class TcpPeer(Peer):
 
     def _lost(self, exc) -> None:
         if self.closing:
-            self.fail(peer_failure(self.rank, "it has left the job (destroy was called)"))
+            self.fail(peer_failure(self.rank, "it has left the job (destroy was called)",
+                                   left=True))
         else:
             why = f"connection lost ({exc})" if exc else "connection closed"
             self.fail(peer_failure(self.rank, why))

@@ -10,6 +10,19 @@ start 64 bytes into a page (ringlet.bench.paged_empty). Printed per row: the med
 of each arm in us (the slowest rank's median call of each block) and which arm was
 fastest. Use it to compare a schedule changed in the tree against the others and Open MPI
 (bench/in_job_vs_mpi.py compares auto's pick only).
+
+``--flag NAME``: instead of the algorithms, one of them (``--algorithms``, default auto)
+with a transport rule of protocol.py set ("NAME=on") and cleared ("NAME=off"), block by
+block, and on / off printed (above 1: the rule on was slower). The rules, both about ranks
+that outnumber cores:
+
+* CROWDED_BUSY_HELP (on: the old rule): a sender with other copies in its round helps
+  copy a message its receiver reads in place (transport/split.py);
+* CROWDED_EXCHANGE_CMA (on: the new rule): an exchange's plain message larger than one
+  EAGER packet is read whole by CMA (transport/limits.py, CMA_MIN).
+
+    python bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP --op scatter -p 3,4 \
+        --sizes 8M,32M --kinds rl.empty
 """
 from __future__ import annotations
 
@@ -26,19 +39,29 @@ def _child(a) -> None:
     import ringlet as rl
     from ringlet import algorithms
     from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
+    from ringlet.transport import protocol
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
     names = a.algorithms.split(",") if a.algorithms else [
         n for n in algorithms.CATALOG[a.op] if n != "hierarchical"]
+    switch = None
+    if a.flag:             # one algorithm, the rule on and off
+        arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
+
+        def switch(name):
+            setattr(protocol, a.flag, name.endswith("=on"))
+    else:
+        arms_of = {n: n for n in names}
     rows = []
     for size in parse_sizes(a.sizes):
         for kind in a.kinds.split(","):
-            arms = {n: _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), n,
-                                  kind == "rl.empty", fresh=True, plain=paged_empty)
-                    for n in names}
+            made = {algo: _make_call(rl, a.op, size, p, rank, np.dtype(np.float32), algo,
+                                     kind == "rl.empty", fresh=True, plain=paged_empty)
+                    for algo in set(arms_of.values())}
+            arms = {arm: made[algo] for arm, algo in arms_of.items()}
             arms["mpi"] = mpi_arm(comm, a.op, size)
-            got = alternating_blocks(rl, arms, a.blocks, a.calls)
+            got = alternating_blocks(rl, arms, a.blocks, a.calls, switch=switch)
             rows.append({"op": a.op, "p": p, "bytes": size, "kind": kind,
                          "median_us": {k: float(np.median(v)) for k, v in got.items()},
                          "blocks": got})
@@ -54,6 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--op", default="reduce")
     ap.add_argument("--algorithms", default="", help="comma-separated (default: all but "
                     "hierarchical)")
+    ap.add_argument("--flag", default="", choices=["", "CROWDED_BUSY_HELP",
+                                                   "CROWDED_EXCHANGE_CMA"],
+                    help="A/B this rule of protocol.py on one algorithm (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
     ap.add_argument("--sizes", default="1M,8M")
     ap.add_argument("--kinds", default="plain,rl.empty")
@@ -71,6 +97,7 @@ def main(argv=None) -> int:
     for p in (int(x) for x in a.p.split(",")):
         try:
             rows = mpi_job_rows(__file__, p, ["--op", a.op, "--algorithms", a.algorithms,
+                                              "--flag", a.flag,
                                               "--sizes", a.sizes, "--kinds", a.kinds,
                                               "--blocks", str(a.blocks), "--calls",
                                               str(a.calls)])
@@ -80,8 +107,10 @@ def main(argv=None) -> int:
         for r in rows:
             med = r["median_us"]
             best = min(med, key=med.get)
+            tail = (f"on/off {med[a.flag + '=on'] / med[a.flag + '=off']:.2f}" if a.flag
+                    else f"fastest: {best}")
             print(f"{a.op} p={p} {r['bytes'] >> 10} KiB {r['kind']:8} "
-                  + "  ".join(f"{k} {v:.0f}" for k, v in med.items()) + f"   fastest: {best}",
+                  + "  ".join(f"{k} {v:.0f}" for k, v in med.items()) + f"   {tail}",
                   flush=True)
         everything += rows
     if a.json:

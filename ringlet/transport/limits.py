@@ -55,9 +55,10 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   SPLIT_BUSY_MIN: where ranks outnumber cores, a sender with other copies in its round (a
   scatter's root, a direct broadcast's) offers its help only from this size: below it the
   help took a core from receivers waiting their turn for one, and each waited for the
-  sender's last chunk. In-job A/B, bench/crowded_ab.py (rl.empty, 12 alternating blocks
-  of 10 calls, quiet host; help / alone on the median block): scatter p = 4 8 MiB (2 MiB
-  blocks) 1.14, 1.11, 1.20, 1.16; p = 3 1.28, 1.05; 16 MiB 0.91, 0.95; 32 MiB 0.86, 0.97;
+  sender's last chunk. In-job A/B, bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP
+  (rl.empty, 12 alternating blocks of 10 calls, quiet host; help / alone on the median
+  block): scatter p = 4 8 MiB (2 MiB blocks) 1.14, 1.11, 1.20, 1.16; p = 3 1.28, 1.05;
+  16 MiB 0.91, 0.95; 32 MiB 0.86, 0.97;
   broadcast direct p = 3, 4 at 2-3 MiB 1.01-1.19. Senders with nothing else to copy (a
   gather's leaves, a pipeline's root) help as before: broadcast p = 4 8 MiB (auto) without
   any help 1.06-1.20x slower.
@@ -73,7 +74,7 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   exchange's message is read whole from past one EAGER packet (SHM_EAGER_BYTES) instead
   (protocol.CROWDED_EXCHANGE_CMA): streamed, both of its copies take CPU the ranks share,
   and a 1 MiB message with its headers overflows the ring, so its sender waits for the
-  receiver to drain it. In-job A/B, bench/crowded_ab.py --flag CROWDED_EXCHANGE_CMA
+  receiver to drain it. In-job A/B, bench/algorithms_vs_mpi.py --flag CROWDED_EXCHANGE_CMA
   (plain, 10 alternating blocks; read whole / streamed on the median block): all_to_all
   p = 4 3 MiB (768 KiB messages) 0.90, 0.80, 4 MiB 0.74, 0.68; p = 3 2 MiB 0.84, 3 MiB
   0.68; all_gather p = 4 3 MiB 0.91, 4 MiB 0.55; p = 3 2 MiB 0.89, 3 MiB 0.72. A

@@ -43,7 +43,8 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
+    from ringlet.bench import (_make_call, algorithm_ran, alternating_blocks, mpi_arm,
+                               paged_empty, parse_sizes)
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -56,8 +57,12 @@ def _child(a) -> None:
                                         kind == "rl.empty", fresh=a.fresh, plain=paged_empty)
             if "mpi" in a.arms.split(","):
                 arms["mpi"] = mpi_arm(comm, op, size, a.fresh)
+            # what auto picked for each kind of buffer (they may differ: rl.empty's messages
+            # are read in place, and priced so)
+            picks = [algorithm_ran(rl, op, call) for kind, (call, *_) in arms.items()
+                     if kind != "mpi"]
+            ran = "/".join(dict.fromkeys(str(x) for x in picks))
             got = alternating_blocks(rl, arms, a.blocks, a.calls)
-            ran = rl.stats()["collectives"].get(op, {}).get("algorithm")
             rows.append({"op": op, "p": p, "bytes": size, "ran": ran, "blocks": got,
                          "load": os.getloadavg()[0]})
     if rank == 0:
@@ -90,7 +95,7 @@ def main(argv=None) -> int:
         return 0
     from ringlet.bench import auto_priced_by, mpi_job_rows
     print(auto_priced_by())
-    print(f"{'row':26} {'ran':20} {'plain':>7} {'rl.empty':>9} {'mpi':>7}   "
+    print(f"{'row':26} {'ran (plain/rl.empty)':26} {'plain':>7} {'rl.empty':>9} {'mpi':>7}   "
           f"{'mpi/plain (min-max)':>21} {'mpi/rl.empty (min-max)':>23}  load", flush=True)
     everything = []
     for p in (int(x) for x in a.p.split(",")):
@@ -112,7 +117,7 @@ def main(argv=None) -> int:
             me, lo2, hi2 = _ratio(b["mpi"], b["rl.empty"])
             r.update(ratio_plain=mp, ratio_rl_empty=me, fresh=a.fresh)
             name = f"{r['op']} p={r['p']} {r['bytes'] >> 20} MiB"
-            print(f"{name:26} {str(r['ran']):20} {med['plain']:7.0f} {med['rl.empty']:9.0f} "
+            print(f"{name:26} {str(r['ran']):26} {med['plain']:7.0f} {med['rl.empty']:9.0f} "
                   f"{med['mpi']:7.0f}   {mp:6.2f} ({lo:.2f}-{hi:.2f})    "
                   f"{me:6.2f} ({lo2:.2f}-{hi2:.2f})      {r['load']:.1f}", flush=True)
             everything.append(r)

@@ -210,15 +210,25 @@ def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> 
     return res
 
 
+def algorithm_ran(rl, op: str, call) -> str | None:
+    """The algorithm one call of ``call`` (a collective ``op``) runs: read right after it,
+    since the timing's own all_reduce (:func:`slowest_median_us`) is an all_reduce too."""
+    call()
+    return rl.stats()["collectives"].get(op, {}).get("algorithm")
+
+
 def ab_row(rl, op: str, size: int, arms: dict, blocks: int, calls: int, switch=None) -> dict:
     """One row of an in-job A/B: :func:`alternating_blocks` of ``arms`` (name -> ``(call,
     reset, check)``), then every arm's wrong elements summed over the ranks and the
-    algorithm the job ran last. Every rank calls it."""
+    algorithm the first arm runs. Every rank calls it."""
+    first = next(iter(arms))
+    if switch is not None:
+        switch(first)
+    ran = algorithm_ran(rl, op, arms[first][0])
     res = alternating_blocks(rl, arms, blocks, calls, switch=switch)
     wrong = np.array([sum(check() for _, _, check in arms.values())], np.int64)
     rl.all_reduce(wrong)
-    return {"op": op, "size": size, "res": res, "wrong": int(wrong[0]),
-            "ran": rl.stats()["collectives"].get(op, {}).get("algorithm")}
+    return {"op": op, "size": size, "res": res, "wrong": int(wrong[0]), "ran": ran}
 
 
 def spawn_rows(fn, p: int, *args, timeout: float = 1800) -> list:

@@ -229,3 +229,24 @@ def test_benchmarks_say_which_profile_auto_picked_with(tmp_path, monkeypatch):
     path = default_profile().save(tmp_path / "profile.json")
     monkeypatch.setenv("RINGLET_PROFILE", str(path))
     assert auto_priced_by().startswith(f"auto picks on the calibrated profile {path}")
+
+
+def _ab_rank(rank, out):
+    import numpy as np
+
+    import ringlet as rl
+    from ringlet.bench import _make_call, ab_row, write_rows
+    arms = {alg: _make_call(rl, "all_reduce", 4096, 2, rank, np.dtype(np.float32), alg)
+            for alg in ("ring", "direct")}
+    write_rows(rank, ab_row(rl, "all_reduce", 4096, arms, 2, 2), out)
+
+
+def test_an_ab_row_names_the_algorithm_its_arms_ran_not_the_timings_own(tmp_path):
+    # Each block's time is agreed by a small all_reduce (recursive doubling): read after
+    # the blocks, an all_reduce row named that one, whatever its arms had run.
+    from ringlet.launch import spawn
+    out = tmp_path / "row.json"
+    spawn(_ab_rank, 2, args=(str(out),), timeout=120)
+    row = json.loads(out.read_text())
+    assert row["ran"] == "ring" and row["wrong"] == 0
+    assert len(row["res"]["ring"]) == len(row["res"]["direct"]) == 2

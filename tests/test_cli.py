@@ -56,3 +56,17 @@ def test_run_without_a_script_says_what_is_missing():
     assert p.returncode == 2
     assert "ARGS are optional" in p.stderr and "no SCRIPT given" in p.stderr
     assert "required" not in p.stderr
+
+
+def test_the_readmes_main_job_runs_and_checks_every_collective():
+    # scripts/demo.sh's job: 4 local ranks, every collective checked against NumPy there.
+    import os
+    demo = os.path.join(os.path.dirname(__file__), "..", "examples", "demo.py")
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "4", demo],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "all correct on every rank" in out and "every rank holds the sum?    : True" in out
+    assert "WRONG" not in out and "MISMATCH" not in out
+    assert "== done: every call worked on every rank" in out
+    assert "slowest rank's median of 7 calls" in out and "priced" in out

@@ -172,6 +172,26 @@ def _calls(rl, op, nbytes, p, rank, dtype, algo, zero_copy, inputs, plain=np.emp
     raise ValueError(f"unknown op {op!r}; valid: {', '.join(OPS)}")
 
 
+def median_interval(values, level: float = 0.9, resamples: int = 2000) -> tuple:
+    """The median of ``values`` and a ``level`` bootstrap interval for it (resampled with
+    a fixed seed, so a table prints the same for the same measurements): (median, low,
+    high). On this host a row's block pairs scatter widely (an in-job ratio of 0.6-1.9
+    around a median of 1.1 is common), so whether a row meets a target is read from the
+    interval, not from the median alone."""
+    x = np.asarray(values, float)
+    rng = np.random.default_rng(0)
+    meds = np.median(x[rng.integers(0, len(x), (resamples, len(x)))], axis=1)
+    lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.median(x)), float(lo), float(hi)
+
+
+def verdict(interval: tuple, target: float) -> str:
+    """'met' when the whole interval (median_interval) is at or above ``target``, 'missed'
+    when it is all below, 'unsure' when the target lies inside it."""
+    _, lo, hi = interval
+    return "met" if lo >= target else "missed" if hi < target else "unsure"
+
+
 def slowest_median_us(rl, call, calls: int, reset=None) -> float:
     """``calls`` timed calls of ``call`` (``reset`` first, untimed; then a barrier, then
     the call): the slowest rank's median, in microseconds, as every row here reports."""

@@ -250,3 +250,23 @@ def test_an_ab_row_names_the_algorithm_its_arms_ran_not_the_timings_own(tmp_path
     row = json.loads(out.read_text())
     assert row["ran"] == "ring" and row["wrong"] == 0
     assert len(row["res"]["ring"]) == len(row["res"]["direct"]) == 2
+
+
+def test_a_rows_median_carries_an_interval_and_a_verdict_against_its_target():
+    import numpy as np
+
+    from ringlet.bench import median_interval, verdict
+    assert median_interval([1.3] * 12) == (1.3, 1.3, 1.3)
+    rng = np.random.default_rng(5)
+    wide = rng.normal(1.1, 0.3, 12)
+    med, lo, hi = median_interval(wide)
+    assert lo < med < hi and med == np.median(wide)
+    assert median_interval(wide) == (med, lo, hi)          # the same table twice
+    assert verdict((med, lo, hi), 1.0) == ("met" if lo >= 1.0 else "unsure")
+    assert verdict((1.4, 1.25, 1.5), 1.2) == "met"
+    assert verdict((1.1, 0.9, 1.15), 1.2) == "missed"
+    assert verdict((1.1, 0.9, 1.3), 1.2) == "unsure"
+    # more blocks of the same spread: a narrower interval
+    many = rng.normal(1.1, 0.3, 200)
+    _, lo2, hi2 = median_interval(many)
+    assert hi2 - lo2 < hi - lo

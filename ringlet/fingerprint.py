@@ -12,6 +12,7 @@ from .ops import ReduceOp
 COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatter",
                "all_to_all", "gather", "scatter", "barrier")
 _OPS = (None,) + tuple(ReduceOp)
+ROOTED = ("broadcast", "reduce", "gather", "scatter")   # (the others' root field is 0: unused)
 
 
 def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, count: int,
@@ -43,7 +44,8 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
     if dtype == "void":   # the only structured dtype that travels: ops.BFLOAT16
         dtype = "bfloat16"
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
-            "dtype": dtype, "count": count, "root": code >> 40 & 0xFFFFFF,
+            "dtype": dtype, "count": count,
+            "root": code >> 40 & 0xFFFFFF if coll in ROOTED or coll == "?" else None,
             "op": op if op in ("?", None) else op.name,
             "auto_for": "rl.empty" if code >> 31 & 1 else None}
 

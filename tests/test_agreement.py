@@ -379,3 +379,14 @@ def test_a_death_heard_from_a_peer_is_passed_on_to_the_other_members():
     calls.peer_failed(2, told)
     assert work.error is told
     assert sorted((r, c) for _, r, c in eng.aborts_sent) == [(1, protocol.DEAD), (3, protocol.DEAD)]
+
+
+def test_a_mismatch_names_a_root_only_for_a_rooted_collective():
+    cat = lambda c: tuple(algorithms.CATALOG[c])   # noqa: E731
+    f32 = np.dtype(np.float32)
+    ar = fingerprint.encode("all_reduce", "ring", cat("all_reduce"), f32, 10, None, rl.ReduceOp.SUM)
+    bc = fingerprint.encode("broadcast", "binomial", cat("broadcast"), f32, 10, 3, None)
+    a, b = fingerprint.decode(ar, cat), fingerprint.decode(bc, cat)
+    assert a["root"] is None and b["root"] == 3
+    msg = fingerprint.diff(a, fingerprint.decode((ar[0], 9), cat), 0, 1)
+    assert "root" not in msg and "count=10" in msg and "they differ in count" in msg, msg

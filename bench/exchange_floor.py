@@ -2,7 +2,9 @@
 (one per core, as a p = 2 exchange runs) each hold an 8 MiB input in shared memory and make
 the copies an 8 MiB all_to_all needs - its own block into its output (local) and the
 peer's block from the peer's input (remote) - alone, at once, and both copies in either
-order. Each input is written again before every round, as `--fresh` benchmarks do.
+order; then the remote copy made by the kernel (process_vm_readv, cross-memory attach),
+as plain buffers move between ranks. Each input is written again before every round, as
+`--fresh` benchmarks do.
 
     python bench/exchange_floor.py [--mib 8] [--rounds 40]
 
@@ -20,6 +22,11 @@ import tempfile
 import time
 
 import numpy as np
+
+try:    # (the C fast path's process_vm_readv; without it the CMA cases are left out)
+    from ringlet.transport._fastpath import cma
+except ImportError:
+    cma = None
 
 
 def main(argv=None) -> int:
@@ -56,16 +63,35 @@ def main(argv=None) -> int:
     def remote():
         np.copyto(out[half:], remote_block)
 
+    peer_pid = pid if me == 0 else os.getppid()
+    # A plain (private) input, as a NumPy array's: the kernel's copy reads the peer's from
+    # its address (the addresses are swapped through the shared page after the inputs).
+    private = np.empty(n + 4096, np.uint8)[64:64 + n]
+    addresses = np.frombuffer(regions[0], np.int64, 2, n + 64 - 64 % 8 + 8)
+    addresses[me] = private.ctypes.data
+    barrier()
+    barrier()
+    peer_private = int(addresses[1 - me]) + (half if me == 0 else 0)
+
+    def remote_cma():   # the kernel's copy (process_vm_readv), as plain buffers move
+        got = cma(False, peer_pid, out[half:].ctypes.data, peer_private, half)
+        assert got == half, got
+
     cases = [("local, peer idle", local, None), ("local, both", local, local),
              ("remote, peer idle", remote, None), ("remote, both", remote, remote),
              ("local + remote, both", lambda: (local(), remote()), True),
              ("remote + local, both", lambda: (remote(), local()), True)]
+    if cma is not None:
+        cases += [("remote by CMA, idle", remote_cma, None),
+                  ("remote by CMA, both", remote_cma, remote_cma),
+                  ("CMA + local, both", lambda: (remote_cma(), local()), True)]
     lines = []
     for name, first, other in cases:
         work = first if me == 0 or other is True else other
         ts = []
         for i in range(a.rounds):
             mine.fill(i & 255)
+            private.fill(i & 255)
             barrier()
             t0 = time.perf_counter()
             if work is not None:

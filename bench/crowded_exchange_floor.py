@@ -15,7 +15,8 @@ alternating blocks of one mpirun job.
   auto).
 
 Waiting ranks yield (os.sched_yield), as ringlet's and Open MPI's do where ranks
-outnumber cores. Inputs are written again before every call (outside the timer). Printed
+outnumber cores. Each timed call follows a barrier, Open MPI's or ringlet's
+(``--barrier``): which one changes the times of every arm. Inputs are written again before every call (outside the timer). Printed
 per block size: each arm's median block (a block's time is the slowest rank's median
 call). Why: whether a single copy by the kernel, moved into the C fast path, would beat
 the ring's two copies for 64-512 KiB blocks where ranks share cores (issue 27).
@@ -99,6 +100,7 @@ def _child(a) -> None:
                 "mpi": lambda: comm.Alltoall(inp, out)}
         for algo in a.algorithms.split(","):
             arms[f"ringlet {algo}"] = lambda algo=algo: rl.all_to_all(rout, rin, algorithm=algo)
+        barrier = rl.barrier if a.barrier == "ringlet" else comm.Barrier
         res = {k: [] for k in arms}
         names = list(arms)
         for b in range(a.blocks):
@@ -108,7 +110,7 @@ def _child(a) -> None:
                 for i in range(CALLS + 1):
                     inp.fill(i & 255)
                     rin.fill(i)
-                    comm.Barrier()
+                    barrier()
                     t0 = time.perf_counter()
                     arms[arm]()
                     ts.append(time.perf_counter() - t0)
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block", default="256K,64K", help="bytes per block (per pair)")
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--algorithms", default="auto", help="ringlet's arms, comma-separated")
+    ap.add_argument("--barrier", default="mpi", choices=["mpi", "ringlet"],
+                    help="whose barrier precedes each timed call")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -142,7 +146,8 @@ def main(argv=None) -> int:
     from ringlet.bench import mpi_job_rows
     try:
         rows = mpi_job_rows(__file__, a.p, ["--block", a.block, "--blocks", str(a.blocks),
-                                               "--algorithms", a.algorithms])
+                                               "--algorithms", a.algorithms,
+                                               "--barrier", a.barrier])
     except RuntimeError as exc:
         print(exc)
         return 1

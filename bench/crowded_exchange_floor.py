@@ -24,7 +24,6 @@ the ring's two copies for 64-512 KiB blocks where ranks share cores (issue 27).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet.bench import parse_sizes
+    from ringlet.bench import parse_sizes, write_rows
     from ringlet.transport._fastpath import cma, copy
     comm = MPI.COMM_WORLD
     rl.init()
@@ -126,9 +125,7 @@ def _child(a) -> None:
         if r == 0:
             os.unlink(name)
     rl.destroy()
-    if r == 0:
-        with open(a.out, "w") as f:
-            json.dump(rows, f)
+    write_rows(r, rows, a.out)
 
 
 def main(argv=None) -> int:

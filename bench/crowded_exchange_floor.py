@@ -9,17 +9,20 @@ alternating blocks of one mpirun job.
   said it has read its own block from it - the rendezvous at its cheapest (flags, no
   packets, no engine);
 * ``two copies``: each rank copies each peer's block into a slot of shared memory and
-  raises a flag; the peer copies it out - what ringlet's C fast path does with EAGER
-  packets, without the packets;
+  raises a flag; the peer copies it out (and each copies its own block) - what ringlet's
+  C fast path does with EAGER packets, without the packets;
 * ``mpi``: Open MPI's Alltoall; ``ringlet ALGO``: rl.all_to_all (``--algorithms``, default
   auto).
 
 Waiting ranks yield (os.sched_yield), as ringlet's and Open MPI's do where ranks
 outnumber cores. Each timed call follows a barrier, Open MPI's or ringlet's
-(``--barrier``): which one changes the times of every arm. Inputs are written again before every call (outside the timer). Printed
-per block size: each arm's median block (a block's time is the slowest rank's median
-call). Why: whether a single copy by the kernel, moved into the C fast path, would beat
-the ring's two copies for 64-512 KiB blocks where ranks share cores (issue 27).
+(``--barrier``): which one changes the times of every arm. Inputs are written again
+before every call (outside the timer). Printed per block size: each arm's median block (a
+block's time is the slowest rank's median call).
+
+Why: whether a single copy by the kernel, moved into the C fast path, would beat the
+ring's two copies for 64-512 KiB blocks where ranks share cores (issue 27). It did not:
+docs/results.md, "A single copy in C, tested first".
 """
 from __future__ import annotations
 

@@ -129,11 +129,13 @@ def main():
     dt = np.array([np.median(times)])
     rl.all_reduce(dt, op=rl.ReduceOp.MAX)
     priced = rl.cost.predict("all_reduce", v.nbytes, K, algorithm="ring")
+    fitted = ("calibrated" if rl.cost.load_profile().calibrated
+              else "default profile: `ringlet calibrate` fits it")
     say(f"   4 MiB ring all_reduce: rank 0 sent {sum(s['messages'] for s in st.values())} messages "
         f"(2(p-1) = {2 * (K - 1)}), {sum(s['bytes'] for s in st.values())} bytes "
         f"(2(p-1)/p*n = {2 * (K - 1) * v.nbytes // K})")
     say(f"   slowest rank's median of 7 calls {dt[0] * 1e3:.2f} ms; priced {priced * 1e3:.2f} ms "
-        f"by this host's model ({'calibrated' if rl.cost.load_profile().calibrated else 'default profile: `ringlet calibrate` fits it'})")
+        f"by this host's model ({fitted})")
     say("   the same schedule priced on the seeds' tiers (64 MiB, 8 ranks):")
     for tier in ("nvlink", "infiniband", "ethernet"):
         t_ring = rl.cost.predict("all_reduce", 64 << 20, 8, algorithm="ring", link=rl.cost.TIERS[tier])

@@ -18,7 +18,7 @@ Waiting ranks yield (os.sched_yield), as ringlet's and Open MPI's do where ranks
 outnumber cores. Each timed call follows a barrier, Open MPI's or ringlet's
 (``--barrier``): which one changes the times of every arm. Inputs are written again
 before every call (outside the timer). Printed per block size: each arm's median block (a
-block's time is the slowest rank's median call).
+block's time is the slowest rank's median call, ringlet.bench.alternating_blocks).
 
 Why: whether a single copy by the kernel, moved into the C fast path, would beat the
 ring's two copies for 64-512 KiB blocks where ranks share cores (issue 27). It did not:
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -40,7 +39,7 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet.bench import parse_sizes, write_rows
+    from ringlet.bench import alternating_blocks, parse_sizes, write_rows
     from ringlet.transport._fastpath import cma, copy
     comm = MPI.COMM_WORLD
     rl.init()
@@ -99,30 +98,31 @@ def _child(a) -> None:
                 wait(EMPTIED, r, j, v)
 
         rin, rout = (np.empty(p * block // 4, np.float32) for _ in range(2))
-        arms = {"cma": by_cma, "two copies": two_copies,
-                "mpi": lambda: comm.Alltoall(inp, out)}
+        calls = {"cma": by_cma, "two copies": two_copies,
+                 "mpi": lambda: comm.Alltoall(inp, out)}
         for algo in a.algorithms.split(","):
-            arms[f"ringlet {algo}"] = lambda algo=algo: rl.all_to_all(rout, rin, algorithm=algo)
+            calls[f"ringlet {algo}"] = lambda algo=algo: rl.all_to_all(rout, rin, algorithm=algo)
+        filled = [0]
+
+        def fill():            # every input written again before each call
+            filled[0] += 1
+            inp.fill(filled[0] & 255)
+            rin.fill(filled[0])
+
+        def check(arm):        # after a bare arm's block: every block from its rank, intact
+            if arm not in ("cma", "two copies"):
+                return None
+
+            def after(_us):
+                if not (out == filled[0] & 255).all():
+                    raise AssertionError(f"{arm}: a block arrived wrong")
+                out.fill(0)                    # (the next arm's check starts clean)
+            return after
+
         keep = a.arms.split(",")
-        arms = {k: v for k, v in arms.items() if k.split()[0] in keep}
-        barrier = rl.barrier if a.barrier == "ringlet" else comm.Barrier
-        res = {k: [] for k in arms}
-        names = list(arms)
-        for b in range(a.blocks):
-            for k in range(len(names)):
-                arm = names[(b + k) % len(names)]
-                ts = []
-                for i in range(CALLS + 1):
-                    inp.fill(i & 255)
-                    rin.fill(i)
-                    barrier()
-                    t0 = time.perf_counter()
-                    arms[arm]()
-                    ts.append(time.perf_counter() - t0)
-                if arm in ("cma", "two copies"):   # every block from its rank, intact
-                    assert (out == CALLS & 255).all(), arm
-                    out.fill(0)                    # (the next arm's check starts clean)
-                res[arm].append(comm.allreduce(float(np.median(ts[1:])), op=MPI.MAX) * 1e6)
+        arms = {k: (call, fill) for k, call in calls.items() if k.split()[0] in keep}
+        res = alternating_blocks(rl, arms, a.blocks, CALLS, switch=check,
+                                 barrier=rl.barrier if a.barrier == "ringlet" else comm.Barrier)
         rows.append({"p": p, "block": block, "res": res})
         comm.Barrier()
         if r == 0:

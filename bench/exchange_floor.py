@@ -67,10 +67,9 @@ def main(argv=None) -> int:
     # A plain (private) input, as a NumPy array's: the kernel's copy reads the peer's from
     # its address (the addresses are swapped through the shared page after the inputs).
     private = np.empty(n + 4096, np.uint8)[64:64 + n]
-    addresses = np.frombuffer(regions[0], np.int64, 2, n + 64 - 64 % 8 + 8)
+    addresses = np.frombuffer(regions[0], np.int64, 2, 64 + n + 8)   # (past the input)
     addresses[me] = private.ctypes.data
-    barrier()
-    barrier()
+    barrier()           # (each wrote its address before it entered)
     peer_private = int(addresses[1 - me]) + (half if me == 0 else 0)
 
     def remote_cma():   # the kernel's copy (process_vm_readv), as plain buffers move

@@ -192,14 +192,16 @@ def verdict(interval: tuple, target: float) -> str:
     return "met" if lo >= target else "missed" if hi < target else "unsure"
 
 
-def slowest_median_us(rl, call, calls: int, reset=None) -> float:
-    """``calls`` timed calls of ``call`` (``reset`` first, untimed; then a barrier, then
-    the call): the slowest rank's median, in microseconds, as every row here reports."""
+def slowest_median_us(rl, call, calls: int, reset=None, barrier=None) -> float:
+    """``calls`` timed calls of ``call`` (``reset`` first, untimed; then a barrier -
+    ``barrier``, default ringlet's - then the call): the slowest rank's median, in
+    microseconds, as every row here reports."""
+    barrier = barrier or rl.barrier
     ts = np.empty(calls)
     for i in range(calls):
         if reset is not None:
             reset()
-        rl.barrier()
+        barrier()
         t0 = time.perf_counter()
         call()
         ts[i] = time.perf_counter() - t0
@@ -208,13 +210,14 @@ def slowest_median_us(rl, call, calls: int, reset=None) -> float:
     return float(t[0]) * 1e6
 
 
-def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> dict:
+def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None,
+                       barrier=None) -> dict:
     """An in-job A/B: ``blocks`` blocks of every arm (name -> ``(call, reset, ...)``), the
     arms in an order rotated block by block so a drift of the host hits them alike; each
-    block a warm call, then :func:`slowest_median_us` of ``calls``. ``switch(name)`` sets
-    what the arm changes (a module flag) before its block and may return a function called
-    with the block's time after it (to count something around the block). Returns
-    {name: [us per block]}."""
+    block a warm call, then :func:`slowest_median_us` of ``calls`` (after ``barrier``).
+    ``switch(name)`` sets what the arm changes (a module flag) before its block and may
+    return a function called with the block's time after it (to count or check something
+    around the block). Returns {name: [us per block]}."""
     names = list(arms)
     res = {n: [] for n in names}
     for b in range(blocks):
@@ -224,7 +227,7 @@ def alternating_blocks(rl, arms: dict, blocks: int, calls: int, switch=None) -> 
             call, reset = arms[name][0], arms[name][1]
             reset()
             call()                      # (a warm call in this order)
-            res[name].append(slowest_median_us(rl, call, calls, reset))
+            res[name].append(slowest_median_us(rl, call, calls, reset, barrier))
             if after is not None:
                 after(res[name][-1])
     return res

@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -272,11 +273,43 @@ def _run_parser():
     return ap
 
 
+def _interpreter(name: str) -> str | None:
+    """The executable ``name`` resolves to when it names a Python interpreter (``python``,
+    ``python3.11``, a path to one), else None."""
+    if not re.fullmatch(r"python[0-9.]*", os.path.basename(name)):
+        return None
+    path = name if os.sep in name else shutil.which(name)
+    return path if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def _skip_interpreter(a, ap) -> None:
+    """mpirun's habit, ``ringlet run -n 2 python train.py`` (or ``python -m pkg``): the
+    interpreter named before the script is the one the launcher runs ranks under, so it
+    is dropped; another one is refused (each rank runs under this launcher's
+    interpreter), before any rank starts."""
+    named = _interpreter(a.script)
+    if os.path.realpath(named) != os.path.realpath(sys.executable):
+        ap.error(f"{a.script!r} is another Python than this launcher's ({sys.executable}); "
+                 f"ranks run under the launcher's: start it with that one instead, "
+                 f"{a.script} -m ringlet run ... SCRIPT")
+    rest = a.args
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        a.module, a.script, a.args = True, rest[1], rest[2:]
+    elif rest and not rest[0].startswith("-"):
+        a.script, a.args = rest[0], rest[1:]
+    else:
+        ap.error(f"after {a.script!r}, expected SCRIPT or -m MODULE (interpreter options "
+                 f"such as {rest[0]!r} are not passed on)" if rest else
+                 f"no SCRIPT after {a.script!r}: ringlet run -n N SCRIPT [ARGS ...]")
+
+
 def run_main(argv) -> int:
     ap = _run_parser()
     a = ap.parse_args(argv)
     if a.script is None:
         ap.error("no SCRIPT given: ringlet run -n N SCRIPT [ARGS ...]")
+    if not a.module and _interpreter(a.script):
+        _skip_interpreter(a, ap)
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if a.grace < 0:

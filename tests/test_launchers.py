@@ -248,3 +248,30 @@ def test_ringlet_run_refuses_a_missing_script_before_starting_ranks(tmp_path):
                           timeout=60)
     assert proc.returncode == 2 and "no such script" in proc.stderr, proc.stderr
     assert "[0]" not in proc.stderr and "Traceback" not in proc.stderr   # (no rank started)
+
+
+def test_ringlet_run_takes_mpiruns_habit_of_naming_the_interpreter_first(tmp_path):
+    """``ringlet run -n 2 python train.py a`` (as ``mpirun -np 2 python train.py a``) runs
+    train.py with its arguments: the launcher's own interpreter, named first, is dropped.
+    Another interpreter, or an interpreter option before the script, is refused before any
+    rank starts, saying what to do (it had run the interpreter binary as a script: a
+    SyntaxError from every rank)."""
+    script = tmp_path / "hello.py"
+    script.write_text("import sys, ringlet as rl\nrl.init()\n"
+                      "print('HELLO', rl.get_rank(), sys.argv[1:])\nrl.destroy()\n")
+    cli = [sys.executable, "-m", "ringlet.cli", "run", "-n", "2"]
+    proc = subprocess.run(cli + [sys.executable, str(script), "a"], env=_clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(2):
+        assert f"HELLO {r} ['a']" in proc.stdout, proc.stdout
+    other = tmp_path / "bin" / "python3.99"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\nexit 1\n")
+    other.chmod(0o755)
+    for args, says in (([str(other), str(script)], "another Python than this launcher's"),
+                       ([sys.executable, "-u", str(script)], "interpreter options such as '-u'"),
+                       ([sys.executable], "no SCRIPT after")):
+        proc = subprocess.run(cli + args, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert "[0]" not in proc.stderr and "Traceback" not in proc.stderr   # (no rank started)

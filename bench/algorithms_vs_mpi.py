@@ -13,13 +13,15 @@ fastest. Use it to compare a schedule changed in the tree against the others and
 
 ``--flag NAME``: instead of the algorithms, one of them (``--algorithms``, default auto)
 with a transport rule of protocol.py set ("NAME=on") and cleared ("NAME=off"), block by
-block, and on / off printed (above 1: the rule on was slower). The rules, both about ranks
-that outnumber cores:
+block, and on / off printed (above 1: the rule on was slower). The rules:
 
-* CROWDED_BUSY_HELP (on: the old rule): a sender with other copies in its round helps
-  copy a message its receiver reads in place (transport/split.py);
-* CROWDED_EXCHANGE_CMA (on: the new rule): an exchange's plain message larger than one
-  EAGER packet is read whole by CMA (transport/limits.py, CMA_MIN).
+* CROWDED_BUSY_HELP (on: the old rule): where ranks outnumber cores, a sender with other
+  copies in its round helps copy a message its receiver reads in place (split.py);
+* CROWDED_EXCHANGE_CMA (on: the new rule): where ranks outnumber cores, an exchange's
+  plain message larger than one EAGER packet is read whole by CMA (transport/limits.py,
+  CMA_MIN);
+* CMA_IN_C (on: the new rule, in transport/fast.py): a call whose exchange messages go by
+  CMA runs in the C fast path, not in the Python engine.
 
     python bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP --op scatter -p 3,4 \
         --sizes 8M,32M --kinds rl.empty
@@ -39,7 +41,7 @@ def _child(a) -> None:
     import ringlet as rl
     from ringlet import algorithms
     from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
-    from ringlet.transport import protocol
+    from ringlet.transport import fast, protocol
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -50,7 +52,7 @@ def _child(a) -> None:
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
-            setattr(protocol, a.flag, name.endswith("=on"))
+            setattr(fast if a.flag == "CMA_IN_C" else protocol, a.flag, name.endswith("=on"))
     else:
         arms_of = {n: n for n in names}
     rows = []
@@ -78,8 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default="", help="comma-separated (default: all but "
                     "hierarchical)")
     ap.add_argument("--flag", default="", choices=["", "CROWDED_BUSY_HELP",
-                                                   "CROWDED_EXCHANGE_CMA"],
-                    help="A/B this rule of protocol.py on one algorithm (module doc)")
+                                                   "CROWDED_EXCHANGE_CMA", "CMA_IN_C"],
+                    help="A/B this rule of protocol.py (CMA_IN_C: of transport/fast.py) on "
+                         "one algorithm (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
     ap.add_argument("--sizes", default="1M,8M")
     ap.add_argument("--kinds", default="plain,rl.empty")

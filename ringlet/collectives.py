@@ -266,7 +266,7 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         if fc is not None and not async_op and not eng.works and not eng.calls.aborts:
             ran = fast.run(fc, fc.arrays(bufs), tag, call.fp, eng)
             if ran is not None:
-                rounds, _mask, waited, last, _stalled = ran
+                rounds, _mask, waited, last = ran[:4]
                 if tr is not None:
                     tr.ran_in_c(fast.FastRun.of(ran, fc), fc.rounds, bufs)
                 if rounds == fc.rounds:
@@ -302,8 +302,8 @@ def _open_lane(table: dict, key, collective: str, g: Group, call: Prepared, bufs
     caller's buffer alone (p = 1's all_reduce: C would not check the next one) or uses one
     of no bytes (a call that moves nothing takes the full path)."""
     fc, names = call.fast, _LANE_BUFS.get(collective, ("in", "out"))
-    if any((n in fc.names) != (bufs[n].size > 0) for n in names):
-        return
+    if fc.rule is not None or any((n in fc.names) != (bufs[n].size > 0) for n in names):
+        return      # (a lane does not ask whether a CMA message's buffer is rl.empty)
     writes = (collective != "reduce" or g.rank == root,) if names == ("buf",) else (False, True)
     c = fast.lane(fc, names, tuple(bufs[n].nbytes for n in names), writes[:len(names)],
                   call.fp, call.pool, g, g._tag_base, TAG_COLLECTIVE, call.algorithm)

@@ -17,7 +17,8 @@ from .transport import copies
 from .transport.progress import HANDOFF
 from .transport.fast import _fastpath
 from .transport.limits import SHM_EAGER_BYTES as BIG   # (smaller sends: order is moot)
-from .transport.protocol import WRITE_WHOLE, WRITE_WHOLE_IDLE, RecvRequest, SendRequest
+from .transport.protocol import (RTS_CMA, WRITE_WHOLE, WRITE_WHOLE_IDLE, RecvRequest,
+                                  SendRequest)
 
 # An exchange round (large sends announced before its local copies, receives that no local
 # step touches) posts its receives before the copies, and looks for the peers' messages
@@ -345,6 +346,8 @@ class CollectiveWork(Work):
             self.waited, self._spun = resume.waited, resume.stalled
             if mask >= 0:   # its local steps and sends are done, and these receives
                 self.reqs = self._post_recvs(plan[self.i], mask)
+                if resume.pending:
+                    self.reqs += self._adopt_sends(plan[self.i], resume.pending)
                 self._posted_at = time.perf_counter()
                 self.i += 1
         self.advance()
@@ -477,6 +480,20 @@ class CollectiveWork(Work):
         # waiting on our announcement meanwhile would sit idle (and sleep) through the copy.
         self._send(late, rnd, sent, rnd.copies_out)
         self._posted(rnd, self._post_recvs(rnd), sent)
+
+    def _adopt_sends(self, rnd: PlanRound, pending) -> list:
+        """The sends of ``rnd`` whose RTS the C fast path wrote (RTS_CMA: read from our
+        buffer) and whose answer it did not wait for: ``pending`` (send, message id)
+        pairs. Ours to wait for now, as if we had posted them (``fast.FastRun.pending``)."""
+        reqs, peers = [], self.engine.peers
+        for k, msgid in pending:
+            t = rnd.sends[k]
+            req = SendRequest(t.dst, self.tag, self.bufs[t.sbuf][t.s0:t.s1].view(np.uint8),
+                              self.fp)
+            req.msgid, req.cma, req.receiving = msgid, RTS_CMA, True
+            peers[t.dst].awaiting_cts[msgid] = req
+            reqs.append(req)
+        return reqs
 
     def _posted(self, rnd: PlanRound, reqs: list, sent: list) -> None:
         """The round is posted: its receives and its sends not gone at once are what it

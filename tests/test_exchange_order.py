@@ -64,7 +64,11 @@ def test_exchanges_over_tcp_receive_during_the_local_copy():
 
 def _reads_during_copy(rank, shared):
     """With the peer on time, its message is read while this rank still copies its own
-    block (8 MiB blocks: a copy of hundreds of microseconds) in most calls."""
+    block (8 MiB blocks: a copy of hundreds of microseconds) in most calls. (Plain
+    buffers' exchanges run in the C fast path, which looks between 512 KiB pieces of its
+    copies too: the engine's own way is tested here with C off.)"""
+    from ringlet.runtime import engine
+    engine().fast = False
     seen = _count_polling()
     p = rl.get_world_size()
     for seed in range(6):
@@ -83,7 +87,8 @@ def test_the_peer_message_is_read_during_the_copy(shared):
 
 def _refused(rank):
     """Rank 1 cannot read by CMA: what it receives streams through the ring, taken between
-    the pieces of its copy."""
+    the pieces of its copy (by the engine: C leaves calls that would read from a peer
+    once a read from it was refused)."""
     p = rl.get_world_size()
     if rank == 1:
         _forbid(True, False)
@@ -93,7 +98,8 @@ def _refused(rank):
         for dtype in (np.float64, np.int16):
             _call(rank, p, op, (3 * BIG) // np.dtype(dtype).itemsize + 1, np.dtype(dtype),
                   seed, np.empty)
-    assert seen["calls"] > 0
+    if rank == 1:   # (the others read each other's and rank 1's blocks in the C fast path)
+        assert seen["calls"] > 0
 
 
 @pytest.mark.skipif(platform.machine() not in _SYSCALL, reason="seccomp filter for x86_64/aarch64")

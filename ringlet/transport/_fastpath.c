@@ -24,6 +24,18 @@
  * the next round as a bit mask or -1 if it has not started, seconds waited, index of the
  * peer waited on last or -1, seconds of the wait it gave up on).
  * Reductions here do not consult NumPy's floating-point error state (np.errstate).
+ *
+ * One kind of message past the EAGER limit runs here too: a plain buffer's message in a
+ * round that both sends and receives (an exchange: all_gather, all_to_all), which the
+ * Python engine would move by cross-memory attach (cma.py). The sender writes the RTS
+ * that names its buffer (RTS_CMA, the message id its ShmPeer would have used), before its
+ * local copies when they do not write the buffer; the receiver, when that RTS is at the
+ * head of the ring (looked for between 512 KiB pieces of its own local copies too), reads
+ * the message with process_vm_readv and answers CTS_DONE; the sender's send is done at
+ * that answer. Anything else - a refused or short read, a distance the probe called slow,
+ * another kind of RTS - stops C with the RTS still unread, and the Python engine takes it
+ * from there. A send still waiting for its answer when C stops is handed over too (run()'s
+ * sixth item), and the engine waits for it as for its own.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -45,7 +57,11 @@
 
 #define HEADER_SIZE 64
 #define EAGER 1
+#define RTS 2
+#define CTS 3
 #define PAD 5
+#define RTS_CMA 3     /* RTS flag: the data sits at address aux in the sender's memory */
+#define CTS_DONE 2    /* CTS flag: the receiver has it (protocol.py) */
 #define MAX_LINKS 64
 #define MAX_CALLER 2     /* a Lane's caller buffers: an all_gather's input and output */
 #define MAX_RECVS 62 /* the mask is one int64 */
@@ -63,6 +79,7 @@ typedef struct {
     int64_t *counts;  /* Peer.fast_counts: messages sent, bytes sent, messages and bytes received */
     int64_t head, tail;     /* as published in the rings' control words (ShmPeer's too) */
     int poke;
+    int pid;          /* the peer's process: a message of its private memory is read there */
 } link_t;
 
 /* -- reduce kernels: dst = op(acc, in), with NumPy's results ------------------------------ */
@@ -177,6 +194,18 @@ static void move_bytes(char *d, const char *s, size_t n) {
 /* -- rings ---------------------------------------------------------------------------------- */
 static inline int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
+/* Distances (destination - source) mod 4096 within 64 bytes of 0 at which the kernel's copy
+ * is slow here (cma.py's probe): bit d for d < 64, bit 64 + d - 4032 for d >= 4032. Set by
+ * cma_slow() before each run of a plan with CMA messages; a message at one goes to Python. */
+static uint64_t cma_slow_bits[2];
+
+static int slow_distance(uintptr_t dst, uintptr_t src) {
+    uint64_t d = (uint64_t)(dst - src) % 4096;
+    if (d < 64) return (int)(cma_slow_bits[0] >> d & 1);
+    if (d >= 4096 - 64) return (int)(cma_slow_bits[1] >> (d - (4096 - 64)) & 1);
+    return 0;
+}
+
 /* Where a packet of `need` bytes would go after `head`, skipping the ring's tail end like
  * ShmPeer._write; -1 if there is no room now. *pad is set to the bytes skipped. */
 static int64_t room(int64_t head, int64_t tail, int64_t cap, int64_t need, int64_t *pad) {
@@ -201,6 +230,21 @@ static void put_header(char *at, uint32_t kind, int64_t tag, int64_t length, int
 static int asleep(link_t *l) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return __atomic_load_n(l->flag, __ATOMIC_RELAXED) != 0;
+}
+
+/* Write a packet of header only (an RTS, a CTS) - room checked before - and publish it. */
+static void write_control(link_t *l, const header_t *h) {
+    int64_t pad;
+    int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);
+    int64_t pos = room(l->head, tail, l->out_cap, HEADER_SIZE, &pad);
+    if (pad) {
+        put_header(l->out_data + l->head % l->out_cap, PAD, 0, 0, 0, 0);
+        l->head += pad;
+    }
+    memcpy(l->out_data + pos, h, sizeof *h);
+    l->head += HEADER_SIZE;
+    __atomic_store_n(&l->out_ctrl[0], (uint64_t)l->head, __ATOMIC_RELEASE);   /* publish */
+    if (asleep(l)) l->poke = 1;
 }
 
 static void write_eager(link_t *l, const char *src, int64_t n, int64_t tag, int64_t fp1,
@@ -253,6 +297,13 @@ static void consumed(link_t *l, int64_t n) {
     l->counts[3] += n;
 }
 
+/* A header-only packet read: hand its room back. */
+static void skip_control(link_t *l) {
+    l->tail += HEADER_SIZE;
+    __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);
+    if (asleep(l)) l->poke = 1;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -261,6 +312,7 @@ static double now(void) {
 
 /* -- Python glue ---------------------------------------------------------------------------- */
 static PyObject *S_outq, *S_unexpected, *S_posted, *S_dead;
+static PyObject *S_next_msgid, *S_last_rts, *S_cma, *S_ok, *S_reads;
 
 static int get_i64(PyObject *obj, PyObject *name, int64_t *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -368,6 +420,8 @@ typedef struct {
     /* how far it got (run()'s result) */
     int64_t done_rounds, mask, last;
     double waited, stalled;
+    uint64_t pending;              /* the round's CMA sends still waiting for CTS_DONE */
+    int64_t msgid[64];             /* ... and their message ids, by send (the first 64) */
 } exec_t;
 
 /* Take the rings of `peers` from where the Python engine left them: 1, or 0 when some peer
@@ -379,13 +433,13 @@ static int bind_links(exec_t *x, PyObject *peers, PyObject *links, PyObject *hel
         int ok = held ? idle_held(peer, &PyTuple_GET_ITEM(held, 3 * i)) : idle(peer);
         if (ok <= 0) return ok;
         /* (packed once per prepared call: 8 Python ints to convert cost ~800 instructions) */
-        if (!PyBytes_Check(t) || PyBytes_GET_SIZE(t) != 8 * sizeof(int64_t)) {
+        if (!PyBytes_Check(t) || PyBytes_GET_SIZE(t) != 9 * sizeof(int64_t)) {
             PyErr_SetString(PyExc_TypeError, "run(): bad link");
             return -1;
         }
         link_t *l = &x->L[i];
         memset(l, 0, sizeof *l);
-        int64_t w[8];
+        int64_t w[9];
         memcpy(w, PyBytes_AS_STRING(t), sizeof w);
         l->in_ctrl = (uint64_t *)(intptr_t)w[0];
         l->in_data = (char *)(intptr_t)w[1];
@@ -395,6 +449,7 @@ static int bind_links(exec_t *x, PyObject *peers, PyObject *links, PyObject *hel
         l->out_cap = w[5];
         l->flag = (uint64_t *)(intptr_t)w[6];
         l->counts = (int64_t *)(intptr_t)w[7];
+        l->pid = (int)w[8];
         /* (ours to write, so as we last published them: no attribute to read or set back,
          * 40% of a small call's C before) */
         l->head = (int64_t)__atomic_load_n(&l->out_ctrl[0], __ATOMIC_RELAXED);
@@ -407,8 +462,162 @@ static int bind_links(exec_t *x, PyObject *peers, PyObject *links, PyObject *hel
 #define INTERRUPTED (-1)
 #define MALFORMED (-2)
 
+/* The state of the round exec_rounds is in, for sweep(). */
+typedef struct {
+    const int64_t *rcv, *snd;
+    int64_t nrecv, nsend, itemsize, tag, fp1, fp2;
+    kernel_fn reduce;
+    int64_t mask;            /* receives done */
+    int64_t answered;        /* CTS_DONE answers taken (progress) */
+} round_t;
+
+/* The next packet of link `q`, PADs skipped and CTS_DONE answers to this round's CMA sends
+ * to q taken on the way: 1 (its header in *h, its place in *pos), 0 when nothing more has
+ * arrived. */
+static int next_packet(exec_t *x, round_t *r, int64_t q, header_t *h, int64_t *pos) {
+    link_t *l = &x->L[q];
+    for (;;) {
+        int64_t head = (int64_t)__atomic_load_n(&l->in_ctrl[0], __ATOMIC_ACQUIRE);
+        if (head <= l->tail) return 0;   /* (a head that went backwards: nothing new) */
+        *pos = l->tail % l->in_cap;
+        memcpy(h, l->in_data + *pos, sizeof *h);
+        if (h->kind == PAD) {
+            l->tail += l->in_cap - *pos;
+            __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);
+            continue;
+        }
+        if (h->kind == CTS && h->flags == CTS_DONE && x->pending) {
+            int64_t k = 0;
+            for (; k < r->nsend && k < 64; k++)
+                if ((x->pending >> k & 1) && r->snd[5 * k] == q && x->msgid[k] == h->msgid) break;
+            if (k < r->nsend && k < 64) {    /* our message is read: the send is done */
+                skip_control(l);
+                x->pending &= ~((uint64_t)1 << k);
+                l->counts[0]++;
+                l->counts[1] += r->snd[5 * k + 3];
+                r->answered++;
+                continue;
+            }
+        }
+        return 1;
+    }
+}
+
+/* Read the CMA message whose RTS `h` is at the head of link `q` into `dst` and answer it
+ * CTS_DONE: 1 done, 0 not now (no room for the answer), -1 not here (reads off or refused,
+ * a slow distance, an id out of order: the Python engine takes the RTS, still unread),
+ * -2 on an error (an exception set). */
+static int read_cma(exec_t *x, PyObject *peers, int64_t q, const header_t *h, char *dst) {
+    link_t *l = &x->L[q];
+    PyObject *peer = PyTuple_GET_ITEM(peers, q);
+    PyObject *reader = PyObject_GetAttr(peer, S_cma);
+    if (!reader) return -2;
+    PyObject *ok = PyObject_GetAttr(reader, S_ok);
+    int on = ok ? PyObject_IsTrue(ok) : -1;
+    Py_XDECREF(ok);
+    int64_t last_rts, reads;
+    if (on < 0 || get_i64(peer, S_last_rts, &last_rts) < 0) {
+        Py_DECREF(reader);
+        return -2;
+    }
+    if (!on || h->msgid <= last_rts || slow_distance((uintptr_t)dst, (uintptr_t)h->aux)) {
+        Py_DECREF(reader);
+        return -1;
+    }
+    int64_t pad;
+    int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);
+    if (room(l->head, tail, l->out_cap, HEADER_SIZE, &pad) < 0) {
+        Py_DECREF(reader);
+        return 0;
+    }
+#ifdef __linux__
+    struct iovec here = {dst, (size_t)h->length}, there = {(void *)(intptr_t)h->aux, (size_t)h->length};
+    ssize_t got = process_vm_readv(l->pid, &here, 1, &there, 1, 0);
+#else
+    ssize_t got = -1;
+#endif
+    if (got != h->length) {     /* (the engine reads it again: it turns reads off if refused) */
+        Py_DECREF(reader);
+        return -1;
+    }
+    int64_t msgid = h->msgid, n = h->length;
+    skip_control(l);
+    l->counts[2]++;
+    l->counts[3] += n;
+    header_t done = {CTS, CTS_DONE, 0, msgid, 0, 0, 0, 0, 0};     /* as _queue_cts writes it */
+    write_control(l, &done);
+    int bad = set_i64(peer, S_last_rts, msgid) < 0 || get_i64(reader, S_reads, &reads) < 0 ||
+              set_i64(reader, S_reads, reads + 1) < 0;
+    Py_DECREF(reader);
+    return bad ? -2 : 1;
+}
+
+/* One look at every link the round waits on: take what has arrived of its receives (in
+ * order per peer) and the answers to its CMA sends. 1 some progress, 0 none, -1 something
+ * else is first on a link (the Python engine takes over), -2 an exception set. *last: the
+ * peer waited on last. */
+static int sweep(exec_t *x, round_t *r, PyObject *peers, int64_t *last) {
+    char **buf = x->buf;
+    int64_t before = r->answered;
+    int progressed = 0;
+    uint64_t behind = 0;   /* peers whose earlier receive is still waiting */
+    for (int64_t k = 0; k < r->nrecv; k++) {
+        const int64_t *t = r->rcv + 8 * k;
+        if (r->mask >> k & 1) continue;
+        /* a peer's messages of one tag match receives in order: a later receive from it
+         * must not take what an earlier one is waiting for */
+        if (behind >> t[0] & 1) continue;
+        header_t h;
+        int64_t pos;
+        if (!next_packet(x, r, t[0], &h, &pos)) {
+            behind |= (uint64_t)1 << t[0];
+            *last = t[0];
+            continue;
+        }
+        link_t *l = &x->L[t[0]];
+        char *dst = buf[t[2]] + t[3];
+        if (h.tag != r->tag || h.fp1 != r->fp1 || h.fp2 != r->fp2 || h.length != t[4])
+            return -1;
+        if (!t[7]) {
+            if (h.kind != EAGER || pos + HEADER_SIZE + t[4] > l->in_cap) return -1;
+            const char *payload = l->in_data + pos + HEADER_SIZE;
+            if (t[1])
+                r->reduce(dst, t[5] < 0 ? dst : buf[t[5]] + t[6], payload, t[4] / r->itemsize);
+            else
+                copy_bytes(dst, payload, (size_t)t[4]);
+            consumed(l, t[4]);
+        } else {
+            if (h.kind != RTS || h.flags != RTS_CMA) return -1;
+            int got = read_cma(x, peers, t[0], &h, dst);
+            if (got < 0) return got;
+            if (!got) {            /* no room for the answer yet */
+                behind |= (uint64_t)1 << t[0];
+                *last = t[0];
+                continue;
+            }
+        }
+        r->mask |= (int64_t)1 << k;
+        progressed = 1;
+    }
+    for (int64_t k = 0; k < r->nsend && k < 64 && x->pending; k++) {  /* answers: the others */
+        int64_t q = r->snd[5 * k];
+        if (!(x->pending >> k & 1) || (behind >> q & 1)) continue;
+        header_t h;
+        int64_t pos;
+        if (next_packet(x, r, q, &h, &pos)) return -1;   /* (no receive of ours is next) */
+        if (x->pending >> k & 1) *last = q;
+        behind |= (uint64_t)1 << q;
+    }
+    return progressed || r->answered != before;
+}
+
+/* Do byte ranges [a, a + n) and [b, b + m) meet? */
+static int overlap(const char *a, Py_ssize_t n, const char *b, Py_ssize_t m) {
+    return a < b + m && b < a + n;
+}
+
 /* Run the plan's rounds (rd just past its header) as far as they go: RAN (x says how far),
- * INTERRUPTED by a signal (an exception set) or MALFORMED. */
+ * INTERRUPTED by a signal or an error (an exception set) or MALFORMED. */
 static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsize,
                        kernel_fn reduce, int64_t tag, int64_t fp1, int64_t fp2, double budget,
                        int yield, PyObject *peers, PyObject *wake) {
@@ -422,23 +631,41 @@ static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsiz
     int64_t done_rounds = 0, mask = -1, last = -1;
     double waited = 0.0, stalled = 0.0;
     int rc = RAN;
+    x->pending = 0;
     for (; done_rounds < nrounds; done_rounds++) {
         int64_t nlocal, nrecv, nsend;
         if (next(rd, &nlocal) < 0 || next(rd, &nrecv) < 0 || next(rd, &nsend) < 0 ||
             nlocal < 0 || nrecv < 0 || nsend < 0 || nrecv > MAX_RECVS ||
-            rd->end - rd->p < 8 * nlocal + 7 * nrecv + 4 * nsend)
+            rd->end - rd->p < 8 * nlocal + 8 * nrecv + 5 * nsend)
             goto bad_plan;
-        const int64_t *loc = rd->p, *rcv = loc + 8 * nlocal, *snd = rcv + 7 * nrecv;
-        rd->p = snd + 4 * nsend;
-        for (int64_t k = 0; k < nrecv; k++) {     /* peer, reduce, db, do, nbytes, ab, ao */
-            const int64_t *r = rcv + 7 * k;
+        const int64_t *loc = rd->p, *rcv = loc + 8 * nlocal, *snd = rcv + 8 * nrecv;
+        rd->p = snd + 5 * nsend;
+        int cma_recv = 0, cma_send = 0;
+        /* A wait for a CMA message, or for the answer to one, lasts as long as the peer's
+         * read of it: the budget grows by 1 ns a byte (1 GB/s, a slow read here), so C does
+         * not hand the engine a call only because its message is large. */
+        double slack = 0.0;
+        for (int64_t k = 0; k < nrecv; k++) {     /* peer, reduce, db, do, nbytes, ab, ao, cma */
+            const int64_t *r = rcv + 8 * k;
             if (r[0] < 0 || r[0] >= npeers || !INSIDE(r[2], r[3], r[4]) ||
-                (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce))
+                (r[5] >= 0 && !INSIDE(r[5], r[6], r[4])) || (r[1] && !reduce) ||
+                (r[7] && r[1]))
                 goto bad_plan;
+            cma_recv |= r[7] != 0;
+            if (r[7]) slack += 1e-9 * (double)r[4];
         }
-        for (int64_t k = 0; k < nsend; k++) {     /* peer, sb, so, nbytes */
-            const int64_t *s = snd + 4 * k;
-            if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3])) goto bad_plan;
+        for (int64_t k = 0; k < nsend; k++) {     /* peer, sb, so, nbytes, cma */
+            const int64_t *s = snd + 5 * k;
+            if (s[0] < 0 || s[0] >= npeers || !INSIDE(s[1], s[2], s[3]) || (s[4] && k >= 64))
+                goto bad_plan;
+            cma_send |= s[4] != 0;
+            if (s[4]) slack += 1e-9 * (double)s[3];
+        }
+        for (int64_t k = 0; k < nlocal; k++) {    /* reduce, sb, so, n, db, do, ab, ao */
+            const int64_t *t = loc + 8 * k;
+            if (!INSIDE(t[1], t[2], t[3]) || !INSIDE(t[4], t[5], t[3]) ||
+                (t[6] >= 0 && !INSIDE(t[6], t[7], t[3])) || (t[0] && !reduce))
+                goto bad_plan;
         }
         /* Every send of the round must fit before any is written: wait for the receivers
          * to make room, within the budget like any wait here, else the Python engine queues
@@ -449,9 +676,9 @@ static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsiz
             int64_t heads[MAX_LINKS], blocked = -1;
             for (Py_ssize_t i = 0; i < npeers; i++) heads[i] = L[i].head;
             for (int64_t k = 0; k < nsend && blocked < 0; k++) {
-                const int64_t *s = snd + 4 * k;
+                const int64_t *s = snd + 5 * k;
                 link_t *l = &L[s[0]];
-                int64_t need = HEADER_SIZE + round64(s[3]), pad;
+                int64_t need = HEADER_SIZE + (s[4] ? 0 : round64(s[3])), pad;
                 int64_t tail = (int64_t)__atomic_load_n(&l->out_ctrl[8], __ATOMIC_ACQUIRE);
                 if (room(heads[s[0]], tail, l->out_cap, need, &pad) < 0) blocked = s[0];
                 else heads[s[0]] += pad + need;
@@ -467,58 +694,94 @@ static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsiz
             }
         }
         if (since_room != 0.0) waited += now() - since_room;
-        for (int64_t k = 0; k < nlocal; k++) {    /* reduce, sb, so, n, db, do, ab, ao */
-            const int64_t *t = loc + 8 * k;
-            if (!INSIDE(t[1], t[2], t[3]) || !INSIDE(t[4], t[5], t[3]) ||
-                (t[6] >= 0 && !INSIDE(t[6], t[7], t[3])) || (t[0] && !reduce))
-                goto bad_plan;
-            char *dst = buf[t[4]] + t[5];
-            const char *src = buf[t[1]] + t[2];
-            if (t[0])
-                reduce(dst, t[6] < 0 ? dst : buf[t[6]] + t[7], src, t[3] / itemsize);
-            else
-                move_bytes(dst, src, (size_t)t[3]);
+        /* A CMA send's RTS goes before the local copies when none of them writes what it
+         * sends: the peer reads it while we copy (work._independent's rule). */
+        int early = cma_send;
+        for (int64_t k = 0; k < nsend && early; k++) {
+            const int64_t *s = snd + 5 * k;
+            for (int64_t j = 0; j < nlocal && early; j++) {
+                const int64_t *t = loc + 8 * j;
+                early = !overlap(buf[s[1]] + s[2], s[3], buf[t[4]] + t[5], t[3]);
+            }
         }
-        for (int64_t k = 0; k < nsend; k++) {
-            const int64_t *s = snd + 4 * k;
-            write_eager(&L[s[0]], buf[s[1]] + s[2], s[3], tag, fp1, fp2);
+        round_t r = {rcv, snd, nrecv, nsend, itemsize, tag, fp1, fp2, reduce, 0, 0};
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == (early ? 1 : 0)) {     /* the local steps */
+                /* a CMA receive is taken between 512 KiB pieces of the local copies when no
+                 * receive writes what they touch (work._local_polling), and the sends are
+                 * out (its answer takes room in a ring that they were promised) */
+                int polling = cma_recv && (early || !nsend);
+                for (int64_t k = 0; k < nrecv && polling; k++) {
+                    const int64_t *q = rcv + 8 * k;
+                    for (int64_t j = 0; j < nlocal && polling; j++) {
+                        const int64_t *t = loc + 8 * j;
+                        polling = !overlap(buf[q[2]] + q[3], q[4], buf[t[4]] + t[5], t[3]) &&
+                                  !overlap(buf[q[2]] + q[3], q[4], buf[t[1]] + t[2], t[3]);
+                    }
+                }
+                for (int64_t k = 0; k < nlocal; k++) {
+                    const int64_t *t = loc + 8 * k;
+                    char *dst = buf[t[4]] + t[5];
+                    const char *src = buf[t[1]] + t[2];
+                    if (t[0]) {
+                        reduce(dst, t[6] < 0 ? dst : buf[t[6]] + t[7], src, t[3] / itemsize);
+                        continue;
+                    }
+                    int64_t step = polling ? (512 << 10) : t[3];
+                    for (int64_t at = 0; at < t[3]; at += step) {
+                        if (polling && r.mask != (((int64_t)1 << nrecv) - 1)) {
+                            int got = sweep(x, &r, peers, &last);
+                            if (got == -2) {
+                                rc = INTERRUPTED;
+                                goto stop;
+                            }
+                            polling = got >= 0;     /* (something else first: after the copies) */
+                        }
+                        move_bytes(dst + at, src + at, (size_t)(t[3] - at < step ? t[3] - at : step));
+                    }
+                }
+            } else {                           /* the sends */
+                for (int64_t k = 0; k < nsend; k++) {
+                    const int64_t *s = snd + 5 * k;
+                    if (!s[4]) {
+                        write_eager(&L[s[0]], buf[s[1]] + s[2], s[3], tag, fp1, fp2);
+                        continue;
+                    }
+                    /* the id its ShmPeer would have given it: large messages are numbered
+                     * 0, 1, 2, ... per direction, whoever sends them */
+                    PyObject *peer = PyTuple_GET_ITEM(peers, s[0]);
+                    int64_t msgid;
+                    if (get_i64(peer, S_next_msgid, &msgid) < 0 ||
+                        set_i64(peer, S_next_msgid, msgid + 1) < 0) {
+                        rc = INTERRUPTED;
+                        goto stop;
+                    }
+                    header_t h = {RTS, RTS_CMA, tag, msgid, s[3],
+                                  (int64_t)(intptr_t)(buf[s[1]] + s[2]), fp1, fp2, 1};
+                    write_control(&L[s[0]], &h);
+                    x->msgid[k] = msgid;
+                    x->pending |= (uint64_t)1 << k;
+                }
+            }
         }
-        mask = 0;
+        mask = r.mask;
         int64_t want = nrecv ? (((int64_t)1 << nrecv) - 1) : 0;
         double since = 0.0;    /* when this wait started making no progress */
-        while (mask != want) {
-            int progressed = 0;
-            uint64_t behind = 0;   /* peers whose earlier receive is still waiting */
-            for (int64_t k = 0; k < nrecv; k++) {
-                const int64_t *r = rcv + 7 * k;
-                if (mask >> k & 1) continue;
-                /* a peer's messages of one tag match receives in order: a later receive
-                 * from it must not take what an earlier one is waiting for */
-                if (behind >> r[0] & 1) continue;
-                int other;
-                const char *payload = peek(&L[r[0]], tag, fp1, fp2, r[4], &other);
-                if (other) goto stop;
-                if (!payload) {
-                    behind |= (uint64_t)1 << r[0];
-                    last = r[0];
-                    continue;
-                }
-                char *dst = buf[r[2]] + r[3];
-                if (r[1])
-                    reduce(dst, r[5] < 0 ? dst : buf[r[5]] + r[6], payload, r[4] / itemsize);
-                else
-                    copy_bytes(dst, payload, (size_t)r[4]);
-                consumed(&L[r[0]], r[4]);
-                mask |= (int64_t)1 << k;
-                progressed = 1;
+        while (r.mask != want || x->pending) {
+            int got = sweep(x, &r, peers, &last);
+            mask = r.mask;
+            if (got == -2) {
+                rc = INTERRUPTED;
+                goto stop;
             }
-            if (progressed) {      /* like the engine's spin, the budget is per idle stretch */
+            if (got < 0) goto stop;
+            if (got) {             /* like the engine's spin, the budget is per idle stretch */
                 if (since != 0.0) waited += now() - since;
                 since = 0.0;
                 continue;
             }
-            if (mask == want) break;
-            int gave_up = stall(&since, budget, yield, &waited, &stalled, L, npeers, peers, wake);
+            int gave_up = stall(&since, budget + slack, yield, &waited, &stalled, L, npeers,
+                                peers, wake);
             if (gave_up) {
                 if (gave_up < 0) rc = INTERRUPTED;
                 goto stop;
@@ -554,22 +817,38 @@ static int settle(exec_t *x, PyObject *peers, PyObject *wake) {
 }
 
 /* run()'s result: (rounds done, receives done in the next round as a bit mask or -1,
- * seconds waited, index of the peer waited on last or -1, seconds of the wait given up on). */
+ * seconds waited, index of the peer waited on last or -1, seconds of the wait given up on,
+ * the next round's CMA sends still waiting for their CTS_DONE: ((send, message id), ...)). */
 static PyObject *how_far(const exec_t *x) {
     /* (a tuple filled by hand: Py_BuildValue parses its format string every call) */
-    PyObject *res = PyTuple_New(5);
+    PyObject *res = PyTuple_New(6);
     if (!res) return NULL;
-    PyObject *items[5] = {PyLong_FromLongLong(x->done_rounds), PyLong_FromLongLong(x->mask),
+    int64_t n = 0;
+    for (int k = 0; k < 64; k++) n += (int64_t)(x->pending >> k & 1);
+    PyObject *pending = PyTuple_New((Py_ssize_t)n);   /* (n = 0: the empty tuple, shared) */
+    if (pending) {
+        Py_ssize_t i = 0;
+        for (int k = 0; k < 64 && pending; k++) {
+            if (!(x->pending >> k & 1)) continue;
+            PyObject *pair = Py_BuildValue("(iL)", k, (long long)x->msgid[k]);
+            if (!pair) {
+                Py_CLEAR(pending);
+                break;
+            }
+            PyTuple_SET_ITEM(pending, i++, pair);
+        }
+    }
+    PyObject *items[6] = {PyLong_FromLongLong(x->done_rounds), PyLong_FromLongLong(x->mask),
                           PyFloat_FromDouble(x->waited), PyLong_FromLongLong(x->last),
-                          PyFloat_FromDouble(x->stalled)};
-    for (int i = 0; i < 5; i++) {
+                          PyFloat_FromDouble(x->stalled), pending};
+    for (int i = 0; i < 6; i++) {
         if (!items[i]) {
-            for (int j = 0; j < 5; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 6; j++) Py_XDECREF(items[j]);
             Py_DECREF(res);
             return NULL;
         }
     }
-    for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(res, i, items[i]);
+    for (int i = 0; i < 6; i++) PyTuple_SET_ITEM(res, i, items[i]);
     return res;
 }
 
@@ -847,10 +1126,6 @@ static void release_caller(Lane *self, exec_t *x, int got) {
         if (self->at[k] >= 0) PyBuffer_Release(&x->views[self->at[k]]);
 }
 
-/* Do byte ranges [a, a + n) and [b, b + m) meet? */
-static int overlap(const char *a, Py_ssize_t n, const char *b, Py_ssize_t m) {
-    return n > 0 && m > 0 && a < b + m && b < a + n;
-}
 
 static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 + MAX_CALLER) {
@@ -1142,6 +1417,16 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* cma_slow(low, high): the distances where the kernel copies slowly (slow_distance's bits;
+ * transport/fast.py sets them from cma.py's probe before a plan with CMA messages runs). */
+static PyObject *cma_slow(PyObject *self, PyObject *args) {
+    unsigned long long lo, hi;
+    if (!PyArg_ParseTuple(args, "KK", &lo, &hi)) return NULL;
+    cma_slow_bits[0] = lo;
+    cma_slow_bits[1] = hi;
+    Py_RETURN_NONE;
+}
+
 /* copy_loop(on): whether copies take the vector loop at slow distances (the default) or
  * memcpy everywhere, as before it - for A/B measurements in one job. Returns the old setting. */
 static PyObject *copy_loop(PyObject *self, PyObject *on) {
@@ -1158,6 +1443,7 @@ static PyMethodDef METHODS[] = {
      "dst[:] = src for contiguous buffers of one size, at full speed at every distance."},
     {"copy_loop", copy_loop, METH_O, "Take the vector loop at slow distances (True) or not."},
     {"cma", cma, METH_VARARGS, "process_vm_readv/writev of one range; see the function's comment."},
+    {"cma_slow", cma_slow, METH_VARARGS, "Set the distances where CMA reads are slow (bits)."},
     {"unfolded", lanes_unfolded, METH_NOARGS, "Calls the lanes ran, not yet taken."},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "Run a compiled all-eager shared-memory plan; see the module source."},
@@ -1175,6 +1461,11 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     INTERN(S_posted, "posted");
     INTERN(S_dead, "dead");
     INTERN(S_seq, "seq");
+    INTERN(S_next_msgid, "next_msgid");
+    INTERN(S_last_rts, "last_rts");
+    INTERN(S_cma, "cma");
+    INTERN(S_ok, "ok");
+    INTERN(S_reads, "reads");
 #undef INTERN
 #if defined(__x86_64__) && defined(__GNUC__)
     has_avx2 = __builtin_cpu_supports("avx2") != 0;

@@ -149,6 +149,20 @@ def fast_offset(dst: int, src: int) -> bool:
     return (dst - src) % 4096 not in _slow
 
 
+_bits = (None, (0, 0))
+
+
+def slow_bits() -> tuple[int, int]:
+    """The slow distances (``fast_offset``'s, probed at the first call) as the C fast path
+    takes them: two 64-bit masks, bit d for d < 64 and bit d - 4032 for d >= 4032."""
+    global _bits
+    fast_offset(0, 0)
+    if _bits[0] is not _slow:
+        _bits = (_slow, (sum(1 << d for d in _slow if d < PROBED),
+                         sum(1 << (d - (4096 - PROBED)) for d in _slow if d >= 4096 - PROBED)))
+    return _bits[1]
+
+
 def read(pid: int, addr: int, dst: np.ndarray) -> int:
     """Copy ``dst.nbytes`` bytes at ``addr`` in process ``pid`` into the contiguous array
     ``dst``: the bytes read (all of them), or -errno (nothing usable was read)."""

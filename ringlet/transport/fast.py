@@ -11,6 +11,12 @@ spin budget) C stops and reports how far it got, and the Python engine resumes t
 from there — so every failure, mismatch and timeout is still handled by the one engine
 that knows how.
 
+An exchange's messages from plain buffers past the EAGER limit run in C too, by
+cross-memory attach as the Python engine would move them (``_fastpath.c`` says how; C
+hands the engine whatever else it meets, a send still waiting for its answer included):
+there the engine's setup of each call cost 110-190 us of a p = 2 8 MiB all_gather
+(docs/results.md, "Where the p = 2 8 MiB plain rows lose").
+
 The extension is optional: without a compiler the runtime runs everything in Python.
 RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out). Reductions in C do not
 consult NumPy's floating-point error state: under np.errstate(over="raise") a small float
@@ -25,8 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..buffers import locate
 from ..schedule import PlanRound, RecvStep, SendStep
-from . import limits
+from . import cma, limits, protocol
 from .shm import SLOT_CTRL, ShmPeer
 
 try:
@@ -43,6 +50,9 @@ FAST_BYTES = limits.FAST_BYTES   # the largest message of a call C runs (see lim
 MAX_RECVS = 62     # receives of one round: a bit mask in one int64
 MAX_BUFFERS = 8
 MAX_PEERS = 64     # (_fastpath.c's MAX_LINKS)
+# A call with CMA messages runs in C (False: in the Python engine, as before; for A/Bs in
+# one job: bench/algorithms_vs_mpi.py --flag CMA_IN_C)
+CMA_IN_C = True
 
 
 def enabled() -> bool:
@@ -72,12 +82,18 @@ def kernel(ufunc, dtype: np.dtype) -> int | None:
 
 
 class FastCall:
-    """One prepared call's plan in the form C reads, with the rings it uses."""
-    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds", "arrays")
+    """One prepared call's plan in the form C reads, with the rings it uses. ``cma``: the
+    positions in ``names`` of the buffers its CMA messages are read from (by peers), and
+    ``rule`` the switches that chose them (``_cma_rule``); ``readers``: the ``cma.Reader``
+    of each peer it reads a CMA message of."""
+    __slots__ = ("names", "plan", "peers", "links", "kernel", "rounds", "arrays", "cma", "rule",
+                 "readers")
 
-    def __init__(self, names, plan, peers, links, kernel, rounds):
+    def __init__(self, names, plan, peers, links, kernel, rounds, cma=(), rule=None,
+                 readers=()):
         self.names, self.plan, self.peers, self.links = names, plan, peers, links
-        self.kernel, self.rounds = kernel, rounds
+        self.kernel, self.rounds, self.cma, self.rule = kernel, rounds, cma, rule
+        self.readers = readers
         # arrays(bufs): the call's buffers in the plan's order, as one tuple (a generator
         # into tuple() cost 190 ns of a 3.4 us call)
         if len(names) > 1:
@@ -88,7 +104,8 @@ class FastCall:
 
 def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     """A FastCall for a compiled plan (``work.compile_plan``), or None when some message
-    is not an EAGER one to a local peer (or C cannot reduce this dtype)."""
+    is neither an EAGER one to a local peer nor an exchange's message the Python engine
+    would move by CMA (``by_cma``), or C cannot reduce this dtype."""
     if not engine.fast or (plan and plan[0].then >= 0):   # (C runs rounds in turn only)
         return None
     k = kernel(ufunc, dtype)
@@ -99,27 +116,61 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
         # (zc_min <= eager: above it an rl.empty buffer's message goes by RTS, not EAGER)
-        if not isinstance(p, ShmPeer) or nbytes > min(p.zc_min, FAST_BYTES):
+        if not isinstance(p, ShmPeer) or (nbytes is not None and nbytes > min(p.zc_min, FAST_BYTES)):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 
+    sources, readers = set(), {}
+
+    def by_cma(t, rnd, sending: bool) -> bool:
+        """Whether the engine would move message ``t`` of ``rnd`` by CMA from a plain
+        buffer (protocol.Peer.post_send's rule): past one EAGER packet and the peer's
+        ``cma_min`` (crowded: past one EAGER packet), in a round that sends and receives,
+        into a receive that copies."""
+        n = (t.s1 - t.s0) if sending else (t.d1 - t.d0)
+        n *= dtype.itemsize
+        p = engine.peers.get(t.dst if sending else t.src)
+        if not isinstance(p, ShmPeer) or n <= min(p.zc_min, FAST_BYTES) or p.cma_min < 0:
+            return False
+        least = (min(p.eager if sending else p.eager_in, p.cma_min)
+                 if all(_cma_rule(engine)) else p.cma_min)
+        if n <= least or (rnd.copies_out if not sending else rnd.copies_in) == 0:
+            return False
+        if sending:
+            sources.add(t.sbuf)
+            return True
+        if t.reduce:
+            return False
+        readers[t.src] = p.cma
+        return True
+
     try:
-        names, words = encode(plan, dtype.itemsize, peer)
+        names, words = encode(plan, dtype.itemsize, peer, by_cma)
     except LookupError:       # a message too big, or not to a local peer
         return None
     if len(order) > MAX_PEERS:
         return None
     peers = tuple(engine.peers[r] for r in order)
-    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan))
+    return FastCall(names, words, peers, tuple(_link(p) for p in peers), k, len(plan),
+                    tuple(names.index(b) for b in sorted(sources)),
+                    _cma_rule(engine) if sources or readers else None, tuple(readers.values()))
 
 
-def encode(plan: tuple, itemsize: int, peer) -> tuple:
+def _cma_rule(engine) -> tuple:
+    """What decides which messages go by CMA beyond their sizes: whether ranks outnumber
+    cores, and whether an exchange reads blocks past one EAGER packet then (a switch
+    benchmarks and tests flip between calls)."""
+    return engine.crowded, protocol.CROWDED_EXCHANGE_CMA
+
+
+def encode(plan: tuple, itemsize: int, peer, by_cma=None) -> tuple:
     """(buffer names, the plan as C reads it): int64 words, offsets in bytes —
     [rounds, itemsize], then per round [locals, receives, sends] and their records:
     local (reduce, src buf, offset, bytes, dst buf, offset, acc buf or -1, offset),
-    receive (peer, reduce, dst buf, offset, bytes, acc buf or -1, offset),
-    send (peer, src buf, offset, bytes). ``peer(world rank, bytes)`` numbers the peers
-    (LookupError: not one C may talk to)."""
+    receive (peer, reduce, dst buf, offset, bytes, acc buf or -1, offset, by CMA),
+    send (peer, src buf, offset, bytes, by CMA). ``peer(world rank, bytes)`` numbers the
+    peers (LookupError: not one C may talk to; bytes None: a message by CMA, of any size);
+    ``by_cma(step, round, sending)``: whether a message goes by CMA (default: none)."""
     names = tuple(sorted({name for rnd in plan for name in (
         *(b for t in rnd.local for b in (t.sbuf, t.dbuf, t.abuf)),
         *(b for t in rnd.recvs for b in (t.dbuf, t.abuf)),
@@ -139,11 +190,15 @@ def encode(plan: tuple, itemsize: int, peer) -> tuple:
                       t.a0 * size]
         for t in rnd.recvs:
             n = (t.d1 - t.d0) * size
-            words += [peer(t.src, n), int(t.reduce), index[t.dbuf], t.d0 * size, n,
-                      -1 if t.abuf is None else index[t.abuf], t.a0 * size]
-        for t in rnd.sends:
+            c = by_cma is not None and by_cma(t, rnd, False)
+            words += [peer(t.src, None if c else n), int(t.reduce), index[t.dbuf], t.d0 * size,
+                      n, -1 if t.abuf is None else index[t.abuf], t.a0 * size, int(c)]
+        for k, t in enumerate(rnd.sends):
             n = (t.s1 - t.s0) * size
-            words += [peer(t.dst, n), index[t.sbuf], t.s0 * size, n]
+            c = by_cma is not None and by_cma(t, rnd, True)
+            if c and k >= 64:      # (C keeps a round's CMA sends in one 64-bit mask)
+                raise LookupError
+            words += [peer(t.dst, None if c else n), index[t.sbuf], t.s0 * size, n, int(c)]
     return names, struct.pack(f"<{len(words)}q", *words)
 
 
@@ -154,13 +209,15 @@ def _link(peer: ShmPeer) -> bytes:
         return data - SLOT_CTRL, data, r.capacity
 
     asleep = peer.outbox.data.ctypes.data - peer.outbox.base   # word 0 of the peer's segment
-    return pack_link(*ring(peer.inbox), *ring(peer.outbox), asleep, peer.fast_counts.ctypes.data)
+    return pack_link(*ring(peer.inbox), *ring(peer.outbox), asleep, peer.fast_counts.ctypes.data,
+                     peer.pid)
 
 
-def pack_link(in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep, counts) -> bytes:
-    """One link as C reads it: 8 int64 (addresses, and the rings' capacities)."""
-    return struct.pack("<8q", in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep,
-                       counts)
+def pack_link(in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep, counts,
+              pid=0) -> bytes:
+    """One link as C reads it: 9 int64 (addresses, the rings' capacities, the peer's pid)."""
+    return struct.pack("<9q", in_ctrl, in_data, in_cap, out_ctrl, out_data, out_cap, asleep,
+                       counts, pid)
 
 
 def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
@@ -184,8 +241,7 @@ def p2p(engine, kind: str, peer: int, tag: int, data) -> tuple[bool, float]:
                         engine.fast_budget, engine.crowded, _wake)    # (as run(): a call less)
     if ran is None:
         return False, 0.0
-    rounds, _mask, _waited, _last, stalled = ran
-    return rounds == 1, stalled
+    return ran[0] == 1, ran[4]
 
 
 def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):
@@ -193,7 +249,16 @@ def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):
     buffers; the call's ``fp`` and ``engine``): None if it did not start, else C's own tuple
     (rounds done, receives done of the next round as a bit mask or -1, seconds waited,
     position in ``fc.peers`` of the peer waited on last or -1, seconds of the wait C gave
-    up on); ``FastRun.of`` names it for a caller that keeps it."""
+    up on, the next round's CMA sends still waiting for their answer as (send, message id)
+    pairs); ``FastRun.of`` names it for a caller that keeps it. A plan with CMA messages
+    does not start when one is to be read from an rl.empty buffer (the engine's own way
+    for those is reading it in place), nor once the rule that chose them has changed or
+    the kernel refused a read from a peer it reads."""
+    if fc.rule is not None:
+        if not CMA_IN_C or any(locate(arrays[i]) is not None for i in fc.cma) or fc.rule != _cma_rule(engine) \
+                or not all(r.ok for r in fc.readers):     # (reads refused: the engine streams)
+            return None
+        _fastpath.cma_slow(*cma.slow_bits())
     return _fastpath.run(fc.plan, arrays, fc.peers, fc.links,
                          fc.kernel, tag, fp[0], fp[1], engine.fast_budget, engine.crowded,
                          _wake)
@@ -223,12 +288,14 @@ class FastRun(NamedTuple):
     waited: float        # seconds waited on peers
     stalled: float       # seconds of the wait C gave up on
     waited_on: int | None   # the world rank waited on last
+    pending: tuple = ()  # the next round's CMA sends awaiting their answer: (send, msgid)
 
     @classmethod
     def of(cls, ran: tuple, fc: FastCall) -> "FastRun":
         """The named form of ``run``'s result."""
-        rounds, mask, waited, last, stalled = ran
-        return cls(rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None)
+        rounds, mask, waited, last, stalled, pending = ran
+        return cls(rounds, mask, waited, stalled, fc.peers[last].rank if last >= 0 else None,
+                   pending)
 
 
 def _wake(peer: ShmPeer) -> None:

@@ -531,7 +531,8 @@ static int read_cma(exec_t *x, PyObject *peers, int64_t q, const header_t *h, ch
         return 0;
     }
 #ifdef __linux__
-    struct iovec here = {dst, (size_t)h->length}, there = {(void *)(intptr_t)h->aux, (size_t)h->length};
+    struct iovec here = {dst, (size_t)h->length},
+                 there = {(void *)(intptr_t)h->aux, (size_t)h->length};
     ssize_t got = process_vm_readv(l->pid, &here, 1, &there, 1, 0);
 #else
     ssize_t got = -1;
@@ -737,7 +738,8 @@ static int exec_rounds(exec_t *x, reader_t *rd, int64_t nrounds, int64_t itemsiz
                             }
                             polling = got >= 0;     /* (something else first: after the copies) */
                         }
-                        move_bytes(dst + at, src + at, (size_t)(t[3] - at < step ? t[3] - at : step));
+                        int64_t piece = t[3] - at < step ? t[3] - at : step;
+                        move_bytes(dst + at, src + at, (size_t)piece);
                     }
                 }
             } else {                           /* the sends */

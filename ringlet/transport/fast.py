@@ -116,7 +116,8 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
     def peer(world_rank, nbytes):
         p = engine.peers.get(world_rank)
         # (zc_min <= eager: above it an rl.empty buffer's message goes by RTS, not EAGER)
-        if not isinstance(p, ShmPeer) or (nbytes is not None and nbytes > min(p.zc_min, FAST_BYTES)):
+        if not isinstance(p, ShmPeer) or (nbytes is not None
+                                          and nbytes > min(p.zc_min, FAST_BYTES)):
             raise LookupError
         return order.setdefault(world_rank, len(order))
 
@@ -255,8 +256,9 @@ def run(fc: FastCall, arrays: tuple, tag: int, fp, engine):
     for those is reading it in place), nor once the rule that chose them has changed or
     the kernel refused a read from a peer it reads."""
     if fc.rule is not None:
-        if not CMA_IN_C or any(locate(arrays[i]) is not None for i in fc.cma) or fc.rule != _cma_rule(engine) \
-                or not all(r.ok for r in fc.readers):     # (reads refused: the engine streams)
+        if (not CMA_IN_C or fc.rule != _cma_rule(engine)
+                or any(locate(arrays[i]) is not None for i in fc.cma)
+                or not all(r.ok for r in fc.readers)):    # (reads refused: the engine streams)
             return None
         _fastpath.cma_slow(*cma.slow_bits())
     return _fastpath.run(fc.plan, arrays, fc.peers, fc.links,

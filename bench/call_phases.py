@@ -8,8 +8,9 @@ blocks of one mpirun job (plain NumPy buffers, written again before every call).
 
 Why: ringlet's p = 2 8 MiB plain all_gather ran 0.85x Open MPI in one job (issue 27) with
 the same copies (one 4 MiB read by cross-memory attach and a 4 MiB local copy per rank).
-Cut this way, the difference is the time before the read: the Python engine's setup of a
-call whose messages it reads by CMA (the C fast path runs EAGER messages only). Each call
+Cut this way, the difference was the time before the read: the Python engine's setup of a
+call whose messages it read by CMA, which the C fast path has run since (docs/results.md,
+"Where the p = 2 8 MiB plain rows lose"). Each call
 is marked by a syscall (getresuid: ringlet, getresgid: Open MPI) and only those and the
 copies are traced (strace --seccomp-bpf: ~7 us per traced syscall, the same for both).
 Needs strace and Open MPI with mpi4py (bench/install_peers.sh).

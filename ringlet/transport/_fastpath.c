@@ -13,16 +13,18 @@
  *   plan    bytes of int64 (see ringlet/transport/fast.py: encode)
  *   arrays  tuple of the call's buffers, indexed by the plan's buffer numbers
  *   peers   tuple of the ShmPeer objects the plan talks to (their state says whether C may go)
- *   links   tuple of bytes, 8 int64 each (fast.pack_link): in_ctrl, in_data, in_cap,
- *           out_ctrl, out_data, out_cap, flag, counts - addresses but the capacities;
- *           counts: the peer's int64[4] of messages and bytes sent and received by C
- *           (Peer.fast_counts), added to here, not through 4 Python attributes a call
+ *   links   tuple of bytes, 9 int64 each (fast.pack_link): in_ctrl, in_data, in_cap,
+ *           out_ctrl, out_data, out_cap, flag, counts - addresses but the capacities -
+ *           and the peer's pid; counts: the peer's int64[4] of messages and bytes sent
+ *           and received by C (Peer.fast_counts), added to here, not through 4 Python
+ *           attributes a call
  *   kernel  index of the reduce kernel (-1: the plan has no reduction)
  *   wake    wake(peer) rings the doorbell of a peer seen asleep (before any wait here)
  * Returns None when it did nothing (a peer has traffic queued, parked or a receive posted,
  * or is dead; a reduction over a misaligned buffer), else (rounds done, receives done in
  * the next round as a bit mask or -1 if it has not started, seconds waited, index of the
- * peer waited on last or -1, seconds of the wait it gave up on).
+ * peer waited on last or -1, seconds of the wait it gave up on, the next round's CMA sends
+ * still waiting for their answer as ((send, message id), ...)).
  * Reductions here do not consult NumPy's floating-point error state (np.errstate).
  *
  * One kind of message past the EAGER limit runs here too: a plain buffer's message in a

@@ -260,11 +260,14 @@ def test_ringlet_run_takes_mpiruns_habit_of_naming_the_interpreter_first(tmp_pat
     script.write_text("import sys, ringlet as rl\nrl.init()\n"
                       "print('HELLO', rl.get_rank(), sys.argv[1:])\nrl.destroy()\n")
     cli = [sys.executable, "-m", "ringlet.cli", "run", "-n", "2"]
-    proc = subprocess.run(cli + [sys.executable, str(script), "a"], env=_clean_env(tmp_path),
-                          capture_output=True, text=True, timeout=100)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for r in range(2):
-        assert f"HELLO {r} ['a']" in proc.stdout, proc.stdout
+    for command in (cli + [sys.executable, str(script), "a"],
+                    # what the refusal below says to run instead: python -m ringlet
+                    [sys.executable, "-m", "ringlet", "run", "-n", "2", str(script), "a"]):
+        proc = subprocess.run(command, env=_clean_env(tmp_path), capture_output=True,
+                              text=True, timeout=100)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        for r in range(2):
+            assert f"HELLO {r} ['a']" in proc.stdout, proc.stdout
     other = tmp_path / "bin" / "python3.99"
     other.parent.mkdir()
     other.write_text("#!/bin/sh\nexit 1\n")

@@ -5,4 +5,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":    # (imported, as tools that walk the package do: nothing runs)
+    sys.exit(main())

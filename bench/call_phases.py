@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -109,31 +108,22 @@ def main(argv=None) -> int:
     if a.child:
         _child(a)
         return 0
-    from ringlet.bench import _python_with
-    python = _python_with("mpi4py")
-    if python is None or not shutil.which("mpirun") or not shutil.which("strace"):
-        print("needs mpirun with mpi4py (bench/install_peers.sh) and strace")
+    from ringlet.bench import mpi_job_rows
+    if not shutil.which("strace"):
+        print("needs strace (apt-get install strace)")
         return 1
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
     traced = ",".join(["process_vm_readv", "process_vm_writev", *MARK.values()])
     with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.json")
-        child = [python, os.path.abspath(__file__), "--child", "--out", out, "--op", a.op,
-                 "--size", a.size, "--algorithm", a.algorithm, "--blocks", str(a.blocks),
-                 "--calls", str(a.calls)]
-        # each rank's own log, named by its rank (mpirun sets OMPI_COMM_WORLD_RANK)
-        shell = (f"exec strace -f --seccomp-bpf -e trace={traced} -e signal=none -ttt -T "
-                 f"-o {d}/rank$OMPI_COMM_WORLD_RANK.log " + " ".join(child))
-        proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                               str(a.p), "sh", "-c", shell], env=env, capture_output=True,
-                              text=True, timeout=3600)
-        if proc.returncode != 0:
-            print(f"the job failed:\n{proc.stderr[-2000:]}")
+        # each rank under strace, its log named by its rank (mpirun sets OMPI_COMM_WORLD_RANK)
+        strace = ("sh", "-c", f"exec strace -f --seccomp-bpf -e trace={traced} -e signal=none "
+                  f'-ttt -T -o {d}/rank$OMPI_COMM_WORLD_RANK.log "$0" "$@"')
+        try:
+            job = mpi_job_rows(__file__, a.p, ["--op", a.op, "--size", a.size, "--algorithm",
+                                               a.algorithm, "--blocks", str(a.blocks),
+                                               "--calls", str(a.calls)], strace)
+        except RuntimeError as exc:
+            print(exc)
             return 1
-        with open(out) as f:
-            job = json.load(f)
         logs = {r: phases(os.path.join(d, f"rank{r}.log")) for r in range(a.p)}
     print(f"{a.op} p={a.p} {a.size}, plain buffers written again before every call; ringlet "
           f"ran {job['algorithm']} ({job['wrong']} wrong elements on rank 0); under strace")

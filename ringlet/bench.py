@@ -459,10 +459,11 @@ def mpi_arm(comm, op: str, nbytes: int, fresh: bool = True) -> tuple:
     return call, (lambda: x.fill(1.0)) if fresh and x is not None else (lambda: None)
 
 
-def mpi_job_rows(script: str, p: int, args: list) -> list:
+def mpi_job_rows(script: str, p: int, args: list, prefix: tuple = ()) -> list:
     """Run ``script --child --out FILE *args`` as a ``p``-rank mpirun job (the in-job
     benchmarks against Open MPI: bench/in_job_vs_mpi.py, bench/algorithms_vs_mpi.py) with
     ringlet importable from this tree, and return the rows rank 0 wrote to FILE (JSON).
+    ``prefix``: what each rank's command runs under (bench/call_phases.py: strace).
     Raises RuntimeError when mpi4py is missing or the job fails."""
     python = _python_with("mpi4py")
     if python is None:
@@ -472,8 +473,8 @@ def mpi_job_rows(script: str, p: int, args: list) -> list:
         [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.json")
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), python,
-               os.path.abspath(script), "--child", "--out", out, *args]
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(p), *prefix,
+               python, os.path.abspath(script), "--child", "--out", out, *args]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
             raise RuntimeError(f"p = {p}: the job failed:\n{proc.stderr[-2000:]}")

@@ -267,30 +267,6 @@ static void write_eager(link_t *l, const char *src, int64_t n, int64_t tag, int6
     l->counts[1] += n;
 }
 
-/* The next packet from this link if it is the EAGER message wanted (PADs skipped): its
- * payload, or NULL if nothing has arrived (*other = 0) or something else is first (*other = 1). */
-static const char *peek(link_t *l, int64_t tag, int64_t fp1, int64_t fp2, int64_t n, int *other) {
-    *other = 0;
-    for (;;) {
-        int64_t head = (int64_t)__atomic_load_n(&l->in_ctrl[0], __ATOMIC_ACQUIRE);
-        if (head <= l->tail) return NULL;   /* (a head that went backwards: nothing new) */
-        int64_t pos = l->tail % l->in_cap;
-        header_t h;
-        memcpy(&h, l->in_data + pos, sizeof h);
-        if (h.kind == PAD) {
-            l->tail += l->in_cap - pos;
-            __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);
-            continue;
-        }
-        if (h.kind != EAGER || h.tag != tag || h.fp1 != fp1 || h.fp2 != fp2 || h.length != n ||
-            pos + HEADER_SIZE + n > l->in_cap) {
-            *other = 1;
-            return NULL;
-        }
-        return l->in_data + pos + HEADER_SIZE;
-    }
-}
-
 static void consumed(link_t *l, int64_t n) {
     l->tail += HEADER_SIZE + round64(n);
     __atomic_store_n(&l->in_ctrl[8], (uint64_t)l->tail, __ATOMIC_RELEASE);   /* hand back */

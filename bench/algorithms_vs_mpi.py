@@ -21,7 +21,10 @@ block, and on / off printed (above 1: the rule on was slower). The rules:
   plain message larger than one EAGER packet is read whole by CMA (transport/limits.py,
   CMA_MIN);
 * CMA_IN_C (on: the new rule, in transport/fast.py): a call whose exchange messages go by
-  CMA runs in the C fast path, not in the Python engine.
+  CMA runs in the C fast path, not in the Python engine;
+* EMPTY_CMA_IN_C (on: the new rule, in transport/fast.py): ... and so does one whose
+  sources lie in rl.empty buffers, sending them by CMA too (off: the engine has them read
+  in place).
 
     python bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP --op scatter -p 3,4 \
         --sizes 8M,32M --kinds rl.empty
@@ -52,7 +55,7 @@ def _child(a) -> None:
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
-            setattr(fast if a.flag == "CMA_IN_C" else protocol, a.flag, name.endswith("=on"))
+            setattr(fast if a.flag.endswith("CMA_IN_C") else protocol, a.flag, name.endswith("=on"))
     else:
         arms_of = {n: n for n in names}
     rows = []
@@ -80,8 +83,9 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default="", help="comma-separated (default: all but "
                     "hierarchical)")
     ap.add_argument("--flag", default="", choices=["", "CROWDED_BUSY_HELP",
-                                                   "CROWDED_EXCHANGE_CMA", "CMA_IN_C"],
-                    help="A/B this rule of protocol.py (CMA_IN_C: of transport/fast.py) on "
+                                                   "CROWDED_EXCHANGE_CMA", "CMA_IN_C",
+                                                   "EMPTY_CMA_IN_C"],
+                    help="A/B this rule of protocol.py (*CMA_IN_C: of transport/fast.py) on "
                          "one algorithm (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
     ap.add_argument("--sizes", default="1M,8M")

@@ -1046,6 +1046,36 @@ def test_a_call_of_small_messages_is_priced_as_run_in_c():
     assert simulate(mid, eager, shared=("buf",)).features["alpha_fast"] == 12
 
 
+def test_an_exchange_read_by_cma_is_priced_as_run_in_c_from_either_buffer():
+    """A call whose messages above fast_bytes are all an exchange's read by CMA runs in C
+    (transport/fast.py): alpha_fast per message, alpha_fast_call per rank - and its
+    rl.empty sources go by CMA too, so both kinds of buffer cost the same. A call with one
+    large message that is not (a reduce's, a one-way one) stays the engine's, and there an
+    rl.empty source is read in place."""
+    m = _host(alpha=4e-6, alpha_fast=1e-6, beta=1e-9, beta_cma=1e-10, fast_bytes=16 << 10,
+              eager=16 << 10, zero_copy_min=16 << 10, cma_min=32 << 10, cores=4,
+              alpha_call=10e-6, alpha_fast_call=2e-6)
+    on4 = Topology.on_host(4, m)
+    ag = _build("all_gather", "ring", 4, (64 << 10) // 4)          # 64 KiB blocks
+    plain = simulate(ag, on4)
+    shared = simulate(ag, on4, shared=("in", "out"))
+    assert plain.features["alpha_fast"] == 6 and plain.features["alpha"] == 0
+    assert plain.features["alpha_fast_call"] == 1 and plain.features["alpha_call"] == 0
+    assert plain.features["beta_cma"] > 0
+    assert shared.time == pytest.approx(plain.time)
+    assert shared.features["beta_cma"] == plain.features["beta_cma"]
+    # between fast_bytes and cma_min the messages stream: the engine's, rl.empty in place
+    mid = _build("all_gather", "ring", 4, (24 << 10) // 4)
+    assert simulate(mid, on4).features["alpha_call"] == 1
+    assert simulate(mid, on4, shared=("in", "out")).features["beta_cma"] == 0
+    # a reduce_scatter's large receives reduce: no CMA, the engine's
+    rs = simulate(_build("reduce_scatter", "ring", 4, (64 << 10) // 4), on4)
+    assert rs.features["alpha_call"] == 1 and rs.features["alpha_fast"] == 0
+    # a broadcast's one-way messages: the engine's (split by CMA where ranks have cores)
+    bc = simulate(_build("broadcast", "direct", 4, (64 << 10) // 4), on4)
+    assert bc.features["alpha_call"] == 1
+
+
 def test_a_call_pays_its_fixed_entry_once_per_rank():
     """A call's fixed CPU, whatever its messages: alpha_fast_call in C, alpha_call in the
     Python engine, and alpha_array for a second user array (all_gather's in and out: the

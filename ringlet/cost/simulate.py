@@ -705,8 +705,17 @@ class _HostSim:
         self.theta = m.theta
         self.isz = float(s.itemsize)
         self.crowded = 1.0 if p > m.cores else 0.0
+        # a call whose messages are all EAGER packets runs in C: its per-message CPU is
+        # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes);
+        # so does one whose larger messages are all an exchange's read by CMA, and there an
+        # rl.empty buffer's go by CMA too (transport/fast.py: run, EMPTY_CMA_IN_C)
+        largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
+                       for r in s.rounds), default=0.0) * self.isz
+        fast_call = 0 < m.fast_bytes and largest <= m.fast_bytes
+        if not fast_call and 0 < m.fast_bytes and self._exchange_by_cma():
+            fast_call, self.shared = True, self.shared[:0]
         key = (m.ring_bytes, m.zero_copy_min, m.cma_min, m.zero_copy_oneway_min, m.cores,
-               m.l2_bytes, m.l3_bytes, m.eager)
+               m.l2_bytes, m.l3_bytes, m.eager, len(self.shared) > 0)
         known = self.memo.get(key) if self.memo is not None else None
         if known is None:
             ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
@@ -716,11 +725,6 @@ class _HostSim:
                 self.memo[key] = known
         ws, hits = known
         self.spill = _spill(ws, m.l2_bytes), _spill(ws, m.l3_bytes)
-        # a call whose messages are all EAGER packets runs in C: its per-message CPU is
-        # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes)
-        largest = max((float(r.cols["n"][r.cols["src"] != r.cols["dst"]].max(initial=0))
-                       for r in s.rounds), default=0.0) * self.isz
-        fast_call = 0 < m.fast_bytes and largest <= m.fast_bytes
         self.per_message = _TERM["alpha_fast"] if fast_call else _TERM["alpha"]
         self.start = np.zeros(p)
         self.path = np.zeros((p, _N_TERMS))
@@ -883,6 +887,27 @@ class _HostSim:
         self.start = self.start + stretch * (per @ self.theta)
         self.path = self.path + k * per
         self.alone = self.alone + per
+
+    def _exchange_by_cma(self) -> bool:
+        """Whether C runs this call with CMA messages (transport/fast.py: prepare): every
+        message above one EAGER packet is one a plain buffer sends by CMA in an exchange
+        round, into a receive that copies."""
+        m, any_cma = self.m, False
+        for rnd in self.s.rounds:
+            c = rnd.cols
+            sent = c["src"] != c["dst"]
+            nb = c["n"][sent] * self.isz
+            big = nb > m.fast_bytes
+            if not big.any():
+                continue
+            _, cma = _read_in_place(nb, c["sbuf"][sent], (), -1, m.cma_min, c["src"][sent],
+                                    c["dst"][sent], c["reduce"][sent].astype(bool),
+                                    crowded=bool(self.crowded), eager=m.eager)
+            cma &= ~one_way(nb, c["src"][sent], c["dst"][sent])
+            if not cma[big].all():
+                return False
+            any_cma = True
+        return any_cma
 
     def _side_counts(self, src, dst, nb, red, hot, sbuf, dbuf, local=None):
         """Term counts of each message's work on its sending and its receiving side (those

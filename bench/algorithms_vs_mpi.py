@@ -55,7 +55,7 @@ def _child(a) -> None:
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
-            setattr(fast if a.flag.endswith("CMA_IN_C") else protocol, a.flag, name.endswith("=on"))
+            setattr(fast if a.flag.endswith("CMA_IN_C") or a.flag == "CROWDED_EAGER_CMA" else protocol, a.flag, name.endswith("=on"))
     else:
         arms_of = {n: n for n in names}
     rows = []
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                     "hierarchical)")
     ap.add_argument("--flag", default="", choices=["", "CROWDED_BUSY_HELP",
                                                    "CROWDED_EXCHANGE_CMA", "CMA_IN_C",
-                                                   "EMPTY_CMA_IN_C"],
+                                                   "EMPTY_CMA_IN_C", "CROWDED_EAGER_CMA"],
                     help="A/B this rule of protocol.py (*CMA_IN_C: of transport/fast.py) on "
                          "one algorithm (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")

@@ -83,6 +83,15 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB messages read whole
   ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B).
 
+CROWDED_EAGER_CMA_MIN: where ranks outnumber cores, an exchange's message above it goes by
+CMA in the C fast path even where one EAGER packet would hold it (transport/fast.py,
+CROWDED_EAGER_CMA), unless the sender's round reduces what it receives: through the ring
+both of its copies take CPU the ranks share; read whole, one. In-job A/B,
+bench/algorithms_vs_mpi.py --flag CROWDED_EAGER_CMA (10 alternating blocks; on / off on
+the median block): all_to_all p = 4 1 MiB (256 KiB messages) 0.47, 0.52 (rl.empty 0.68),
+2 MiB 0.83; p = 3 1 MiB 0.55 (rl.empty 0.56); all_gather p = 4 1 MiB 0.64, 2 MiB 0.62,
+4 MiB 0.77. (Read by the Python engine the same messages had run 1.4-2.1x slower: its
+per-message setup, not the copy.)
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
 costs the receiver a wakeup and a Python turn and the sender a sendmsg (header and payload
@@ -188,6 +197,7 @@ SPLIT_BUSY_MIN = 4 << 20
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 CMA_PUT_MIN = CMA_MIN
+CROWDED_EAGER_CMA_MIN = 128 << 10
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20

@@ -81,7 +81,8 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   receive that reduces declines it and takes the stream after the round trip: neutral
   (reduce_scatter, all_reduce p = 4 at 3-4 MiB 0.95-1.04). Not from smaller messages,
   which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB messages read whole
-  ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B).
+  ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B) - read by the
+  Python engine; read in C they win (CROWDED_EAGER_CMA_MIN).
 
 CROWDED_EAGER_CMA_MIN: where ranks outnumber cores, an exchange's message above it goes by
 CMA in the C fast path even where one EAGER packet would hold it (transport/fast.py,

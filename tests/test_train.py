@@ -961,7 +961,8 @@ def test_lend_reuses_the_smallest_spare_and_keeps_few():
 
 def _owned_job(rank):
     """What ringlet fills and sends itself - MoE's packed rows, a parameter server's
-    snapshot, ZeRO-3's shards - is read in place by the local peer (one copy, not two)."""
+    snapshot, ZeRO-3's shards - is read in place (or, where C runs the exchange, by CMA) by
+    the local peer: one copy, not two."""
     from ringlet import buffers, train
     from ringlet.runtime import engine
     from ringlet.transport.shm import ZERO_COPY_MIN
@@ -980,8 +981,12 @@ def _owned_job(rank):
     z = train.ZeroOptimizer([np.ones(2 * n, np.float32)], stage=3, lr=0.1)
     assert buffers.locate(z.shards[0]) is not None
     maps.clear()
+    reads = sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma"))
     full = z.gather(0)[0]
-    assert (full == 1).all() and maps, "ZeRO-3's all_gather did not read the shards in place"
+    # (an exchange C runs reads an rl.empty source by CMA: one copy too - fast.run)
+    read = sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma")) > reads
+    assert (full == 1).all() and (maps or read), \
+        "ZeRO-3's all_gather read the shards neither in place nor by CMA (one copy)"
     z.free(0)
     again = z.gather(0)[0]      # into the same (reused, already faulted-in) memory
     assert again.ctypes.data == full.ctypes.data and (again == 1).all()

@@ -24,7 +24,11 @@ block, and on / off printed (above 1: the rule on was slower). The rules:
   CMA runs in the C fast path, not in the Python engine;
 * EMPTY_CMA_IN_C (on: the new rule, in transport/fast.py): ... and so does one whose
   sources lie in rl.empty buffers, sending them by CMA too (off: the engine has them read
-  in place).
+  in place);
+* CROWDED_EAGER_CMA (on: the rule off by default, in transport/limits.py): where ranks
+  outnumber cores, an exchange's blocks above 128 KiB go by CMA in C. Flipping it between
+  blocks is unfair to the arm the call was not prepared under (C declines it, the engine
+  runs it): compare it in fresh jobs (limits.py).
 
     python bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP --op scatter -p 3,4 \
         --sizes 8M,32M --kinds rl.empty
@@ -44,7 +48,7 @@ def _child(a) -> None:
     import ringlet as rl
     from ringlet import algorithms
     from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
-    from ringlet.transport import fast, protocol
+    from ringlet.transport import fast, limits, protocol
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -55,7 +59,8 @@ def _child(a) -> None:
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
-            setattr(fast if a.flag.endswith("CMA_IN_C") or a.flag == "CROWDED_EAGER_CMA" else protocol, a.flag, name.endswith("=on"))
+            setattr(fast if a.flag.endswith("CMA_IN_C") else
+                    limits if a.flag == "CROWDED_EAGER_CMA" else protocol, a.flag, name.endswith("=on"))
     else:
         arms_of = {n: n for n in names}
     rows = []

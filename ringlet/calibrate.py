@@ -584,8 +584,7 @@ def describe(t: dict) -> str:
          "delay per byte of a one-way stream past its slower side (not CPU)"),
         ("beta_cma", t.get("beta_cma", 0.0) * 1e12, "ps/B",
          f"extra per byte read by cross-memory attach (exchanges' messages > "
-         f"{format_size(max(t.get('cma_min', -1), 0))}; crowded, run in C: > "
-         f"{format_size(limits.CROWDED_EAGER_CMA_MIN)})"),
+         f"{format_size(max(t.get('cma_min', -1), 0))})"),
         ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
         ("imbalance", t.get("imbalance", 0.0), "", "1: busy ranks uneven over cores run at the worst core's pace"),
     ]

@@ -553,7 +553,9 @@ def test_cma_messages_of_c_and_of_the_engine_meet():
 
 
 def _crowded_eager_exchange_in_c(rank, p):
+    from ringlet.transport import limits
     assert engine().crowded
+    limits.CROWDED_EAGER_CMA = True         # (off by default: limits.py says why)
     n = (256 << 10) // 4                    # 256 KiB blocks: one EAGER packet would hold them
     _exchange_calls(rank, p, n, 1)
     c0, py0, r0 = _counts()
@@ -571,7 +573,8 @@ def _crowded_eager_exchange_in_c(rank, p):
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 4,
                     reason="needs more ranks than cores (4 ranks on at most 3 cores)")
 def test_where_ranks_outnumber_cores_an_exchanges_eager_sized_blocks_are_read_by_cma_in_c():
-    """Crowded, an exchange's blocks above limits.CROWDED_EAGER_CMA_MIN are read whole by
-    CMA in C rather than copied through the ring twice (0.47-0.77x the time): every block
-    read once by process_vm_readv, and the results exact (_exchange_calls checks them)."""
+    """Switched on (limits.CROWDED_EAGER_CMA), where ranks outnumber cores an exchange's
+    blocks above limits.CROWDED_EAGER_CMA_MIN are read whole by CMA in C rather than
+    copied through the ring twice: most read by process_vm_readv, and the results exact
+    (_exchange_calls checks them)."""
     run(_crowded_eager_exchange_in_c, 4, 4, env=ANY)

@@ -705,9 +705,10 @@ class _HostSim:
         self.theta = m.theta
         self.isz = float(s.itemsize)
         self.crowded = 1.0 if p > m.cores else 0.0
-        # crowded, C reads an exchange's messages by CMA from this size (limits.py)
+        # crowded, C reads an exchange's messages by CMA from this size (switched on: limits.py)
         self.cma_eager = (min(m.eager, limits.CROWDED_EAGER_CMA_MIN)
-                          if 0 < m.fast_bytes and m.eager >= 0 else m.eager)
+                          if limits.CROWDED_EAGER_CMA and 0 < m.fast_bytes and m.eager >= 0
+                          else m.eager)
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes);
         # so does one whose larger messages are all an exchange's read by CMA, and there an

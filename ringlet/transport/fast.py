@@ -56,10 +56,6 @@ CMA_IN_C = True
 # ... and so does one whose CMA sources lie in rl.empty buffers (False: the engine reads
 # them in place; run() says why; --flag EMPTY_CMA_IN_C)
 EMPTY_CMA_IN_C = True
-# Where ranks outnumber cores, an exchange's messages above limits.CROWDED_EAGER_CMA_MIN go
-# by CMA in C too, where one EAGER packet would hold them (limits.py says why; False: as
-# EAGER packets; --flag CROWDED_EAGER_CMA)
-CROWDED_EAGER_CMA = True
 
 
 def enabled() -> bool:
@@ -143,7 +139,7 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
         least = (min(p.eager if sending else p.eager_in, p.cma_min)
                  if engine.crowded and protocol.CROWDED_EXCHANGE_CMA else p.cma_min)
         least = max(least, min(p.zc_min, FAST_BYTES))
-        if (CROWDED_EAGER_CMA and engine.crowded and n <= least
+        if (limits.CROWDED_EAGER_CMA and engine.crowded and n <= least
                 and not any(r.reduce for r in rnd.recvs)):
             # (an EAGER-sized one, read by a receive that copies - the peer's round is
             # this one's mirror: a reducing receive expects the packet)
@@ -174,7 +170,7 @@ def _cma_rule(engine) -> tuple:
     """What decides which messages go by CMA beyond their sizes: whether ranks outnumber
     cores, and whether an exchange reads blocks past one EAGER packet then (a switch
     benchmarks and tests flip between calls)."""
-    return engine.crowded, protocol.CROWDED_EXCHANGE_CMA, CROWDED_EAGER_CMA
+    return engine.crowded, protocol.CROWDED_EXCHANGE_CMA, limits.CROWDED_EAGER_CMA
 
 
 def encode(plan: tuple, itemsize: int, peer, by_cma=None) -> tuple:

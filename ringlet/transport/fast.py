@@ -168,8 +168,10 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
 def _cma_rule(engine) -> tuple:
     """What decides which messages go by CMA beyond their sizes: whether ranks outnumber
-    cores, and whether an exchange reads blocks past one EAGER packet then (a switch
-    benchmarks and tests flip between calls)."""
+    cores, and whether an exchange then reads blocks past one EAGER packet, and EAGER-sized
+    ones (switches benchmarks and tests flip between calls; a call prepared under other
+    values is left to the engine, so an A/B flipping them between blocks is unfair to
+    one arm: limits.py, CROWDED_EAGER_CMA)."""
     return engine.crowded, protocol.CROWDED_EXCHANGE_CMA, limits.CROWDED_EAGER_CMA
 
 

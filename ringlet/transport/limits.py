@@ -198,7 +198,7 @@ SPLIT_BUSY_MIN = 4 << 20
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 CMA_PUT_MIN = CMA_MIN
-CROWDED_EAGER_CMA = False           # off: not faster, measured fairly (below)
+CROWDED_EAGER_CMA = False           # off: not faster in fresh jobs (the module doc says why)
 CROWDED_EAGER_CMA_MIN = 128 << 10
 
 TCP_EAGER_BYTES = 64 << 10

@@ -981,10 +981,12 @@ def _owned_job(rank):
     z = train.ZeroOptimizer([np.ones(2 * n, np.float32)], stage=3, lr=0.1)
     assert buffers.locate(z.shards[0]) is not None
     maps.clear()
-    reads = sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma"))
+    def cma_reads():
+        return sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma"))
+    reads = cma_reads()
     full = z.gather(0)[0]
     # (an exchange C runs reads an rl.empty source by CMA: one copy too - fast.run)
-    read = sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma")) > reads
+    read = cma_reads() > reads
     assert (full == 1).all() and (maps or read), \
         "ZeRO-3's all_gather read the shards neither in place nor by CMA (one copy)"
     z.free(0)

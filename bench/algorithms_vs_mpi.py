@@ -25,10 +25,10 @@ block, and on / off printed (above 1: the rule on was slower). The rules:
 * EMPTY_CMA_IN_C (on: the new rule, in transport/fast.py): ... and so does one whose
   sources lie in rl.empty buffers, sending them by CMA too (off: the engine has them read
   in place);
-* CROWDED_EAGER_CMA (on: the rule off by default, in transport/limits.py): where ranks
-  outnumber cores, an exchange's blocks above 128 KiB go by CMA in C. Flipping it between
-  blocks is unfair to the arm the call was not prepared under (C declines it, the engine
-  runs it): compare it in fresh jobs (limits.py).
+
+Each flip clears the prepared calls (collectives._CALLS), so every block's call is prepared
+under its own setting: C declines a call prepared under the other one (fast._cma_rule), which
+had made flipping the CMA rules unfair to one arm before.
 
     python bench/algorithms_vs_mpi.py --flag CROWDED_BUSY_HELP --op scatter -p 3,4 \
         --sizes 8M,32M --kinds rl.empty
@@ -46,9 +46,9 @@ def _child(a) -> None:
     from mpi4py import MPI
 
     import ringlet as rl
-    from ringlet import algorithms
+    from ringlet import algorithms, collectives
     from ringlet.bench import _make_call, alternating_blocks, mpi_arm, paged_empty, parse_sizes
-    from ringlet.transport import fast, limits, protocol
+    from ringlet.transport import fast, protocol
     comm = MPI.COMM_WORLD
     rl.init()
     p, rank = rl.get_world_size(), rl.get_rank()
@@ -59,8 +59,11 @@ def _child(a) -> None:
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
-            setattr(fast if a.flag.endswith("CMA_IN_C") else
-                    limits if a.flag == "CROWDED_EAGER_CMA" else protocol, a.flag, name.endswith("=on"))
+            setattr(fast if a.flag.endswith("CMA_IN_C") else protocol, a.flag,
+                    name.endswith("=on"))
+            # prepared again under the new setting (in the block's warm call): a call
+            # prepared under the other one would be left by C to the engine (fast._cma_rule)
+            collectives._CALLS.clear()
     else:
         arms_of = {n: n for n in names}
     rows = []
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
                     "hierarchical)")
     ap.add_argument("--flag", default="", choices=["", "CROWDED_BUSY_HELP",
                                                    "CROWDED_EXCHANGE_CMA", "CMA_IN_C",
-                                                   "EMPTY_CMA_IN_C", "CROWDED_EAGER_CMA"],
+                                                   "EMPTY_CMA_IN_C"],
                     help="A/B this rule of protocol.py (*CMA_IN_C: of transport/fast.py) on "
                          "one algorithm (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")

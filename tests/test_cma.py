@@ -550,31 +550,3 @@ def test_cma_messages_of_c_and_of_the_engine_meet():
     """One rank in C, the other in the Python engine: the same packets (RTS_CMA, CTS_DONE)
     each way, the same results."""
     run(_c_meets_python, 2, env=ANY)
-
-
-def _crowded_eager_exchange_in_c(rank, p):
-    from ringlet.transport import limits
-    assert engine().crowded
-    limits.CROWDED_EAGER_CMA = True         # (off by default: limits.py says why)
-    n = (256 << 10) // 4                    # 256 KiB blocks: one EAGER packet would hold them
-    _exchange_calls(rank, p, n, 1)
-    c0, py0, r0 = _counts()
-    _exchange_calls(rank, p, n, 10)
-    c1, py1, r1 = _counts()
-    # messages of each turn: at least all_gather's recursive doubling (log2 p) and
-    # all_to_all's direct (p - 1). Only C sends one this size by CMA (the engine, as an
-    # EAGER packet): a call C gave up on before its sends - a peer stalled past its budget,
-    # as ranks taking turns on the cores may be - sends them from the engine. Most go by
-    # CMA (a rank's worst job here: 13 of 15 in its best turn).
-    least = 10 * ((p - 1).bit_length() + p - 1)
-    assert r1 - r0 >= least // 2, (r1 - r0, least, c1 - c0, py1 - py0)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 4,
-                    reason="needs more ranks than cores (4 ranks on at most 3 cores)")
-def test_where_ranks_outnumber_cores_an_exchanges_eager_sized_blocks_are_read_by_cma_in_c():
-    """Switched on (limits.CROWDED_EAGER_CMA), where ranks outnumber cores an exchange's
-    blocks above limits.CROWDED_EAGER_CMA_MIN are read whole by CMA in C rather than
-    copied through the ring twice: most read by process_vm_readv, and the results exact
-    (_exchange_calls checks them)."""
-    run(_crowded_eager_exchange_in_c, 4, 4, env=ANY)

@@ -705,10 +705,6 @@ class _HostSim:
         self.theta = m.theta
         self.isz = float(s.itemsize)
         self.crowded = 1.0 if p > m.cores else 0.0
-        # crowded, C reads an exchange's messages by CMA from this size (switched on: limits.py)
-        self.cma_eager = (min(m.eager, limits.CROWDED_EAGER_CMA_MIN)
-                          if limits.CROWDED_EAGER_CMA and 0 < m.fast_bytes and m.eager >= 0
-                          else m.eager)
         # a call whose messages are all EAGER packets runs in C: its per-message CPU is
         # alpha_fast (rl.empty buffers' messages are read in place only above fast_bytes);
         # so does one whose larger messages are all an exchange's read by CMA, and there an
@@ -719,11 +715,11 @@ class _HostSim:
         if not fast_call and 0 < m.fast_bytes and self._exchange_by_cma():
             fast_call, self.shared = True, self.shared[:0]
         key = (m.ring_bytes, m.zero_copy_min, m.cma_min, m.zero_copy_oneway_min, m.cores,
-               m.l2_bytes, m.l3_bytes, m.eager, self.cma_eager, len(self.shared) > 0)
+               m.l2_bytes, m.l3_bytes, m.eager, len(self.shared) > 0)
         known = self.memo.get(key) if self.memo is not None else None
         if known is None:
             ws = working_set(s, m.ring_bytes, self.shared, m.zero_copy_min, m.cma_min,
-                             m.zero_copy_oneway_min, bool(self.crowded), self.cma_eager)
+                             m.zero_copy_oneway_min, bool(self.crowded), m.eager)
             known = (ws, [])
             if self.memo is not None:
                 self.memo[key] = known
@@ -906,7 +902,7 @@ class _HostSim:
                 continue
             _, cma = _read_in_place(nb, c["sbuf"][sent], (), -1, m.cma_min, c["src"][sent],
                                     c["dst"][sent], c["reduce"][sent].astype(bool),
-                                    crowded=bool(self.crowded), eager=self.cma_eager)
+                                    crowded=bool(self.crowded), eager=m.eager)
             cma &= ~one_way(nb, c["src"][sent], c["dst"][sent])
             if not cma[big].all():
                 return False
@@ -945,7 +941,7 @@ class _HostSim:
         local = np.asarray(() if local is None else local, np.int64)
         inplace, cma = _read_in_place(nb, sbuf, self.shared, m.zero_copy_min, m.cma_min,
                                       src, dst, red > 0, m.zero_copy_oneway_min,
-                                      bool(self.crowded), local, self.cma_eager)
+                                      bool(self.crowded), local, m.eager)
         whole = np.zeros(n, bool)     # read in place, copied by its sender into a root
         if inplace.any():
             for term in ("beta", "mem_l2", "mem_l3"):

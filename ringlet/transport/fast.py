@@ -139,11 +139,6 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
         least = (min(p.eager if sending else p.eager_in, p.cma_min)
                  if engine.crowded and protocol.CROWDED_EXCHANGE_CMA else p.cma_min)
         least = max(least, min(p.zc_min, FAST_BYTES))
-        if (limits.CROWDED_EAGER_CMA and engine.crowded and n <= least
-                and not any(r.reduce for r in rnd.recvs)):
-            # (an EAGER-sized one, read by a receive that copies - the peer's round is
-            # this one's mirror: a reducing receive expects the packet)
-            least = min(least, limits.CROWDED_EAGER_CMA_MIN)
         if n <= least or (rnd.copies_out if not sending else rnd.copies_in) == 0:
             return False
         if sending:
@@ -168,11 +163,11 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
 
 def _cma_rule(engine) -> tuple:
     """What decides which messages go by CMA beyond their sizes: whether ranks outnumber
-    cores, and whether an exchange then reads blocks past one EAGER packet, and EAGER-sized
-    ones (switches benchmarks and tests flip between calls; a call prepared under other
-    values is left to the engine, so an A/B flipping them between blocks is unfair to
-    one arm: limits.py, CROWDED_EAGER_CMA)."""
-    return engine.crowded, protocol.CROWDED_EXCHANGE_CMA, limits.CROWDED_EAGER_CMA
+    cores, and whether an exchange then reads blocks past one EAGER packet (a switch
+    benchmarks and tests flip between calls; a call prepared under another value is left
+    to the engine, so an A/B flipping it must prepare its calls again:
+    bench/algorithms_vs_mpi.py --flag)."""
+    return engine.crowded, protocol.CROWDED_EXCHANGE_CMA
 
 
 def encode(plan: tuple, itemsize: int, peer, by_cma=None) -> tuple:

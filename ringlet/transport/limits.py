@@ -82,17 +82,11 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   (reduce_scatter, all_reduce p = 4 at 3-4 MiB 0.95-1.04). Not from smaller messages,
   which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB messages read whole
   ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B) - read by the
-  Python engine; read in C not faster either (CROWDED_EAGER_CMA).
+  Python engine; read in C not faster either (bench/algorithms_vs_mpi.py --flag
+  CROWDED_EAGER_CMA on a tree that had the switch, in blocks each prepared under its own
+  setting, plain and rl.empty, p = 4 640 KiB-1.5 MiB: read whole / two copies 1.06-1.15
+  for all_gather, 0.97-1.72 for all_to_all, slower in 11 of 12 rows; removed).
 
-CROWDED_EAGER_CMA, CROWDED_EAGER_CMA_MIN: with the switch on, where ranks outnumber cores,
-an exchange's message above the limit goes by CMA in the C fast path even where one EAGER
-packet would hold it (transport/fast.py), unless the sender's round reduces what it
-receives. Off: not faster. An A/B that flips the switch between blocks of one job
-(bench/algorithms_vs_mpi.py --flag CROWDED_EAGER_CMA) showed 0.47-0.77x the time, but it
-is unfair: a call prepared under the other setting is declined by C (fast.run's rule
-check) and runs in the Python engine. Fresh jobs (bench/in_job_vs_mpi.py --ops
-all_gather,all_to_all -p 4 --sizes 1M --fresh, one with each setting, in turn), Open MPI
-over ringlet (plain): off all_gather 1.44, all_to_all 0.83; on 0.80, 0.85.
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and
 TCP_FRAG_BYTES, the largest DATA packet (and the receive bounce buffer). Each DATA packet
 costs the receiver a wakeup and a Python turn and the sender a sendmsg (header and payload
@@ -198,8 +192,6 @@ SPLIT_BUSY_MIN = 4 << 20
 FAST_BYTES = SHM_EAGER_BYTES
 CMA_MIN = SHM_STREAM_BYTES
 CMA_PUT_MIN = CMA_MIN
-CROWDED_EAGER_CMA = False           # off: not faster in fresh jobs (the module doc says why)
-CROWDED_EAGER_CMA_MIN = 128 << 10
 
 TCP_EAGER_BYTES = 64 << 10
 TCP_FRAG_BYTES = 4 << 20

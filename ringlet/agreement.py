@@ -10,11 +10,11 @@ and the tags that already failed here (ABORTs for them are old news).
 """
 from __future__ import annotations
 
-from .errors import CollectiveMismatch, PeerFailure
+from .errors import CollectiveMismatch, PeerFailure, TimeoutError
 from .fingerprint import diff
 from .group import TAG_COLLECTIVE, call_number, group_of
 from .transport import protocol
-from .transport.protocol import DEAD, LEFT, STALE
+from .transport.protocol import DEAD, GAVE_UP, LEFT, NO_FP, STALE
 
 REMEMBER = 1024   # tags kept in ``aborts`` and ``failed`` (a peer cannot make us keep more)
 
@@ -49,6 +49,7 @@ class Agreement:
         self.active: dict = {}     # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}     # tag -> the error of a call not entered yet
         self.failed: dict = {}     # tags of calls already failed here
+        self.ended: dict = {}      # group id -> the latest of its calls that ended here
 
     def attach(self, engine) -> None:
         self.engine = engine
@@ -86,8 +87,19 @@ class Agreement:
             self.mismatch(tag, work.fp, fp, rank)
 
     def end(self, work) -> None:
-        if self.active.get(work.tag) is work:
-            del self.active[work.tag]
+        tag = work.tag
+        if self.active.get(tag) is work:
+            del self.active[tag]
+        group = group_of(tag)
+        if call_number(tag) > call_number(self.ended.get(group, 0)):
+            self.ended[group] = tag
+
+    def gave_up(self, work, exc) -> None:
+        """This rank's wait for collective ``work`` timed out (``exc``): the call is over
+        here - its receives fail, so nothing more is written into its buffers - and its
+        other members are told (an ABORT), so none waits on for this rank."""
+        self.engine.send_aborts(work.tag, work.world_of, work.fp, NO_FP, GAVE_UP)
+        self._fail_collective(work.tag, exc)
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting
@@ -109,6 +121,8 @@ class Agreement:
         for tags in (self.active, self.aborts, self.failed):
             for tag in [t for t in tags if group_of(t) < below]:
                 del tags[tag]
+        for group in [g for g in self.ended if g < below]:
+            del self.ended[group]
         self.engine.retire(below, exc)
 
     # -- the transport's side (CallEvents) -----------------------------------------------
@@ -141,6 +155,16 @@ class Agreement:
             if dead != sender:
                 self.engine.fail_peer(dead, exc)
             if tag in self.failed:   # a call in flight here: it failed with the rest
+                return
+        elif culprit == GAVE_UP:
+            exc = TimeoutError(f"rank {self.engine.rank}: {self._call(tag)}: rank {sender} gave "
+                               f"up on it (its timeout ran out); this call's outputs here are "
+                               f"undefined")
+            if tag not in self.active:
+                # Finished here before the word came (every message it needed had
+                # arrived): it stands. Not entered yet: it fails as it starts.
+                if call_number(tag) > call_number(self.ended.get(group_of(tag), 0)):
+                    _bounded_put(self.aborts, tag, exc)
                 return
         elif culprit == STALE:
             earlier = culprit_fp[0]   # (... or the earlier call's tag)

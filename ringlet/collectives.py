@@ -17,7 +17,7 @@ from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
 from .transport.shm import ZERO_COPY_MIN, ShmPeer
 from . import tracing, tuning
-from .work import CallId, Chained, CollectiveWork, compile_plan, record_call
+from .work import CallId, Chained, CollectiveWork, check_timeout, compile_plan, record_call
 
 log = logging.getLogger("ringlet")
 _AVG = ReduceOp.AVG     # (ReduceOp.AVG goes through the Enum metaclass's __getattr__: 50 ns)
@@ -193,6 +193,8 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
          numbered=None, lane=None):
     """``numbered``: the call's (sequence number, tag), if taken before (else the next).
     ``lane``: the call's key in the lane (``_lane``), where it goes once C has run it whole."""
+    if timeout is not None:
+        check_timeout(timeout)
     # rl.empty buffers can change auto's pick, once some message may be read in place
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
     # What keys a prepared call. The group object itself (not its id, reused after destroy
@@ -288,7 +290,7 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
     if async_op:
         eng.background.watch(work)
         return track(work)
-    work.wait(timeout)
+    work.wait_or_give_up(timeout)
     return None
 
 
@@ -430,6 +432,8 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     finish it, the Python engine does, from where C stopped. The full path's Python, not
     C, is most of a small call: 8 B all_reduce at p = 2 took 5.9 us a call through the
     Python lane before, 2.4 of them in C."""
+    if timeout is not None:
+        check_timeout(timeout)
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False
@@ -458,7 +462,7 @@ def _resume(hit: tuple, ran: tuple, a, b, timeout) -> None:
         tmp = call.pool.pop() if call.pool else np.empty(call.tmp, dtype)
     bufs["tmp"] = tmp
     CollectiveWork(eng, call, world, seq, tag, bufs, None,
-                   fast.FastRun.of(ran, call.fast)).wait(timeout)
+                   fast.FastRun.of(ran, call.fast)).wait_or_give_up(timeout)
 
 
 @profiled("reduce")

@@ -21,7 +21,7 @@ from .transport.engine import Engine
 from .transport.limits import affinity
 from .transport.shm import detect_host_id
 from .tuning import trials_from_env
-from .work import RequestWork, TracedRequestWork, fold_lanes
+from .work import RequestWork, TracedRequestWork, check_timeout, fold_lanes
 from . import tracing
 
 DEFAULT_TIMEOUT = 60.0
@@ -48,6 +48,7 @@ class _State:
     # having left, in the store, so their destroy need not wait for this rank's (_departed)
     released: set = set()
     published = 0.0          # when _publish_state last wrote this rank's state
+    gave_up: dict = {}       # group id -> the last of its calls this rank timed out of
     departed_checked = 0.0   # when _departed last asked the store (at most once a second)
 
 
@@ -160,7 +161,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
             server.close()
         raise
     _S.generation += 1
-    _S.released = set()
+    _S.released, _S.gave_up = set(), {}
     engine.on_long_wait = _publish_state
     engine.departed = _departed
     engine.hang_report = _hang_report
@@ -238,7 +239,8 @@ def _publish_state(waiting: str | None = None) -> None:
     if waiting is None:
         calls = [w.what for w in _S.engine.works] if _S.engine is not None else []
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
-    state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting}
+    state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting,
+             "gave_up": {str(k): v for k, v in _S.gave_up.items()}}
     try:
         _S.store.set(_state_key(_S.engine.rank), json.dumps(state).encode())
     except RingletError:
@@ -274,9 +276,11 @@ def _release(r: int) -> None:
         _S.store.add(f"g{_S.generation - 1}/bye/{_S.world.id}", 1)
 
 
-def _hang_report(tag: int, what) -> str:
-    """Why a collective timed out, learned from the other ranks: who never entered it,
-    who is inside it waiting for whom, who did not report."""
+def _hang_report(tag: int, what, limit: float, giving_up: bool) -> str:
+    """Why a collective timed out after ``limit`` seconds, learned from the other ranks:
+    who never entered it, who is inside it waiting for whom, who gave up on it (timed out),
+    who did not report. ``giving_up``: this rank's call ends here (a blocking call's: not
+    an async call's wait), which it tells them in turn."""
     import json
     collective, seq, group_name, _ = what
     g = next((x for x in _S.groups if x.id == group_of(tag)), None)
@@ -284,7 +288,7 @@ def _hang_report(tag: int, what) -> str:
         return ""
     _S.published = 0.0
     _publish_state(f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
-    time.sleep(min(1.5, _S.timeout / 10))  # let waiting peers publish too
+    time.sleep(min(1.5, limit / 10))  # let waiting peers publish too (the call's own scale)
     lines = []
     for r in g.ranks:
         if r == _S.engine.rank:
@@ -298,11 +302,17 @@ def _hang_report(tag: int, what) -> str:
             continue
         st = json.loads(raw)
         theirs = st["seq"].get(str(g.id), 0)
-        if theirs < seq:
+        if st.get("gave_up", {}).get(str(g.id), 0) >= seq:
+            lines.append(f"rank {r} gave up on it (its own timeout ran out)")
+        elif theirs < seq:
             lines.append(f"rank {r} never entered {collective} #{seq} of group {group_name} "
                          f"(its last call there was #{theirs}; it is in: {st['waiting']})")
         elif st["waiting"]:
             lines.append(f"rank {r} entered it and waits ({st['waiting']})")
+    if giving_up:
+        _S.gave_up[g.id] = seq
+        _S.published = 0.0
+        _publish_state(f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
     return ("; " + "; ".join(lines)) if lines else ""
 
 
@@ -533,6 +543,8 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWor
 
 @profiled("send", blocking=True)
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
+    if timeout is not None:
+        check_timeout(timeout)
     if group is None and _lane("send", dst, tag, buf):
         return
     args = _p2p("send", buf, dst, group, tag)
@@ -543,6 +555,8 @@ def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float
 
 @profiled("recv", blocking=True)
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
+    if timeout is not None:
+        check_timeout(timeout)
     if group is None and _lane("recv", src, tag, buf):
         return src
     args = _p2p("recv", buf, src, group, tag)

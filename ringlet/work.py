@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import PeerFailure
+from .errors import PeerFailure, TimeoutError
 from .profiling import profiled
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
 from .transport import copies
@@ -89,6 +89,8 @@ class Work:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the operation completes; raise its error if it failed.
         ``timeout`` (seconds) defaults to the one given to ``init``."""
+        if timeout is not None:
+            check_timeout(timeout)
         spun, self._spun = self._spun, 0.0
         if not self._done() or self.error is not None:
             eng = self.engine
@@ -166,6 +168,18 @@ class Work:
         peers = sorted(self._waiting_on())
         who = f" waiting for rank(s) {peers}" if peers else ""
         return f"rank {self.engine.rank}: {self.what} timed out after {limit:g} s{who}"
+
+
+def check_timeout(timeout) -> None:
+    """Reject a call's ``timeout`` unless it is a positive number of seconds (None: the
+    job's default), before the call moves anything."""
+    try:
+        ok = not isinstance(timeout, bool) and timeout > 0
+    except TypeError:
+        ok = False
+    if not ok:      # (NaN too: it is not > 0)
+        raise ValueError(f"timeout={timeout!r}: give a positive number of seconds, or None "
+                         f"for the job's default (init's timeout, else RINGLET_TIMEOUT)")
 
 
 class WorkFuture(Future):
@@ -303,6 +317,8 @@ class CollectiveWork(Work):
     """Runs one rank's plan of a schedule: per round, local steps, then post all receives
     and sends; the next round starts when they are all done."""
 
+    _giving_up = False   # a blocking call's wait: a timeout ends the call (wait_or_give_up)
+
     @property
     def _what(self) -> CallId:
         # Made when asked (an error, a hang report, a profile): not on every call.
@@ -413,11 +429,30 @@ class CollectiveWork(Work):
         if not self.done:
             self._end(exc)
 
+    def wait_or_give_up(self, timeout) -> None:
+        """A blocking call's wait. If it times out, the call is over on this rank (its
+        caller has no work to wait on again): later progress must write nothing more into
+        buffers the user has back, and its members must not wait on for this rank. (An
+        async call's ``wait(timeout)`` leaves the work pending instead.)"""
+        self._giving_up = True     # (its hang report tells the peers: _describe_timeout)
+        try:
+            self.wait(timeout)
+        except TimeoutError as exc:
+            eng = self.engine
+            eng.enter()
+            try:
+                if not self.done:
+                    eng.calls.gave_up(self, exc)
+                    eng.flush_aborts()
+            finally:
+                eng.leave()
+            raise
+
     def _describe_timeout(self, limit: float) -> str:
         text = super()._describe_timeout(limit)
         report = self.engine.hang_report
         if report is not None:
-            text += report(self.tag, self._what)
+            text += report(self.tag, self._what, limit, self._giving_up)
         return text
 
     def _end(self, error) -> None:

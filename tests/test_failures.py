@@ -114,6 +114,46 @@ def test_timeout_reports_who_never_entered(tmp_path):
     run(_hang, 4, str(tmp_path / "timed-out"))
 
 
+def _gave_up(rank, path):
+    x = np.full(300_000, float(rank))           # (ring: every rank waits for the late one)
+    rl.all_reduce(x)
+    if rank == 1:                               # late: enters after 0 and 2 gave up
+        _await(f"{path}.0", f"{path}.2")
+    start = time.monotonic()
+    with pytest.raises(rl.TimeoutError) as info:
+        rl.all_reduce(x, timeout=1)
+    took = time.monotonic() - start
+    x[:] = -7.0                                 # the user's again
+    open(f"{path}.{rank}", "w").close()
+    msg = str(info.value)
+    if rank == 1:           # told by the others' ABORTs as it enters, not after its own wait
+        assert "gave up on it (its timeout ran out)" in msg, msg
+        assert took < 0.9, (took, msg)
+    else:   # the report waits for peers a tenth of the call's own timeout, not the job's
+        assert 1 <= took < 1.6, (took, msg)
+    for bad in (0, -1, float("nan"), "1"):      # refused before any byte moves
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            rl.all_reduce(x, timeout=bad)
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            rl.send(x, (rank + 1) % 3, timeout=bad)
+    rl.barrier()
+    y = np.ones(4)
+    rl.all_reduce(y, timeout=30)                # the group goes on
+    assert (y == 3).all()
+    # and the call that timed out wrote nothing more into its buffer meanwhile
+    assert (x == -7.0).all(), np.unique(x)
+
+
+def test_a_timed_out_call_is_over_on_every_rank_and_writes_nothing_after(tmp_path):
+    """A call whose wait times out gives up for good: its receives fail, so later progress
+    (the next calls' waits) writes nothing more into the buffer the user has back, and its
+    members are told (an ABORT): a rank that enters after the others gave up fails at
+    once, saying so. The report of the ranks that timed out waits a tenth of the call's own
+    timeout for its peers' states. A timeout that is not a positive number of seconds is
+    refused."""
+    run(_gave_up, 3, str(tmp_path / "gave-up"))
+
+
 def _straggler(rank, path):
     x = np.ones(100)
     rl.all_reduce(x)

@@ -129,7 +129,8 @@ class CallEvents(Protocol):
                        sender: int) -> None:
         """Rank ``sender`` gave up on call ``tag``: ``culprit`` is the rank whose message
         (``culprit_fp``) disagreed with it, or protocol.DEAD (a member died:
-        ``culprit_fp[0]``) or protocol.STALE (an earlier call, ``culprit_fp[0]``, failed)."""
+        ``culprit_fp[0]``), protocol.STALE (an earlier call, ``culprit_fp[0]``, failed) or
+        protocol.GAVE_UP (its timeout ran out)."""
 
     def peer_failed(self, rank: int, exc: BaseException) -> None:
         """Peer ``rank`` is gone: its process exited, its link broke or it broke the
@@ -167,7 +168,8 @@ class Engine:
         # What the runtime adds, for the collectives it runs on this engine:
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
         self.departed = None        # (ranks) -> those of them that left the job (destroy)
-        self.hang_report = None     # (tag, work.CallId) -> why that call hangs, from its peers
+        self.hang_report = None     # (tag, work.CallId, limit, giving up) -> why that call
+        #                             hangs, from its peers
         self.coll_stats: dict = {}  # collective -> work.CallStats, for rl.stats()
         self.lanes: dict = {}       # collective -> its lanes (C counts their calls: fold_lanes)
         self.sel = selectors.DefaultSelector()

@@ -74,6 +74,7 @@ NO_FP = (0, 0)
 STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was mismatched
 DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 LEFT = 1                 # ... and a DEAD ABORT's second fingerprint word 1: it left the job
+GAVE_UP = 0xFFFFFFFD     # ABORT "culprit" meaning: the sender's timeout for the call ran out
 
 
 class Request:

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .agreement import Agreement
-from .errors import AuthenticationError, RingletError
+from .errors import AuthenticationError, RingletError, TimeoutError
 from .group import MAX_USER_TAG, Group, group_of
 from .ops import as_array
 from .profiling import profiled
@@ -644,8 +644,27 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
             return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
-    work.wait(timeout)
+    try:
+        work.wait(timeout)
+    except TimeoutError as exc:
+        if args[0] == "recv":
+            _withdraw(work, args[1], exc)
+        raise
     return False
+
+
+def _withdraw(work, world: int, exc) -> None:
+    """A blocking receive that timed out, taken back if no message has matched it yet:
+    the message that comes later then goes to the next receive that asks for it, instead
+    of into a buffer the caller has back. (One already arriving lands where it was going.)"""
+    eng = _S.engine
+    eng.enter()
+    try:
+        peer = eng.peers.get(world)
+        if peer is not None and peer.withdraw(work.req):
+            work.req.fail(exc)
+    finally:
+        eng.leave()
 
 
 def _lane(kind: str, peer, tag, buf) -> bool:

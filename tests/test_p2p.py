@@ -338,6 +338,32 @@ def test_timeout_names_operation_group_rank_and_peer():
     run(_timeout, 2)
 
 
+def _late_messages(rank, n):
+    if rank == 0:
+        first = np.full(n, -1.0)
+        with pytest.raises(rl.TimeoutError):
+            rl.recv(first, 1, tag=5, timeout=0.3)
+        rl.send(np.zeros(1), 1, tag=6)           # now send
+        got = [np.zeros(n), np.zeros(n)]
+        for x in got:
+            rl.recv(x, 1, tag=5, timeout=30)
+        # each message went to a receive that asked for it, none to the one that gave up
+        assert [x[0] for x in got] == [1.0, 2.0] and (first == -1).all(), \
+            ([x[0] for x in got], np.unique(first))
+    else:
+        rl.recv(np.zeros(1), 0, tag=6, timeout=30)
+        for v in (1.0, 2.0):
+            rl.send(np.full(n, v), 0, tag=5)
+    rl.barrier()
+
+
+@pytest.mark.parametrize("n", [4, 300_000])
+def test_a_receive_that_timed_out_takes_no_later_message(n, backend):
+    """A blocking receive that times out is withdrawn: the messages sent afterwards reach
+    the receives that ask for them, in order, and not the buffer of the one that gave up."""
+    run(_late_messages, 2, n, backend=backend)
+
+
 def _peer_death(rank, path):
     if rank == 1:                   # dies while rank 0 waits for it in recv
         if hasattr(engine().peers[0], "outbox"):

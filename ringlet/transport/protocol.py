@@ -285,6 +285,17 @@ class Peer:
                 self.awaiting_cts[req.msgid] = req
         self.pump_out()
 
+    def withdraw(self, req: RecvRequest) -> bool:
+        """Take back a posted receive that no message has matched yet (its waiter gave
+        up): True if it was still waiting."""
+        q = self.posted.get(req.tag)
+        if not q or not any(r is req for r in q):
+            return False
+        q.remove(req)
+        if not q:
+            del self.posted[req.tag]
+        return True
+
     def post_recv(self, req: RecvRequest) -> None:
         if self.dead:
             req.fail(self.dead)

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import algorithms, buffers, fingerprint
 from .buffers import locate
+from .errors import CollectiveMismatch
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
 from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
@@ -717,7 +718,8 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
     out_rows = _splits(out_splits, o, p, "out_splits")
     # (np.multiply, not a comprehension over row_i: that would make a cell every call)
     return _all_to_all_v(g, _flat(o), _flat(i), np.multiply(out_rows, row_o).tolist(),
-                         np.multiply(in_rows, row_i).tolist(), algorithm, async_op, timeout, None)
+                         np.multiply(in_rows, row_i).tolist(), algorithm, async_op, timeout, None,
+                         "all_to_all_single")
 
 
 def _splits(splits, arr, p, what):
@@ -736,7 +738,7 @@ def _splits(splits, arr, p, what):
 
 
 def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_op, timeout,
-                  finish):
+                  finish, name="all_to_all"):
     """Uneven all-to-all: first every rank learns the whole split matrix (a small
     all_gather), so inconsistent splits raise on every rank before any data moves. In
     flight, the exchange starts once the matrix is in, numbered now: calls made meanwhile
@@ -750,8 +752,10 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
         bad = np.argwhere(sends != recvs.T)
         if len(bad):
             a, b = bad[0]
-            raise ValueError(f"all_to_all: rank {a} sends {sends[a, b]} elements to rank {b}, "
-                             f"which expects {recvs[b, a]} (check in_splits/out_splits on both)")
+            raise CollectiveMismatch(
+                f"rank {g.rank}: {name} of group {g.name}: ranks disagree on the splits: rank "
+                f"{a} sends {sends[a, b]} elements to rank {b}, which expects {recvs[b, a]} "
+                f"(check {'in_splits/out_splits' if name == 'all_to_all_single' else 'the sizes of the input and output lists'} on both)")
         splits = tuple(tuple(int(x) for x in row) for row in sends)
         bufs = {"in": _separate(flat_in, flat_out), "out": flat_out}
         return _run("all_to_all", g, algorithm, 0, flat_in.dtype, bufs, None, async_op, timeout,

@@ -198,6 +198,27 @@ def _uneven_all_to_all(rank, p, algo, count, dtype, seed):
     np.testing.assert_array_equal(out, np.concatenate(blocks) if blocks else out)
 
 
+def _disagreeing_splits(rank):
+    p = rl.get_world_size()
+    in_splits = [2 if (rank, r) == (1, 0) else 1 for r in range(p)]   # rank 1 sends 0 two
+    x = np.ones((sum(in_splits), 3))
+    out = np.zeros((p, 3))
+    with pytest.raises(rl.CollectiveMismatch, match=r"all_to_all_single of group world: ranks "
+                       r"disagree on the splits: rank 1 sends 6 elements to rank 0, which "
+                       r"expects 3 \(check in_splits/out_splits"):
+        rl.all_to_all_single(out, x, out_splits=[1] * p, in_splits=in_splits)
+    with pytest.raises(rl.CollectiveMismatch, match="the sizes of the input and output lists"):
+        rl.all_to_all([np.zeros(1) for _ in range(p)],
+                      [np.ones(2 if (rank, r) == (1, 0) else 1) for r in range(p)])
+    y = np.ones(3)
+    rl.all_reduce(y, timeout=30)                    # and the group carries on
+    assert (y == p).all()
+
+
+def test_uneven_all_to_all_whose_ranks_disagree_on_the_splits_is_a_mismatch_on_every_rank():
+    run(_disagreeing_splits, 3)
+
+
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
                                         "reduce_scatter", "all_to_all", "gather", "scatter",

@@ -207,7 +207,16 @@ class Agreement:
         return work.what if work is not None else f"collective #{call_number(tag)}"
 
     def _mismatch_error(self, tag, a_fp, a_rank, b_fp, b_rank, reporter=None) -> CollectiveMismatch:
-        text = diff(self.describe_fp(a_fp), self.describe_fp(b_fp), a_rank, b_rank)
+        a, b = self.describe_fp(a_fp), self.describe_fp(b_fp)
+        work = self.active.get(tag)
+        ranks = list(getattr(getattr(work, "group", None), "ranks", None) or ())
+        if ranks != list(range(len(ranks))):
+            # a root is a rank of the group, the ranks named are the world's: say both
+            for d in (a, b):
+                root = d.get("root")
+                if isinstance(root, int) and 0 <= root < len(ranks):
+                    d["root"] = f"{root} (world rank {ranks[root]})"
+        text = diff(a, b, a_rank, b_rank)
         via = f" (reported by rank {reporter})" if reporter is not None else ""
         return CollectiveMismatch(f"{self._call(tag)}: ranks disagree: {text}{via}")
 

@@ -66,6 +66,21 @@ def test_ranks_that_disagree_on_the_root_raise_over_tcp(backend):
     run(_roots_disagree, 3, (_last_rank_differs,), backend=backend)
 
 
+def _subgroup_roots_disagree(rank):
+    g = rl.new_group([1, 2, 3])
+    if rank in (1, 2, 3):
+        with pytest.raises(rl.CollectiveMismatch) as info:
+            rl.broadcast(np.ones(4), src=2 if rank == 3 else 1, group=g, timeout=20)
+        msg = str(info.value)
+        # roots are the group's ranks, the ranks named the world's: both said
+        assert "root=1 (world rank 2)" in msg and "root=2 (world rank 3)" in msg, msg
+    rl.barrier()
+
+
+def test_a_subgroups_root_is_named_with_its_world_rank():
+    run(_subgroup_roots_disagree, 4)
+
+
 def _algorithms_disagree(rank):
     """The last rank runs binomial (barrier first), the others dissemination (data on the
     barrier's messages): both send the same signals in round 0, so every rank raises at

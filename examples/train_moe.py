@@ -57,7 +57,7 @@ def main():
         print(f"the whole step (+ backward dispatch, gate all_reduce): "
               f"{step_price.comm_seconds * 1e3:.3f} ms; compute estimate {comp * 1e3:.3f} ms; "
               f"predicted gamma {step_price.gamma(comp):.3g}")
-        for P in (4, 8, 16, 64):   # seed 004: the job's all-to-all volume grows with P
+        for P in (4, 8, 16, 64):   # the job's all-to-all volume grows with P
             per_rank = price_moe(T, D, k, 2 * P, P, cf, topology="infiniband").bytes_per_rank
             print(f"  P = {P:3d} (2 experts each): {per_rank:,} B per rank, "
                   f"{P * per_rank:,} B for the job per step")
@@ -112,7 +112,7 @@ def main():
         print(f"tokens dropped per step {dropped_total / STEPS:.1f} of {p * T * k}; per rank "
               f"the forward's all-to-all sends {sent_total / STEPS / p * 2:,.0f} B of tokens "
               f"(dispatch + combine; priced worst case {priced.bytes_per_rank:,} B incl. counts); "
-              f"the job's all-to-all volume, p times that, grows with P (seed 004's O(batch*P))")
+              f"the job's all-to-all volume, p times that, grows with P: O(batch * P)")
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def main():
         print("-- priced before it runs (rank 0's calls; the job's profile, named below):")
         print(priced.table())
         # The 2-D job's groups, handed to the placement planner (rl.cost.place) for a
-        # cluster of the seeds' tiers: which host each rank should run on.
+        # cluster of the interconnect tiers: which host each rank should run on.
         from ringlet.cost.place import Comm, place
         tp_groups, across_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
         comms = [Comm(f"tp {k} {c.label}", tp_groups, c.collective, c.nbytes, c.times)

@@ -98,7 +98,7 @@ def _pyplot():
 
 def plan_main(argv=None) -> int:
     """``ringlet plan``: T_comp, T_comm and gamma = T_comm/T_comp for data-parallel steps.
-    With no arguments it prints the textbook's worked example."""
+    With no arguments it prints a worked example (a 7B model, strong scaling)."""
     return _run(_plan_main, argv)
 
 
@@ -109,10 +109,9 @@ def _plan_main(argv) -> int:
         description="Is a data-parallel training step communication-bound? "
                     "T_comp = fppe*P*b/R, T_comm = 2(K-1)/K*g*P/B (+ 2(K-1)*alpha), "
                     "gamma = T_comm/T_comp (the communication-to-computation ratio). With no "
-                    "arguments: the textbook's worked example, strong scaling of a "
+                    "arguments: a worked example, strong scaling of a "
                     "7B-parameter model on A100-class workers (312 TFLOP/s, 600 GB/s) with a "
-                    "global batch of 2048 [1]. "
-                    "[1] Output 4.1.1 of the textbook chapter ringlet's cost model follows.")
+                    "global batch of 2048.")
     ap.add_argument("--params", "-P", type=_floats, default=None,
                     help="parameter count(s), e.g. 7e9 or 1e8,7e8,7e9 (default 7e9)")
     ap.add_argument("--global-batch", "-G", type=int, default=None,
@@ -134,7 +133,7 @@ def _plan_main(argv) -> int:
                     help="FLOPs per parameter per example (6 = forward + backward)")
     ap.add_argument("--models", action="store_true",
                     help="grow the model at a fixed cluster shape (default K=64 workers, b=32 examples "
-                         "each: the textbook's model-size table)")
+                         "each: a model-size table)")
     ap.add_argument("--plot", metavar="FILE.png", default=None,
                     help="plot gamma vs K, strong and weak scaling from the same step")
     a = ap.parse_args(argv)
@@ -352,7 +351,7 @@ def _tiers_main(argv) -> int:
     ap = argparse.ArgumentParser(
         prog="ringlet tiers",
         description="Price one transfer T(n) = alpha + n*beta on each interconnect tier "
-                    "(the textbook's tier table: NVLink, PCIe, InfiniBand, Ethernet) and show "
+                    "(NVLink, PCIe, InfiniBand, Ethernet: representative orders of magnitude) and show "
                     "each tier's crossover n = alpha/beta.")
     ap.add_argument("--bytes", type=_size, default=256 * 1024 ** 2,
                     help="transfer size, e.g. 256MiB, 4K, 1e6 (default 256MiB)")

@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
 exec .venv/bin/ringlet run -n 4 examples/demo.py "$@"

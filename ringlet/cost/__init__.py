@@ -1,6 +1,6 @@
 """ringlet.cost: price a collective before you launch it.
 
-* :mod:`.model` - links, the seeds' tiers, closed forms for every (collective, algorithm)
+* :mod:`.model` - links, the interconnect tiers, closed forms for every (collective, algorithm)
   and the size convention;
 * :mod:`.simulate` - price the very Schedule the runtime runs on a hosts x ranks topology;
 * :mod:`.host` - ``HostModel``: how the ranks of one host spend time (the calibrated terms);

@@ -23,6 +23,7 @@ import numpy as np
 
 from .cost.model import parse_size
 from .ops import dtype_named, fill, values
+from .plotting import output_path
 from .schedule import USER_BUFFERS
 
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
@@ -514,7 +515,7 @@ def main(argv=None) -> int:
                     help="leave ranks unpinned (by default each is pinned to a core when "
                          "there are enough, as mpirun pins Open MPI's)")
     ap.add_argument("--json", help="append one JSON object per row to this file")
-    ap.add_argument("--plot", metavar="FILE.png",
+    ap.add_argument("--plot", metavar="FILE.png", type=output_path,
                     help="save time and bus bandwidth vs size, the model's prediction "
                          "dashed, peers beside (needs matplotlib)")
     a = ap.parse_args(argv)
@@ -524,6 +525,12 @@ def main(argv=None) -> int:
         itemsize = dtype_named(a.dtype).itemsize
     except TypeError:
         ap.error(f"--dtype: unknown dtype {a.dtype!r} (e.g. float32, float16, bfloat16, int64)")
+    if a.op in ("all_reduce", "reduce", "reduce_scatter"):
+        from .ops import ReduceOp, check_op_dtype
+        try:
+            check_op_dtype(ReduceOp.SUM, dtype_named(a.dtype))
+        except TypeError as exc:
+            ap.error(f"--dtype {a.dtype}: {a.op} sums: {exc}")
     try:
         sizes = parse_sizes(a.sizes)
     except ValueError as exc:

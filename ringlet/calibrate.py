@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from .plotting import output_path
 from .transport import fast, limits
 from .cost.model import Link, count_of, format_size, nbytes_of, parse_size
 from .cost.profile import FIT_START, Profile, fit_host, l3_candidates, machine, profile_path
@@ -674,7 +675,7 @@ def main(argv=None) -> int:
                     help="seconds of repetitions per experiment and pass (default 0.1)")
     ap.add_argument("--passes", type=int, default=3,
                     help="interleaved passes over the experiments; the median is kept (3)")
-    ap.add_argument("--output", default=None, help=f"profile path (default {profile_path()})")
+    ap.add_argument("--output", default=None, type=output_path, help=f"profile path (default {profile_path()})")
     ap.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     ap.add_argument("--quick", action="store_true",
                     help="under a minute on a quiet 2-core host instead of several: "

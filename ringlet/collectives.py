@@ -788,7 +788,9 @@ _BARRIER = ("barrier",)     # its key in the lane
 
 
 def _root(root, g: Group, what: str, name: str) -> None:
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < g.size:
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+        raise TypeError(f"{what}: {name}={root!r} must be an int, a rank of {g.name}")
+    if not 0 <= root < g.size:
         raise ValueError(f"{what}: {name}={root!r} is out of range for {g.name} of size {g.size}")
 
 

@@ -289,9 +289,10 @@ def _skip_interpreter(a, ap) -> None:
     interpreter), before any rank starts."""
     named = _interpreter(a.script)
     if os.path.realpath(named) != os.path.realpath(sys.executable):
-        ap.error(f"{a.script!r} is another Python than this launcher's ({sys.executable}); "
-                 f"ranks run under the launcher's: start it with that one instead, "
-                 f"{a.script} -m ringlet run ... SCRIPT")
+        ap.error(f"{a.script!r} ({named}) is another Python than the one this launcher runs "
+                 f"ranks under ({sys.executable}): leave it out (ringlet run -n N SCRIPT "
+                 f"runs SCRIPT under {sys.executable}), or install ringlet in that Python "
+                 f"and start the launcher with it ({a.script} -m ringlet run ...)")
     rest = a.args
     if rest[:1] == ["-m"] and len(rest) > 1:
         a.module, a.script, a.args = True, rest[1], rest[2:]

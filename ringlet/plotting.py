@@ -2,6 +2,22 @@
 from __future__ import annotations
 
 
+def output_path(path: str) -> str:
+    """An argparse ``type`` for a file a command will write (a picture, a profile, a
+    trace): refused at once, not after the work, when its directory is missing or not
+    writable."""
+    import argparse
+    import os
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: there is no directory {where}")
+    if not os.access(where, os.W_OK) or os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: "
+                                         + ("it is a directory" if os.path.isdir(path)
+                                            else f"{where} is not writable"))
+    return path
+
+
 def pyplot():
     """``matplotlib.pyplot`` on the file-only Agg backend, or a ValueError that says how
     to install it (the commands print it as an error and exit 2)."""

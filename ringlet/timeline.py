@@ -20,6 +20,7 @@ import sys
 from collections import defaultdict
 
 from .cost.model import format_size, format_time
+from .plotting import output_path
 
 TRACKS = {"calls": 1, "predicted": 2, "messages": 3}
 
@@ -312,11 +313,13 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="what", required=True)
     m = sub.add_parser("merge", help="one Chrome/Perfetto trace-event JSON for the job")
     m.add_argument("dir")
-    m.add_argument("-o", "--output", default="job.json", help="default job.json")
+    m.add_argument("-o", "--output", default="job.json", type=output_path,
+                   help="default job.json")
     pl = sub.add_parser("plot", help="the timeline as a picture (PNG, SVG or PDF; needs "
                                      "matplotlib)")
     pl.add_argument("dir")
-    pl.add_argument("-o", "--output", default="timeline.png", help="default timeline.png")
+    pl.add_argument("-o", "--output", default="timeline.png", type=output_path,
+                    help="default timeline.png")
     s = sub.add_parser("summary", help="per call: who arrived last, who waited on whom")
     s.add_argument("dir")
     s.add_argument("--calls", type=int, default=20, help="calls listed (default 20)")

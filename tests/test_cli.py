@@ -70,3 +70,19 @@ def test_the_readmes_main_job_runs_and_checks_every_collective():
     assert "WRONG" not in out and "MISMATCH" not in out
     assert "== done: every call worked on every rank" in out
     assert "slowest rank's median of 7 calls" in out and "priced" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["plan", "--plot", "/nonexistent/dir/p.png"], "there is no directory /nonexistent/dir"),
+    (["explain", "all_reduce", "-n", "4", "--plot", "/"], "it is a directory"),
+    (["trace", "plot", ".", "-o", "/nonexistent/t.png"], "there is no directory"),
+    (["bench", "-n", "2", "--sizes", "1K", "--dtype", "complex64"],
+     "all_reduce sums: cannot reduce dtype complex64"),
+], ids=lambda a: " ".join(a)[:30] if isinstance(a, list) else "")
+def test_arguments_that_cannot_work_are_refused_before_any_work(args, says):
+    """A file that cannot be written, a dtype the collective cannot reduce: an argparse
+    error (exit 2, one line), before any rank starts or any table is computed."""
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr

@@ -424,6 +424,9 @@ def _bad(rank):
     x = np.ones(8, np.float32)
     with pytest.raises(ValueError, match="out of range"):
         rl.broadcast(x, src=p)
+    for root in (1.0, True, "1"):               # a rank is an int: said so, not "out of range"
+        with pytest.raises(TypeError, match=r"src=.* must be an int, a rank of world"):
+            rl.broadcast(x, src=root)
     with pytest.raises(ValueError, match="unknown all_reduce algorithm 'rng'.*ring"):
         rl.all_reduce(x, algorithm="rng")
     with pytest.raises(TypeError, match="BAND"):

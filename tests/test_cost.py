@@ -1914,3 +1914,10 @@ def test_a_jobs_copy_of_rank_0s_profile_says_whether_it_was_calibrated(tmp_path)
     path = profile.default_profile().save(tmp_path / "calibrated.json")
     run(_job_profile_says, 2, True, env={"RINGLET_PROFILE": str(path)})
     run(_job_profile_says, 2, False, env={"RINGLET_LINK_RATE": "1gbit"})
+
+
+def test_a_link_given_where_the_topology_goes_prices_a_uniform_topology():
+    s = algs.build("all_reduce", "ring", 4, 1024)
+    want = simulate(s, link="nvlink").time
+    assert simulate(s, TIERS["nvlink"]).time == want
+    assert simulate(s, "nvlink").time == want

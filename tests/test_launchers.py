@@ -272,7 +272,8 @@ def test_ringlet_run_takes_mpiruns_habit_of_naming_the_interpreter_first(tmp_pat
     other.parent.mkdir()
     other.write_text("#!/bin/sh\nexit 1\n")
     other.chmod(0o755)
-    for args, says in (([str(other), str(script)], "another Python than this launcher's"),
+    for args, says in (([str(other), str(script)],
+                        "another Python than the one this launcher runs ranks under"),
                        ([sys.executable, "-u", str(script)], "interpreter options such as '-u'"),
                        ([sys.executable], "no SCRIPT after")):
         proc = subprocess.run(cli + args, capture_output=True, text=True, timeout=60)

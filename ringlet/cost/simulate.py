@@ -195,13 +195,16 @@ def simulate(schedule, topology: Topology | None = None, *, link: Link | str | N
              gamma: float | None = None, shared=()) -> SimResult:
     """Price ``schedule`` (a :class:`ringlet.schedule.Schedule`) on ``topology``.
 
-    ``simulate(s, link="infiniband")`` is shorthand for a uniform topology; ``gamma``
+    ``simulate(s, link="infiniband")`` (or ``simulate(s, TIERS["infiniband"])``) is
+    shorthand for a uniform topology; ``gamma``
     overrides the topology's. ``shared`` names the schedule's buffers that lie in shared
     memory (``rl.empty``): on a :class:`HostModel` their sends above its
     ``zero_copy_min`` are read in place by the receiver (and any buffer's above its
     ``cma_min``, where the transport reads private memory by cross-memory attach). See
     the module docstring for the model."""
     p = int(schedule.p)
+    if isinstance(topology, (Link, str)):      # simulate(s, TIERS["nvlink"]): a link given
+        topology, link = None, topology        # where the topology goes is meant as link=
     if topology is None:
         if link is None:
             raise ValueError("simulate needs a topology (or link=)")

@@ -497,9 +497,10 @@ def main(argv=None) -> int:
     ap.add_argument("--op", default="all_reduce", choices=OPS)
     ap.add_argument("--algo", "--algorithm", default="auto", help="comma-separated algorithm names")
     ap.add_argument("--sizes", default="8:64M:8", help='"8,1K,1M", "8:256M" or "8:256M:4"')
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", help="element type (default float32)")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed calls per size (default: 200 MB worth of the size, 5 to 1000)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--check", action="store_true", help="verify results (#wrong column)")
     ap.add_argument("--zero-copy", action="store_true",
                     help="use rl.empty shared-memory buffers (read in place by local peers)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = """usage: ringlet COMMAND [args]
+USAGE = """usage: ringlet COMMAND [args]     (ringlet --version: which one)
 
 commands:
   run        start ranks of a job (like torchrun):  ringlet run -n 4 script.py [args]
@@ -32,8 +32,18 @@ def main(argv=None) -> int:
 
 
 def _command(argv) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
+        return 0
+    if not argv:                  # (a command is required: usage on stderr, as argparse does)
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv[0] in ("-V", "--version"):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            print(f"ringlet {version('ringlet')}")
+        except PackageNotFoundError:          # (run from a source tree not installed)
+            print("ringlet (not installed: no version)")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":

@@ -531,7 +531,7 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         raise TypeError(f"{what}: dtype {arr.dtype} differs from {like.dtype}")
     if arr.size != p * like.size:
         raise ValueError(f"{what}: expected {p} x {like.size} = {p * like.size} elements "
-                         f"(shape ({p}, *{like.shape})), got {arr.size} (shape {arr.shape})")
+                         f"(shape {(p, *like.shape)}), got {arr.size} (shape {arr.shape})")
     return _flat(arr), None
 
 

@@ -242,9 +242,13 @@ def _run_parser():
                     "and a job token set. SIGTERM, SIGINT and SIGHUP reach every rank; ranks "
                     "die with the launcher.")
     ap.add_argument("-n", "--nproc-per-node", type=int, required=True, help="ranks on this node")
-    ap.add_argument("--nnodes", type=int, default=1)
-    ap.add_argument("--node-rank", type=int, default=0)
-    ap.add_argument("--master-addr", default="127.0.0.1")
+    ap.add_argument("--nnodes", type=int, default=1,
+                    help="nodes in the job, each running this command (default 1)")
+    ap.add_argument("--node-rank", type=int, default=0,
+                    help="this node's index, 0 to nnodes - 1 (default 0: it holds the store)")
+    ap.add_argument("--master-addr", default="127.0.0.1",
+                    help="address of node 0, where the store runs (default 127.0.0.1: one "
+                         "node; give node 0's address on every node of a multi-node job)")
     ap.add_argument("--master-port", type=int, default=0,
                     help="store port (default: a free one; required with --nnodes > 1)")
     ap.add_argument("--backend", choices=("auto", "tcp", "shm"), default=None,
@@ -349,7 +353,8 @@ def run_main(argv) -> int:
             return 0
         local, code = _first_failure(failures, job.reports(), first)
         job.summary(local, _describe_exit(code), stopped, a.grace)
-        return 1
+        # the first failure's own status, as mpirun passes it on (a signal: 128 + it)
+        return code if 0 < code < 256 else 128 - code if code < 0 else 1
     except _Signalled as sig:
         name = signal.Signals(sig.signum).name
         for s in STOP_SIGNALS:      # a second signal: kill at once

@@ -300,9 +300,17 @@ def _staged(t: torch.Tensor):
     return s, back
 
 
-def _reducible(t: torch.Tensor) -> torch.Tensor:
-    """Complex tensors reduce as pairs of reals (SUM, AVG, PREMUL_SUM are elementwise)."""
-    return torch.view_as_real(t) if t.is_complex() else t
+def _reducible(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """Complex tensors reduce as pairs of reals: SUM, AVG and PREMUL_SUM (a SUM here) are
+    elementwise on them; a product or an order is not, and is refused (as torch refuses it
+    for all_reduce itself), before any byte moves."""
+    if not t.is_complex():
+        return t
+    if op not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise ValueError(f"the ringlet backend cannot reduce complex tensors with {op.name}: "
+                         f"only SUM, AVG and PREMUL_SUM (a complex product or order is not "
+                         f"taken part by part)")
+    return torch.view_as_real(t)
 
 
 def _array(t: torch.Tensor):
@@ -532,7 +540,7 @@ class ProcessGroup(dist.ProcessGroup):
             buf, back = t, None
         else:
             buf, back = _staged(t) if big else _dense(t)
-        arr = _array(_reducible(_premul(buf, factor, False)))
+        arr = _array(_reducible(_premul(buf, factor, False), op))
         algorithm, timeout = self._algorithm(t), self._timeout(opts)
         return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
             arr, op, self.group, async_op=a, algorithm=algorithm, timeout=timeout), back)
@@ -543,7 +551,7 @@ class ProcessGroup(dist.ProcessGroup):
         flat = _premul(own.flatten(tensors), factor, False)   # one call for all of them
         algorithm, timeout = self._algorithm(flat), self._timeout(opts)
         return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
-            _reducible(flat), op, self.group, async_op=a, algorithm=algorithm, timeout=timeout),
+            _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm, timeout=timeout),
             own.done(lambda: _unflatten_into(flat, tensors)))
 
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
@@ -554,7 +562,7 @@ class ProcessGroup(dist.ProcessGroup):
         buf = _premul(buf, factor, not mine)
         timeout = self._timeout(opts)
         return self._issue("reduce", opts, tensors, lambda a: C.reduce(
-            _reducible(buf), root, op, self.group, async_op=a, timeout=timeout),
+            _reducible(buf, op), root, op, self.group, async_op=a, timeout=timeout),
             back if mine else None)
 
     def _reduce_scatter(self, out, src, op, opts, result, owned=True, after=None):
@@ -575,10 +583,10 @@ class ProcessGroup(dist.ProcessGroup):
             if after:
                 after()
         if gloo:
-            call = lambda a: C.all_reduce(_reducible(src), op, self.group,  # noqa: E731
+            call = lambda a: C.all_reduce(_reducible(src, op), op, self.group,  # noqa: E731
                                           async_op=a, algorithm="gloo_ring", timeout=timeout)
         else:
-            call = lambda a: C.reduce_scatter(_reducible(buf), _reducible(src),  # noqa: E731
+            call = lambda a: C.reduce_scatter(_reducible(buf, op), _reducible(src, op),  # noqa: E731
                                               op, self.group, async_op=a, timeout=timeout)
         return self._issue("reduce_scatter", opts, result, call,
                            then if gloo or back or after else None)

@@ -143,6 +143,27 @@ def test_every_dtype_and_op(n):
     launch(_every_dtype_and_op, n)
 
 
+def _complex_products_refused(rank, n):
+    x = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    calls = {"reduce": lambda t, op: dist.reduce(t, dst=0, op=op),
+             "reduce_scatter_tensor": lambda t, op: dist.reduce_scatter_tensor(
+                 torch.empty(1, dtype=t.dtype), torch.cat([t[:1]] * n), op=op)}
+    for name, call in calls.items():
+        for op in (R.PRODUCT, R.MIN, R.MAX):
+            t = x.clone()
+            # taken part by part, (1+2j)(1+2j) had come out 1+4j, not -3+4j
+            with pytest.raises(ValueError, match="cannot reduce complex tensors"):
+                call(t, op)
+            assert torch.equal(t, x), (name, op)
+    t = x.clone()
+    dist.all_reduce(t)                                  # SUM: part by part is right
+    assert torch.equal(t, x * n)
+
+
+def test_complex_tensors_are_not_multiplied_or_ordered_part_by_part():
+    launch(_complex_products_refused, 2)
+
+
 def _bfloat16_rounds_as_torch(rank, n):
     g = torch.Generator().manual_seed(7)
     xs = [(torch.randn(4099, generator=g) * torch.randn(4099, generator=g).exp() * 100).bfloat16()

@@ -49,7 +49,9 @@ class Agreement:
         self.active: dict = {}     # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}     # tag -> the error of a call not entered yet
         self.failed: dict = {}     # tags of calls already failed here
-        self.ended: dict = {}      # group id -> the latest of its calls that ended here
+        # tag -> the error of a call a peer gave up on (its timeout) before this rank entered
+        # it, if it ever does: one it finished meanwhile (run whole in C) stands
+        self.given_up: dict = {}
 
     def attach(self, engine) -> None:
         self.engine = engine
@@ -59,7 +61,7 @@ class Agreement:
         """Register a collective; fail it at once if a peer already reported a mismatch
         for its tag, or a message already waiting for it carries another fingerprint."""
         tag, eng = work.tag, self.engine
-        exc = self.aborts.pop(tag, None)
+        exc = self.aborts.pop(tag, None) or self.given_up.pop(tag, None)
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
@@ -87,12 +89,8 @@ class Agreement:
             self.mismatch(tag, work.fp, fp, rank)
 
     def end(self, work) -> None:
-        tag = work.tag
-        if self.active.get(tag) is work:
-            del self.active[tag]
-        group = group_of(tag)
-        if call_number(tag) > call_number(self.ended.get(group, 0)):
-            self.ended[group] = tag
+        if self.active.get(work.tag) is work:
+            del self.active[work.tag]
 
     def gave_up(self, work, exc) -> None:
         """This rank's wait for collective ``work`` timed out (``exc``): the call is over
@@ -118,11 +116,9 @@ class Agreement:
         groups whose id is below ``below``, so the new world starts clean."""
         for work in self.engine.works[:]:
             work.fail(exc)
-        for tags in (self.active, self.aborts, self.failed):
+        for tags in (self.active, self.aborts, self.failed, self.given_up):
             for tag in [t for t in tags if group_of(t) < below]:
                 del tags[tag]
-        for group in [g for g in self.ended if g < below]:
-            del self.ended[group]
         self.engine.retire(below, exc)
 
     # -- the transport's side (CallEvents) -----------------------------------------------
@@ -161,10 +157,9 @@ class Agreement:
                                f"up on it (its timeout ran out); this call's outputs here are "
                                f"undefined")
             if tag not in self.active:
-                # Finished here before the word came (every message it needed had
-                # arrived): it stands. Not entered yet: it fails as it starts.
-                if call_number(tag) > call_number(self.ended.get(group_of(tag), 0)):
-                    _bounded_put(self.aborts, tag, exc)
+                # Not entered yet: it fails as it starts. (Or finished here, every message it
+                # needed having arrived: it stands, and this is never asked for.)
+                _bounded_put(self.given_up, tag, exc)
                 return
         elif culprit == STALE:
             earlier = culprit_fp[0]   # (... or the earlier call's tag)

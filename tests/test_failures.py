@@ -154,6 +154,31 @@ def test_a_timed_out_call_is_over_on_every_rank_and_writes_nothing_after(tmp_pat
     run(_gave_up, 3, str(tmp_path / "gave-up"))
 
 
+def _gave_up_on_a_lane(rank, path):
+    x = np.ones(4)
+    for _ in range(20):                         # repeated: run whole in C (the lane)
+        rl.all_reduce(x)
+    if rank == 1:
+        _await(f"{path}.0", f"{path}.2")
+        try:        # its peers' messages may all be here: then the call stands, else it fails
+            rl.all_reduce(x, timeout=5)
+        except rl.TimeoutError as exc:
+            assert "gave up on it" in str(exc), exc
+    else:
+        with pytest.raises(rl.TimeoutError):
+            rl.all_reduce(x, timeout=0.5)
+        open(f"{path}.{rank}", "w").close()
+    for k in range(5):                          # and nothing of it lingers: no later call fails
+        y = np.full(4, float(rank + k))
+        rl.all_reduce(y, timeout=30)
+        assert (y == 3 * k + 3).all(), (k, y)
+        rl.barrier(timeout=30)
+
+
+def test_a_call_a_peer_gave_up_on_that_finished_here_breaks_no_later_call(tmp_path):
+    run(_gave_up_on_a_lane, 3, str(tmp_path / "gave-up"))
+
+
 def _straggler(rank, path):
     x = np.ones(100)
     rl.all_reduce(x)

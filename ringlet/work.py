@@ -97,7 +97,10 @@ class Work:
             bg = eng.background
             limit = eng.timeout if timeout is None else timeout
             deadline = time.monotonic() + limit
-            done = self._done
+            # Another thread that wants the engine (a future's callback making a blocking
+            # call, the progress thread) gets it between turns of this wait: else a wait on
+            # a peer that waits for that thread's call never ends.
+            done = lambda: self._done() or eng.wanted > 0  # noqa: E731
             eng.enter()
             try:
                 while True:

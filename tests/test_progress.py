@@ -105,8 +105,8 @@ def _uneven_all_to_all_without_wait(rank):
     w = rl.all_to_all([np.empty(1) for _ in range(p)], [np.ones(2) for _ in range(p)],
                       async_op=True)
     _until_done(w, f"rank {rank}: uneven all_to_all with bad splits")
-    assert isinstance(w.get_future().exception(), ValueError)
-    with pytest.raises(ValueError, match="sends 2 elements"):
+    assert isinstance(w.get_future().exception(), rl.CollectiveMismatch)
+    with pytest.raises(rl.CollectiveMismatch, match="sends 2 elements"):
         w.wait()
 
 
@@ -412,3 +412,32 @@ def test_nothing_left_after_destroy(tmp_path):
     proc, _ = ringlet_run(tmp_path, NOTHING_LEFT, n=2)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("clean False") == 2
+
+
+def _callback_calls_while_main_waits(rank, n):
+    p = rl.get_world_size()
+    other = rl.new_group(list(range(p)))
+    for it in range(20):
+        a, b, e = np.full(n, rank + 1.0), np.full(n, rank * 2.0), np.full(n, 3.0)
+        done = threading.Event()
+
+        def blocking_in_callback(_):
+            rl.all_reduce(b, group=other, timeout=20)    # (the progress thread's call)
+            done.set()
+
+        w = rl.all_reduce(a, async_op=True)
+        w.get_future().add_done_callback(blocking_in_callback)
+        for _ in range(3):
+            rl.all_reduce(e, timeout=20)                 # the main thread's, meanwhile
+        w.wait(timeout=20)
+        assert done.wait(20), f"rank {rank} turn {it}: the callback's call never finished"
+        assert (a == p * (p + 1) / 2).all() and (b == p * (p - 1)).all() and \
+            (e == 3.0 * p ** 3).all(), it
+
+
+@pytest.mark.parametrize("n", [3, 1000, 200_000])
+def test_a_callbacks_blocking_call_and_the_main_threads_take_turns(n):
+    """A future's callback makes a blocking call on another group while the main thread
+    waits in blocking calls of its own: the waiting thread hands the engine over between
+    turns (it had held it while asleep, and the ranks waited on each other for ever)."""
+    run(_callback_calls_while_main_waits, 3, n)

@@ -474,6 +474,8 @@ class Engine:
         if not self.lock.acquire(False):
             self.wanted += 1
             try:
+                if self.doorbell is not None:   # a holder asleep in its wait hands over now
+                    self.doorbell.ring()
                 self.lock.acquire()
             finally:
                 self.wanted -= 1

@@ -244,6 +244,13 @@ class Doorbell:
     def fileno(self) -> int:
         return self.r
 
+    def ring(self) -> None:
+        """Wake this rank's own sleeper (another thread of it wants the engine)."""
+        try:
+            os.write(self.w, b"!")
+        except OSError:
+            pass  # full: a wake-up is pending already
+
     def drain(self) -> None:
         try:
             while os.read(self.r, 64):   # (a byte per ring: a small read allocates little)

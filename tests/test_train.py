@@ -795,6 +795,13 @@ def test_pipeline_messages_past_eager(schedule, overlap):
     run(_pipe_job, 3, schedule, 3, overlap, 20000)
 
 
+def test_pipeline_messages_past_tcps_eager_limit_over_tcp():
+    """Activations of 100-150 KiB over TCP without overlap: past TCP's eager limit (64
+    KiB), though within shared memory's, they stay isend (blocking sends of them had
+    deadlocked 1f1b's neighbours, each waiting for the other to receive)."""
+    run(_pipe_job, 3, "1f1b", 4, False, 1000, backend="tcp")
+
+
 def test_pipeline_orders():
     from ringlet.train import Pipeline
 

@@ -15,7 +15,8 @@ Schedules (per rank, m micro-batches, p stages):
 Sends never block (their handles are waited at the end of the step); a rank blocks only
 on a receive it needs now. An activation travels behind a small header with its shape.
 Where nothing can overlap (the ranks fill the host's cores: ``overlap`` as in
-:func:`ringlet.train.pricing.overlaps`) messages that go as one eager packet are sent and
+:func:`ringlet.train.pricing.overlaps`) messages that go as one eager packet on their link
+(shared memory's or TCP's, which is smaller) are sent and
 received by blocking calls, which never wait for the peer's receive, so no progress thread
 takes turns with the compute; larger ones stay isend (a blocking one would wait for its
 receiver, and in 1F1B two neighbours send to each other at once).
@@ -25,8 +26,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import as_array
-from ..runtime import get_rank, irecv, isend, recv, resolve, send
-from ..transport.limits import SHM_EAGER_BYTES
+from ..runtime import engine, get_rank, irecv, isend, recv, resolve, send
+from ..transport.limits import SHM_EAGER_BYTES, TCP_EAGER_BYTES
+from ..transport.shm import ShmPeer
 from .pricing import Call, overlaps, price
 
 _HEADER = 8   # int64s: ndim, then up to 7 dimensions
@@ -110,10 +112,16 @@ class Pipeline:
         return x
 
     def _send(self, buf, dst: int, tag: int, sends: list) -> None:
-        if not self.overlap and buf.nbytes <= SHM_EAGER_BYTES:
+        if not self.overlap and buf.nbytes <= self._eager(dst):
             send(buf, dst, self.group, tag=tag)
         else:
             sends.append(isend(buf, dst, self.group, tag=tag))
+
+    def _eager(self, dst: int) -> int:
+        """The largest message to group rank ``dst`` that goes as one eager packet, so a
+        blocking send of it never waits for the receiver: its link's (TCP's is smaller)."""
+        peer = engine().peers.get(self.group.ranks[dst])
+        return SHM_EAGER_BYTES if isinstance(peer, ShmPeer) else TCP_EAGER_BYTES
 
     def _recv(self, buf, src: int, tag: int) -> None:
         if self.overlap:

@@ -256,6 +256,10 @@ def _dense(t: torch.Tensor):
 # not) - and a DDP bucket, the next time, moves to shared memory for good (_adopted).
 STAGE_MIN = 4 << 20
 _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
+# RINGLET_TORCH_ADOPT=0: never move a storage torch owns (DDP's buckets) into shared memory,
+# which makes it not resizable: for comm hooks that resize the bucket (batched PowerSGD
+# pads it); its all-reduces are then staged, a copy in and out each.
+ADOPT = os.environ.get("RINGLET_TORCH_ADOPT", "1") != "0"
 
 
 def _adopted(t: torch.Tensor) -> bool:
@@ -274,7 +278,7 @@ def _adopted(t: torch.Tensor) -> bool:
         return True
     if st in _seen:
         _seen.discard(st)
-        if st.resizable():   # (nobody took its memory since)
+        if st.resizable() and ADOPT:   # (nobody took its memory since)
             st.share_memory_()
             fd, size = st._share_fd_cpu_()
             buffers.adopt(st.data_ptr(), size, fd, st)

@@ -164,6 +164,35 @@ def test_complex_tensors_are_not_multiplied_or_ordered_part_by_part():
     launch(_complex_products_refused, 2)
 
 
+def _resizing_hook(rank, n):
+    import ringlet.torch as rt
+    rt.ADOPT = False                        # RINGLET_TORCH_ADOPT=0 (read at import)
+
+    def pad_then_reduce(state, bucket):     # as torch's batched PowerSGD pads its bucket
+        t = bucket.buffer()
+        k = t.numel()
+        t.resize_(k + 5)
+        t[k:].zero_()
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0][:k].div_(n))
+
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(16, 1500), nn.ReLU(), nn.Linear(1500, 1500)), bucket_cap_mb=25)
+    model.register_comm_hook(None, pad_then_reduce)
+    for step in range(4):                   # (a bucket was adopted from the second on)
+        model.zero_grad()
+        model(torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    theirs = [torch.empty_like(grads) for _ in range(n)]
+    dist.all_gather(theirs, grads)
+    assert all(torch.equal(grads, g) for g in theirs)
+
+
+def test_a_comm_hook_may_resize_its_bucket_with_adoption_off():
+    launch(_resizing_hook, 2)
+
+
 def _bfloat16_rounds_as_torch(rank, n):
     g = torch.Generator().manual_seed(7)
     xs = [(torch.randn(4099, generator=g) * torch.randn(4099, generator=g).exp() * 100).bfloat16()

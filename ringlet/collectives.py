@@ -545,7 +545,13 @@ def _separate(inp: np.ndarray, out: np.ndarray, own: int | None = None) -> np.nd
         return inp
     if own is not None and _is_block(inp, out, own):
         return inp
-    return inp.copy()
+    if locate(inp) is None:
+        return inp.copy()
+    # an rl.empty input's copy is one too: the kind of buffers decides auto's pick, and
+    # this rank's must be the others' (a plain copy made it pick apart: a mismatch)
+    copy = buffers.empty(inp.shape, inp.dtype)
+    copies.assign(copy, inp)
+    return copy
 
 
 def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:

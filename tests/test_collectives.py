@@ -198,6 +198,27 @@ def _uneven_all_to_all(rank, p, algo, count, dtype, seed):
     np.testing.assert_array_equal(out, np.concatenate(blocks) if blocks else out)
 
 
+def _aliased_shared_input(rank):
+    p, n = rl.get_world_size(), 400_000             # 3.2 MB blocks: auto asks the kind
+    s = rl.empty((p, n), np.float64)
+    s[:] = np.arange(p)[:, None]
+    out = s[rank] if rank == 0 else rl.empty((n,), np.float64)   # the root scatters into it
+    rl.scatter(out, s if rank == 0 else None, src=0)
+    assert (out == rank).all()
+    inp = rl.empty((p, n), np.float64)
+    inp[:] = 1.0
+    out = inp[rank] if rank == 0 else rl.empty((n,), np.float64)
+    rl.reduce_scatter(out, inp)                      # rank 0 into its own input block
+    assert (out == p).all()
+
+
+def test_an_rl_empty_input_aliased_by_its_output_on_one_rank_is_no_mismatch():
+    """An aliased input is copied first; the copy of an rl.empty one is an rl.empty array
+    too, so auto picks on that rank as on the others (a plain copy had made it pick for
+    plain buffers there: CollectiveMismatch, though every rank passed rl.empty)."""
+    run(_aliased_shared_input, 3)
+
+
 def _disagreeing_splits(rank):
     p = rl.get_world_size()
     in_splits = [2 if (rank, r) == (1, 0) else 1 for r in range(p)]   # rank 1 sends 0 two

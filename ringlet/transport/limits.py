@@ -84,7 +84,7 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B) - read by the
   Python engine; read in C not faster either (bench/algorithms_vs_mpi.py --flag
   CROWDED_EAGER_CMA on a tree that had the switch, in blocks each prepared under its own
-  setting, plain and rl.empty, p = 4 640 KiB-1.5 MiB: read whole / two copies 1.06-1.15
+  setting, plain and rl.empty, p = 4 640 KiB-1.5 MiB: read whole / two copies 1.00-1.15
   for all_gather, 0.97-1.72 for all_to_all, slower in 11 of 12 rows; removed).
 
 TCP (tcp.py): TCP_EAGER_BYTES, above which a message goes RTS/CTS/DATA, and

@@ -369,7 +369,8 @@ class CollectiveWork(Work):
                     self.reqs += self._adopt_sends(plan[self.i], resume.pending)
                 self._posted_at = time.perf_counter()
                 self.i += 1
-        self.advance()
+        with np.errstate(all="ignore"):     # (why: Engine.wait)
+            self.advance()
 
     def _done(self) -> bool:
         return self.done

@@ -435,6 +435,39 @@ def _schedule_printable(rank):
     assert "round 0" in text and "r1.buf" in text and s.messages == 2 * 3 * 4
 
 
+def _inf_minus_inf_under_warnings_as_errors(rank, n):
+    import warnings
+    warnings.simplefilter("error")      # as `python -W error` or pytest's filterwarnings
+    p = rl.get_world_size()
+    # Columns whose sum any order of adding gives: inf, NaN, NaN, overflow, -overflow, 10.
+    columns = np.array([[np.inf, 1, 2, 3], [np.inf, -np.inf, 1, 1], [np.nan, 1, 1, 1],
+                        [3e38, 3e38, 0, 0], [-3e38, -3e38, -3e38, 1], [1, 2, 3, 4]],
+                       np.float32)
+    want = np.resize(np.array([np.inf, np.nan, np.nan, np.inf, -np.inf, 10], np.float32), n)
+    mine = lambda: np.resize(columns[:, rank], n)    # noqa: E731
+    same = lambda got, ref: np.array_equal(got, ref, equal_nan=True)    # noqa: E731
+    x = mine()
+    rl.all_reduce(x)
+    assert same(x, want), x[:6]
+    x = mine()
+    rl.all_reduce(x, async_op=True).wait()
+    assert same(x, want), x[:6]
+    x = mine()
+    rl.reduce(x, 0)
+    assert rank != 0 or same(x, want), x[:6]
+    out = np.empty(n // p, np.float32)
+    rl.reduce_scatter(out, mine())
+    assert same(out, want[rank * n // p:(rank + 1) * n // p]), out[:6]
+
+
+@pytest.mark.parametrize("n", [40, 1 << 20])
+def test_infinities_and_nans_reduce_without_a_warning(n, backend):
+    """inf - inf and overflows are what the user asked for (a step of mixed-precision
+    training sees them): no RuntimeWarning, which a job running with warnings as errors
+    turned into a rank dead mid-call."""
+    run(_inf_minus_inf_under_warnings_as_errors, 4, n, backend=backend)
+
+
 def test_schedule_is_inspectable():
     _schedule_printable(0)
 

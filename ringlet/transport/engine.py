@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Protocol
 
+import numpy as np
+
 from ..buffers import RemoteMaps
 from ..errors import AuthenticationError, RingletError, TimeoutError
 from ..rendezvous import handshake_client, handshake_server, local_address_towards, wait_for_ranks
@@ -530,6 +532,13 @@ class Engine:
         twice as long lost to other processes)."""
         if done():
             return
+        # Reductions of inf and NaN give what the user asked for: no floating-point warning
+        # (one made an error, as `-W error` does, killed a rank mid-call). Every driver of
+        # reductions ignores them: here, a call's posting and the transport's threads.
+        with np.errstate(all="ignore"):
+            self._wait(done, timeout, describe, peers, spun)
+
+    def _wait(self, done, timeout, describe, peers, spun) -> None:
         limit = self.timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = start + limit

@@ -18,9 +18,9 @@ there the engine's setup of each call cost 110-190 us of a p = 2 8 MiB all_gathe
 (docs/results.md, "Where the p = 2 8 MiB plain rows lose").
 
 The extension is optional: without a compiler the runtime runs everything in Python.
-RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out). Reductions in C do not
-consult NumPy's floating-point error state: under np.errstate(over="raise") a small float
-all_reduce that overflows gives inf, as MPI's would, instead of raising.
+RINGLET_NO_FASTPATH=1 turns it off (to compare, or to rule it out). Reductions, in C as in
+the engine, ignore NumPy's floating-point error state: under np.errstate(over="raise") a
+float all_reduce that overflows gives inf, as MPI's would, instead of raising.
 """
 from __future__ import annotations
 

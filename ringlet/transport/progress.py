@@ -21,6 +21,8 @@ import selectors
 import threading
 import time
 
+import numpy as np
+
 from ..errors import RingletError
 
 log = logging.getLogger("ringlet")
@@ -106,6 +108,7 @@ class Progress:
         self.thread.start()
 
     def _main(self) -> None:
+        np.seterr(all="ignore")     # this thread's reductions (why: Engine.wait)
         try:
             self._loop()
         except BaseException as exc:   # a bug: hand the works back to their waiters

@@ -737,6 +737,7 @@ class Threads:
         return True
 
     def _read(self) -> None:
+        np.seterr(all="ignore")     # this thread's reductions (why: Engine.wait)
         head = bytearray(THEAD.size)
         try:
             while True:

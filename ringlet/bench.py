@@ -529,7 +529,8 @@ def main(argv=None) -> int:
     if a.op in ("all_reduce", "reduce", "reduce_scatter"):
         from .ops import ReduceOp, check_op_dtype
         try:
-            check_op_dtype(ReduceOp.SUM, dtype_named(a.dtype))
+            if dtype_named(a.dtype).kind != "c":    # (complex numbers sum)
+                check_op_dtype(ReduceOp.SUM, dtype_named(a.dtype))
         except TypeError as exc:
             ap.error(f"--dtype {a.dtype}: {a.op} sums: {exc}")
     try:

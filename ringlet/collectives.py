@@ -13,7 +13,7 @@ from .buffers import locate
 from .errors import CollectiveMismatch
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
-from .ops import ReduceOp, as_array, as_op, average, check_op_dtype, reducer
+from .ops import ReduceOp, as_array, as_op, as_real, average, check_op_dtype, reducer
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
 from .transport.shm import ZERO_COPY_MIN, ShmPeer
@@ -413,6 +413,8 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
     if type(op) is not ReduceOp:
         op = as_op(op)
     arr = as_array(buf, "all_reduce buffer", True)
+    if arr.dtype.kind == "c":       # (its lane key, of the complex dtype, never opens)
+        arr, lane = as_real(arr, op, "all_reduce"), None
     flat = arr if arr.ndim == 1 else arr.reshape(-1)
     # (op and dtype are checked with the plan, once per kind of call: _prepare)
     return _run("all_reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
@@ -480,6 +482,8 @@ def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
     op = as_op(op)
     _root(dst, g, "reduce", "dst")
     arr = _writable(buf, "reduce buffer") if g.rank == dst else as_array(buf, "reduce buffer")
+    if arr.dtype.kind == "c":
+        arr, lane = as_real(arr, op, "reduce"), None
     flat = _flat(arr)
     finish = _averager(op, flat, g) if g.rank == dst else None
     return _run("reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
@@ -591,6 +595,11 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
     _check_algorithm(algorithm)
     op = as_op(op)
     o = _writable(out, "reduce_scatter output")
+    if o.dtype.kind == "c":
+        o, lane = as_real(o, op, "reduce_scatter"), None
+        inp = [as_real(as_array(a, f"reduce_scatter input[{i}]"), op, "reduce_scatter")
+               for i, a in enumerate(inp)] if isinstance(inp, (list, tuple)) \
+            else as_real(as_array(inp, "reduce_scatter input"), op, "reduce_scatter")
     check_op_dtype(op, o.dtype)
     flat_in, done = _blocks(inp, g.size, o, "reduce_scatter input", False)
     flat_out = _flat(o)

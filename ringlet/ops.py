@@ -104,13 +104,24 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Reject an op that makes no sense for the dtype (BAND on floats, AVG on integers)."""
     kind = "f" if dtype == BFLOAT16 else dtype.kind
     if kind not in "biuf":
-        raise TypeError(f"cannot reduce dtype {dtype}: only bool, integer and float arrays reduce")
+        raise TypeError(f"cannot reduce dtype {dtype}: only bool, integer, float and (with SUM "
+                        f"or AVG) complex arrays reduce")
     if op in _BITWISE and kind == "f":
         raise TypeError(f"ReduceOp.{op.name} needs an integer or bool dtype, not {dtype}; "
                         f"use SUM/PROD/MIN/MAX/AVG for floats")
     if op is ReduceOp.AVG and kind != "f":
         raise TypeError(f"ReduceOp.AVG needs a float dtype, not {dtype}; "
                         f"reduce with SUM and divide, or cast to float first")
+
+
+def as_real(arr: np.ndarray, op: ReduceOp, what: str) -> np.ndarray:
+    """A complex array, flat, as its (real, imaginary) pairs: SUM and AVG act on each part
+    alone (as torch's backends reduce complex tensors). A product or an order of complex
+    numbers is not taken part by part, and is refused (as torch refuses it)."""
+    if op is not ReduceOp.SUM and op is not ReduceOp.AVG:
+        raise TypeError(f"{what}: cannot reduce complex dtype {arr.dtype} with ReduceOp."
+                        f"{op.name}; only SUM and AVG reduce complex numbers")
+    return arr.reshape(-1).view(arr.real.dtype)
 
 
 def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:

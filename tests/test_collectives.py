@@ -468,6 +468,42 @@ def test_infinities_and_nans_reduce_without_a_warning(n, backend):
     run(_inf_minus_inf_under_warnings_as_errors, 4, n, backend=backend)
 
 
+def _complex_sums(rank, n):
+    p = rl.get_world_size()
+    mine = lambda r, dt: (np.arange(n) * (r + 1) + 1j * (np.arange(n) - r)).astype(dt)  # noqa
+    for dt in (np.complex64, np.complex128):
+        want = sum(mine(r, dt) for r in range(p))
+        x = mine(rank, dt).reshape(-1, 1)            # (any shape)
+        rl.all_reduce(x)
+        assert np.array_equal(x.reshape(-1), want)
+        x = mine(rank, dt)
+        rl.all_reduce(x, op=rl.ReduceOp.AVG, async_op=True).wait()
+        assert np.allclose(x, want / p)
+        x = mine(rank, dt)
+        rl.reduce(x, 1)
+        assert np.array_equal(x, want if rank == 1 else mine(rank, dt))
+        m = n // p
+        out = np.empty(m, dt)
+        rl.reduce_scatter(out, mine(rank, dt)[:p * m].reshape(p, m))
+        assert np.array_equal(out, want[rank * m:(rank + 1) * m])
+        rl.reduce_scatter(out, list(mine(rank, dt)[:p * m].reshape(p, m)))
+        assert np.array_equal(out, want[rank * m:(rank + 1) * m])
+        x = mine(rank, dt)
+        with pytest.raises(TypeError, match="complex.*PRODUCT|complex.*PROD"):
+            rl.all_reduce(x, op=rl.ReduceOp.PROD)
+        with pytest.raises(TypeError, match="complex.*MAX"):
+            rl.reduce_scatter(out, mine(rank, dt)[:p * m].reshape(p, m), op="max")
+        assert np.array_equal(x, mine(rank, dt))
+    rl.barrier()        # (a refused call took no sequence number on any rank)
+
+
+@pytest.mark.parametrize("n", [6, 1 << 18])
+def test_complex_arrays_sum_and_average_and_refuse_products(n):
+    """Complex NumPy arrays reduce with SUM and AVG, as the torch backend reduces complex
+    tensors; PROD, MIN and MAX are refused before any byte moves."""
+    run(_complex_sums, 3, n)
+
+
 def test_schedule_is_inspectable():
     _schedule_printable(0)
 

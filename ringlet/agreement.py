@@ -61,7 +61,9 @@ class Agreement:
         """Register a collective; fail it at once if a peer already reported a mismatch
         for its tag, or a message already waiting for it carries another fingerprint."""
         tag, eng = work.tag, self.engine
-        exc = self.aborts.pop(tag, None) or self.given_up.pop(tag, None)
+        exc = self.aborts.pop(tag, None)
+        if exc is None and tag in self.given_up:
+            exc = self._gave_up(work.what, self.given_up.pop(tag))
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
@@ -153,14 +155,12 @@ class Agreement:
             if tag in self.failed:   # a call in flight here: it failed with the rest
                 return
         elif culprit == GAVE_UP:
-            exc = TimeoutError(f"rank {self.engine.rank}: {self._call(tag)}: rank {sender} gave "
-                               f"up on it (its timeout ran out); this call's outputs here are "
-                               f"undefined")
             if tag not in self.active:
                 # Not entered yet: it fails as it starts. (Or finished here, every message it
                 # needed having arrived: it stands, and this is never asked for.)
-                _bounded_put(self.given_up, tag, exc)
+                _bounded_put(self.given_up, tag, sender)
                 return
+            exc = self._gave_up(self.active[tag].what, sender)
         elif culprit == STALE:
             earlier = culprit_fp[0]   # (... or the earlier call's tag)
             exc = CollectiveMismatch(
@@ -197,6 +197,10 @@ class Agreement:
                 self._fail_collective(work.tag, dead)
 
     # -- what fails, and how -------------------------------------------------------------
+    def _gave_up(self, what: str, sender: int) -> TimeoutError:
+        return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
+                            f"timeout ran out); this call's outputs here are undefined")
+
     def _call(self, tag: int) -> str:
         work = self.active.get(tag)
         return work.what if work is not None else f"collective #{call_number(tag)}"

@@ -119,15 +119,19 @@ def _gave_up(rank, path):
     rl.all_reduce(x)
     if rank == 1:                               # late: enters after 0 and 2 gave up
         _await(f"{path}.0", f"{path}.2")
+        rl.recv(np.empty(1), 0)                 # (which it hears of before it enters)
     start = time.monotonic()
     with pytest.raises(rl.TimeoutError) as info:
         rl.all_reduce(x, timeout=1)
     took = time.monotonic() - start
     x[:] = -7.0                                 # the user's again
+    if rank == 0:
+        rl.send(np.zeros(1), 1)
     open(f"{path}.{rank}", "w").close()
     msg = str(info.value)
     if rank == 1:           # told by the others' ABORTs as it enters, not after its own wait
         assert "gave up on it (its timeout ran out)" in msg, msg
+        assert "all_reduce #2 of group world" in msg, msg      # (not yet entered: named)
         assert took < 0.9, (took, msg)
     else:   # the report waits for peers a tenth of the call's own timeout, not the job's
         assert 1 <= took < 1.6, (took, msg)

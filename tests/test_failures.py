@@ -158,6 +158,41 @@ def test_a_timed_out_call_is_over_on_every_rank_and_writes_nothing_after(tmp_pat
     run(_gave_up, 3, str(tmp_path / "gave-up"))
 
 
+def _read_late(rank, path, size):
+    from ringlet.transport import cma
+    n = size // 8
+    inp, out = np.full((2, n), rank + 1.0), np.zeros((2, n))
+    if rank == 1:                               # its read of rank 0's message starts late
+        real = cma.read
+
+        def late_read(pid, addr, dst):
+            if dst.nbytes >= 1 << 20:
+                _await(f"{path}.0")             # rank 0 gave up and wrote its buffer
+            return real(pid, addr, dst)
+        cma.read = late_read
+        try:
+            rl.all_to_all(out, inp, algorithm="direct", timeout=20)
+            got = f"completed with {np.unique(out[0])} from rank 0"
+        except rl.TimeoutError as exc:
+            got = str(exc)
+        assert "rank 0 gave up on it" in got, got
+    else:
+        with pytest.raises(rl.TimeoutError):    # rank 1 read nothing of ours in time
+            rl.all_to_all(out, inp, algorithm="direct", timeout=0.5)
+        inp[:] = -99.0                          # the user's again: then it says so
+        open(f"{path}.0", "w").close()
+    rl.barrier()
+
+
+def test_a_peer_reading_a_message_after_its_sender_gave_up_fails(tmp_path):
+    """A rank that reads a message in place (here by CMA) from a sender that has since
+    given up the call, and whose user has written the buffer again, must not complete
+    with those bytes: the ABORT its sender sent before returning is heard before the call
+    completes. (Rank 0's own message was read and answered in time.) In the Python
+    engine, where the read can be held back; C reads at once."""
+    run(_read_late, 2, str(tmp_path / "late"), 8 << 20, env={"RINGLET_NO_FASTPATH": "1"})
+
+
 def _gave_up_on_a_lane(rank, path):
     x = np.ones(4)
     for _ in range(20):                         # repeated: run whole in C (the lane)

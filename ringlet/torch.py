@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import os
+import sys
 import threading
 import weakref
 
@@ -257,18 +259,20 @@ def _dense(t: torch.Tensor):
 STAGE_MIN = 4 << 20
 _seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
 # RINGLET_TORCH_ADOPT=0: never move a storage torch owns (DDP's buckets) into shared memory,
-# which makes it not resizable: for comm hooks that resize the bucket (batched PowerSGD
-# pads it); its all-reduces are then staged, a copy in and out each.
+# which makes it not resizable; its all-reduces are then staged, a copy in and out each.
+# (Buckets a Python comm hook passes to dist.all_reduce are never moved: a hook may resize
+# its bucket, as torch's batched PowerSGD pads it.)
 ADOPT = os.environ.get("RINGLET_TORCH_ADOPT", "1") != "0"
+_C10D_ALL_REDUCE = inspect.unwrap(dist.all_reduce).__code__   # (under torch's logging wrapper)
 
 
-def _adopted(t: torch.Tensor) -> bool:
+def _adopted(t: torch.Tensor, may_move: bool = True) -> bool:
     """Whether contiguous ``t`` lies in shared memory a local peer reads in place: rl.empty's,
     torch's (``t.share_memory_()``), or a storage a backward pass all-reduced before (DDP's
     buckets, reused every step), moved there now by torch's ``share_memory_`` - in place, so
-    every tensor viewing it stays valid. Not one whose memory was handed out meanwhile
-    (``.numpy()``, ``from_numpy``: then torch marks it not resizable), nor a storage mostly
-    of other tensors."""
+    every tensor viewing it stays valid - if ``may_move``. Not one whose memory was handed
+    out meanwhile (``.numpy()``, ``from_numpy``: then torch marks it not resizable), nor a
+    storage mostly of other tensors."""
     st = t.untyped_storage()
     fd_sharing = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
     if st.is_shared() and fd_sharing:
@@ -278,7 +282,7 @@ def _adopted(t: torch.Tensor) -> bool:
         return True
     if st in _seen:
         _seen.discard(st)
-        if st.resizable() and ADOPT:   # (nobody took its memory since)
+        if st.resizable() and ADOPT and may_move:   # (nobody took its memory since)
             st.share_memory_()
             fd, size = st._share_fd_cpu_()
             buffers.adopt(st.data_ptr(), size, fd, st)
@@ -540,7 +544,9 @@ class ProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         op, factor = _op(opts.reduceOp)
         big = self.in_place and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
-        if big and t.is_contiguous() and _adopted(t):
+        # (a bucket DDP's reducer all-reduces itself, called from C++: one a Python comm
+        # hook passes, through torch's API, it may resize - batched PowerSGD pads it)
+        if big and t.is_contiguous() and _adopted(t, sys._getframe(1).f_code is not _C10D_ALL_REDUCE):
             buf, back = t, None
         else:
             buf, back = _staged(t) if big else _dense(t)

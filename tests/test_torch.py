@@ -165,9 +165,6 @@ def test_complex_tensors_are_not_multiplied_or_ordered_part_by_part():
 
 
 def _resizing_hook(rank, n):
-    import ringlet.torch as rt
-    rt.ADOPT = False                        # RINGLET_TORCH_ADOPT=0 (read at import)
-
     def pad_then_reduce(state, bucket):     # as torch's batched PowerSGD pads its bucket
         t = bucket.buffer()
         k = t.numel()
@@ -176,20 +173,31 @@ def _resizing_hook(rank, n):
         fut = dist.all_reduce(t, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0][:k].div_(n))
 
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(16, 1500), nn.ReLU(), nn.Linear(1500, 1500)), bucket_cap_mb=25)
-    model.register_comm_hook(None, pad_then_reduce)
-    for step in range(4):                   # (a bucket was adopted from the second on)
-        model.zero_grad()
-        model(torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))).sum().backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    theirs = [torch.empty_like(grads) for _ in range(n)]
-    dist.all_gather(theirs, grads)
-    assert all(torch.equal(grads, g) for g in theirs)
+    import ringlet.torch as rt
+    adopted, real = [], rt._adopted
+    rt._adopted = lambda t, may_move=True: adopted.append(real(t, may_move)) or adopted[-1]
+    for hook in (None, pad_then_reduce):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(16, 1500), nn.ReLU(), nn.Linear(1500, 1500)),
+            bucket_cap_mb=25)
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        adopted.clear()
+        for step in range(4):               # (the reducer's bucket is moved from the 3rd on)
+            model.zero_grad()
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
+            model(x).sum().backward()
+        assert any(adopted) == (hook is None), (hook, adopted)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        theirs = [torch.empty_like(grads) for _ in range(n)]
+        dist.all_gather(theirs, grads)
+        assert all(torch.equal(grads, g) for g in theirs)
 
 
-def test_a_comm_hook_may_resize_its_bucket_with_adoption_off():
+def test_a_comm_hook_may_resize_its_bucket():
+    """A bucket a Python comm hook all-reduces is never moved into shared memory (where it
+    could not be resized): it is staged, a copy in and out. The reducer's own is moved."""
     launch(_resizing_hook, 2)
 
 

@@ -837,14 +837,15 @@ def _replay(used, rounds, actors):
     return hist[-1]
 
 
-def _ps_job(rank, staleness, flag_dir):
+def _ps_job(rank, staleness, flag_dir, calls=1, reuse=False):
     import os
     from ringlet import train
     rounds = 6
     ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
     if rank == 0:
         with rl.profile() as prof:
-            ps.learn(rounds, _update)
+            for _ in range(calls):          # learn(6), or learn(2) three times: the same
+                ps.learn(rounds // calls, _update)
         if staleness == 0:    # the price names the calls a round makes
             want = {}
             for c in ps.calls(3):
@@ -858,21 +859,62 @@ def _ps_job(rank, staleness, flag_dir):
         if flag_dir:   # the straggler's first round was made while actor 2 ran s rounds ahead
             assert (2, 2, 0) in ps.used_versions
     else:
+        rows = {}
+
         def generate(w, c):
             if flag_dir and rank == 1 and c == 0:     # a straggler: waits for actor 2 ...
                 while not os.path.exists(os.path.join(flag_dir, "ahead")):
                     time.sleep(0.001)
             if flag_dir and rank == 2 and c == staleness:   # ... to be s rounds ahead
                 open(os.path.join(flag_dir, "ahead"), "w").close()
-            return _experience(w, c, rank)
+            e = _experience(w, c, rank)
+            if not reuse:
+                return e
+            buf = rows.setdefault(e.shape, np.empty(e.shape))   # one array, filled again
+            buf[...] = e
+            return buf
         import time
-        ps.act(rounds, generate)
-        assert ps.version == rounds - 1
+        for _ in range(calls):
+            ps.act(rounds // calls, generate)
+        # bounded staleness: the actors end with the learner's last version too
+        assert ps.version == (rounds if staleness else rounds - 1)
+    if staleness:
+        final = ps.weights.copy()
+        rl.broadcast(final, 0)
+        np.testing.assert_array_equal(ps.weights, final)
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 3])
 def test_parameter_server_rounds(staleness):
     run(_ps_job, 3, staleness, None)
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_parameter_server_rounds_over_several_calls_from_a_reused_array(staleness):
+    """learn(2) and act(2) three times run what learn(6) and act(6) run (rounds, versions
+    and tags go on from the last call), and an actor whose generate fills the same array
+    every round sends each round's rows (they go while it generates the next)."""
+    run(_ps_job, 3, staleness, None, 3, True)
+
+
+def _ps_large_rows_from_one_array(rank):
+    from ringlet import train
+    ps = train.ParameterServer(np.zeros(4), width=1, staleness=1)
+    if rank == 0:
+        seen = []
+        ps.learn(4, lambda w, exps: seen.append(sorted({float(v) for e in exps for v in e[:, 0]})))
+        assert seen == [[c * 10.0 + a for a in (1, 2)] for c in range(4)], seen
+    else:
+        buf = np.empty((200_000, 1))                    # 1.6 MB: read from this array in place
+
+        def generate(w, c):
+            buf[...] = c * 10.0 + rank
+            return buf
+        ps.act(4, generate)
+
+
+def test_parameter_server_sends_each_rounds_rows_though_generate_reuses_its_array():
+    run(_ps_large_rows_from_one_array, 3)
 
 
 def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):

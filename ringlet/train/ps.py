@@ -17,6 +17,9 @@ experience from every actor, updates, and the weights become version c + 1.
     ps = ParameterServer(weights, width=3, staleness=2)
     if rank == 0: ps.learn(rounds, update)            # update(weights, [exp per actor])
     else:         ps.act(rounds, generate)             # generate(weights, round) -> rows
+
+Calls may repeat (learn(2) three times runs what learn(6) runs: rounds go on). With
+staleness, every actor ends a call holding the learner's newest version.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class ParameterServer:
         self.width, self.s, self.learner = int(width), int(staleness), learner
         self.actors = [r for r in range(g.size) if r != learner]
         self.version = 0
+        self.rounds = 0                # rounds run so far: calls of learn / act go on from there
         self.blocked_seconds = 0.0     # actor: waiting for weights (or the round's collectives)
         self.used_versions: list = []  # learner: (round, actor, version its experience used)
         self._pending: list = []       # learner: (snapshot, its sends) not yet known to be done
@@ -56,7 +60,8 @@ class ParameterServer:
         """Run ``rounds`` rounds: collect every actor's experience, ``update(weights, exps)``
         (exps: one (n, width) array per actor, in actor order), publish the new version."""
         self._check_role(True)
-        for c in range(rounds):
+        first = self.rounds
+        for c in range(first, first + rounds):
             if self.s == 0:
                 broadcast(self.weights, self.learner, self.group)
                 exps = self._gather(np.empty((0, self.width), self.weights.dtype))
@@ -65,8 +70,9 @@ class ParameterServer:
                 exps = [self._recv_experience(a, c) for a in self.actors]
             update(self.weights, exps)
             self.version = c + 1
-            if self.s and c + 1 < rounds:
+            if self.s:      # (the last too: the actors end with it, and go on from it)
                 self._publish()
+        self.rounds = first + rounds
         if self.s:
             for lent, sends in self._pending:
                 for w in sends:
@@ -118,16 +124,18 @@ class ParameterServer:
         """Run ``rounds`` rounds of ``generate(weights, round) -> (n, width) rows``."""
         self._check_role(False)
         sends, nxt = [], None
-        for c in range(rounds):
+        first, end = self.rounds, self.rounds + rounds
+        for c in range(first, end):
             if self.s == 0:
                 t = time.perf_counter()
                 broadcast(self.weights, self.learner, self.group)
                 self.blocked_seconds += time.perf_counter() - t
                 self.version = c
             else:
-                nxt = self._newest(nxt, need=c - self.s, last=rounds - 1)
-            rows = np.ascontiguousarray(as_array(generate(self.weights, c), "experience"),
-                                        self.weights.dtype)
+                nxt = self._newest(nxt, need=c - self.s, last=end)
+            rows = as_array(generate(self.weights, c), "experience")
+            # (sent while generate goes on: a copy, in case it fills the same array again)
+            rows = np.array(rows, self.weights.dtype, order="C", copy=True if self.s else None)
             if rows.ndim != 2 or rows.shape[1] != self.width:
                 raise ValueError(f"rank {get_rank()}: experience must have shape (n, {self.width}), "
                                  f"got {rows.shape}")
@@ -140,7 +148,8 @@ class ParameterServer:
                 sends += [isend(head, self.learner, self.group, tag=2 * c + 1),
                           isend(rows, self.learner, self.group, tag=(1 << 39) + c)]
         if self.s:
-            self._newest(nxt, need=rounds - 1, last=rounds - 1)   # every version sent to us
+            self._newest(nxt, need=end, last=end)   # every version sent to us: the newest
+        self.rounds = end
         for w in sends:
             w.wait()
 

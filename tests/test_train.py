@@ -742,11 +742,32 @@ class _Dense:
         return dy @ self.W.T
 
 
+class _DenseReusing(_Dense):
+    """_Dense returning its activations and gradients in one array per shape, written
+    again each micro-batch (as a stage with preallocated outputs does)."""
+
+    def __init__(self, W, act):
+        super().__init__(W, act)
+        self.outs = {}
+
+    def _out(self, a, kind):
+        out = self.outs.setdefault((kind, a.shape), np.empty_like(a))
+        out[...] = a
+        return out
+
+    def forward(self, x):
+        y, ctx = super().forward(x)
+        return self._out(y, "y"), ctx
+
+    def backward(self, ctx, dy):
+        return self._out(super().backward(ctx, dy), "dx")
+
+
 def _mse(y, t):
     return 0.5 * float(((y - t) ** 2).sum()), y - t
 
 
-def _pipe_job(rank, schedule, m, overlap=None, rows=1):
+def _pipe_job(rank, schedule, m, overlap=None, rows=1, reuse=False):
     from ringlet import train
     p = rl.get_world_size()
     dims = [5, 7, 6, 4, 3][:p + 1]
@@ -754,7 +775,7 @@ def _pipe_job(rank, schedule, m, overlap=None, rows=1):
     rng = np.random.default_rng(11)
     xs = [rng.standard_normal(((2 + i % 2) * rows, dims[0])) for i in range(m)]   # uneven
     ts = [rng.standard_normal((len(x), dims[-1])) for x in xs]
-    stage = _Dense(Ws[rank].copy(), rank < p - 1)
+    stage = (_DenseReusing if reuse else _Dense)(Ws[rank].copy(), rank < p - 1)
     pipe = train.Pipeline(stage, m, schedule=schedule, loss=_mse, overlap=overlap)
     for _ in range(2):        # two steps: tags and buffers are reused
         losses = pipe.step(xs if rank == 0 else None, ts if rank == p - 1 else None)
@@ -793,6 +814,25 @@ def test_pipeline_messages_past_eager(schedule, overlap):
     neighbours send to each other at once: with blocking sends 1f1b hangs here), small
     ones (the headers) go by blocking send."""
     run(_pipe_job, 3, schedule, 3, overlap, 20000)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_stages_may_return_the_same_array_every_time(schedule):
+    """A stage that returns its 2-3 MB activations and gradients in one array per shape,
+    written again each micro-batch: what went by isend is a copy (it was read from that
+    array later, holding a later micro-batch's values)."""
+    run(_pipe_job, 3, schedule, 4, True, 20000, True)
+
+
+def _pipe_disagree(rank):
+    from ringlet import train
+    m = 4 if rank == 1 else 3
+    with pytest.raises(ValueError, match="stages disagree.*stage 1: micro_batches=4"):
+        train.Pipeline(_Dense(np.eye(2), True), m, loss=_mse)
+
+
+def test_pipeline_stages_that_disagree_on_micro_batches_raise_at_once():
+    run(_pipe_disagree, 2)
 
 
 def test_pipeline_messages_past_tcps_eager_limit_over_tcp():

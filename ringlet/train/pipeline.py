@@ -12,8 +12,9 @@ Schedules (per rank, m micro-batches, p stages):
 * ``"1f1b"``: p - r - 1 forwards to fill the pipe, then one forward and one backward in
   turn, then the remaining backwards; holds at most p - r micro-batches' activations.
 
-Sends never block (their handles are waited at the end of the step); a rank blocks only
-on a receive it needs now. An activation travels behind a small header with its shape.
+Sends never block (their handles are waited at the end of the step; what they send is a
+copy, so a stage may return the same array every time); a rank blocks only on a receive it
+needs now. An activation travels behind a small header with its shape.
 Where nothing can overlap (the ranks fill the host's cores: ``overlap`` as in
 :func:`ringlet.train.pricing.overlaps`) messages that go as one eager packet on their link
 (shared memory's or TCP's, which is smaller) are sent and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives import all_gather
 from ..ops import as_array
 from ..runtime import engine, get_rank, irecv, isend, recv, resolve, send
 from ..transport.limits import SHM_EAGER_BYTES, TCP_EAGER_BYTES
@@ -50,7 +52,26 @@ class Pipeline:
         self.first, self.last = self.group.rank == 0, self.group.rank == self.group.size - 1
         if self.last and loss is None:
             raise ValueError("the last stage's rank needs loss=(y, target) -> (value, dy)")
+        self._agree()
         self.peak_in_flight = 0   # most micro-batches whose activations this rank held
+
+    def _agree(self) -> None:
+        """Every stage must run the same micro-batches, schedule and activation dtype:
+        else a stage would wait for a message that never comes, until its timeout.
+        Checked once, here, on every rank."""
+        g = self.group
+        mine = np.array([self.m, ("gpipe", "1f1b").index(self.schedule), ord(self.dtype.char)],
+                        np.int64)
+        every = np.empty((g.size, 3), np.int64)
+        all_gather(every, mine, group=g)
+        differ = [r for r in range(g.size) if not np.array_equal(every[r], every[0])]
+        if differ:
+            said = "; ".join(f"stage {r}: micro_batches={m}, schedule={('gpipe', '1f1b')[k]!r}, "
+                             f"dtype={np.dtype(chr(c))}"
+                             for r, (m, k, c) in enumerate(every.tolist()))
+            raise ValueError(f"rank {get_rank()}: Pipeline: the stages disagree ({said}); "
+                             f"construct it with the same micro_batches, schedule and dtype "
+                             f"on every rank of the group")
 
     def order(self) -> list[tuple[str, int]]:
         """This rank's sequence of ("F" | "B", micro-batch)."""
@@ -114,8 +135,8 @@ class Pipeline:
     def _send(self, buf, dst: int, tag: int, sends: list) -> None:
         if not self.overlap and buf.nbytes <= self._eager(dst):
             send(buf, dst, self.group, tag=tag)
-        else:
-            sends.append(isend(buf, dst, self.group, tag=tag))
+        else:   # (a copy: the stage may write the array it returned again meanwhile)
+            sends.append(isend(buf.copy(), dst, self.group, tag=tag))
 
     def _eager(self, dst: int) -> int:
         """The largest message to group rank ``dst`` that goes as one eager packet, so a

@@ -663,6 +663,20 @@ def test_moe_api_and_errors():
     run(_moe_api_job, 2)
 
 
+def _moe_small_index_dtypes(rank):
+    from ringlet import train
+    for dtype, T in ((np.uint8, 300), (np.int8, 300), (np.int16, 70_000)):
+        x = np.ones((T, 1), np.float32)
+        # every token to expert 0, capacity T / 2: half of them dropped, whatever the
+        # index dtype (queue places counted in it had wrapped: int8 dropped none)
+        _, routing = train.dispatch(x, np.zeros(T, dtype), 2, capacity_factor=1.0)
+        assert routing.dropped == T // 2, (dtype, routing.dropped)
+
+
+def test_moe_capacity_holds_for_small_integer_expert_indices():
+    run(_moe_small_index_dtypes, 2)
+
+
 # -- tensor parallel, in a 2-D job -------------------------------------------------------------
 def _mlp_reference(W1, b1, W2, b2, x, t):
     h = np.tanh(x @ W1 + b1)

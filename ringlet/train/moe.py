@@ -83,6 +83,7 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
         raise ValueError(f"rank {get_rank()}: dispatch: expert_index outside 0..{num_experts - 1}")
     if capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
+    idx2 = idx2.astype(np.int64, copy=False)    # (queue places in an int8's would wrap)
     k = idx2.shape[1]
     per = num_experts // p
     cap = capacity(T, k, num_experts, capacity_factor)

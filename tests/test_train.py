@@ -575,6 +575,36 @@ def test_zero_prices_and_errors():
     run(_zero_price_job, 2)
 
 
+def _half_means(rank):
+    from ringlet import train
+    g = np.full(1000, 40000.0, np.float16)       # the sum of 2 ranks' overflows float16
+    gb = train.GradBuckets([np.zeros(1000, np.float16)])
+    gb.ready(0, g.copy())
+    assert (gb.wait()[0] == 40000).all()
+    for stage in (1, 2, 3):
+        z = train.ZeroOptimizer([[np.zeros(1000, np.float16)]], stage=stage, lr=1.0)
+        z.step([[g.copy()]])
+        got = z.gather(0)[0]
+        assert (got == -40000).all(), (stage, np.unique(got))
+
+
+def test_float16_gradients_average_where_their_sum_would_overflow():
+    run(_half_means, 2)
+
+
+def _zero3_gathered_then_stepped(rank):
+    from ringlet import train
+    z = train.ZeroOptimizer([[np.arange(3.0)]], stage=3, lr=1.0)
+    assert list(z.gather(0)[0]) == [0, 1, 2]
+    z.reduce_grad(0, [np.ones(3)])
+    z.step()                                     # (no free(0) before it)
+    assert list(z.gather(0)[0]) == [-1, 0, 1]
+
+
+def test_zero3_gather_after_a_step_without_free_has_the_new_values():
+    run(_zero3_gathered_then_stepped, 2)
+
+
 # -- mixture of experts --------------------------------------------------------------------
 def _kept_reference(idx, num_experts, cap):
     """(token, choice) pairs kept: per expert, first choices before second ones, then

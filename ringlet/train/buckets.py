@@ -24,7 +24,7 @@ from ..collectives import all_gather, all_reduce
 from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
-from .pricing import Call, buffer, hosts_of, overlaps, price
+from .pricing import Call, averaging, buffer, hosts_of, overlaps, price
 
 
 BF16 = "bfloat16"
@@ -179,7 +179,8 @@ class GradBuckets:
             f32_to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
             return all_gather(b.gathered, b.wire, group=self.group, async_op=async_op)
         if b.wire is b.buf:
-            return all_reduce(b.buf, ReduceOp.AVG, group=self.group, async_op=async_op)
+            return all_reduce(b.buf, averaging(b.buf, self.group.size), group=self.group,
+                              async_op=async_op)
         np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
         return all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=async_op)
 

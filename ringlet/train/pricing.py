@@ -84,6 +84,18 @@ def buffer(n: int, dtype) -> np.ndarray:
     return out
 
 
+def averaging(flat: np.ndarray, p: int):
+    """The op that averages ``flat`` (gradients in a buffer of ours) over ``p`` ranks:
+    AVG, a sum divided after; for 16-bit floats the values divided first (in place) and
+    SUM, since the sum of p ranks' gradients overflows where their mean need not (two
+    ranks' 40000 in float16: inf)."""
+    from ..ops import ReduceOp
+    if flat.dtype.itemsize > 2 or p == 1:
+        return ReduceOp.AVG
+    np.multiply(flat, 1.0 / p, out=flat)
+    return ReduceOp.SUM
+
+
 def lent(n: int, dtype) -> tuple[np.ndarray, np.ndarray | None]:
     """A per-call communication buffer of ``n`` elements: when large (as ``buffer``), lent
     from ringlet's reused shared memory (``buffers.lend``). Returns (the array, what to

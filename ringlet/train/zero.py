@@ -26,11 +26,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..ops import ReduceOp, as_array
+from ..ops import as_array
 from ..runtime import get_rank, resolve
 from . import optim
 from .. import buffers
-from .pricing import Call, buffer, hosts_of, lent, overlaps, price
+from .pricing import Call, averaging, buffer, hosts_of, lent, overlaps, price
 
 
 class _Done:
@@ -123,7 +123,8 @@ class ZeroOptimizer:
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:
-        """Unit ``u``'s parameters in full (views; stage 3: valid until ``free(u)``).
+        """Unit ``u``'s parameters in full (views; stage 3: valid until ``free(u)`` or
+        ``step``).
         Stage 3 gathers them (waiting for a prefetch started earlier) and, with
         ``prefetch``, starts gathering that unit too."""
         unit = self._unit(u)
@@ -182,7 +183,7 @@ class ZeroOptimizer:
             off += a.size
         flat[off:] = 0
         if self.stage == 1:
-            unit.grad_work = all_reduce(flat, ReduceOp.AVG, group=self.group,
+            unit.grad_work = all_reduce(flat, averaging(flat, p), group=self.group,
                                         async_op=self.overlap) or _DONE
         else:
             if unit.grad is None:
@@ -190,8 +191,9 @@ class ZeroOptimizer:
             unit.grad_in = flat
             self.peak_grad_in = max(self.peak_grad_in, sum(
                 x.grad_in.nbytes for x in self.units if x.grad_in is not None))
-            unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1), ReduceOp.AVG,
-                                            group=self.group, async_op=self.overlap) or _DONE
+            unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1),
+                                            averaging(flat, p), group=self.group,
+                                            async_op=self.overlap) or _DONE
             if unit.grad_work is _DONE:
                 unit.grad_in = None
                 unit.give_back("grad_in")
@@ -217,6 +219,11 @@ class ZeroOptimizer:
             g = unit.grad[unit.lo:unit.hi] if self.stage == 1 else unit.grad
             self.opt.update(self.shards[k], g, self.state[k], self.t)
         if self.stage == 3:
+            # A unit still gathered (its free skipped, or prefetched) holds the old values:
+            # dropped, so the next gather gathers the new ones.
+            for k, unit in enumerate(self.units):
+                if unit.full is not None:
+                    self.free(k)
             return
         works = [all_gather(unit.full.reshape(self.group.size, -1), self.shards[k],
                             group=self.group, async_op=self.overlap)

@@ -592,6 +592,23 @@ def test_float16_gradients_average_where_their_sum_would_overflow():
     run(_half_means, 2)
 
 
+def _zero_units_handed_over_in_another_order(rank):
+    from ringlet import train
+    for stage in (1, 2, 3):
+        z = train.ZeroOptimizer([[np.zeros(4)], [np.zeros(4)]], stage=stage, lr=1.0,
+                                overlap=bool(rank))
+        grads = [np.full(4, 1.0 + rank), np.full(4, 10.0 + 10 * rank)]
+        for u in ((0, 1) if rank == 0 else (1, 0)):     # the ranks' orders differ
+            z.reduce_grad(u, grads[u])
+        z.step()
+        got = [float(z.gather(u)[0][0]) for u in (0, 1)]
+        assert got == [-1.5, -15.0], (stage, got)       # (swapped: -10.5 and -6)
+
+
+def test_zero_averages_each_unit_whatever_order_ranks_hand_them_over():
+    run(_zero_units_handed_over_in_another_order, 2)
+
+
 def _zero3_gathered_then_stepped(rank):
     from ringlet import train
     z = train.ZeroOptimizer([[np.arange(3.0)]], stage=3, lr=1.0)

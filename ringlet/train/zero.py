@@ -60,6 +60,7 @@ class _Unit:
         self.grad = None          # stage 1: full gradient; 2, 3: this rank's block
         self.grad_in = None       # stages 2, 3: the full gradient a reduce_scatter is reading
         self.grad_work = None
+        self.grad_ready = None    # its gradient, filled, waiting for its turn on the wire
         self.lent = {}            # "full" / "grad_in" -> the reused buffer under it (stage 3 / 2, 3)
 
     def give_back(self, what: str) -> None:
@@ -118,6 +119,7 @@ class ZeroOptimizer:
             self.units.append(u)
             self.state.append(self.opt.state(u.shard, u.dtype))
         self.t = 0
+        self._turn = len(self.units) - 1   # the unit whose gradient goes on the wire next
         self.peak_gathered = 0    # most bytes of gathered (stage 3) units held at once
         self.peak_grad_in = 0     # most bytes of full gradients held for reduce_scatters
 
@@ -158,16 +160,19 @@ class ZeroOptimizer:
     # -- gradients and the step --------------------------------------------------------
     def reduce_grad(self, u: int, grads) -> None:
         """Start averaging unit ``u``'s gradients over the group (all_reduce in stage 1,
-        reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits."""
+        reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits. Units go
+        on the wire last unit first, as a backward pass hands them over, whatever order
+        this rank's calls come in (ranks that differed in it had swapped the gradients of
+        units of one size): a unit handed over early waits for its turn."""
         unit = self._unit(u)
         arrays = [as_array(g, f"gradient of unit {u}") for g in _listed(grads)]
         if [a.size for a in arrays] != unit.sizes:
             raise ValueError(f"rank {get_rank()}: ZeroOptimizer.reduce_grad: unit {u} has "
                              f"parameters of {unit.sizes} elements, got gradients of "
                              f"{[a.size for a in arrays]}")
-        if unit.grad_work is not None:
-            raise RuntimeError(f"ZeroOptimizer.reduce_grad: unit {u}'s gradient is already on "
-                               f"the wire this step")
+        if unit.grad_work is not None or unit.grad_ready is not None:
+            raise RuntimeError(f"ZeroOptimizer.reduce_grad: unit {u}'s gradient was already "
+                               f"handed over this step")
         p = self.group.size
         for other in self.units:    # free the inputs of reduce_scatters that have finished
             if other.grad_in is not None and other.grad_work.is_completed():
@@ -182,6 +187,15 @@ class ZeroOptimizer:
             flat[off:off + a.size] = a.reshape(-1)
             off += a.size
         flat[off:] = 0
+        unit.grad_ready = flat
+        self._note_grad_in()
+        while self._turn >= 0 and self.units[self._turn].grad_ready is not None:
+            self._reduce(self.units[self._turn])
+            self._turn -= 1
+
+    def _reduce(self, unit: _Unit) -> None:
+        """Put a unit's filled gradient on the wire."""
+        flat, unit.grad_ready, p = unit.grad_ready, None, self.group.size
         if self.stage == 1:
             unit.grad_work = all_reduce(flat, averaging(flat, p), group=self.group,
                                         async_op=self.overlap) or _DONE
@@ -189,14 +203,18 @@ class ZeroOptimizer:
             if unit.grad is None:
                 unit.grad = np.empty(unit.shard, unit.dtype)
             unit.grad_in = flat
-            self.peak_grad_in = max(self.peak_grad_in, sum(
-                x.grad_in.nbytes for x in self.units if x.grad_in is not None))
             unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1),
                                             averaging(flat, p), group=self.group,
                                             async_op=self.overlap) or _DONE
             if unit.grad_work is _DONE:
                 unit.grad_in = None
                 unit.give_back("grad_in")
+
+    def _note_grad_in(self) -> None:
+        if self.stage > 1:      # (stage 1 reduces in the gradient buffer it keeps)
+            held = sum(x.nbytes for u in self.units for x in (u.grad_in, u.grad_ready)
+                       if x is not None)
+            self.peak_grad_in = max(self.peak_grad_in, held)
 
     def step(self, grads=None) -> None:
         """Update the parameters with the averaged gradients: ``grads`` (one entry per
@@ -207,11 +225,13 @@ class ZeroOptimizer:
                                  f"{len(self.units)} units")
             for u in reversed(range(len(self.units))):
                 self.reduce_grad(u, grads[u])
-        missing = [k for k, unit in enumerate(self.units) if unit.grad_work is None]
+        missing = [k for k, unit in enumerate(self.units)
+                   if unit.grad_work is None and unit.grad_ready is None]
         if missing:
             raise RuntimeError(f"rank {get_rank()}: ZeroOptimizer.step: unit(s) {missing} got no "
                                f"gradient this step (reduce_grad every unit, zeros if unused)")
         self.t += 1
+        self._turn = len(self.units) - 1
         for k, unit in enumerate(self.units):
             unit.grad_work.wait()
             unit.grad_work = unit.grad_in = None

@@ -615,7 +615,7 @@ def _print(rows, peers, check):
 
 def _plot(rows, peers, path, op, p):
     """Time and bus bandwidth vs size: a solid line per algorithm, the model's prediction
-    dashed in the same colour, peers in grey tones."""
+    dashed in the same colour, peers in black and grey."""
     from .plotting import pyplot
     plt = pyplot()
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))

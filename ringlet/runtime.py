@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -97,10 +98,25 @@ def _backend_and_timeout(backend, timeout) -> tuple[str, float]:
     if backend not in ("auto", "tcp", "shm"):
         raise ValueError(f"unknown backend {backend!r}; valid: auto, tcp, shm")
     if timeout is None:
-        timeout = float(os.environ.get("RINGLET_TIMEOUT", DEFAULT_TIMEOUT))
+        timeout = env_timeout()
     if timeout <= 0:
         raise ValueError("timeout must be positive (seconds)")
     return backend, timeout
+
+
+def env_timeout() -> float:
+    """RINGLET_TIMEOUT (seconds), else DEFAULT_TIMEOUT."""
+    text = os.environ.get("RINGLET_TIMEOUT")
+    if text is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"RINGLET_TIMEOUT={text!r}: must be a positive, finite number of "
+                         f"seconds")
+    return value
 
 
 def _store(url, rank: int, world_size: int, master_addr: str, master_port: int, timeout: float):

@@ -765,7 +765,7 @@ def _world(store, rank: int, size: int, timeout: float, calls: float | None):
         backend = os.environ.get("RINGLET_BACKEND", "auto")
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         if calls is None:
-            calls = float(os.environ.get("RINGLET_TIMEOUT", runtime.DEFAULT_TIMEOUT))
+            calls = runtime.env_timeout()
         runtime.join(SignedStore(store, token, timeout=timeout, source=source), token, rank,
                      size, backend, calls, addr)
     world = runtime.resolve(None)

@@ -207,6 +207,17 @@ def test_ringlet_run_rejects_a_bad_backend_before_any_rank_starts(tmp_path):
         text=True).stdout
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "inf"])
+def test_a_bad_ringlet_timeout_is_named(tmp_path, value):
+    script = tmp_path / "job.py"
+    script.write_text("import ringlet as rl\nrl.init()\n")
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, RINGLET_TOKEN=TOKEN, RINGLET_TIMEOUT=value))
+    assert p.returncode != 0
+    assert f"RINGLET_TIMEOUT='{value}': must be a positive, finite number" in p.stderr, p.stderr
+
+
 # -- init inside rl.spawn ---------------------------------------------------------------
 def _inits_itself(rank):
     world = rl.init()                    # as a function written for torch's mp.spawn would

@@ -1159,3 +1159,25 @@ def _owned_job(rank):
 
 def test_library_buffers_are_read_in_place():
     run(_owned_job, 2)
+
+
+def _bf16_refused(rank):
+    import torch
+    from ringlet import train
+    w = torch.zeros(4, 4, dtype=torch.bfloat16)
+    calls = {"GradBuckets": lambda: train.GradBuckets([w]),
+             "ZeroOptimizer": lambda: train.ZeroOptimizer([[w]], stage=2),
+             "ColumnParallelLinear": lambda: train.ColumnParallelLinear(w, None),
+             "dispatch": lambda: train.dispatch(w, np.zeros(4, int), 2)}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match="bfloat16 tensor, which ringlet.train cannot "
+                                            "compute on"):
+            call()
+    rl.barrier()
+
+
+def test_training_patterns_refuse_bfloat16_tensors_saying_so():
+    """NumPy has no bfloat16 arithmetic: each pattern says so, before any byte moves,
+    instead of failing inside NumPy (a matmul with no loop) or with a misleading message."""
+    pytest.importorskip("torch")
+    run(_bf16_refused, 2)

@@ -21,9 +21,10 @@ import contextlib
 import numpy as np
 
 from ..collectives import all_gather, all_reduce
-from ..ops import ReduceOp, as_array, bf16_to_f32, f32_to_bf16
+from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
+from .arrays import as_numbers
 from .pricing import Call, averaging, buffer, hosts_of, overlaps, price
 
 
@@ -63,7 +64,7 @@ class GradBuckets:
                  overlap: bool | None = None):
         self.group = resolve(group)
         self.overlap = overlaps(self.group, overlap)
-        arrays = [as_array(p, f"params[{i}]") for i, p in enumerate(params)]
+        arrays = [as_numbers(p, f"params[{i}]") for i, p in enumerate(params)]
         if not arrays:
             raise ValueError("GradBuckets needs at least one parameter")
         for i, a in enumerate(arrays):
@@ -131,7 +132,7 @@ class GradBuckets:
         :meth:`no_sync`, or after one there, added to what is there)."""
         if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.slot):
             raise IndexError(f"GradBuckets.ready: parameter index {i!r} outside 0..{len(self.slot) - 1}")
-        g = grad if type(grad) is np.ndarray else as_array(grad, f"gradient of parameter {i}")
+        g = grad if type(grad) is np.ndarray else as_numbers(grad, f"gradient of parameter {i}")
         bucket, view, flat = self.slot[i]
         if g.size != flat.size:
             raise ValueError(f"GradBuckets.ready: gradient of parameter {i} has {g.size} elements, "

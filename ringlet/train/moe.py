@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import buffers
 from ..collectives import all_to_all, all_to_all_single
-from ..ops import as_array
 from ..runtime import get_rank, resolve
+from .arrays import as_numbers
 from .pricing import Call, price
 
 
@@ -62,7 +62,7 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     :func:`combine` needs). ``drop``: "zero" (a token dropped for capacity comes back as
     zeros) or "pass" (as itself)."""
     g = resolve(group)
-    x = as_array(tokens, "tokens")
+    x = as_numbers(tokens, "tokens")
     idx = _indices(expert_index)
     if drop not in ("zero", "pass"):
         raise ValueError(f"drop must be 'zero' or 'pass', got {drop!r}")
@@ -133,7 +133,7 @@ def combine(expert_outputs, routing: Routing, weights=None):
     weighted sum over the k choices, (T, *row). Dropped choices are zeros (or the token
     itself with ``drop="pass"``)."""
     g, (T, k), row_shape = routing.group, routing.shape[:2], routing.shape[2:]
-    outs = [as_array(o, f"expert_outputs[{e}]") for e, o in enumerate(expert_outputs)]
+    outs = [as_numbers(o, f"expert_outputs[{e}]") for e, o in enumerate(expert_outputs)]
     per = routing.recv_counts.shape[1]
     if len(outs) != per:
         raise ValueError(f"combine: {len(outs)} expert outputs for this rank's {per} experts")
@@ -159,7 +159,7 @@ def combine(expert_outputs, routing: Routing, weights=None):
     y[routing.order] = got
     y = y.reshape((T, k) + row_shape)
     if weights is not None:
-        w = np.asarray(as_array(weights, "weights")).reshape(T, k, *([1] * len(row_shape)))
+        w = np.asarray(as_numbers(weights, "weights")).reshape(T, k, *([1] * len(row_shape)))
         return (w * y).sum(1)
     return y[:, 0] if k == 1 else y
 

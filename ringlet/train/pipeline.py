@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import all_gather
-from ..ops import as_array
 from ..runtime import engine, get_rank, irecv, isend, recv, resolve, send
 from ..transport.limits import SHM_EAGER_BYTES, TCP_EAGER_BYTES
 from ..transport.shm import ShmPeer
+from .arrays import as_numbers
 from .pricing import Call, overlaps, price
 
 _HEADER = 8   # int64s: ndim, then up to 7 dimensions
@@ -97,7 +97,7 @@ class Pipeline:
         for kind, i in self.order():
             if kind == "F":
                 if self.first:
-                    x = as_array(inputs[i], f"inputs[{i}]")
+                    x = as_numbers(inputs[i], f"inputs[{i}]")
                 else:
                     x = self._recv_activation(prev, i)
                 y, c = self.stage.forward(x)

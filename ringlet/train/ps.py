@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import buffers
 from ..collectives import all_to_all_single, broadcast, gather
-from ..ops import as_array
 from ..runtime import get_rank, irecv, isend, recv, resolve
+from .arrays import as_numbers
 from .pricing import Call, hosts_of, price
 
 
@@ -46,7 +46,7 @@ class ParameterServer:
             raise ValueError(f"learner must be a rank of the group (0..{g.size - 1}), got {learner}")
         if staleness < 0 or width < 1:
             raise ValueError(f"staleness must be >= 0 and width >= 1, got {staleness}, {width}")
-        self.weights = as_array(weights, "weights", writable=True)
+        self.weights = as_numbers(weights, "weights", writable=True)
         self.width, self.s, self.learner = int(width), int(staleness), learner
         self.actors = [r for r in range(g.size) if r != learner]
         self.version = 0
@@ -133,7 +133,7 @@ class ParameterServer:
                 self.version = c
             else:
                 nxt = self._newest(nxt, need=c - self.s, last=end)
-            rows = as_array(generate(self.weights, c), "experience")
+            rows = as_numbers(generate(self.weights, c), "experience")
             # (sent while generate goes on: a copy, in case it fills the same array again)
             rows = np.array(rows, self.weights.dtype, order="C", copy=True if self.s else None)
             if rows.ndim != 2 or rows.shape[1] != self.width:

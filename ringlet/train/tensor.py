@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import all_gather, all_reduce
-from ..ops import as_array
 from ..runtime import resolve
+from .arrays import as_numbers
 from .pricing import Call, hosts_of, price
 
 
@@ -41,15 +41,15 @@ class ColumnParallelLinear:
 
     def __init__(self, weight, bias=None, group=None, gather_output: bool = True):
         self.group = g = resolve(group)
-        w = as_array(weight, "weight")
+        w = as_numbers(weight, "weight")
         self.cols = _block(w.shape[1], g.size, g.rank, "output features")
         self.w = w[:, self.cols].copy()
-        self.b = None if bias is None else as_array(bias, "bias")[self.cols].copy()
+        self.b = None if bias is None else as_numbers(bias, "bias")[self.cols].copy()
         self.gather_output = gather_output
         self.grads: list = []
 
     def forward(self, x):
-        x = as_array(x, "input")
+        x = as_numbers(x, "input")
         self._x = x
         y = x @ self.w
         if self.b is not None:
@@ -59,7 +59,7 @@ class ColumnParallelLinear:
     def backward(self, dy, x=None):
         """``x``: the forward's input (default: the last forward's), so micro-batches in
         flight in a pipeline each bring their own."""
-        dy = as_array(dy, "output gradient")
+        dy = as_numbers(dy, "output gradient")
         if self.gather_output:
             dy = dy[..., self.cols]
         x = self._x if x is None else x
@@ -88,15 +88,15 @@ class RowParallelLinear:
 
     def __init__(self, weight, bias=None, group=None, input_is_parallel: bool = True):
         self.group = g = resolve(group)
-        w = as_array(weight, "weight")
+        w = as_numbers(weight, "weight")
         self.rows = _block(w.shape[0], g.size, g.rank, "input features")
         self.w = w[self.rows].copy()
-        self.b = None if bias is None else as_array(bias, "bias").copy()
+        self.b = None if bias is None else as_numbers(bias, "bias").copy()
         self.input_is_parallel = input_is_parallel
         self.grads: list = []
 
     def forward(self, x):
-        x = as_array(x, "input")
+        x = as_numbers(x, "input")
         if not self.input_is_parallel:
             x = x[..., self.rows]
         self._x = x
@@ -108,7 +108,7 @@ class RowParallelLinear:
 
     def backward(self, dy, x=None):
         """``x``: the forward's input (default: the last forward's)."""
-        dy = as_array(dy, "output gradient")
+        dy = as_numbers(dy, "output gradient")
         if x is None:
             x = self._x
         elif not self.input_is_parallel:

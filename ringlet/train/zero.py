@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..ops import as_array
 from ..runtime import get_rank, resolve
+from .arrays import as_numbers
 from . import optim
 from .. import buffers
 from .pricing import Call, averaging, buffer, hosts_of, lent, overlaps, price
@@ -101,7 +101,7 @@ class ZeroOptimizer:
         self.state: list[dict] = []
         self.shards: list[np.ndarray] = []    # this rank's block of each unit's parameters
         for k, unit in enumerate(params):
-            arrays = [as_array(a, f"params[{k}]") for a in _listed(unit)]
+            arrays = [as_numbers(a, f"params[{k}]") for a in _listed(unit)]
             if not arrays or any(a.dtype != arrays[0].dtype or a.dtype.kind != "f" for a in arrays):
                 raise TypeError(f"params[{k}]: a unit is one or more float arrays of one dtype")
             u = _Unit(arrays, p, r)
@@ -165,7 +165,7 @@ class ZeroOptimizer:
         this rank's calls come in (ranks that differed in it had swapped the gradients of
         units of one size): a unit handed over early waits for its turn."""
         unit = self._unit(u)
-        arrays = [as_array(g, f"gradient of unit {u}") for g in _listed(grads)]
+        arrays = [as_numbers(g, f"gradient of unit {u}") for g in _listed(grads)]
         if [a.size for a in arrays] != unit.sizes:
             raise ValueError(f"rank {get_rank()}: ZeroOptimizer.reduce_grad: unit {u} has "
                              f"parameters of {unit.sizes} elements, got gradients of "

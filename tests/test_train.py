@@ -1181,3 +1181,14 @@ def test_training_patterns_refuse_bfloat16_tensors_saying_so():
     instead of failing inside NumPy (a matmul with no loop) or with a misleading message."""
     pytest.importorskip("torch")
     run(_bf16_refused, 2)
+
+
+def _buckets_disagree(rank):
+    from ringlet import train
+    params = [np.zeros(1000) for _ in range(4)]
+    with pytest.raises(ValueError, match="the ranks cut different buckets.*bucket_cap_mb"):
+        train.GradBuckets(params, bucket_cap_mb=0.01 if rank else 25)
+
+
+def test_buckets_cut_differently_on_one_rank_raise_at_once_saying_why():
+    run(_buckets_disagree, 2)

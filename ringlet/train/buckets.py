@@ -17,6 +17,7 @@ Large buckets are ``rl.empty`` arrays: their messages are read in place by local
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 import numpy as np
 
@@ -94,10 +95,28 @@ class GradBuckets:
                 group_ = []
             group_.append(i)
         self._add_bucket(group_, arrays)
+        self._agree(bucket_cap_mb, comm_hook)
         self._seen = [False] * len(arrays)           # gradient handed over this step
         self._held = [False] * len(arrays)           # slot holds this window's gradient
         self._next = 0                               # first bucket not yet started
         self._sync = True
+
+    def _agree(self, cap_mb: float, comm_hook) -> None:
+        """Every rank must cut the same buckets (else its collectives disagree with the
+        others' and fail as a mismatch whose cause is not named): checked once, here."""
+        layout = repr([(b.buf.size, b.buf.dtype.str) for b in self.buckets]) + repr(comm_hook)
+        digest = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "little")
+        mine = np.array([len(self.buckets), sum(b.buf.size for b in self.buckets), digest],
+                        np.int64)
+        every = np.empty((self.group.size, 3), np.int64)
+        all_gather(every, mine, group=self.group)
+        if (every != every[0]).any():
+            said = "; ".join(f"rank {r}: {n} buckets of {e} elements" for r, (n, e, _)
+                             in enumerate(every.tolist()))
+            raise ValueError(f"rank {get_rank()}: GradBuckets: the ranks cut different "
+                             f"buckets ({said}; here bucket_cap_mb={cap_mb}, comm_hook="
+                             f"{comm_hook!r}): pass the same parameters, bucket_cap_mb and "
+                             f"comm_hook on every rank")
 
     @classmethod
     def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None,

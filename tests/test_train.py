@@ -1192,3 +1192,17 @@ def _buckets_disagree(rank):
 
 def test_buckets_cut_differently_on_one_rank_raise_at_once_saying_why():
     run(_buckets_disagree, 2)
+
+
+def _moe_disagree(rank):
+    from ringlet import train
+    x = np.ones((4, 2), np.float32)
+    with pytest.raises(rl.CollectiveMismatch, match="dispatch: the ranks disagree on num_experts"):
+        train.dispatch(x, np.zeros(4, np.int64), 4 if rank == 0 else 6)
+    x = np.ones((4, 2 if rank == 0 else 3), np.float32)
+    with pytest.raises(rl.CollectiveMismatch, match="disagree on the tokens' row shape"):
+        train.dispatch(x, np.arange(4), 4, capacity_factor=4)
+
+
+def test_moe_ranks_that_disagree_are_told_what_differs():
+    run(_moe_disagree, 2)

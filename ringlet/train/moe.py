@@ -15,6 +15,7 @@ small all_to_all of per-expert counts goes first so every rank knows what it rec
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from .. import buffers
 from ..collectives import all_to_all, all_to_all_single
+from ..errors import CollectiveMismatch
 from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from .pricing import Call, price
@@ -99,7 +101,8 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
     order = pairs[kept]
     counts = np.bincount(flat_e[kept], minlength=num_experts).astype(np.int64)
     recv_counts = np.empty((p, per), np.int64)
-    all_to_all(recv_counts, counts.reshape(p, per), group=g)
+    with _same_on_every_rank("dispatch", "num_experts"):
+        all_to_all(recv_counts, counts.reshape(p, per), group=g)
     send_splits = counts.reshape(p, per).sum(1).tolist()
     recv_splits = recv_counts.sum(1).tolist()
     rows = x.reshape(T, int(np.prod(x.shape[1:], dtype=np.int64)))
@@ -109,7 +112,8 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
                    out=buffers.lent_view(lent, (len(order), rows.shape[1]), rows.dtype))
     recv = np.empty((sum(recv_splits), rows.shape[1]), x.dtype)
     try:
-        all_to_all_single(recv, send, recv_splits, send_splits, group=g)
+        with _same_on_every_rank("dispatch", "the tokens' row shape and dtype"):
+            all_to_all_single(recv, send, recv_splits, send_splits, group=g)
     finally:
         buffers.give_back(lent)
     # Received rows come by sender, then expert; each expert wants its rows together.
@@ -125,6 +129,17 @@ def dispatch(tokens, expert_index, num_experts: int, capacity_factor: float = 1.
                       by_expert, int(flat_e.size - kept.size), sent,
                       x if drop == "pass" else None)
     return expert_tokens, routing
+
+
+@contextlib.contextmanager
+def _same_on_every_rank(call: str, what: str):
+    """A mismatch of the collectives inside ``call`` names what the user passed that
+    differs (their own error speaks of counts and splits the user never saw)."""
+    try:
+        yield
+    except CollectiveMismatch as exc:
+        raise CollectiveMismatch(f"{call}: the ranks disagree on {what}: pass the same on "
+                                 f"every rank ({exc})") from exc
 
 
 def combine(expert_outputs, routing: Routing, weights=None):
@@ -150,7 +165,8 @@ def combine(expert_outputs, routing: Routing, weights=None):
     back[routing.by_expert] = grouped                    # sender-major again
     got = np.empty((len(routing.order), row), dtype)
     try:
-        all_to_all_single(got, back, routing.send_splits, routing.recv_splits, group=g)
+        with _same_on_every_rank("combine", "the outputs' row shape and dtype"):
+            all_to_all_single(got, back, routing.send_splits, routing.recv_splits, group=g)
     finally:
         buffers.give_back(lent)
     y = np.zeros((T * k, row), dtype)

@@ -224,6 +224,12 @@ class RequestWork(Work):
     def _waiting_on(self):
         return () if self.req.done else (self.req.peer,)
 
+    @property
+    def operation(self) -> str:
+        """"isend" or "irecv": only those hand their work to the caller (a blocking call's
+        own wait is its call's), so a profile adds its wait to their row."""
+        return "i" + super().operation
+
 
 class Chained(Work):
     """Two works as one: ``first``, then the work ``then()`` starts once first has

@@ -363,6 +363,11 @@ def _profile_job(rank):
         x = np.zeros(4)
         rl.send(x, 1 - rank) if rank == 0 else rl.recv(x, 0)
     rows = prof.rows
+    with rl.profile() as p2p:
+        w = rl.isend(x, 1 - rank, tag=5) if rank == 0 else rl.irecv(x, 0, tag=5)
+        w.wait()
+    # an isend's wait adds to the isend row (not to a row of 0 calls named send)
+    assert list(p2p.rows) == ["isend" if rank == 0 else "irecv"], p2p.table()
     assert rows["all_reduce"].calls == 6 and rows["all_reduce"].bytes == sum(
         np.prod(s) * 4 for s in SHAPES)
     assert ("send" if rank == 0 else "recv") in rows

@@ -94,8 +94,10 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
         hosts = tuple(int(h) for h in topology.host_array)
     where = str(topology.intra) if topology.hosts == 1 else (
         f"{topology.hosts} hosts (intra {topology.intra}, inter {topology.inter})")
-    if topology.host is not None:
-        where = f"this host's {model} ({topology.intra})"
+    if topology.host is not None:   # (its per-message alpha: both ends' CPU, explain's alpha x 2)
+        link = topology.intra
+        where = (f"this host's {model} (a message: {link.alpha * 1e6:.3g} us of both ends' "
+                 f"CPU, {link.bandwidth / 1e9:.4g} GB/s)")
     times = [simulate(_alone(schedule, rnd), topology).time for rnd in schedule.rounds]
     total = simulate(schedule, topology).time if schedule.rounds else 0.0
     return Drawing(schedule, lanes, hosts if hosts and len(set(hosts)) > 1 else None,

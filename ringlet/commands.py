@@ -503,7 +503,8 @@ def _explain_main(argv) -> int:
             print(_fit(f"with RINGLET_TUNE set, a job times {', '.join(r.algorithm for r in rows[:n])} "
                        f"on its first blocking calls of this shape and keeps the fastest "
                        f"(where it beats {winner} by more than 10%)"))
-    cross, sweep = _explain_crossovers(a, coll, p, topology, gamma, shared, env, rows, winner)
+    cross, sweep = _explain_crossovers(a, coll, p, topology, gamma, shared, env, rows, winner,
+                                       nb)
     if a.plot:
         _plot_explain(a.plot, coll, p, nb, sweep, cross, winner, where.split("\n")[0])
         print(f"wrote {a.plot}")
@@ -588,8 +589,10 @@ EXPLAIN_TIE = 0.02
 
 
 def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, env, rows,
-                        winner: str):
-    """Print the sizes where the winner changes; returns (crossovers, sweep) for the plot."""
+                        winner: str, nb: int = -1):
+    """Print the sizes where the winner changes; returns (crossovers, sweep) for the plot.
+    Where the list names another algorithm than ``winner`` for the size asked (``nb``),
+    within the tie, it says which one auto runs there."""
     from .cost.tune import crossovers
     if coll == "barrier" or len(rows) == 1:
         cross, sweep = [], []
@@ -626,6 +629,11 @@ def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, en
                 else:
                     label = f"{format_size(lo_b)} .. {format_size(hi_b)}"
                 segs.append(f"  {label:<26}{w}")
+                # (not at a bound, which bisection placed to within a fraction of a %)
+                inside = (lo_b is None or nb > lo_b * 1.01) and (hi_b is None or nb < hi_b / 1.01)
+                if inside and w != winner and nb >= 0:
+                    segs.append(f"  {'':<26}(at {format_size(nb)} auto runs {winner}, priced "
+                                f"within {EXPLAIN_TIE:.0%} of {w})")
             print("\n".join(segs))
     return cross, sweep
 

@@ -783,6 +783,19 @@ def test_explain_command(capsys):
     assert "default profile" in out and "winner" in out
 
 
+def test_explain_says_what_auto_runs_where_the_crossover_list_keeps_another(capsys):
+    """The list keeps an algorithm until another is over 2% faster; at the size asked,
+    where it names another than the winner, it says which one auto runs (the default
+    profile: reduce_scatter of 16 MiB at p = 4, ring listed, recursive_halving cheaper)."""
+    assert commands.explain_main(["reduce_scatter", "--size", "16M", "-n", "4"]) == 0
+    out = capsys.readouterr().out
+    winner = out.split("winner: ")[1].split()[0]
+    assert f"(at 16 MiB auto runs {winner}, priced within 2% of ring)" in out, out
+    # and none where the list names the winner itself
+    assert commands.explain_main(["reduce_scatter", "--size", "64K", "-n", "4"]) == 0
+    assert "auto runs" not in capsys.readouterr().out
+
+
 def test_explain_hosts(capsys):
     assert commands.explain_main(["all_reduce", "--size", "64M", "-n", "16", "--hosts", "2",
                                   "--tier", "ethernet", "--range", "1K:1G"]) == 0

@@ -317,8 +317,9 @@ def test_collectives_through_torch(n):
 
 def _large(rank, n):
     """All-reduces above ringlet.torch.STAGE_MIN: staged through shared memory (outside a
-    backward pass, and from NumPy memory, whose array sees the result), and inside one moved
-    there the second time - views taken before still see every result."""
+    backward pass, from NumPy memory, whose array sees the result, and from a Python hook
+    in one, which may resize its tensor) - views taken before still see every result. (DDP's
+    reducer's own buckets, moved there: test_a_comm_hook_may_resize_its_bucket.)"""
     from ringlet import buffers
     import ringlet.torch as rt
     count = rt.STAGE_MIN // 4 + 1000
@@ -355,10 +356,11 @@ def _large(rank, n):
             arr = handed.numpy()
         assert (arr == n * (n + 1) // 2).all(), f"a NumPy view lost the result, step {step}"
     assert buffers.locate(arr) is None, "memory handed to NumPy was moved"
-    for what, x in (("the bucket", bucket), ("a tensor in torch's shared memory", shared)):
-        where = buffers.locate(x.numpy())
-        assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
-            "/dev/shm/torch_"), f"{what} is not read in place"
+    bucket.resize_(count + 5)                 # a Python hook's tensor stays resizable
+    assert buffers.locate(bucket.numpy()) is None, "a Python hook's tensor was moved"
+    where = buffers.locate(shared.numpy())
+    assert where is not None and os.readlink(f"/proc/self/fd/{where[1]}").startswith(
+        "/dev/shm/torch_"), "a tensor in torch's shared memory is not read in place"
 
 
 def test_large_all_reduce_goes_through_shared_memory():

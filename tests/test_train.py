@@ -329,9 +329,16 @@ def _torch_everywhere_job(rank):
     col_n = train.ColumnParallelLinear(W, b)
     col_t = train.ColumnParallelLinear(torch.from_numpy(W), torch.from_numpy(b))
     assert np.array_equal(col_n.forward(xin), col_t.forward(torch.from_numpy(xin)))
+    dy = np.ones((2, 4))
+    col_n.backward(dy, xin)
+    col_t.backward(torch.from_numpy(dy), torch.from_numpy(xin))   # (x given: a torch tensor)
+    assert all(type(g) is np.ndarray and np.array_equal(g, h)
+               for g, h in zip(col_t.grads, col_n.grads)), col_t.grads
     row_t = train.RowParallelLinear(torch.from_numpy(W.T.copy()), None, input_is_parallel=False)
     assert np.array_equal(row_t.forward(torch.ones(2, 4, dtype=torch.float64)),
                           np.ones((2, 4)) @ W.T)
+    row_t.backward(torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64))
+    assert all(type(g) is np.ndarray for g in row_t.grads), row_t.grads
     w = torch.zeros(3, dtype=torch.float64)
     ps = train.ParameterServer(w, width=1)
     if rank == 0:

@@ -62,7 +62,7 @@ class ColumnParallelLinear:
         dy = as_numbers(dy, "output gradient")
         if self.gather_output:
             dy = dy[..., self.cols]
-        x = self._x if x is None else x
+        x = self._x if x is None else as_numbers(x, "input")     # (grads: NumPy either way)
         x2, dy2 = x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
         self.grads = [x2.T @ dy2] + ([] if self.b is None else [dy2.sum(0)])
         dx = np.ascontiguousarray(dy @ self.w.T)
@@ -111,8 +111,10 @@ class RowParallelLinear:
         dy = as_numbers(dy, "output gradient")
         if x is None:
             x = self._x
-        elif not self.input_is_parallel:
-            x = x[..., self.rows]
+        else:
+            x = as_numbers(x, "input")
+            if not self.input_is_parallel:
+                x = x[..., self.rows]
         x2, dy2 = x.reshape(-1, self.w.shape[0]), dy.reshape(-1, self.w.shape[1])
         self.grads = [x2.T @ dy2] + ([] if self.b is None else [dy2.sum(0)])
         dx = dy @ self.w.T

@@ -63,7 +63,7 @@ class Agreement:
         tag, eng = work.tag, self.engine
         exc = self.aborts.pop(tag, None)
         if exc is None and tag in self.given_up:
-            exc = self._gave_up(work.what, self.given_up.pop(tag))
+            exc = self.gave_up_error(work.what, self.given_up.pop(tag))
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
@@ -160,7 +160,7 @@ class Agreement:
                 # needed having arrived: it stands, and this is never asked for.)
                 _bounded_put(self.given_up, tag, sender)
                 return
-            exc = self._gave_up(self.active[tag].what, sender)
+            exc = self.gave_up_error(self.active[tag].what, sender)
         elif culprit == STALE:
             earlier = culprit_fp[0]   # (... or the earlier call's tag)
             exc = CollectiveMismatch(
@@ -197,7 +197,7 @@ class Agreement:
                 self._fail_collective(work.tag, dead)
 
     # -- what fails, and how -------------------------------------------------------------
-    def _gave_up(self, what: str, sender: int) -> TimeoutError:
+    def gave_up_error(self, what: str, sender: int) -> TimeoutError:
         return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
                             f"timeout ran out); this call's outputs here are undefined")
 

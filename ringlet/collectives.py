@@ -273,6 +273,9 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
                 if tr is not None:
                     tr.ran_in_c(fast.FastRun.of(ran, fc), fc.rounds, bufs)
                 if rounds == fc.rounds:
+                    if fc.readers:
+                        _gave_up_meanwhile(eng, fc, tag, call, collective, seq, g, pool,
+                                           scratch)
                     if finish is not None:
                         finish()
                     pool.append(scratch)
@@ -293,6 +296,22 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         return track(work)
     work.wait_or_give_up(timeout)
     return None
+
+
+def _gave_up_meanwhile(eng, fc, tag: int, call, collective: str, seq: int, g: Group, pool,
+                       scratch) -> None:
+    """A call C ran whole that read messages in place by CMA: a sender that gave up the
+    call while it was read (its user may then write the buffer) had sent its ABORT before
+    returning, and it waits in the ring behind what C read. Raise as the engine would have
+    (C returns once its rounds are done, without reading on)."""
+    if not any(p.abort_waiting(tag) for p in fc.peers):
+        return
+    eng.progress()              # (takes the ABORT: the call, not active, keeps it)
+    sender = eng.calls.given_up.pop(tag, None)
+    if sender is not None:
+        pool.append(scratch)
+        raise eng.calls.gave_up_error(str(CallId(collective, seq, g.name, call.algorithm)),
+                                      sender)
 
 
 #: the caller's buffers a collective's lane takes, in the order lane.run takes them

@@ -362,6 +362,8 @@ class CollectiveWork(Work):
         self._posted_at = 0.0
         self.handed_over = resume is not None   # the C fast path began it
         self.tr = tr
+        # (a call C began may have read in place already: then it checks at its end too)
+        self._reads = engine.read_in_place - (resume is not None and bool(call.fast.readers))
         engine.works.append(self)
         engine.calls.start(self)
         if self.done:
@@ -405,6 +407,8 @@ class CollectiveWork(Work):
                         self._end(r.error)
                         return True
             if self.i == len(self.plan):
+                if self.engine.read_in_place != self._reads and self._abort_behind():
+                    return True
                 err = None
                 if self.finish is not None:
                     try:
@@ -425,6 +429,19 @@ class CollectiveWork(Work):
             moved = True
             if self.done:   # failed while posting (a mismatch, a peer lost while it polled)
                 return True
+
+    def _abort_behind(self) -> bool:
+        """Whether the call failed on an ABORT waiting behind what this rank read: a
+        message read in place from a sender that gave up the call while it was read (its
+        user may then write the buffer) had its ABORT sent before that sender returned.
+        (Asked when a call that read messages in place completes: the C path asks too,
+        collectives._gave_up_meanwhile.)"""
+        for r in set(self.world_of):
+            peer = self.engine.peers.get(r)
+            waiting = getattr(peer, "abort_waiting", None)
+            if waiting is not None and waiting(self.tag):
+                peer.progress()     # (the ABORT fails this call)
+        return self.done
 
     def _post_early(self, rnd: PlanRound) -> None:
         """Post a later round now, right after the first (``PlanRound.then``): a rooted

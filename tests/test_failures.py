@@ -193,6 +193,59 @@ def test_a_peer_reading_a_message_after_its_sender_gave_up_fails(tmp_path):
     run(_read_late, 2, str(tmp_path / "late"), 8 << 20, env={"RINGLET_NO_FASTPATH": "1"})
 
 
+def _abort_behind_what_c_read(rank):
+    from ringlet import collectives
+    from ringlet.transport import protocol
+    n = (8 << 20) // 8
+    inp, out = np.full(n, rank + 1.0), np.zeros((2, n))
+    rl.all_gather(out, inp, algorithm="ring")    # (connections, pools: C runs the next)
+    if rank == 0:
+        # Rank 0 (in Python) answers rank 1's message, then - as if it gave up the call
+        # right there, while rank 1's C still reads rank 0's message - sends its ABORT.
+        collectives.fast.run = lambda *args: None
+        real = protocol.Peer._queue_cts
+
+        def answer_then_abort(self, msgid, flags, aux, zc=0, length=0, kind="cts"):
+            real(self, msgid, flags, aux, zc, length, kind)
+            if kind == "cts" and flags == protocol.CTS_DONE:
+                w = self.engine.works[0]
+                self.engine.send_aborts(w.tag, w.world_of, w.fp, protocol.NO_FP,
+                                        protocol.GAVE_UP)
+        protocol.Peer._queue_cts = answer_then_abort
+        rl.all_gather(out, inp, algorithm="ring", timeout=20)   # (its own call completes)
+        protocol.Peer._queue_cts = real
+    else:
+        from ringlet.transport import shm
+        look = shm.ShmPeer.abort_waiting
+
+        def late_look(self, tag):   # (rank 0 writes its ABORT just after its answer)
+            time.sleep(0.05)
+            return look(self, tag)
+        shm.ShmPeer.abort_waiting = late_look
+        with pytest.raises(rl.TimeoutError, match="all_gather #2 of group world.*rank 0 "
+                                                  "gave up on it"):
+            rl.all_gather(out, inp, algorithm="ring", timeout=20)
+    rl.barrier()
+
+
+@pytest.mark.parametrize("fastpath", ["1", "0"])
+def test_a_call_that_read_in_place_fails_if_its_sender_gave_up_meanwhile(tmp_path, fastpath):
+    """A call completes once its rounds are done; an ABORT its CMA sender sent meanwhile
+    (a sender that gave up, whose user may write the buffer being read) waits in the ring
+    behind what was read, and the call raises. In C (which returned without reading on),
+    and in the engine (which had completed the call before its next look at the ring when
+    the ABORT came after the look that took the last answer). (A host's profile: on it the
+    4 MiB messages go whole, by CMA.)"""
+    from ringlet.cost import profile
+    from conftest import HOST_PROFILE
+    path = tmp_path / "profile.json"
+    profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
+    env = {"RINGLET_PROFILE": str(path)}
+    if fastpath == "0":
+        env["RINGLET_NO_FASTPATH"] = "1"
+    run(_abort_behind_what_c_read, 2, env=env)
+
+
 def _gave_up_on_a_lane(rank, path):
     x = np.ones(4)
     for _ in range(20):                         # repeated: run whole in C (the lane)

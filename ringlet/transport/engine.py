@@ -166,6 +166,7 @@ class Engine:
         self.tcp_peers: list = []
         self.remote_maps = RemoteMaps()
         self.works: list = []
+        self.read_in_place = 0     # messages read from a sender's buffer (a call checks: work.py)
         self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
         # What the runtime adds, for the collectives it runs on this engine:
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports

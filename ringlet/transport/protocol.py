@@ -521,9 +521,11 @@ class Peer:
             self._queue_cts(msgid, CTS_REJECT, req.nbytes)
             self._refuse(req, length)
         elif type(where) is _Offer:
+            self.engine.read_in_place += 1
             self._take_offer(req, msgid, where)
         elif where is not None and (got := self.read_remote(req, where, length, msgid)) \
                 is not False:
+            self.engine.read_in_place += 1
             if got:   # one copy (or reduce), straight from the sender's buffer
                 self._received(req)
                 self._queue_cts(msgid, CTS_DONE, 0)

@@ -22,8 +22,8 @@ import socket
 import numpy as np
 
 from . import cma, copies, limits, split
-from .protocol import (CTS_DONE, DATA, EAGER, HEADER, HEADER_SIZE, PAD, WRITE_WHOLE, Peer,
-                       ProtocolError, peer_failure)
+from .protocol import (ABORT, CTS_DONE, DATA, EAGER, HEADER, HEADER_SIZE, PAD, WRITE_WHOLE,
+                       Peer, ProtocolError, peer_failure)
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
@@ -211,6 +211,24 @@ class ShmPeer(Peer):
         if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too
             self.engine.ring_doorbell(self.doorbell)
         return True
+
+    def abort_waiting(self, tag: int) -> bool:
+        """Whether an ABORT of call ``tag`` waits in the ring from this peer, unread (a
+        look only: nothing is taken)."""
+        ring = self.inbox
+        ctrl = ring.ctrl
+        head, tail = ctrl[0], ctrl[8]
+        cap, seg, base = ring.capacity, ring.seg, ring.base
+        while tail < head:
+            pos = tail % cap
+            kind, _, t, _, length = HEADER.unpack_from(seg, base + pos)[:5]
+            if kind == PAD:
+                tail += cap - pos
+                continue
+            if kind == ABORT and t == tag:
+                return True
+            tail += HEADER_SIZE + (_round64(length) if kind in (DATA, EAGER) else 0)
+        return False
 
     def close(self) -> None:
         self.inbox = self.outbox = None    # (their views pin the segments' mappings)

@@ -226,8 +226,8 @@ class RequestWork(Work):
 
     @property
     def operation(self) -> str:
-        """"isend" or "irecv": only those hand their work to the caller (a blocking call's
-        own wait is its call's), so a profile adds its wait to their row."""
+        """The row "isend" or "irecv": only those hand their work to the caller (a blocking
+        call's own wait is its call's), so a profile adds its wait to their row."""
         return "i" + super().operation
 
 

@@ -1005,8 +1005,9 @@ def test_parameter_server_rounds(staleness):
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_parameter_server_rounds_over_several_calls_from_a_reused_array(staleness):
     """learn(2) and act(2) three times run what learn(6) and act(6) run (rounds, versions
-    and tags go on from the last call), and an actor whose generate fills the same array
-    every round sends each round's rows (they go while it generates the next)."""
+    and tags go on from the last call), with a generate that fills the same array every
+    round (its rows here are small, sent at once; large ones, which are read later:
+    test_parameter_server_sends_each_rounds_rows_though_generate_reuses_its_array)."""
     run(_ps_job, 3, staleness, None, 3, True)
 
 

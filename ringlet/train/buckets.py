@@ -26,7 +26,7 @@ from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
 from .arrays import as_numbers
-from .pricing import Call, averaging, buffer, hosts_of, overlaps, price
+from .pricing import Call, averaging, buffer, disagreement, hosts_of, overlaps, price
 
 
 BF16 = "bfloat16"
@@ -106,13 +106,11 @@ class GradBuckets:
         others' and fail as a mismatch whose cause is not named): checked once, here."""
         layout = repr([(b.buf.size, b.buf.dtype.str) for b in self.buckets]) + repr(comm_hook)
         digest = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "little")
-        mine = np.array([len(self.buckets), sum(b.buf.size for b in self.buckets), digest],
-                        np.int64)
-        every = np.empty((self.group.size, 3), np.int64)
-        all_gather(every, mine, group=self.group)
-        if (every != every[0]).any():
+        every = disagreement([len(self.buckets), sum(b.buf.size for b in self.buckets), digest],
+                             self.group)
+        if every is not None:
             said = "; ".join(f"rank {r}: {n} buckets of {e} elements" for r, (n, e, _)
-                             in enumerate(every.tolist()))
+                             in enumerate(every))
             raise ValueError(f"rank {get_rank()}: GradBuckets: the ranks cut different "
                              f"buckets ({said}; here bucket_cap_mb={cap_mb}, comm_hook="
                              f"{comm_hook!r}): pass the same parameters, bucket_cap_mb and "

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..collectives import all_gather
 from ..runtime import engine, get_rank, irecv, isend, recv, resolve, send
 from ..transport.limits import SHM_EAGER_BYTES, TCP_EAGER_BYTES
 from ..transport.shm import ShmPeer
 from .arrays import as_numbers
-from .pricing import Call, overlaps, price
+from .pricing import Call, disagreement, overlaps, price
 
 _HEADER = 8   # int64s: ndim, then up to 7 dimensions
 
@@ -59,16 +58,11 @@ class Pipeline:
         """Every stage must run the same micro-batches, schedule and activation dtype:
         else a stage would wait for a message that never comes, until its timeout.
         Checked once, here, on every rank."""
-        g = self.group
-        mine = np.array([self.m, ("gpipe", "1f1b").index(self.schedule), ord(self.dtype.char)],
-                        np.int64)
-        every = np.empty((g.size, 3), np.int64)
-        all_gather(every, mine, group=g)
-        differ = [r for r in range(g.size) if not np.array_equal(every[r], every[0])]
-        if differ:
+        every = disagreement([self.m, ("gpipe", "1f1b").index(self.schedule),
+                              ord(self.dtype.char)], self.group)
+        if every is not None:
             said = "; ".join(f"stage {r}: micro_batches={m}, schedule={('gpipe', '1f1b')[k]!r}, "
-                             f"dtype={np.dtype(chr(c))}"
-                             for r, (m, k, c) in enumerate(every.tolist()))
+                             f"dtype={np.dtype(chr(c))}" for r, (m, k, c) in enumerate(every))
             raise ValueError(f"rank {get_rank()}: Pipeline: the stages disagree ({said}); "
                              f"construct it with the same micro_batches, schedule and dtype "
                              f"on every rank of the group")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import buffers, cost
+from ..ops import ReduceOp
 from ..transport.shm import ZERO_COPY_MIN
 from ..cost.tune import build_schedule
 from .memory import note_shared
@@ -89,11 +90,22 @@ def averaging(flat: np.ndarray, p: int):
     AVG, a sum divided after; for 16-bit floats the values divided first (in place) and
     SUM, since the sum of p ranks' gradients overflows where their mean need not (two
     ranks' 40000 in float16: inf)."""
-    from ..ops import ReduceOp
     if flat.dtype.itemsize > 2 or p == 1:
         return ReduceOp.AVG
     np.multiply(flat, 1.0 / p, out=flat)
     return ReduceOp.SUM
+
+
+def disagreement(values, group) -> list | None:
+    """Every rank's ``values`` (a few integers), if any rank's differ from the others':
+    what a pattern checks once, as it is built, that every rank passed alike (a pattern
+    whose ranks differ would fail later, in a collective, or wait until its timeout).
+    None when all agree."""
+    from ..collectives import all_gather
+    mine = np.array(values, np.int64)
+    every = np.empty((group.size, mine.size), np.int64)
+    all_gather(every, mine, group=group)
+    return every.tolist() if (every != every[0]).any() else None
 
 
 def lent(n: int, dtype) -> tuple[np.ndarray, np.ndarray | None]:

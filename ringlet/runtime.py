@@ -665,8 +665,25 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
     except TimeoutError as exc:
         if args[0] == "recv":
             _withdraw(work, args[1], exc)
+        else:
+            _detach(work, args[1])
         raise
     return False
+
+
+def _detach(work, world: int) -> None:
+    """A blocking send that timed out stays posted (its receiver may still ask for it),
+    but what it has yet to send is copied now, while the caller's buffer still holds it
+    (Peer.detach): the caller may write the buffer next. (Not a message whose receiver
+    reads it in place, over shared memory: README, "Errors and failures".)"""
+    eng = _S.engine
+    eng.enter()
+    try:
+        peer = eng.peers.get(world)
+        if peer is not None:
+            peer.detach(lambda req: req is work.req)
+    finally:
+        eng.leave()
 
 
 def _withdraw(work, world: int, exc) -> None:

@@ -193,6 +193,42 @@ def test_a_peer_reading_a_message_after_its_sender_gave_up_fails(tmp_path):
     run(_read_late, 2, str(tmp_path / "late"), 8 << 20, env={"RINGLET_NO_FASTPATH": "1"})
 
 
+def _queued_when_given_up(rank):
+    from ringlet.runtime import engine
+    chunk = np.ones(8000)               # 64 KB: EAGER packets, over TCP and shared memory
+    x, out = np.full(8000, rank + 1.0), np.zeros((2, 8000))
+    if rank == 0:
+        # its ABORT is held back (as it would be behind the data on a slow link), so rank 1
+        # completes the call with what rank 0's message carries
+        engine().send_aborts = lambda *args: None
+        # fill the link (the ring; the sockets) with messages rank 1 reads late
+        filler = [rl.isend(chunk, 1, tag=9) for _ in range(40)]
+        with pytest.raises(rl.TimeoutError):    # its message queued behind them
+            rl.all_gather(out, x, algorithm="direct", timeout=0.3)
+        x[:] = 7.0                              # the user's again
+        rl.recv(np.zeros(1), 1, tag=6, timeout=30)
+        for w in filler:
+            w.wait(30)
+    else:
+        time.sleep(1.5)                         # (rank 0 gives up meanwhile)
+        for _ in range(40):
+            rl.recv(np.zeros_like(chunk), 0, tag=9, timeout=30)
+        rl.all_gather(out, x, algorithm="direct", timeout=30)
+        assert (out[0] == 1.0).all(), f"completed with {np.unique(out[0])}"
+        rl.send(np.zeros(1), 0, tag=6)
+    rl.barrier()
+
+
+@pytest.mark.parametrize("env", [None, {**two_hosts(2), "RINGLET_TCP_SNDBUF": "65536",
+                                        "RINGLET_TCP_RCVBUF": "65536"}], ids=["shm", "tcp"])
+def test_a_call_that_gave_up_sends_no_bytes_written_after(env):
+    """A collective that gives up on a rank whose message is still queued there (behind a
+    full ring, or full sockets) copies it before it returns: a peer that still completes
+    the call gets the bytes the call was given, not those the user wrote into the buffer
+    afterwards (7s, before)."""
+    run(_queued_when_given_up, 2, env=env)
+
+
 def _abort_behind_what_c_read(rank):
     from ringlet import collectives
     from ringlet.transport import protocol

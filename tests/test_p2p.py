@@ -364,6 +364,35 @@ def test_a_receive_that_timed_out_takes_no_later_message(n, backend):
     run(_late_messages, 2, n, backend=backend)
 
 
+def _late_send(rank, n):
+    half = np.ones(EAGER_BYTES // 8)
+    if rank == 0:
+        for _ in range(2):                   # fill the shared-memory ring (two EAGER packets)
+            rl.send(half, 1, tag=9)
+        x = np.ones(n)
+        with pytest.raises(rl.TimeoutError):
+            rl.send(x, 1, tag=5, timeout=0.3)
+        x[:] = 7.0                           # the caller has its buffer back
+        rl.send(np.zeros(1), 1, tag=6)
+    else:
+        time.sleep(1.0)                      # (rank 0's send times out meanwhile)
+        for _ in range(2):
+            rl.recv(np.zeros_like(half), 0, tag=9)
+        rl.recv(np.zeros(1), 0, tag=6)
+        got = np.zeros(n)
+        rl.recv(got, 0, tag=5, timeout=30)
+        assert (got == 1.0).all(), np.unique(got)
+    rl.barrier()
+
+
+def test_a_send_that_timed_out_sends_what_it_was_given(backend):
+    """A blocking send that times out stays posted, and its receiver still gets the bytes
+    the send was given, not what the caller wrote into its buffer afterwards: what the send
+    had yet to move was copied when it gave up. (800 KB: over shared memory it waits behind
+    a full ring; over TCP, for its receiver's CTS.)"""
+    run(_late_send, 2, 100_000, backend=backend)
+
+
 def _peer_death(rank, path):
     if rank == 1:                   # dies while rank 0 waits for it in recv
         if hasattr(engine().peers[0], "outbox"):

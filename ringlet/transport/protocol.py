@@ -704,7 +704,9 @@ class Peer:
         self.pump_out()
 
     def fail_tag(self, tag, exc) -> None:
-        """Fail every posted receive of one collective (it was aborted)."""
+        """Fail every posted receive of one collective (it was aborted); its sends still
+        queued here stop reading the caller's buffers (``detach``)."""
+        self.detach(lambda req: req.tag == tag)
         for req in self.posted.pop(tag, ()):
             req.fail(exc)
         for item in self.unexpected.pop(tag, ()):     # nobody will ask for these now
@@ -730,6 +732,18 @@ class Peer:
                 req.fail(exc)
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag,
                                                 getattr(req, "dst", None))
+
+    def detach(self, which) -> None:
+        """The sends queued here that ``which(req)`` picks (of a call that gave up or
+        failed, whose caller may write its buffers next) copy what they have yet to send,
+        now, while the buffers still hold what the call was given: a receiver still
+        reading them then gets those bytes, not torn ones. Not a send whose RTS offered its
+        address (read in place from an rl.empty segment, or by CMA): its reader looks for
+        the ABORT behind what it read instead (work.CollectiveWork._abort_behind)."""
+        for req in [item for kind, item in self.outq if kind in ("eager", "data")] + \
+                list(self.awaiting_cts.values()):
+            if not req.done and req.zc is None and not req.cma and which(req):
+                req.data = req.data.copy()
 
     def pending(self) -> bool:
         return bool(self.outq or self.incoming or self.awaiting_cts

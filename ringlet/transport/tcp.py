@@ -303,6 +303,16 @@ class TcpPeer(Peer):
                     moved = self._flush(lane) or moved
         return moved or (not flushed_before and not any(lane.wpending for lane in self.lanes))
 
+    def detach(self, which) -> None:
+        """... and what the kernel has not taken yet of any payload (views, queued after a
+        partial write: whose they are is not kept, and a copy of another call's is only
+        the bytes it was given). A send the writer thread already has (Threads) is not
+        copied: it writes from the caller's buffer until it is done."""
+        super().detach(which)
+        for lane in self.lanes:
+            lane.wpending = [bytes(part) if isinstance(part, memoryview) else part
+                             for part in lane.wpending]
+
     def pending(self) -> bool:
         return (any(lane.wpending for lane in self.lanes) or super().pending()
                 or self.threads is not None and bool(self.threads.sending))

@@ -306,9 +306,13 @@ class TcpPeer(Peer):
     def detach(self, which) -> None:
         """... and what the kernel has not taken yet of any payload (views, queued after a
         partial write: whose they are is not kept, and a copy of another call's is only
-        the bytes it was given). A send the writer thread already has (Threads) is not
-        copied: it writes from the caller's buffer until it is done."""
+        the bytes it was given), and the sends waiting for the writer thread (Threads);
+        not the one it is writing already, from the caller's buffer until it is done."""
         super().detach(which)
+        if self.threads is not None:
+            for req in list(self.threads.sending.values()):
+                if which(req):
+                    req.data = req.data.copy()
         for lane in self.lanes:
             lane.wpending = [bytes(part) if isinstance(part, memoryview) else part
                              for part in lane.wpending]

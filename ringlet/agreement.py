@@ -97,9 +97,23 @@ class Agreement:
     def gave_up(self, work, exc) -> None:
         """This rank's wait for collective ``work`` timed out (``exc``): the call is over
         here - its receives fail, so nothing more is written into its buffers - and its
-        other members are told (an ABORT), so none waits on for this rank."""
+        other members are told (an ABORT, and in shared memory: one reading a message of
+        it in place must fail, as the ABORT may come late), so none waits on for this
+        rank."""
+        self.engine.say_gave_up(work.tag, work.world_of)
         self.engine.send_aborts(work.tag, work.world_of, work.fp, NO_FP, GAVE_UP)
         self._fail_collective(work.tag, exc)
+
+    def gave_up_behind(self, tag: int, sender: int, what: str) -> TimeoutError:
+        """Rank ``sender``, which this rank read a message of call ``tag`` from in place,
+        said it gave up the call (ShmPeer.gave_up_on) before its ABORT came: the call fails
+        here as the ABORT would fail it, and the ABORT, when it comes, is spent."""
+        exc = self.gave_up_error(what, sender)
+        if tag in self.active:
+            self._fail_collective(tag, exc)
+        else:
+            _bounded_put(self.failed, tag, True)
+        return exc
 
     def propagate_failure(self, work, exc) -> None:
         """A member of this collective died: tell the other members, who may be waiting

@@ -301,17 +301,22 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
 def _gave_up_meanwhile(eng, fc, tag: int, call, collective: str, seq: int, g: Group, pool,
                        scratch) -> None:
     """A call C ran whole that read messages in place by CMA: a sender that gave up the
-    call while it was read (its user may then write the buffer) had sent its ABORT before
-    returning, and it waits in the ring behind what C read. Raise as the engine would have
+    call while it was read (its user may then write the buffer) had sent its ABORT, and
+    said so in shared memory, before returning; the ABORT waits in the ring behind what C
+    read, or behind other traffic still. Raise as the engine would have
     (C returns once its rounds are done, without reading on)."""
-    if not any(p.abort_waiting(tag) for p in fc.peers):
-        return
-    eng.progress()              # (takes the ABORT: the call, not active, keeps it)
-    sender = eng.calls.given_up.pop(tag, None)
+    what = str(CallId(collective, seq, g.name, call.algorithm))
+    if any(p.abort_waiting(tag) for p in fc.peers):
+        eng.progress()          # (takes the ABORT: the call, not active, keeps it)
+        sender = eng.calls.given_up.pop(tag, None)
+        if sender is not None:
+            pool.append(scratch)
+            raise eng.calls.gave_up_error(what, sender)
+    # ... or it waits behind other traffic still: the sender said so in shared memory
+    sender = next((p.rank for p in fc.peers if p.gave_up_on(tag)), None)
     if sender is not None:
         pool.append(scratch)
-        raise eng.calls.gave_up_error(str(CallId(collective, seq, g.name, call.algorithm)),
-                                      sender)
+        raise eng.calls.gave_up_behind(tag, sender, what)
 
 
 #: the caller's buffers a collective's lane takes, in the order lane.run takes them

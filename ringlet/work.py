@@ -433,7 +433,8 @@ class CollectiveWork(Work):
     def _abort_behind(self) -> bool:
         """Whether the call failed on an ABORT waiting behind what this rank read: a
         message read in place from a sender that gave up the call while it was read (its
-        user may then write the buffer) had its ABORT sent before that sender returned.
+        user may then write the buffer) had its ABORT sent, and its giving up said in
+        shared memory (ShmPeer.gave_up), before that sender returned.
         (Asked when a call that read messages in place completes: the C path asks too,
         collectives._gave_up_meanwhile.)"""
         for r in set(self.world_of):
@@ -441,6 +442,9 @@ class CollectiveWork(Work):
             waiting = getattr(peer, "abort_waiting", None)
             if waiting is not None and waiting(self.tag):
                 peer.progress()     # (the ABORT fails this call)
+            # ... or it waits behind other traffic still: the sender said so in shared memory
+            if not self.done and waiting is not None and peer.gave_up_on(self.tag):
+                self.engine.calls.gave_up_behind(self.tag, r, self.what)
         return self.done
 
     def _post_early(self, rnd: PlanRound) -> None:

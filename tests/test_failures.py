@@ -229,6 +229,53 @@ def test_a_call_that_gave_up_sends_no_bytes_written_after(env):
     run(_queued_when_given_up, 2, env=env)
 
 
+def _abort_stuck_behind_traffic(rank, path):
+    from ringlet.transport import cma
+    n = (2 << 20) // 8                          # 2 MiB blocks: read in place, by CMA
+    inp, out = np.full((2, n), rank + 1.0), np.zeros((2, n))
+    jam = np.ones((8 << 20) // 8)
+    rl.all_to_all(out, inp, algorithm="direct")
+    rl.barrier()
+    # an 8 MiB reduce into rank 1, posted first by both: rank 1 reduces, so rank 0's data
+    # streams through the ring, and rank 0's ABORT waits behind it
+    jammed = rl.reduce(jam, 1, algorithm="direct", async_op=True)
+    if rank == 0:
+        with pytest.raises(rl.TimeoutError):
+            rl.all_to_all(out, inp, algorithm="direct", timeout=0.3)
+        inp[:] = 7.0                            # the user's again
+        open(path, "w").close()
+    else:
+        real = cma.read
+
+        def late_read(pid, addr, dst):          # rank 1's read of rank 0's block starts late
+            if dst.nbytes >= 1 << 20:
+                while not os.path.exists(path):
+                    time.sleep(0.01)
+            return real(pid, addr, dst)
+        cma.read = late_read
+        try:
+            with pytest.raises(rl.TimeoutError, match="all_to_all #4 of group world.*rank 0 "
+                                                      "gave up on it"):
+                rl.all_to_all(out, inp, algorithm="direct", timeout=20)
+        finally:
+            cma.read = real
+    jammed.wait(30)
+    y = np.full(1000, rank + 1.0)
+    rl.all_reduce(y, timeout=30)                # the group goes on
+    assert (y == 3).all()
+
+
+@pytest.mark.parametrize("fastpath", ["1", "0"])
+def test_a_reader_in_place_fails_while_the_abort_waits_behind_other_traffic(tmp_path, fastpath):
+    """The sender that gave up said so in shared memory before it returned: a rank reading
+    one of the call's messages in place from its buffer fails, even while the ABORT still
+    waits behind other data in the sender's queue (the second it is given to get out
+    having run out). Before, it completed with the 7s the user wrote after. In C and in
+    the engine."""
+    run(_abort_stuck_behind_traffic, 2, str(tmp_path / "wrote"),
+        env={"RINGLET_NO_FASTPATH": "0" if fastpath == "1" else "1"})
+
+
 def _abort_behind_what_c_read(rank):
     from ringlet import collectives
     from ringlet.transport import protocol

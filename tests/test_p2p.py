@@ -393,6 +393,34 @@ def test_a_send_that_timed_out_sends_what_it_was_given(backend):
     run(_late_send, 2, 100_000, backend=backend)
 
 
+def _streamed_after_offer(rank):
+    from ringlet.transport import cma
+    n = (4 << 20) // 8                          # offered by address (CMA), past 1 MiB
+    if rank == 0:
+        x = np.ones(n)
+        with pytest.raises(rl.TimeoutError):
+            rl.send(x, 1, tag=5, timeout=0.3)
+        x[:] = 7.0
+        rl.recv(np.zeros(1), 1, tag=6, timeout=30)
+    else:
+        time.sleep(1.0)
+        # as where the two buffers lie at a distance the kernel copies slowly across: the
+        # receiver asks for the bytes streamed instead of reading them in place
+        cma.fast_offset = lambda dst, src: False
+        got = np.zeros(n)
+        rl.recv(got, 0, tag=5, timeout=30)
+        assert (got == 1.0).all(), np.unique(got)
+        rl.send(np.zeros(1), 0, tag=6)
+    rl.barrier()
+
+
+def test_a_send_offered_by_address_that_timed_out_streams_what_it_was_given():
+    """A large send that offered its address, timed out, and was then asked for its bytes
+    streamed (its receiver's buffer at a slow distance, or a receive that reduces) streams
+    the copy made when it timed out, not the 7s the caller wrote since."""
+    run(_streamed_after_offer, 2)
+
+
 def _peer_death(rank, path):
     if rank == 1:                   # dies while rank 0 waits for it in recv
         if hasattr(engine().peers[0], "outbox"):

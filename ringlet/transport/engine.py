@@ -422,6 +422,15 @@ class Engine:
             if r != self.rank and peer is not None and not peer.dead:
                 peer.send_abort(tag, mine, theirs, culprit)
 
+    def say_gave_up(self, tag: int, ranks) -> None:
+        """Tell each of ``ranks`` on this host, in shared memory, that this rank gave up
+        call ``tag`` (ShmPeer.gave_up): one reading a message of it in place fails even
+        while the ABORT waits behind other traffic."""
+        for r in ranks:
+            peer = self.peers.get(r)
+            if isinstance(peer, ShmPeer) and not peer.dead:
+                peer.gave_up(tag)
+
     def fail_tag(self, tag: int, exc) -> None:
         """Every peer's receives of call ``tag`` fail; its unasked messages are dropped."""
         for peer in self.peers.values():

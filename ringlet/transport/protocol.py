@@ -737,12 +737,14 @@ class Peer:
         """The sends queued here that ``which(req)`` picks (of a call that gave up or
         failed, whose caller may write its buffers next) copy what they have yet to send,
         now, while the buffers still hold what the call was given: a receiver still
-        reading them then gets those bytes, not torn ones. Not a send whose RTS offered its
-        address (read in place from an rl.empty segment, or by CMA): its reader looks for
-        the ABORT behind what it read instead (work.CollectiveWork._abort_behind)."""
-        for req in [item for kind, item in self.outq if kind in ("eager", "data")] + \
-                list(self.awaiting_cts.values()):
-            if not req.done and req.zc is None and not req.cma and which(req):
+        reading them then gets those bytes, not torn ones. That includes a send whose RTS
+        offers its address (by CMA, or in an rl.empty segment): its receiver may still
+        answer that it wants the bytes streamed (it reduces, or the addresses lie at a slow
+        distance). One that reads the caller's buffer in place instead looks, before it
+        completes, for its sender's word that it gave up (work.CollectiveWork._abort_behind)."""
+        queued = [item for kind, item in self.outq if kind in ("eager", "rts", "data")]
+        for req in {id(r): r for r in queued + list(self.awaiting_cts.values())}.values():
+            if not req.done and which(req):
                 req.data = req.data.copy()
 
     def pending(self) -> bool:

@@ -27,6 +27,7 @@ from .protocol import (ABORT, CTS_DONE, DATA, EAGER, HEADER, HEADER_SIZE, PAD, W
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
+GAVE_UP_WORDS = 7    # a ring's control words 1-7: the last calls its sender gave up
 # sizes: see limits.py
 RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
 STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
@@ -102,6 +103,7 @@ class ShmPeer(Peer):
         self.zc_oneway_min = max(self.zc_min, min(ZERO_COPY_ONEWAY_MIN, self.stream_max * 7 // 8))
         self.inbox, self.outbox = inbox, outbox
         self.doorbell, self.pid = doorbell, pid
+        self._gave_up = 0                    # calls this rank said it gave up (gave_up)
         self.cma = cma.Reader(pid)           # reads this peer's private buffers in place
         # (above what streams: a ring smaller than CMA_MIN, RINGLET_SHM_RING, lowers it)
         self.cma_min = min(CMA_MIN, self.stream_max) if self.cma.ok else -1
@@ -211,6 +213,19 @@ class ShmPeer(Peer):
         if self.outbox.asleep[0]:         # a sender asleep on a full ring needs the news too
             self.engine.ring_doorbell(self.doorbell)
         return True
+
+    def gave_up(self, tag: int) -> None:
+        """Say in this direction's control words (of the head's cache line, which only
+        this rank writes) that this rank gave up call ``tag``, before it returns to its
+        caller: the peer may be reading one of the call's messages in place from the
+        caller's buffer, and the ABORT can wait behind other traffic for longer than the
+        caller waits for it (Engine.flush_aborts). The last GAVE_UP_WORDS calls are kept."""
+        self.outbox.ctrl[1 + self._gave_up % GAVE_UP_WORDS] = tag
+        self._gave_up += 1
+
+    def gave_up_on(self, tag: int) -> bool:
+        """Whether the peer said it gave up call ``tag`` (``gave_up``, its side)."""
+        return tag in self.inbox.ctrl[1:1 + GAVE_UP_WORDS].tolist()
 
     def abort_waiting(self, tag: int) -> bool:
         """Whether an ABORT of call ``tag`` waits in the ring from this peer, unread (a

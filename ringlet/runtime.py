@@ -50,6 +50,9 @@ class _State:
     released: set = set()
     published = 0.0          # when _publish_state last wrote this rank's state
     gave_up: dict = {}       # group id -> the last of its calls this rank timed out of
+    # the highest id new_group (or shrink) has given: a dropped group's id is not given
+    # again (its calls' state, and traffic still on its way, would be the new group's)
+    last_gid = 0
     departed_checked = 0.0   # when _departed last asked the store (at most once a second)
 
 
@@ -185,6 +188,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
     _S.profile, _S.tune = profile, settings["tune"]
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
     _S.groups = [_S.world]
+    _S.last_gid = 0
     tracing.from_env(rank, world_size)
     return _S.world
 
@@ -492,12 +496,30 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
     for r in ranks:
         if not 0 <= r < world.size:
             raise ValueError(f"new_group: rank {r} is outside the world of size {world.size}")
-    gid = max(g.id for g in _S.groups) + 1
+    gid = next_gid()
     g = Group(gid, tuple(world.ranks[r] for r in ranks),   # (the world may have shrunk)
               ranks.index(world.rank) if world.rank in ranks else -1,
               tuple(world.hosts[r] for r in ranks))
     _S.groups.append(g)
     return g
+
+
+#: tags are signed 64-bit with the group id in bits 48-62
+MAX_GID = 0x7FFF
+
+
+def next_gid() -> int:
+    """The id of the next group new_group creates, as every rank counts alike: one past
+    any group's here and any it gave before (``_S.last_gid``), unless that runs past
+    MAX_GID - then the lowest one not in use."""
+    gid = max(_S.last_gid, *(g.id for g in _S.groups)) + 1
+    if gid > MAX_GID:
+        used = {g.id for g in _S.groups}
+        gid = next((i for i in range(1, MAX_GID + 1) if i not in used), None)
+        if gid is None:
+            raise RingletError(f"more than {MAX_GID} groups at once: destroy some first")
+    _S.last_gid = max(_S.last_gid, gid)
+    return gid
 
 
 def keyed_group(ranks, key: str) -> Group:

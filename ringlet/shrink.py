@@ -42,7 +42,7 @@ def shrink(timeout: float | None = None) -> Group:
             work.fail(gone)
         eng.check_liveness()
         eng.progress()
-        mine = {"dead": _dead(eng, old), "gid": max(g.id for g in S.groups)}
+        mine = {"dead": _dead(eng, old), "gid": max(S.last_gid, *(g.id for g in S.groups))}
     for w in S.outstanding:
         w._reported = True             # (their failures are why we shrink: not news)
     S.outstanding = []
@@ -74,6 +74,7 @@ def shrink(timeout: float | None = None) -> Group:
                   previous=tuple(old.group_rank(r) for r in members))
     S.world = world
     S.groups = [world]
+    S.last_gid = max(S.last_gid, gid)
     runtime.drop_lanes()      # (the peers' numbers changed)
     return world
 

@@ -229,7 +229,7 @@ def test_a_call_that_gave_up_sends_no_bytes_written_after(env):
     run(_queued_when_given_up, 2, env=env)
 
 
-def _abort_stuck_behind_traffic(rank, path):
+def _abort_stuck_behind_traffic(rank, path, more):
     from ringlet.transport import cma
     n = (2 << 20) // 8                          # 2 MiB blocks: read in place, by CMA
     inp, out = np.full((2, n), rank + 1.0), np.zeros((2, n))
@@ -243,6 +243,9 @@ def _abort_stuck_behind_traffic(rank, path):
         with pytest.raises(rl.TimeoutError):
             rl.all_to_all(out, inp, algorithm="direct", timeout=0.3)
         inp[:] = 7.0                            # the user's again
+        for _ in range(more):                   # and more calls given up meanwhile
+            with pytest.raises(rl.TimeoutError):
+                rl.barrier(timeout=0.05)
         open(path, "w").close()
     else:
         real = cma.read
@@ -259,21 +262,60 @@ def _abort_stuck_behind_traffic(rank, path):
                 rl.all_to_all(out, inp, algorithm="direct", timeout=20)
         finally:
             cma.read = real
-    jammed.wait(30)
+        for _ in range(more):       # (each fails, or completes on the message before its ABORT)
+            try:
+                rl.barrier(timeout=20)
+            except rl.TimeoutError as exc:
+                assert "rank 0 gave up on it" in str(exc), exc
+    try:
+        jammed.wait(30)
+    except rl.TimeoutError as exc:  # (a call more than 8 behind the latest given up counts as
+        assert more > 8 and rank == 1 and "rank 0 gave up" in str(exc), exc   # given up)
     y = np.full(1000, rank + 1.0)
     rl.all_reduce(y, timeout=30)                # the group goes on
     assert (y == 3).all()
 
 
-@pytest.mark.parametrize("fastpath", ["1", "0"])
-def test_a_reader_in_place_fails_while_the_abort_waits_behind_other_traffic(tmp_path, fastpath):
+@pytest.mark.parametrize("fastpath,more", [("1", 0), ("0", 0), ("1", 9)])
+def test_a_reader_in_place_fails_while_the_abort_waits_behind_other_traffic(tmp_path, fastpath,
+                                                                              more):
     """The sender that gave up said so in shared memory before it returned: a rank reading
     one of the call's messages in place from its buffer fails, even while the ABORT still
     waits behind other data in the sender's queue (the second it is given to get out
     having run out). Before, it completed with the 7s the user wrote after. In C and in
-    the engine."""
-    run(_abort_stuck_behind_traffic, 2, str(tmp_path / "wrote"),
+    the engine; and after the sender gave up 9 more calls meanwhile (the word of a group
+    keeps its latest call and the 8 before it: older ones count as given up, so there the
+    async reduce in flight beside them may fail too; with none, it completes)."""
+    run(_abort_stuck_behind_traffic, 2, str(tmp_path / "wrote"), more,
         env={"RINGLET_NO_FASTPATH": "0" if fastpath == "1" else "1"})
+
+
+def _group_after_a_dropped_one(rank):
+    from ringlet import runtime
+    n = (2 << 20) // 8                          # read in place (CMA)
+    inp, out = np.full((2, n), rank + 1.0), np.zeros((2, n))
+    g = rl.new_group([0, 1])
+    if rank == 0:
+        with pytest.raises(rl.TimeoutError):
+            rl.all_to_all(out, inp, group=g, algorithm="direct", timeout=0.3)
+    else:
+        time.sleep(1.0)
+        with pytest.raises(rl.TimeoutError, match="rank 0 gave up on it"):
+            rl.all_to_all(out, inp, group=g, algorithm="direct", timeout=20)
+    rl.barrier(timeout=30)
+    runtime.drop_group(g)                       # (what torch's destroy_process_group does)
+    again = rl.new_group([0, 1])
+    assert again.id != g.id, (again.id, g.id)
+    inp, out = np.full((2, n), rank + 1.0), np.zeros((2, n))
+    rl.all_to_all(out, inp, group=again, algorithm="direct", timeout=20)
+    assert (out == np.arange(1, 3)[:, None]).all()
+
+
+def test_a_new_group_takes_no_id_of_a_dropped_one():
+    """Group ids are not given again: the first call of a group made after a dropped one
+    had the dropped group's tag, and took its state - a call given up there - for its own
+    (it waited out its timeout, then failed naming a give-up nobody made)."""
+    run(_group_after_a_dropped_one, 2)
 
 
 def _abort_behind_what_c_read(rank):

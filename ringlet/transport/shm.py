@@ -21,13 +21,33 @@ import socket
 
 import numpy as np
 
+from ..group import TAG_GROUP_SHIFT, call_number, group_of
 from . import cma, copies, limits, split
 from .protocol import (ABORT, CTS_DONE, DATA, EAGER, HEADER, HEADER_SIZE, PAD, WRITE_WHOLE,
                        Peer, ProtocolError, peer_failure)
 
 SEG_HEADER = 64
 SLOT_CTRL = 128
-GAVE_UP_WORDS = 7    # a ring's control words 1-7: the last calls its sender gave up
+# a ring's control words ([0] head, [2]-[3] split.py's, [8] tail): [4]-[7], the calls its
+# sender gave up (ShmPeer.gave_up)
+GAVE_UP_AT, GAVE_UP_WORDS = 4, 4
+_SEQ_BITS = 40       # a word: group id (bits 48-62), 8 calls before the latest (40-47), latest
+_SEQ = (1 << _SEQ_BITS) - 1
+
+
+def _gave_up_word(word: int, tag: int) -> int:
+    """A group's gave-up word (0: none yet) after its call ``tag`` was given up too."""
+    seq = call_number(tag) & _SEQ
+    if not word:
+        return (group_of(tag) << TAG_GROUP_SHIFT) | seq
+    latest, mask = word & _SEQ, (word >> _SEQ_BITS) & 0xFF
+    if seq > latest:         # the latest moves up: the old one and its mask go behind it
+        k = seq - latest
+        mask = ((mask << k) | (1 << (k - 1))) & 0xFF if k <= 8 else 0
+        latest = seq
+    elif 0 < latest - seq <= 8:
+        mask |= 1 << (latest - seq - 1)
+    return (group_of(tag) << TAG_GROUP_SHIFT) | (mask << _SEQ_BITS) | latest
 # sizes: see limits.py
 RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
 STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
@@ -216,16 +236,32 @@ class ShmPeer(Peer):
 
     def gave_up(self, tag: int) -> None:
         """Say in this direction's control words (of the head's cache line, which only
-        this rank writes) that this rank gave up call ``tag``, before it returns to its
-        caller: the peer may be reading one of the call's messages in place from the
+        this rank writes) that this rank gave up collective ``tag``, before it returns to
+        its caller: the peer may be reading one of the call's messages in place from the
         caller's buffer, and the ABORT can wait behind other traffic for longer than the
-        caller waits for it (Engine.flush_aborts). The last GAVE_UP_WORDS calls are kept."""
-        self.outbox.ctrl[1 + self._gave_up % GAVE_UP_WORDS] = tag
-        self._gave_up += 1
+        caller waits for it (Engine.flush_aborts). A word per group (the last
+        GAVE_UP_WORDS groups): its latest call given up and which of the 8 before it were
+        (``_gave_up_word``)."""
+        ctrl, group = self.outbox.ctrl, group_of(tag)
+        words = ctrl[GAVE_UP_AT:GAVE_UP_AT + GAVE_UP_WORDS].tolist()
+        at = next((i for i, w in enumerate(words) if w and group_of(w) == group), None)
+        if at is None:
+            at, words[at] = self._gave_up % GAVE_UP_WORDS, 0
+            self._gave_up += 1
+        ctrl[GAVE_UP_AT + at] = _gave_up_word(words[at], tag)
 
     def gave_up_on(self, tag: int) -> bool:
-        """Whether the peer said it gave up call ``tag`` (``gave_up``, its side)."""
-        return tag in self.inbox.ctrl[1:1 + GAVE_UP_WORDS].tolist()
+        """Whether the peer said it gave up collective ``tag`` (``gave_up``, its side).
+        Also for a call older than its word's window of 9: a peer whose message of it is
+        still being read in place cannot have completed it (its send waits for the
+        reader's answer), and it went on to give up 9 later ones meanwhile."""
+        group, seq = group_of(tag), call_number(tag) & _SEQ
+        for w in self.inbox.ctrl[GAVE_UP_AT:GAVE_UP_AT + GAVE_UP_WORDS].tolist():
+            if w and group_of(w) == group:
+                behind = (w & _SEQ) - seq
+                return behind == 0 or behind > 8 or \
+                    (behind > 0 and bool(w >> (_SEQ_BITS + behind - 1) & 1))
+        return False
 
     def abort_waiting(self, tag: int) -> bool:
         """Whether an ABORT of call ``tag`` waits in the ring from this peer, unread (a

@@ -235,11 +235,11 @@ class ShmPeer(Peer):
         return True
 
     def gave_up(self, tag: int) -> None:
-        """Say in this direction's control words (of the head's cache line, which only
-        this rank writes) that this rank gave up collective ``tag``, before it returns to
-        its caller: the peer may be reading one of the call's messages in place from the
-        caller's buffer, and the ABORT can wait behind other traffic for longer than the
-        caller waits for it (Engine.flush_aborts). A word per group (the last
+        """Say in this direction's control words (from GAVE_UP_AT, in the head's cache
+        line; only this rank writes them) that this rank gave up collective ``tag``, before
+        it returns to its caller: the peer may be reading one of the call's messages in
+        place from the caller's buffer, and the ABORT can wait behind other traffic for
+        longer than the caller waits for it (Engine.flush_aborts). A word per group (the last
         GAVE_UP_WORDS groups): its latest call given up and which of the 8 before it were
         (``_gave_up_word``)."""
         ctrl, group = self.outbox.ctrl, group_of(tag)

@@ -305,18 +305,19 @@ def _gave_up_meanwhile(eng, fc, tag: int, call, collective: str, seq: int, g: Gr
     said so in shared memory, before returning; the ABORT waits in the ring behind what C
     read, or behind other traffic still. Raise as the engine would have
     (C returns once its rounds are done, without reading on)."""
-    what = str(CallId(collective, seq, g.name, call.algorithm))
     if any(p.abort_waiting(tag) for p in fc.peers):
         eng.progress()          # (takes the ABORT: the call, not active, keeps it)
         sender = eng.calls.given_up.pop(tag, None)
         if sender is not None:
             pool.append(scratch)
-            raise eng.calls.gave_up_error(what, sender)
+            raise eng.calls.gave_up_error(str(CallId(collective, seq, g.name,
+                                                     call.algorithm)), sender)
     # ... or it waits behind other traffic still: the sender said so in shared memory
     sender = next((p.rank for p in fc.peers if p.gave_up_on(tag)), None)
     if sender is not None:
         pool.append(scratch)
-        raise eng.calls.gave_up_behind(tag, sender, what)
+        raise eng.calls.gave_up_behind(tag, sender, str(CallId(collective, seq, g.name,
+                                                               call.algorithm)))
 
 
 #: the caller's buffers a collective's lane takes, in the order lane.run takes them

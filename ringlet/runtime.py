@@ -508,11 +508,15 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
 MAX_GID = 0x7FFF
 
 
+def highest_gid() -> int:
+    """The highest group id in use here or given before (``_S.last_gid``)."""
+    return max(_S.last_gid, *(g.id for g in _S.groups))
+
+
 def next_gid() -> int:
     """The id of the next group new_group creates, as every rank counts alike: one past
-    any group's here and any it gave before (``_S.last_gid``), unless that runs past
-    MAX_GID - then the lowest one not in use."""
-    gid = max(_S.last_gid, *(g.id for g in _S.groups)) + 1
+    ``highest_gid``, unless that runs past MAX_GID - then the lowest one not in use."""
+    gid = highest_gid() + 1
     if gid > MAX_GID:
         used = {g.id for g in _S.groups}
         gid = next((i for i in range(1, MAX_GID + 1) if i not in used), None)

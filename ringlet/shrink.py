@@ -42,7 +42,7 @@ def shrink(timeout: float | None = None) -> Group:
             work.fail(gone)
         eng.check_liveness()
         eng.progress()
-        mine = {"dead": _dead(eng, old), "gid": max(S.last_gid, *(g.id for g in S.groups))}
+        mine = {"dead": _dead(eng, old), "gid": runtime.highest_gid()}
     for w in S.outstanding:
         w._reported = True             # (their failures are why we shrink: not news)
     S.outstanding = []

@@ -34,6 +34,12 @@ GAVE_UP_AT, GAVE_UP_WORDS = 4, 4
 _SEQ_BITS = 40       # a word: group id (bits 48-62), 8 calls before the latest (40-47), latest
 _SEQ = (1 << _SEQ_BITS) - 1
 
+# sizes: see limits.py
+RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
+STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
+ZERO_COPY_ONEWAY_MIN = limits.ZERO_COPY_ONEWAY_MIN
+CMA_MIN = limits.CMA_MIN
+
 
 def _gave_up_word(word: int, tag: int) -> int:
     """A group's gave-up word (0: none yet) after its call ``tag`` was given up too."""
@@ -48,11 +54,6 @@ def _gave_up_word(word: int, tag: int) -> int:
     elif 0 < latest - seq <= 8:
         mask |= 1 << (latest - seq - 1)
     return (group_of(tag) << TAG_GROUP_SHIFT) | (mask << _SEQ_BITS) | latest
-# sizes: see limits.py
-RING_BYTES, FRAG_BYTES, EAGER_BYTES = limits.RING_BYTES, limits.SHM_FRAG_BYTES, limits.SHM_EAGER_BYTES
-STREAM_BYTES, ZERO_COPY_MIN = limits.SHM_STREAM_BYTES, limits.ZERO_COPY_MIN
-ZERO_COPY_ONEWAY_MIN = limits.ZERO_COPY_ONEWAY_MIN
-CMA_MIN = limits.CMA_MIN
 
 
 def segment_size(slots: int, capacity: int) -> int:

@@ -127,15 +127,15 @@ class Agreement:
         self.engine.send_aborts(work.tag, [r for r in work.world_of if r != dead], work.fp,
                                 _death(exc), DEAD)
 
-    def retire(self, below: int, exc) -> None:
+    def retire(self, below: int, keyed, exc) -> None:
         """The world shrank: fail every call still in flight and forget all traffic of the
-        groups whose id is below ``below``, so the new world starts clean."""
+        groups whose id is below ``below`` or in ``keyed``, so the new world starts clean."""
         for work in self.engine.works[:]:
             work.fail(exc)
+        self.engine.retire(below, keyed, exc)
         for tags in (self.active, self.aborts, self.failed, self.given_up):
-            for tag in [t for t in tags if group_of(t) < below]:
+            for tag in [t for t in tags if self.engine.retired(group_of(t))]:
                 del tags[tag]
-        self.engine.retire(below, exc)
 
     # -- the transport's side (CallEvents) -----------------------------------------------
     def mismatch(self, tag: int, mine, theirs, culprit: int) -> None:
@@ -154,7 +154,7 @@ class Agreement:
             self.mismatch(tag, work.fp, fp, sender)
 
     def abort_received(self, tag: int, sender_fp, culprit_fp, culprit: int, sender: int) -> None:
-        if tag in self.failed or group_of(tag) < self.engine.retired_below:
+        if tag in self.failed or self.engine.retired(group_of(tag)):
             return
         if culprit == DEAD:
             dead = culprit_fp[0]   # (an ABORT's fingerprint field names the dead rank)

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 TAG_GROUP_SHIFT = 48
 TAG_COLLECTIVE = 1 << 47
 MAX_USER_TAG = 1 << 40
+# Group ids (bits 48-62: 1 .. 0x7FFF; the first world is 0). new_group, which every rank
+# calls, counts them up from 1 below KEYED_MIN; keyed_group (torch's subgroups, made by
+# their members only) hashes a name into KEYED_MIN and up. Apart, so a rank's count does
+# not depend on which keyed groups it is in.
+KEYED_MIN = 0x4000
+MAX_GID = 0x7FFF
 
 
 def group_of(tag: int) -> int:

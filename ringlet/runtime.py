@@ -12,7 +12,7 @@ import numpy as np
 
 from .agreement import Agreement
 from .errors import AuthenticationError, RingletError, TimeoutError
-from .group import MAX_USER_TAG, Group, group_of
+from .group import KEYED_MIN, MAX_GID, MAX_USER_TAG, Group, group_of
 from .ops import as_array
 from .profiling import profiled
 from .rendezvous import (FileStore, SignedStore, StoreServer, TCPStore, disagree_hint, env_world,
@@ -504,24 +504,21 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
     return g
 
 
-#: tags are signed 64-bit with the group id in bits 48-62
-MAX_GID = 0x7FFF
-
-
 def highest_gid() -> int:
-    """The highest group id in use here or given before (``_S.last_gid``)."""
-    return max(_S.last_gid, *(g.id for g in _S.groups))
+    """The highest counted group id in use here or given before (``_S.last_gid``): not
+    the keyed groups', which only their members know of."""
+    return max(_S.last_gid, *(g.id for g in _S.groups if g.id < KEYED_MIN))
 
 
 def next_gid() -> int:
     """The id of the next group new_group creates, as every rank counts alike: one past
-    ``highest_gid``, unless that runs past MAX_GID - then the lowest one not in use."""
+    ``highest_gid``, unless that reaches KEYED_MIN - then the lowest one not in use."""
     gid = highest_gid() + 1
-    if gid > MAX_GID:
+    if gid >= KEYED_MIN:
         used = {g.id for g in _S.groups}
-        gid = next((i for i in range(1, MAX_GID + 1) if i not in used), None)
+        gid = next((i for i in range(1, KEYED_MIN) if i not in used), None)
         if gid is None:
-            raise RingletError(f"more than {MAX_GID} groups at once: destroy some first")
+            raise RingletError(f"more than {KEYED_MIN - 1} groups at once: destroy some first")
     _S.last_gid = max(_S.last_gid, gid)
     return gid
 
@@ -529,14 +526,17 @@ def next_gid() -> int:
 def keyed_group(ranks, key: str) -> Group:
     """A subgroup every member names alike by ``key`` (torch's group name and rank list),
     created by its members only: its id, and so its traffic, does not depend on which
-    groups each rank created before (new_group's ids count creations)."""
-    world = engine() and _S.world
+    groups each rank created before (new_group's ids count creations). The world's id
+    goes into the hash: a world that shrank away may still have keyed traffic in flight."""
+    eng = engine()
+    world = _S.world
     ranks = tuple(int(r) for r in ranks)
-    # Tags are signed 64-bit with the group id in bits 48-62: ids 1 .. 32767.
-    gid = 1 + int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") % 0x7FFE
-    clash = next((g for g in _S.groups if g.id == gid), None)
+    digest = hashlib.sha256(f"{world.id}/{key}".encode()).digest()
+    gid = KEYED_MIN + int.from_bytes(digest[:8], "little") % (MAX_GID + 1 - KEYED_MIN)
+    clash = next((g.name for g in _S.groups if g.id == gid),
+                 "a group of a world that shrank away" if eng.retired(gid) else None)
     if clash is not None:
-        raise RingletError(f"group {key!r} hashes to id {gid}, which {clash.name} already uses "
+        raise RingletError(f"group {key!r} hashes to id {gid}, which {clash} already uses "
                            f"on rank {world.rank}; create it under another name")
     g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
               tuple(world.hosts[r] for r in ranks), name=key)

@@ -20,7 +20,7 @@ import time
 
 from . import runtime
 from .errors import PeerFailure, RingletError, TimeoutError
-from .group import Group
+from .group import KEYED_MIN, Group
 
 POLL = 0.005   # seconds between the decider's looks at who has joined
 
@@ -67,7 +67,7 @@ def shrink(timeout: float | None = None) -> Group:
                            f"without this rank (it joined after {limit:g} s, or was reported "
                            f"dead); it cannot take part any more")
     with eng.held():
-        eng.calls.retire(gid, gone)
+        eng.calls.retire(gid, [g.id for g in S.groups if g.id >= KEYED_MIN], gone)
     world = Group(gid, tuple(members), members.index(eng.rank),
                   tuple(eng.hosts[r] for r in members), "world",
                   lost=tuple(old.group_rank(r) for r in old.ranks if r not in members),

@@ -258,7 +258,10 @@ def test_only_the_dissemination_algorithms_agree_as_they_move_the_data():
 class _Mechanism:
     """The engine as the policy sees it (its mechanism), recording what it is asked."""
 
-    rank, retired_below = 0, 0
+    rank = 0
+
+    def retired(self, gid):
+        return False
 
     def __init__(self, peers):
         self.peers = {r: None for r in peers}

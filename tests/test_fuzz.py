@@ -718,7 +718,8 @@ class FakeEngine:
     recorded. A protocol violation fails the peer, as the real engine does; a mismatch
     aborts the tag (ABORT out, receives failed)."""
 
-    retired_below = 0   # no world has shrunk away
+    def retired(self, gid):
+        return False    # no world has shrunk away
 
     def __init__(self):
         self.violations: list = []

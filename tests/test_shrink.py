@@ -19,9 +19,20 @@ def _spawn(fn, n, *args, env=None):
     assert info.value.rank == 3 and "SIGKILL" in info.value.detail, info.value
 
 
+def _keyed_pair(rank):
+    """A subgroup of ranks 0 and 1 named as the torch backend names its own (made by its
+    members only), and one all_reduce on it."""
+    if rank in (0, 1):
+        pair = runtime.keyed_group((0, 1), "torch[0, 1]#1")
+        v = np.ones(3)
+        rl.all_reduce(v, group=pair, timeout=20)
+        assert list(v) == [2.0] * 3
+
+
 def _survive(rank, path):
     x = np.ones(1 << 16, np.float32)
     rl.all_reduce(x)
+    _keyed_pair(rank)
     if rank == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     pending = rl.all_reduce(np.ones(1 << 16, np.float32), async_op=True)  # lost with the world
@@ -46,6 +57,9 @@ def _survive(rank, path):
         v = np.ones(3)
         rl.all_reduce(v, group=pair)
         assert list(v) == [2.0] * 3
+    # The same name again: the old world's keyed groups are retired, so the name takes a
+    # new id (their traffic had been dropped under the old one).
+    _keyed_pair(rank)
     got = np.zeros(2)
     if rank == 0:
         rl.send(np.array([7.0, 8.0]), 2)

@@ -485,6 +485,25 @@ def test_groups_created_in_different_orders():
     launch(_asymmetric_groups, 3)
 
 
+def _ringlet_group_after_torch_subgroups(rank, n):
+    import ringlet as rl
+    if rank == 0:
+        dist.new_group([0], use_local_synchronization=True)
+    if rank in (0, 1):
+        dist.new_group([0, 1], use_local_synchronization=True)
+    g = rl.new_group()       # every rank counts it alike, whatever torch groups it is in
+    t = np.ones(2)
+    rl.all_reduce(t, group=g, timeout=20)
+    assert (t == n).all(), t
+
+
+def test_a_ringlet_group_made_after_torch_subgroups_has_one_id_on_every_rank():
+    """Torch's subgroups are made by their members only, under ids hashed from their
+    names; new_group counted those too, so it gave the next group a different id on a
+    rank that was in more of them (a collective on it waited out its timeout)."""
+    launch(_ringlet_group_after_torch_subgroups, 3)
+
+
 def _torch_mesh(rank, n):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("dp", "tp"))

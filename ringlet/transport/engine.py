@@ -167,7 +167,8 @@ class Engine:
         self.remote_maps = RemoteMaps()
         self.works: list = []
         self.read_in_place = 0     # messages read from a sender's buffer (a call checks: work.py)
-        self.retired_below = 0      # groups with a smaller id belong to a world that shrank away
+        # the groups of a world that shrank away: counted ids below this, and keyed ones
+        self.retired_below, self.retired_keyed = 0, frozenset()
         # What the runtime adds, for the collectives it runs on this engine:
         self.on_long_wait = None    # () -> None: publish this rank's state for hang reports
         self.departed = None        # (ranks) -> those of them that left the job (destroy)
@@ -462,13 +463,17 @@ class Engine:
                 return peer.rank, q[0].fp
         return None
 
-    def retire(self, below: int, exc) -> None:
-        """Forget all traffic of the groups whose id is below ``below`` (a world that
-        shrank away): later messages of theirs are dropped."""
-        self.retired_below = below
+    def retire(self, below: int, keyed, exc) -> None:
+        """Forget all traffic of the groups whose id is below ``below`` or in ``keyed``
+        (a world that shrank away): later messages of theirs are dropped."""
+        self.retired_below, self.retired_keyed = below, self.retired_keyed | frozenset(keyed)
         for peer in self.peers.values():
             if not peer.dead:
-                peer.retire(below, exc)
+                peer.retire(exc)
+
+    def retired(self, gid: int) -> bool:
+        """Whether group ``gid`` belonged to a world that shrank away."""
+        return gid < self.retired_below or gid in self.retired_keyed
 
     def progress(self) -> bool:
         moved = False

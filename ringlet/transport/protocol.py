@@ -439,7 +439,7 @@ class Peer:
             else:
                 self._accept(_pop(self.posted, tag, q), msgid, length, where)
             return
-        if group_of(tag) < self.engine.retired_below:   # a world that shrank away: drop it
+        if self.engine.retired(group_of(tag)):   # a world that shrank away: drop it
             if stream:
                 self.incoming[msgid] = _Discard(msgid, length, 0, tag)
             return
@@ -718,17 +718,18 @@ class Peer:
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, tag,
                                                 getattr(req, "dst", None))
 
-    def retire(self, below: int, exc) -> None:
-        """Forget the receives and unasked-for messages of every group whose id is below
-        ``below`` (a world that shrank away); the rest of their data is drained."""
-        for tag in [t for t in self.posted if group_of(t) < below]:
+    def retire(self, exc) -> None:
+        """Forget the receives and unasked-for messages of every group the engine retired
+        (a world that shrank away); the rest of their data is drained."""
+        gone = self.engine.retired
+        for tag in [t for t in self.posted if gone(group_of(t))]:
             for req in self.posted.pop(tag):
                 req.fail(exc)
-        for tag in [t for t in self.unexpected if group_of(t) < below]:
+        for tag in [t for t in self.unexpected if gone(group_of(t))]:
             for item in self.unexpected.pop(tag):
                 self.unexpected_bytes -= item.held
         for msgid, req in list(self.incoming.items()):
-            if group_of(req.tag) < below and not isinstance(req, _Discard):
+            if gone(group_of(req.tag)) and not isinstance(req, _Discard):
                 req.fail(exc)
                 self.incoming[msgid] = _Discard(msgid, req.nbytes, req.offset, req.tag,
                                                 getattr(req, "dst", None))

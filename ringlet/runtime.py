@@ -405,7 +405,7 @@ def destroy() -> None:
                 # (its published state stays its last call's, which hang reports name)
                 _S.store.set(_left_key(eng.rank), b"1")
                 _S.store.add(bye, 1)
-                _S.store.wait_count(bye, world.size, timeout=_S.timeout)
+                _wait_for_byes(eng, world, bye)
             except RingletError:
                 pass
         eng.close()
@@ -420,6 +420,25 @@ def destroy() -> None:
     if lost:
         raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
                            f"not complete, their results are missing: " + "; ".join(lost))
+
+
+def _wait_for_byes(eng, world: Group, bye: str) -> None:
+    """Wait (up to the timeout) until every rank of ``world`` said bye under ``bye``,
+    or one of them is gone: a rank that exits without destroy() never says it, and its
+    peers would wait out the whole timeout at the end of the job."""
+    deadline = time.monotonic() + _S.timeout
+    while True:
+        try:
+            _S.store.wait_count(bye, world.size, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+            return
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+        with eng.held():
+            eng.check_liveness()
+            eng.progress()
+        if any(eng.peers[r].dead for r in world.ranks if r != eng.rank):
+            return
 
 
 def is_initialized() -> bool:

@@ -81,6 +81,25 @@ def test_a_rank_that_left_is_named_at_once(env):
     run(_leaves_early, 3, env=env, timeout=30)
 
 
+@pytest.mark.parametrize("how", ["sys.exit(0)", "os.kill(os.getpid(), signal.SIGKILL)"])
+def test_destroy_does_not_wait_for_a_rank_that_exited_without_it(tmp_path, how):
+    """Rank 1 exits without destroy() just as the others call it (a torch script that
+    skips destroy_process_group on one rank): they had waited out their whole timeout
+    for its bye, then returned as if nothing were wrong."""
+    proc, took = ringlet_run(tmp_path, "import os, signal, sys, time\n"
+                             "import ringlet as rl\n"
+                             "rl.init(timeout=40)\n"
+                             "rl.barrier()\n"
+                             "if rl.get_rank() == 1:\n"
+                             f"    {how}\n"
+                             "t = time.monotonic()\n"
+                             "rl.destroy()\n"
+                             "print('DESTROY', round(time.monotonic() - t, 2))\n")
+    took_each = [float(line.split()[-1]) for line in proc.stdout.splitlines() if "DESTROY" in line]
+    assert len(took_each) == 2, (proc.stdout, proc.stderr)
+    assert max(took_each) < 5.0 and took < 30, (proc.stdout, proc.stderr)
+
+
 def _await(*paths, limit=60.0):
     deadline = time.monotonic() + limit
     while not all(os.path.exists(p) for p in paths):

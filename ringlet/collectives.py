@@ -155,7 +155,7 @@ def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Pr
     sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
                              root=0 if root is None else root, hosts=hosts, splits=splits)
     fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
-                            count, root, op, by_kind)
+                            count, root, op, by_kind, fingerprint.members_code(g.ranks))
     tmp = sched.buffers.get("tmp", 0)
     pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
     plan = compile_plan(sched.rank_plan(g.rank), g.ranks, _pieces_of(sched, g))

@@ -1,9 +1,11 @@
 """A collective's fingerprint: what a rank believes the call is — collective, algorithm,
-dtype, count, root, reduce op, and whether auto picked the algorithm for rl.empty buffers —
-packed into two integers carried in the header of
+dtype, count, root, reduce op, whether auto picked the algorithm for rl.empty buffers, and
+a checksum of the group's members in order — packed into two integers carried in the header of
 every message of the call (its sequence number travels in the tag). A receiver that sees
 another fingerprint than its own knows the ranks disagree, and says exactly how."""
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 
@@ -13,24 +15,35 @@ COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatte
                "all_to_all", "gather", "scatter", "barrier")
 _OPS = (None,) + tuple(ReduceOp)
 ROOTED = ("broadcast", "reduce", "gather", "scatter")   # (the others' root field is 0: unused)
+_COUNT_BITS = 48       # the second integer: the count, then the members' checksum (15 bits)
+
+
+def members_code(ranks) -> int:
+    """A 15-bit checksum of a group's world ranks in order: ranks that made a group from
+    different lists (new_group is called by each rank with its own) share its id, and
+    would otherwise run its calls on different plans until one times out."""
+    return zlib.crc32(np.asarray(ranks, np.int64).tobytes()) & 0x7FFF
 
 
 def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, count: int,
-           root: int | None, op: ReduceOp | None, by_kind: bool = False) -> tuple[int, int]:
+           root: int | None, op: ReduceOp | None, by_kind: bool = False,
+           members: int = 0) -> tuple[int, int]:
     """``by_kind``: algorithm="auto" picked ``algorithm`` because the buffers are rl.empty
-    arrays (with NumPy ones it would have picked another)."""
+    arrays (with NumPy ones it would have picked another); ``members``: ``members_code``
+    of the group."""
     code = ((COLLECTIVES.index(collective) + 1)
             | (algorithms.index(algorithm) + 1) << 8
             | ord(dtype.char) << 16 | dtype.itemsize << 24 | int(by_kind) << 31
             | _OPS.index(op) << 32
             | ((root or 0) & 0xFFFFFF) << 40)
-    return code, count
+    return code, count & ((1 << _COUNT_BITS) - 1) | members << _COUNT_BITS
 
 
 def decode(fp: tuple[int, int], algorithms_of) -> dict:
     """The fields of a fingerprint; anything that does not decode (a corrupt or hostile
     header) shows as "?" rather than raising."""
     code, count = fp
+    members, count = count >> _COUNT_BITS, count & ((1 << _COUNT_BITS) - 1)
     c = (code & 0xFF) - 1
     coll = COLLECTIVES[c] if 0 <= c < len(COLLECTIVES) else "?"
     algos = tuple(algorithms_of(coll)) if coll != "?" else ()
@@ -47,16 +60,21 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
             "dtype": dtype, "count": count,
             "root": code >> 40 & 0xFFFFFF if coll in ROOTED or coll == "?" else None,
             "op": op if op in ("?", None) else op.name,
-            "auto_for": "rl.empty" if code >> 31 & 1 else None}
+            "auto_for": "rl.empty" if code >> 31 & 1 else None, "members": members}
 
 
 def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
     """'rank 0: all_reduce(count=10, ...) vs rank 1: broadcast(...); differs in: ...'"""
     def show(d):
-        args = ", ".join(f"{k}={v}" for k, v in d.items() if k != "collective" and v is not None)
+        args = ", ".join(f"{k}={v}" for k, v in d.items()
+                         if k not in ("collective", "members") and v is not None)
         return f"{d['collective']}({args})"
     fields = [k for k in mine if mine[k] != theirs[k]]
     hint = ""
+    if "members" in fields:
+        fields[fields.index("members")] = "the group's members"
+        hint = ("; the group was made from different rank lists: every rank must pass "
+                "new_group the same ranks, in the same order")
     if "algorithm" in fields and (mine.get("auto_for") or theirs.get("auto_for")):
         hint = ("; algorithm='auto' picks for the kind of buffers passed (rl.empty arrays are "
                 "read in place): pass the same kind on every rank, or name the algorithm")

@@ -81,6 +81,28 @@ def test_a_rank_that_left_is_named_at_once(env):
     run(_leaves_early, 3, env=env, timeout=30)
 
 
+def _groups_from_different_lists(rank, call):
+    g = rl.new_group([2, 1, 0] if rank == 1 else [0, 1, 2])
+    x = np.ones(5)
+    start = time.monotonic()
+    with pytest.raises(rl.CollectiveMismatch, match="differ in the group's members; the group "
+                                                     "was made from different rank lists"):
+        if call == "broadcast":
+            rl.broadcast(x, src=0, group=g, timeout=20)
+        else:
+            rl.all_reduce(x, group=g, algorithm="ring", timeout=20)
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("call", ["broadcast", "all_reduce"])
+def test_a_group_made_from_different_rank_lists_fails_as_a_mismatch(call):
+    """Rank 1 lists the group's ranks in another order: the group has one id everywhere,
+    so its calls met - a broadcast returned on the rank that took itself for the root,
+    and the others waited out their timeout, told that rank was "busy or hung". The
+    fingerprint now carries a checksum of the member list."""
+    run(_groups_from_different_lists, 3, call)
+
+
 @pytest.mark.parametrize("how", ["sys.exit(0)", "os.kill(os.getpid(), signal.SIGKILL)"])
 def test_destroy_does_not_wait_for_a_rank_that_exited_without_it(tmp_path, how):
     """Rank 1 exits without destroy() just as the others call it (a torch script that

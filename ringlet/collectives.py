@@ -56,7 +56,7 @@ def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, share
     seconds: ((algorithm, why, picked for rl.empty buffers, read in place), seconds).
     The first is auto's pick; the others are the tuner's candidates (tuning.shortlist)."""
     from . import cost
-    from .cost.tune import explain_line
+    from .cost.tune import explain_line, priced_size
     hosts = g.host_indices()
     hosts = hosts if len(set(hosts)) > 1 else None
     transport = "shm"
@@ -65,7 +65,7 @@ def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, share
         # one machine whose ranks talk TCP (backend="tcp"): they share its cores, as the
         # profile's tcp host model prices; not hosts of their own
         hosts, transport = None, "tcp"
-    nbytes = cost.nbytes_of(collective, g.size, count, itemsize)
+    nbytes = priced_size(cost.nbytes_of(collective, g.size, count, itemsize))
     name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
                              itemsize=itemsize, shared=shared, transport=transport)
     why = explain_line(collective, nbytes, g.size, name, rows)

@@ -1934,3 +1934,14 @@ def test_a_link_given_where_the_topology_goes_prices_a_uniform_topology():
     want = simulate(s, link="nvlink").time
     assert simulate(s, TIERS["nvlink"]).time == want
     assert simulate(s, "nvlink").time == want
+
+
+@given(st.integers(0, 1 << 40))
+def test_auto_prices_a_size_rounded_up_within_a_few_percent_and_on_the_same_side_of_every_limit(n):
+    from ringlet.cost.tune import priced_size
+    q = priced_size(n)
+    assert n <= q <= n + n / 32
+    assert q == n or n >= 64
+    for k in range(41):           # the transport's limits are powers of two, mostly
+        assert (n > 1 << k) == (q > 1 << k)
+    assert priced_size(q) == q

@@ -346,3 +346,21 @@ def _subgroup(rank):
 
 def test_a_subgroup_tunes_among_its_members():
     run(_subgroup, 4, env={"RINGLET_TUNE": "2"})
+
+
+def _new_sizes_share_prices(rank):
+    from ringlet.cost import tune
+    rl.all_reduce(np.ones(7000, np.float32))
+    before = len(tune._CACHE)
+    for n in range(7000, 7100):       # 28000 .. 28396 B: priced at 28160 or 28672 B
+        x = np.full(n, rank + 1.0, np.float32)
+        rl.all_reduce(x)
+        assert (x == 3.0).all()
+    assert len(tune._CACHE) - before <= 2, len(tune._CACHE) - before
+
+
+def test_calls_of_ever_new_sizes_share_the_models_prices():
+    """Auto priced every new size with a simulation of every algorithm (5-30 ms a size);
+    calls of ever new sizes (objects, uneven exchanges) paid it each time. It prices at
+    the size rounded up to 6 binary digits (cost.tune.priced_size)."""
+    run(_new_sizes_share_prices, 2)

@@ -413,7 +413,8 @@ def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str 
     g = resolve(group)
     _check_algorithm(algorithm)
     _root(src, g, "broadcast", "src")
-    arr = _writable(buf, "broadcast buffer")
+    # (the root only reads it: a read-only array will do there, as for send)
+    arr = as_array(buf, "broadcast buffer", writable=g.rank != src)
     return _run("broadcast", g, algorithm, arr.size, arr.dtype, {"buf": _flat(arr)}, None,
                 async_op, timeout, root=src, lane=lane)
 
@@ -748,8 +749,9 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
     if out_splits is None and in_splits is None:
         if i.size != o.size or i.size % p:
             raise ValueError(f"all_to_all: input ({i.size} elements) and output ({o.size}) must "
-                             f"have the same size, divisible by the group size {p}; pass "
-                             f"in_splits/out_splits for uneven exchanges")
+                             f"have the same size, divisible by the group size {p}; for "
+                             f"uneven exchanges pass all_to_all lists of arrays, or "
+                             f"all_to_all_single in_splits/out_splits")
         bufs = {"in": _separate(_flat(i), _flat(o)), "out": _flat(o)}
         return _run("all_to_all", g, algorithm, i.size // p, i.dtype, bufs, None, async_op, timeout,
                     lane=lane)

@@ -483,14 +483,18 @@ def can_overlap(group: Group) -> bool:
 
 
 def get_rank(group: Group | None = None) -> int:
+    """This rank's rank in the group; -1 if it is not in it."""
     engine()
     g = _S.world if group is None else group
     return g.rank
 
 
 def get_world_size(group: Group | None = None) -> int:
+    """The group's size; -1 on a rank not in it (as torch's; ``group.size`` is its size
+    anywhere)."""
     engine()
-    return (_S.world if group is None else group).size
+    g = _S.world if group is None else group
+    return g.size if g.rank >= 0 else -1
 
 
 @contextmanager

@@ -168,7 +168,7 @@ class Work:
         return ()
 
     def _describe_timeout(self, limit: float) -> str:
-        peers = sorted(self._waiting_on())
+        peers = sorted(set(self._waiting_on()))
         who = f" waiting for rank(s) {peers}" if peers else ""
         return f"rank {self.engine.rank}: {self.what} timed out after {limit:g} s{who}"
 

@@ -504,6 +504,24 @@ def test_complex_arrays_sum_and_average_and_refuse_products(n):
     run(_complex_sums, 3, n)
 
 
+def _read_only_root(rank):
+    for n in (5, 300_000):                   # (one EAGER packet; the C path's lanes; large)
+        x = np.arange(n, dtype=np.float64) if rank == 0 else np.zeros(n)
+        x.flags.writeable = rank != 0
+        for _ in range(3):
+            rl.broadcast(x, src=0)
+        assert (x == np.arange(n)).all()
+    pair = rl.new_group([0, 1])
+    assert (rl.get_rank(pair), rl.get_world_size(pair)) == ((rank, 2) if rank < 2 else (-1, -1))
+    assert pair.size == 2
+
+
+def test_a_broadcasts_root_may_pass_a_read_only_array():
+    """The root only reads its buffer (as a send's); it had been refused as read-only.
+    Also: a group's size is -1 on a rank not in it, as in torch."""
+    run(_read_only_root, 3)
+
+
 def test_schedule_is_inspectable():
     _schedule_printable(0)
 
@@ -533,6 +551,10 @@ def _bad(rank):
         ro = np.ones(8)
         ro.flags.writeable = False
         rl.all_reduce(ro)
+    with pytest.raises(ValueError, match="read-only"):   # (a receiving rank writes it)
+        rl.broadcast(ro, src=(rank + 1) % p)
+    with pytest.raises(ValueError, match="uneven exchanges pass all_to_all lists of arrays"):
+        rl.all_to_all(np.empty(p + 1), np.ones(p + 1))
     assert (x == 1).all()
     # Disagreements between ranks raise on every rank, never hang: at the call itself, or
     # — for a rank whose part had already completed when the news came — at its next call.

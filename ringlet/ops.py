@@ -152,9 +152,35 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     return arr
 
 
+class _TensorMemory:
+    """A tensor's memory as NumPy sees it (``__array_interface__``), holding the tensor so
+    the memory outlives the array. Not ``t.numpy()``: torch then marks the storage not
+    resizable for good, and a tensor a collective had moved could not be resized after
+    (a comm hook padding its bucket, FSDP freeing a storage and allocating it again)."""
+
+    __slots__ = ("tensor", "__array_interface__")
+
+    def __init__(self, t, dtype: np.dtype):
+        self.tensor = t
+        size = t.element_size()
+        self.__array_interface__ = {
+            "data": (t.data_ptr(), False), "shape": tuple(t.shape), "typestr": dtype.str,
+            "strides": tuple(s * size for s in t.stride()), "version": 3}
+
+
+_NUMPY_DTYPES: dict = {}   # torch dtype -> NumPy's (found by torch's own conversion, once)
+
+
 def tensor_array(t) -> np.ndarray:
     """A CPU tensor's memory as an ndarray; bfloat16 (which NumPy lacks) as BFLOAT16 words."""
-    import torch  # only ever reached with a torch tensor in hand
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
-    return t.numpy()
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    if dtype is None:
+        import torch  # only ever reached with a torch tensor in hand
+        dtype = BFLOAT16 if t.dtype == torch.bfloat16 else \
+            torch.empty(0, dtype=t.dtype).numpy().dtype     # (raises for what NumPy lacks)
+        _NUMPY_DTYPES[t.dtype] = dtype
+    if t.is_conj() or t.is_neg():
+        t.numpy()          # (raises as torch does: the bits are not the values)
+    if dtype is BFLOAT16:  # (a structured dtype: its words lent, then viewed as it)
+        return np.asarray(_TensorMemory(t, np.dtype("<u2"))).view(BFLOAT16)
+    return np.asarray(_TensorMemory(t, dtype))

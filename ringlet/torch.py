@@ -179,17 +179,28 @@ class _Pending(dist.Work):
         return self.fut
 
 
+def _may_leave(opts) -> bool:
+    """Whether an async call may return in flight at all: not when its caller waits at once
+    (torch's Python collectives with ``async_op=False``), nor from a callback that runs as
+    a backward pass ends (DDP's reducer reads its futures right after, and crashes on a
+    failed one: torch 2.13, ``parseCppCommHookResult``). From a hook inside backward it
+    may: ``_join`` makes the pass end on it first."""
+    return opts.asyncOp and (torch._C._current_graph_task_id() == -1 or
+                             torch._C._current_autograd_node() is not None)
+
+
 def _async(opts, overlaps: bool) -> bool:
-    """Whether a call may return in flight: not when its caller waits at once (torch's
-    Python collectives with ``async_op=False``), nor without a progress thread, nor when
-    it cannot overlap (``ProcessGroup.overlaps``), nor from a callback that runs as a
-    backward pass ends (DDP's reducer reads its futures right after, and crashes on a failed
-    one: torch 2.13, ``parseCppCommHookResult``). From a hook inside backward it may:
-    ``_join`` makes the pass end on it first."""
-    if not opts.asyncOp or not overlaps or not runtime.engine().background.on:
-        return False
-    return torch._C._current_graph_task_id() == -1 or \
-        torch._C._current_autograd_node() is not None
+    """Whether a call returns in flight at once: where it can overlap the caller's compute
+    (``ProcessGroup.overlaps``) and a progress thread moves it. Elsewhere it is first driven
+    in the call (``_issue``)."""
+    return overlaps and runtime.engine().background.on and _may_leave(opts)
+
+
+# An async call that cannot overlap is driven in the call until done - or until nothing
+# has moved for this long: its peers are busy elsewhere, maybe waiting for what this
+# rank's caller does next (a send after an async all_reduce, a call on another group), and
+# completing it here would deadlock a program that is correct under Gloo.
+STALL = 0.02
 
 
 def _can_overlap(group) -> bool:
@@ -229,14 +240,42 @@ def _end_of_backward(task):
         raise error
 
 
-def _p2p(name: str, request, tensor, copy_back=None):
+class _P2P(_Work):
     """A send or receive in flight: ``wait()`` drives it (torch waits on every p2p work,
-    and a ring of isend/irecv needs every one posted before any completes)."""
-    def finish():
-        request.wait()
-        if copy_back is not None:
-            copy_back()
-    return _Work(finish, [tensor], name)
+    and a ring of isend/irecv needs every one posted before any completes). A wait that
+    times out (``wait(timeout)``) raises and leaves it posted, for a later wait."""
+
+    def __init__(self, name: str, request, tensor, copy_back=None):
+        def finish():
+            request.wait()
+            if copy_back is not None:
+                copy_back()
+        super().__init__(finish, [tensor], name)
+        self.request = request
+
+    def wait(self, timeout=None):
+        seconds = timeout.total_seconds() if timeout is not None else 0
+        if self.finish is not None and seconds > 0 and not self.request.is_completed():
+            try:
+                with _row(self.name):
+                    self.request.wait(seconds)
+            except TimeoutError:      # this wait's time is up: the operation goes on
+                raise
+            except Exception:         # noqa: BLE001 - it failed: finish() raises it again
+                pass
+        return super().wait()
+
+    def is_completed(self):
+        if self.finish is not None and self.request.is_completed():
+            try:
+                self.wait()           # (its copy back: what the caller reads next)
+            except Exception:         # noqa: BLE001 - kept for wait()
+                pass
+        return self.finish is None
+
+
+def _p2p(name: str, request, tensor, copy_back=None):
+    return _P2P(name, request, tensor, copy_back)
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -460,6 +499,9 @@ class ProcessGroup(dist.ProcessGroup):
         # reduce as Gloo does, so a job gets the same bits on either backend.
         self.gloo_order = size > 2 and os.environ.get("RINGLET_TORCH_ORDER", "gloo") == "gloo"
         self.overlaps = _can_overlap(group)
+        # RINGLET_TORCH_ASYNC=never: every async call completes before it returns (a
+        # program whose peers need something from it first then waits out its timeout)
+        self.never = os.environ.get("RINGLET_TORCH_ASYNC") == "never"
         # every peer reads a send from shared memory in place (one host, shm transport)
         peers = runtime.engine().peers
         self.in_place = all(getattr(peers.get(w), "zero_copy", False)
@@ -518,8 +560,9 @@ class ProcessGroup(dist.ProcessGroup):
     def _issue(self, name, opts, result, call, then=None):
         """Run ``call(async_op)`` - one ringlet call of collective ``name`` - the way the
         caller can take it: to the end, for a caller that waits at once (it gets None) or
-        inside a backward pass (a completed Work, or the error raised here); in flight
-        otherwise (a pending Work)."""
+        a callback that ends a backward pass (a completed Work, or the error raised here);
+        in flight otherwise (a pending Work) - where it cannot overlap, once driven here
+        while it moves (``STALL``): done then, a completed Work or the error raised here."""
         def run():
             call(False)
             if then is not None:
@@ -531,13 +574,17 @@ class ProcessGroup(dist.ProcessGroup):
             else:   # (the common call: no context manager to enter)
                 run()
             return None
-        if _async(opts, self.overlaps):
-            with _row(name):
-                work = _Pending(call(True), result, then)
-            if torch._C._current_graph_task_id() != -1:
-                _join(work)
-            return work
-        return _completed(name, run, result)
+        if not _may_leave(opts) or self.never:
+            return _completed(name, run, result)
+        with _row(name):
+            work = _Pending(call(True), result, then)
+            if not _async(opts, self.overlaps) and work.work.drive_while_moving(STALL):
+                if work._complete() is not None:   # (done here: its error from the call)
+                    raise work.error
+                return work
+        if torch._C._current_graph_task_id() != -1:
+            _join(work)
+        return work
 
     # reductions
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
@@ -605,6 +652,16 @@ class ProcessGroup(dist.ProcessGroup):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
         own = _Scratch(self.in_place)
+        if any(t.numel() != out.numel() for t in ins):
+            # uneven (input i is rank i's size, as torch allows): the inputs laid end to
+            # end are all-reduced, and this rank keeps its part
+            flat = _premul(own.flatten(ins), factor, False)
+            start = sum(t.numel() for t in ins[:self.group.rank])
+            mine = flat[start:start + out.numel()].view(out.shape)
+            algorithm, timeout = self._algorithm(flat), self._timeout(opts)
+            return self._issue("reduce_scatter", opts, outputs, lambda a: C.all_reduce(
+                _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm,
+                timeout=timeout), own.done(lambda: out.copy_(mine)))
         flat = _premul(own.stack([t.reshape(out.shape) for t in ins]), factor, False)
         return self._reduce_scatter(out, flat, op, opts, outputs, after=own.done())
 

@@ -143,6 +143,25 @@ class Work:
 
     _reported = False   # its error was raised to the user (destroy need not say it again)
 
+    def drive_while_moving(self, stall: float) -> bool:
+        """Drive the engine for this work until it is done, or until nothing has moved for
+        ``stall`` seconds (a peer busy elsewhere: it may first need something from this
+        rank's caller); True if done. Raises nothing: ``wait`` reports the outcome."""
+        eng = self.engine
+        eng.enter()
+        try:
+            moved = time.monotonic()
+            while not self._done():
+                if eng.progress():
+                    moved = time.monotonic()
+                elif time.monotonic() - moved > stall:
+                    return False
+                else:
+                    os.sched_yield()    # (ranks may outnumber the cores)
+        finally:
+            eng.leave()
+        return True
+
     def _settle(self) -> None:
         """Complete the future, if any (once, whichever thread sees the work finish)."""
         fut = self._future

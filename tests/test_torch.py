@@ -4,6 +4,7 @@ a dead rank under DDP, and DDP / FSDP2 training bit-identical to the same run on
 import multiprocessing as mp
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -697,7 +698,7 @@ def _async_policy(rank, n, choice):
     t = torch.ones(1 << 20)
     calls = rl.stats()["collectives"].get("all_reduce", {}).get("calls", 0)
     w = dist.all_reduce(t, async_op=True)
-    if not pg.overlaps:                            # the call has run before it returned
+    if choice == "never":                          # the call has run before it returned
         assert w.is_completed() and torch.equal(t, torch.full_like(t, n))
         assert rl.stats()["collectives"]["all_reduce"]["calls"] == calls + 1
     w.wait()
@@ -706,8 +707,10 @@ def _async_policy(rank, n, choice):
 
 @pytest.mark.parametrize("choice", ["auto", "never"])
 def test_async_policy(monkeypatch, choice):
-    """In flight only where it can overlap: across hosts, or with a core to spare on this
-    one (ringlet.runtime.can_overlap); 'never' completes every call before it returns."""
+    """In flight at once only where it can overlap: across hosts, or with a core to spare
+    on this one (ringlet.runtime.can_overlap); elsewhere driven in the call while it moves
+    (test_an_async_call_whose_peer_is_busy_elsewhere_returns_in_flight); 'never' completes
+    every call before it returns."""
     monkeypatch.setenv("RINGLET_TORCH_ASYNC", choice)
     launch(_async_policy, 2, choice)
 
@@ -1063,3 +1066,102 @@ def _profiled_step(rank, n):
 
 def test_torch_profiler_table_shows_ringlet_rows():
     launch(_profiled_step, 2)
+
+
+def _busy_elsewhere(rank, n):
+    """Rank 0's async all_reduce comes before a send rank 1 must receive first; with two
+    groups, each rank's async call is on the group the other calls second."""
+    x, y = torch.ones(1000) * (rank + 1), torch.zeros(4)
+    start = time.monotonic()
+    if rank == 0:
+        w = dist.all_reduce(x, async_op=True)
+        dist.send(torch.arange(4.0), 1)
+        w.wait()
+    else:
+        dist.recv(y, 0)
+        dist.all_reduce(x)
+        _same(y, torch.arange(4.0), "the send after the async call")
+    _same(x, torch.full((1000,), 3.0), "async all_reduce before a send")
+    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+    first, second = (a, b) if rank == 0 else (b, a)
+    u, v = torch.ones(8), torch.ones(8)
+    w = dist.all_reduce(u, group=first, async_op=True)
+    dist.all_reduce(v, group=second)
+    w.wait()
+    _same(u, torch.full((8,), 2.0), "async call on one group")
+    _same(v, torch.full((8,), 2.0), "blocking call on the other")
+    assert time.monotonic() - start < 10, "waited out a timeout"
+
+
+def test_an_async_call_whose_peer_is_busy_elsewhere_returns_in_flight(monkeypatch):
+    """Where calls cannot overlap (ranks fill the cores), an async call was completed
+    before it returned - so a program correct under Gloo deadlocked until its timeout when
+    the peer first needed something the caller does next. It is now driven in the call
+    only while it moves (torch.STALL), then returned in flight."""
+    monkeypatch.setenv("RINGLET_TORCH_ASYNC", "auto")
+    launch(_busy_elsewhere, 2)
+
+
+def _p2p_wait_timeout(rank, n):
+    import datetime
+    if rank == 0:
+        r = torch.empty(2)
+        w = dist.irecv(r, 1, tag=9)
+        start = time.monotonic()
+        with pytest.raises(Exception, match="timed out after 1 s"):
+            w.wait(timeout=datetime.timedelta(seconds=1))
+        assert time.monotonic() - start < 5
+        assert not w.is_completed()
+        dist.barrier()
+        w.wait()                                 # the receive went on: it completes now
+        _same(r, torch.full((2,), 7.0), "a receive waited for again after a timeout")
+    else:
+        dist.barrier()
+        dist.send(torch.full((2,), 7.0), 0, tag=9)
+
+
+def test_a_p2p_wait_honours_its_timeout_and_can_be_waited_again():
+    """``Work.wait(timeout)`` on an irecv ignored the timeout (it waited the group's 20 s)
+    and then raised that error on every later wait, though the data came."""
+    launch(_p2p_wait_timeout, 2)
+
+
+def _resizable_after(rank, n):
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    o = torch.empty(8 * n)
+    dist.all_gather_into_tensor(o, t)
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    for x in (t, o):
+        x.resize_(x.numel() + 10)                   # torch's check, as a hook's padding
+    st = o.untyped_storage()                        # freed and allocated again, as FSDP
+    st.resize_(0)
+    st.resize_(8 * n * 4)
+    o.resize_(8 * n)
+    dist.all_gather_into_tensor(o, torch.full((8,), float(rank)))
+    _same(o, torch.arange(n, dtype=torch.float32).repeat_interleave(8), "after a resize")
+
+
+def test_tensors_a_call_moved_stay_resizable():
+    """The backend viewed tensors through ``.numpy()``, after which torch refuses to resize
+    their storage for good: a comm hook padding a small bucket, or FSDP-style freeing,
+    raised "Trying to resize storage that is not resizable" (ops.tensor_array)."""
+    launch(_resizable_after, 2)
+
+
+def _uneven_reduce_scatter(rank, n):
+    ins = [torch.full((r + 1,), float(rank + 1)) for r in range(n)]
+    out = torch.full((rank + 1,), -1.0)
+    dist.reduce_scatter(out, ins)
+    _same(out, torch.full((rank + 1,), float(n * (n + 1) // 2)), "uneven reduce_scatter")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_scatter_of_uneven_blocks(n):
+    """Input i sized as rank i's output, as torch allows: it raised "shape '[1]' is
+    invalid for input of size 2"."""
+    launch(_uneven_reduce_scatter, n)

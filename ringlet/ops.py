@@ -1,6 +1,7 @@
 """Reduce operations, the dtypes they accept, and buffer checks shared by every call."""
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 
@@ -152,35 +153,31 @@ def as_array(buf, name: str = "buffer", writable: bool = False) -> np.ndarray:
     return arr
 
 
-class _TensorMemory:
-    """A tensor's memory as NumPy sees it (``__array_interface__``), holding the tensor so
-    the memory outlives the array. Not ``t.numpy()``: torch then marks the storage not
-    resizable for good, and a tensor a collective had moved could not be resized after
-    (a comm hook padding its bucket, FSDP freeing a storage and allocating it again)."""
-
-    __slots__ = ("tensor", "__array_interface__")
-
-    def __init__(self, t, dtype: np.dtype):
-        self.tensor = t
-        size = t.element_size()
-        self.__array_interface__ = {
-            "data": (t.data_ptr(), False), "shape": tuple(t.shape), "typestr": dtype.str,
-            "strides": tuple(s * size for s in t.stride()), "version": 3}
-
-
 _NUMPY_DTYPES: dict = {}   # torch dtype -> NumPy's (found by torch's own conversion, once)
+_SPANS: dict = {}          # bytes -> the ctypes array type of that many
 
 
 def tensor_array(t) -> np.ndarray:
-    """A CPU tensor's memory as an ndarray; bfloat16 (which NumPy lacks) as BFLOAT16 words."""
+    """A contiguous CPU tensor's memory as an ndarray; bfloat16 (which NumPy lacks) as
+    BFLOAT16 words. Not by ``t.numpy()``: torch then marks the storage not resizable for
+    good, and a tensor a call had moved could not be resized after (a comm hook padding its
+    bucket, FSDP freeing a storage). A ctypes array over the memory, holding the tensor so
+    the memory outlives the array, is as fast (0.6 against 0.7 us)."""
     dtype = _NUMPY_DTYPES.get(t.dtype)
     if dtype is None:
         import torch  # only ever reached with a torch tensor in hand
         dtype = BFLOAT16 if t.dtype == torch.bfloat16 else \
             torch.empty(0, dtype=t.dtype).numpy().dtype     # (raises for what NumPy lacks)
         _NUMPY_DTYPES[t.dtype] = dtype
-    if t.is_conj() or t.is_neg():
-        t.numpy()          # (raises as torch does: the bits are not the values)
-    if dtype is BFLOAT16:  # (a structured dtype: its words lent, then viewed as it)
-        return np.asarray(_TensorMemory(t, np.dtype("<u2"))).view(BFLOAT16)
-    return np.asarray(_TensorMemory(t, dtype))
+    if dtype.kind == "c" and (t.is_conj() or t.is_neg()) or not t.is_contiguous():
+        return t.numpy()   # (raises as torch does where the bits are not the values)
+    n = t.numel() * dtype.itemsize
+    span = _SPANS.get(n)
+    if span is None:
+        if len(_SPANS) > 4096:
+            _SPANS.clear()
+        span = _SPANS[n] = ctypes.c_char * n
+    mem = span.from_address(t.data_ptr())
+    mem.tensor = t
+    arr = np.frombuffer(mem, dtype)
+    return arr if t.dim() == 1 else arr.reshape(t.shape)

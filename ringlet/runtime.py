@@ -429,7 +429,8 @@ def _wait_for_byes(eng, world: Group, bye: str) -> None:
     deadline = time.monotonic() + _S.timeout
     while True:
         try:
-            _S.store.wait_count(bye, world.size, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+            left = max(0.0, deadline - time.monotonic())
+            _S.store.wait_count(bye, world.size, timeout=min(0.1, left))
             return
         except TimeoutError:
             if time.monotonic() >= deadline:

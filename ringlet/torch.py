@@ -49,6 +49,7 @@ from .errors import RingletError
 from .ops import ReduceOp, tensor_array
 from .rendezvous import SignedStore, derive_token, job_token, torch_env
 from .transport.limits import ZERO_COPY_MIN
+from .work import AllOf
 
 NAME = "ringlet"
 
@@ -662,8 +663,25 @@ class ProcessGroup(dist.ProcessGroup):
             return self._issue("reduce_scatter", opts, outputs, lambda a: C.all_reduce(
                 _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm,
                 timeout=timeout), own.done(lambda: out.copy_(mine)))
+        if self.gloo_order and self._algorithm(out) == "gloo_ring":
+            return self._reduce_scatter_as_gloo(out, ins, op, factor, opts, outputs, own)
         flat = _premul(own.stack([t.reshape(out.shape) for t in ins]), factor, False)
         return self._reduce_scatter(out, flat, op, opts, outputs, after=own.done())
+
+    def _reduce_scatter_as_gloo(self, out, ins, op, factor, opts, outputs, own):
+        """The list form in Gloo's order, as Gloo runs it: one all_reduce per block (Gloo's
+        ring splits each block among the ranks, so one call over them all, split once,
+        adds in another order), this rank's block kept."""
+        blocks = [_premul(own.empty(t.shape, t.dtype).copy_(t), factor, False) for t in ins]
+        arrays = [_array(_reducible(b, op)) for b in blocks]
+        timeout = self._timeout(opts)
+
+        def call(a):
+            works = [C.all_reduce(x, op, self.group, async_op=a, algorithm="gloo_ring",
+                                  timeout=timeout) for x in arrays]
+            return AllOf(runtime.engine(), works, "reduce_scatter") if a else None
+        return self._issue("reduce_scatter", opts, outputs, call, own.done(
+            lambda: out.copy_(blocks[self.group.rank].view(out.shape))))
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)

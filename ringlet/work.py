@@ -312,6 +312,43 @@ class Chained(Work):
         return True
 
 
+class AllOf(Work):
+    """Works issued together as one (what the caller sees as one call): done when every
+    one is, failed with the first one's error. Each one's future settles this one's
+    once all are done, so nobody need wait for it."""
+
+    def __init__(self, engine, works: list, what: str):
+        super().__init__(engine, what)
+        self.works = works
+        for w in works:
+            w.get_future().add_done_callback(self._one_done)
+
+    def _one_done(self, _) -> None:
+        if self._done():
+            self._settle()
+
+    def _done(self) -> bool:
+        return all(w._done() for w in self.works)
+
+    def _error(self):
+        for w in self.works:
+            err = w.error if w.error is not None else w._error()
+            if err is not None:
+                return err
+        return None
+
+    def _waiting_on(self):
+        return tuple(r for w in self.works if not w._done() for r in w._waiting_on())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            return super().wait(timeout)
+        finally:
+            if self.error is not None:
+                for w in self.works:       # (its error is this one's: raised once)
+                    w._reported = True
+
+
 class CallId(NamedTuple):
     """Which collective call a work is: its n-th call (``seq``) on a group."""
     collective: str

@@ -939,7 +939,8 @@ def test_training_matches_gloo(kind, n, tmp_path):
 
 
 def _sums(rank, n, out_dir):
-    """all_reduce and reduce_scatter_tensor of floats whose sum depends on its grouping."""
+    """all_reduce and reduce_scatter (tensor and list) of floats whose sum depends on its
+    grouping."""
     res = {}
     for count in (1, 5, 33, 1000, 70001, 300007):
         g = torch.Generator().manual_seed(count * 31 + rank)
@@ -952,6 +953,13 @@ def _sums(rank, n, out_dir):
         out = torch.empty(count)
         dist.reduce_scatter_tensor(out, inp)
         res[f"reduce_scatter {count}"] = out
+        listed = torch.empty(count)          # the list form: Gloo runs a call per block
+        dist.reduce_scatter(listed, list(inp.view(n, count).unbind()))
+        res[f"reduce_scatter list {count}"] = listed
+        if count < 1000:                     # ... in flight too
+            listed = torch.empty(count)
+            dist.reduce_scatter(listed, list(inp.view(n, count).unbind()), async_op=True).wait()
+            res[f"reduce_scatter list async {count}"] = listed
     torch.save(res, os.path.join(out_dir, f"{dist.get_backend()}-{rank}.pt"))
 
 

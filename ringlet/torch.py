@@ -14,7 +14,8 @@ From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (
 ``gloo_ring`` algorithm), so a job has the same bits on either backend;
 ``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
 ``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
-finishes it; a backward pass ends only once its calls have (see ``_async``, ``_join``).
+finishes it (where the ranks fill the cores, once driven in the call while it moves:
+``ProcessGroup._issue``); a backward pass ends only once its calls have (``_join``).
 ``init_process_group(timeout=)`` / ``new_group(timeout=)`` is ringlet's timeout for the
 group's calls. A large all-reduce on one host sends from shared memory (``_adopted``,
 ``_staged``), which local peers read in place.
@@ -190,13 +191,6 @@ def _may_leave(opts) -> bool:
                              torch._C._current_autograd_node() is not None)
 
 
-def _async(opts, overlaps: bool) -> bool:
-    """Whether a call returns in flight at once: where it can overlap the caller's compute
-    (``ProcessGroup.overlaps``) and a progress thread moves it. Elsewhere it is first driven
-    in the call (``_issue``)."""
-    return overlaps and runtime.engine().background.on and _may_leave(opts)
-
-
 # An async call that cannot overlap is driven in the call until done - or until nothing
 # has moved for this long: its peers are busy elsewhere, maybe waiting for what this
 # rank's caller does next (a send after an async all_reduce, a call on another group), and
@@ -273,10 +267,6 @@ class _P2P(_Work):
             except Exception:         # noqa: BLE001 - kept for wait()
                 pass
         return self.finish is None
-
-
-def _p2p(name: str, request, tensor, copy_back=None):
-    return _P2P(name, request, tensor, copy_back)
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -579,7 +569,10 @@ class ProcessGroup(dist.ProcessGroup):
             return _completed(name, run, result)
         with _row(name):
             work = _Pending(call(True), result, then)
-            if not _async(opts, self.overlaps) and work.work.drive_while_moving(STALL):
+            # in flight at once where it overlaps the caller's compute and a progress
+            # thread moves it; elsewhere driven here first
+            at_once = self.overlaps and runtime.engine().background.on
+            if not at_once and work.work.drive_while_moving(STALL):
                 if work._complete() is not None:   # (done here: its error from the call)
                     raise work.error
                 return work
@@ -803,12 +796,12 @@ class ProcessGroup(dist.ProcessGroup):
     # point-to-point
     def send(self, tensors, dst, tag):
         t = _one(tensors, "send")
-        return _p2p("send", runtime.isend(t.contiguous(), dst, self.group, tag), t)
+        return _P2P("send", runtime.isend(t.contiguous(), dst, self.group, tag), t)
 
     def recv(self, tensors, src, tag):
         t = _one(tensors, "recv")
         buf, back = _dense(t)
-        return _p2p("recv", runtime.irecv(buf, src, self.group, tag), t, back)
+        return _P2P("recv", runtime.irecv(buf, src, self.group, tag), t, back)
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("the ringlet backend receives from a named rank only: "

@@ -10,8 +10,8 @@ through a contiguous copy). The world joins on the store torch hands the backend
 every value ringlet writes there signed by the job token; each subgroup is known by its
 rank list, so members may create groups in different orders.
 
-From three ranks on, float all-reduces and reduce-scatters add in Gloo's order (the
-``gloo_ring`` algorithm), so a job has the same bits on either backend;
+From three ranks on, float all-reduces, reduces and reduce-scatters add in Gloo's order
+(the ``gloo_ring`` algorithms), so a job has the same bits on either backend;
 ``RINGLET_TORCH_ORDER=auto`` lets ringlet's cost model pick instead. A call made with
 ``async_op=True`` (DDP's, FSDP's) returns while in flight and ringlet's progress thread
 finishes it (where the ranks fill the cores, once driven in the call while it moves:
@@ -505,7 +505,8 @@ class ProcessGroup(dist.ProcessGroup):
         return t.total_seconds() if t.days >= 0 and t else self.timeout
 
     def _algorithm(self, t: torch.Tensor) -> str:
-        """The all_reduce algorithm for ``t``: Gloo's ring for floats when ordered as Gloo."""
+        """The all_reduce or reduce algorithm for ``t``: Gloo's ring for floats when ordered
+        as Gloo."""
         return "gloo_ring" if self.gloo_order and (t.is_floating_point() or t.is_complex()) \
             else "auto"
 
@@ -613,7 +614,8 @@ class ProcessGroup(dist.ProcessGroup):
         buf = _premul(buf, factor, not mine)
         timeout = self._timeout(opts)
         return self._issue("reduce", opts, tensors, lambda a: C.reduce(
-            _reducible(buf, op), root, op, self.group, async_op=a, timeout=timeout),
+            _reducible(buf, op), root, op, self.group, async_op=a,
+            algorithm=self._algorithm(buf), timeout=timeout),
             back if mine else None)
 
     def _reduce_scatter(self, out, src, op, opts, result, owned=True, after=None):

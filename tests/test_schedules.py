@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ringlet.algorithms import CATALOG, ROOTED, build, pipeline_segments, tree_segments
 from ringlet.algorithms import all_reduce as ar
+from ringlet.algorithms import reduce as rd
 from ringlet.algorithms._common import lg, subtree
 from ringlet.reference import run
 from ringlet.schedule import Schedule, chunks
@@ -242,6 +243,39 @@ def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
             acc = x[(b - k) % p][part] + acc
         want[part] = acc
     assert all(r["buf"].tobytes() == want.tobytes() for r in bufs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), count=st.one_of(st.integers(0, 300), st.integers(1_500_000, 2_500_000)),
+       root=st.integers(0, 7), seed=st.integers(0, 2**32 - 1))
+def test_gloo_ring_reduce_groups_each_sum_as_gloo(p, count, root, seed):
+    """reduce's gloo_ring: block b (``gloo_reduce_blocks``) sums at the root as Gloo's ring
+    does, x_b + (x_{b+1} + (… + x_{b−1})); every other rank's buf is unchanged."""
+    root %= p
+    rng = np.random.default_rng(seed)
+    x = [(rng.standard_normal(count) * np.exp(4 * rng.standard_normal(count))).astype(np.float32)
+         for _ in range(p)]
+    bufs = run(build("reduce", "gloo_ring", p, count, root=root), [{"buf": a.copy()} for a in x],
+               np.add)
+    off, size = rd.gloo_reduce_blocks(p, count, 4)
+    assert size.sum() == count and (size[:-1] >= size[1:]).all()
+    want = np.empty(count, np.float32)
+    for b in range(p):
+        part = slice(off[b], off[b] + size[b])
+        acc = x[(b - 1) % p][part]
+        for k in range(2, p + 1):
+            acc = x[(b - k) % p][part] + acc
+        want[part] = acc
+    assert bufs[root]["buf"].tobytes() == want.tobytes()
+    assert all(bufs[r]["buf"].tobytes() == x[r].tobytes() for r in range(p) if r != root)
+
+
+def test_gloo_reduce_blocks():
+    """Segments of ceil(count / 2p) elements, at most 1 MiB, cut before their number: from
+    2p MiB on the blocks part from the all-reduce's."""
+    assert [s.tolist() for s in rd.gloo_reduce_blocks(4, 10)] == [[0, 4, 8, 10], [4, 4, 2, 0]]
+    assert rd.gloo_reduce_blocks(3, 2_100_001)[1].tolist() == [786432, 786432, 527137]
+    assert ar.gloo_blocks(3, 2_100_001)[1].tolist() == [700002, 700002, 699997]
 
 
 def test_gloo_blocks():
@@ -591,7 +625,8 @@ def test_catalog_names():
                                           "double_tree", "hierarchical"}
     assert set(CATALOG["broadcast"]) == {"direct", "binomial", "dissemination", "pipeline",
                                          "scatter_allgather", "hierarchical"}
-    assert set(CATALOG["reduce"]) == {"direct", "binomial", "dissemination", "rabenseifner"}
+    assert set(CATALOG["reduce"]) == {"direct", "binomial", "dissemination", "rabenseifner",
+                                      "gloo_ring"}
     assert set(CATALOG["all_gather"]) == {"ring", "recursive_doubling", "bruck", "direct",
                                           "hierarchical"}
     assert set(CATALOG["reduce_scatter"]) == {"ring", "recursive_halving", "direct", "hierarchical"}

@@ -939,8 +939,8 @@ def test_training_matches_gloo(kind, n, tmp_path):
 
 
 def _sums(rank, n, out_dir):
-    """all_reduce and reduce_scatter (tensor and list) of floats whose sum depends on its
-    grouping."""
+    """all_reduce, reduce and reduce_scatter (tensor and list) of floats whose sum depends
+    on its grouping."""
     res = {}
     for count in (1, 5, 33, 1000, 70001, 300007):
         g = torch.Generator().manual_seed(count * 31 + rank)
@@ -960,6 +960,16 @@ def _sums(rank, n, out_dir):
             listed = torch.empty(count)
             dist.reduce_scatter(listed, list(inp.view(n, count).unbind()), async_op=True).wait()
             res[f"reduce_scatter list async {count}"] = listed
+        t = x.clone()
+        dist.reduce(t, dst=count % n)
+        if rank == count % n:
+            res[f"reduce {count}"] = t
+    # Gloo's reduce cuts its segments before their number, unlike its all-reduce: the blocks
+    # part from 2·p·(1 MiB) on
+    x = torch.randn(2_100_001, generator=torch.Generator().manual_seed(rank)).exp()
+    dist.reduce(x, dst=n - 1)
+    if rank == n - 1:
+        res["reduce 2100001"] = x
     torch.save(res, os.path.join(out_dir, f"{dist.get_backend()}-{rank}.pt"))
 
 

@@ -37,7 +37,7 @@ CATALOG: dict[str, dict] = {
                          "rabenseifner", "tree", "double_tree", "hierarchical"),
     "broadcast": _table(broadcast, "direct", "binomial", "dissemination", "pipeline",
                         "scatter_allgather", "hierarchical"),
-    "reduce": _table(reduce, "direct", "binomial", "dissemination", "rabenseifner"),
+    "reduce": _table(reduce, "direct", "binomial", "dissemination", "rabenseifner", "gloo_ring"),
     "all_gather": _table(all_gather, "ring", "recursive_doubling", "bruck", "direct",
                          "hierarchical"),
     "reduce_scatter": _table(reduce_scatter, "ring", "recursive_halving", "direct",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import binomial_rounds, chunks, fold, new, signal_others
+from .all_reduce import GLOO_SEGMENT
 
-__all__ = ["direct", "binomial", "dissemination", "rabenseifner"]
+__all__ = ["direct", "binomial", "dissemination", "rabenseifner", "gloo_ring",
+           "gloo_reduce_blocks"]
 
 
 def _new(algorithm, p, count, itemsize, root, tmp):
@@ -141,4 +143,46 @@ def rabenseifner(p, count, *, itemsize=4, root=0):
             rnd.copy(src=real(core[child[m]]), dst=real(core[parent[m]]),
                      n=edge[end[m]] - edge[child[m]], sbuf="tmp", soff=edge[child[m]],
                      dbuf=name, doff=edge[child[m]])
+    return s
+
+
+def gloo_reduce_blocks(p: int, count: int, itemsize: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, sizes) of the p blocks Gloo's reduce gives ranks 0..p−1. Its segments are
+    cut before their number, unlike its all-reduce's (``all_reduce.gloo_blocks``):
+    ceil(count / 2p) elements, at most 1 MiB; S segments, the least multiple of p that is
+    at least 2p and covers count; rank b gets segments b·S/p … (b+1)·S/p − 1."""
+    seg = max(1, min(-(-count // (2 * p)), GLOO_SEGMENT // itemsize))
+    segments = -(-max(-(-count // seg), 2 * p) // p) * p
+    edge = np.minimum(np.arange(p + 1, dtype=np.int64) * (segments // p * seg), count)
+    return edge[:-1], np.diff(edge)
+
+
+def gloo_ring(p, count, *, itemsize=4, root=0):
+    """Gloo's reduce, so a float sum has the bits torch's Gloo backend gives it: a ring
+    reduce-scatter toward lower ranks, in tmp, on ``gloo_reduce_blocks`` (block b's partial
+    starts at rank b−1 and ends at b: x_b + (x_{b+1} + (… + (x_{b−2} + x_{b−1})))), then
+    every rank sends its block to the root; the root's own block ends in its buf.
+
+    p−1 ring steps of n/p, then p−1 blocks into the root:
+    T = 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ.  tmp = count.
+    """
+    s, _ = _new("gloo_ring", p, count, itemsize, root, count if p > 1 else 0)
+    if p == 1:
+        return s
+    off, size = gloo_reduce_blocks(p, count, itemsize)
+    down = np.arange(p - 1, -1, -1)          # position l of the ring is rank p−1−l
+    l = np.arange(p)
+    for k in range(p - 1):                   # as _common.ring_reduce_scatter, buf kept
+        c = down[(l - k - 1) % p]            # the block position l passes on
+        dst = down[(l + 1) % p]
+        last = k == p - 2                    # each receiver ends its own block
+        into = np.where(last & (dst == root), "buf", "tmp")
+        rnd = s.round()
+        for name in ("buf", "tmp"):
+            m = into == name
+            rnd.reduce(src=down[m], dst=dst[m], n=size[c[m]], sbuf="buf" if k == 0 else "tmp",
+                       soff=off[c[m]], dbuf=name, doff=off[c[m]], abuf="buf", aoff=off[c[m]])
+    others = np.delete(l, root)
+    s.round().copy(src=others, dst=root, n=size[others], sbuf="tmp", soff=off[others],
+                   dbuf="buf", doff=off[others])
     return s

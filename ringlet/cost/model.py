@@ -402,6 +402,12 @@ def _rd_rabenseifner(p, n, a, b, g, **kw):
     return core + _t(1, n, n, a, b, g) if folded else core
 
 
+@_form("reduce", "gloo_ring")
+def _rd_gloo_ring(p, n, a, b, g, **kw):
+    """Ring reduce-scatter (p-1 steps of n/p), then p-1 blocks of n/p into the root."""
+    return _t(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+
+
 # all_gather (n = total gathered bytes) ------------------------------------------------
 
 @_form("all_gather", "hierarchical")

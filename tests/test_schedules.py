@@ -223,17 +223,18 @@ def test_all_reduce_bit_identical_floats(algorithm, p, count, dtype, op, zeros, 
         assert np.array_equal(bufs[0]["buf"].astype(np.float64), ref)
 
 
-@settings(max_examples=60, deadline=None)
-@given(p=st.integers(2, 8), count=st.one_of(st.integers(0, 300), st.integers(262_000, 800_000)),
-       seed=st.integers(0, 2**32 - 1))
-def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
-    """Block b (``gloo_blocks``: segments of ceil(count / S), S/p of them per rank) sums
-    as x_b + (x_{b+1} + (… + x_{b−1})), ranks mod p: Gloo's ring, on every rank."""
+def _gloo_case(p, count, seed):
+    """p float32 vectors whose sums depend on how their additions are grouped."""
     rng = np.random.default_rng(seed)
-    x = [(rng.standard_normal(count) * np.exp(4 * rng.standard_normal(count))).astype(np.float32)
-         for _ in range(p)]
-    bufs = run(build("all_reduce", "gloo_ring", p, count), [{"buf": a.copy()} for a in x], np.add)
-    off, size = ar.gloo_blocks(p, count, 4)
+    return [(rng.standard_normal(count) * np.exp(4 * rng.standard_normal(count))).astype(np.float32)
+            for _ in range(p)]
+
+
+def _in_gloos_order(x, blocks):
+    """Block b of ``blocks`` (offsets, sizes) summed as x_b + (x_{b+1} + (… + x_{b−1})),
+    ranks mod p: Gloo's ring toward lower ranks."""
+    off, size = blocks
+    p, count = len(x), len(x[0])
     assert size.sum() == count and (size[:-1] >= size[1:]).all()
     want = np.empty(count, np.float32)
     for b in range(p):
@@ -242,6 +243,18 @@ def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
         for k in range(2, p + 1):
             acc = x[(b - k) % p][part] + acc
         want[part] = acc
+    return want
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 8), count=st.one_of(st.integers(0, 300), st.integers(262_000, 800_000)),
+       seed=st.integers(0, 2**32 - 1))
+def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
+    """Block b (``gloo_blocks``: segments of ceil(count / S), S/p of them per rank) sums
+    in Gloo's ring order, on every rank."""
+    x = _gloo_case(p, count, seed)
+    bufs = run(build("all_reduce", "gloo_ring", p, count), [{"buf": a.copy()} for a in x], np.add)
+    want = _in_gloos_order(x, ar.gloo_blocks(p, count, 4))
     assert all(r["buf"].tobytes() == want.tobytes() for r in bufs)
 
 
@@ -249,23 +262,13 @@ def test_gloo_ring_groups_each_sum_as_gloo(p, count, seed):
 @given(p=st.integers(2, 8), count=st.one_of(st.integers(0, 300), st.integers(1_500_000, 2_500_000)),
        root=st.integers(0, 7), seed=st.integers(0, 2**32 - 1))
 def test_gloo_ring_reduce_groups_each_sum_as_gloo(p, count, root, seed):
-    """reduce's gloo_ring: block b (``gloo_reduce_blocks``) sums at the root as Gloo's ring
-    does, x_b + (x_{b+1} + (… + x_{b−1})); every other rank's buf is unchanged."""
+    """reduce's gloo_ring: block b (``gloo_reduce_blocks``) sums at the root in Gloo's ring
+    order; every other rank's buf is unchanged."""
     root %= p
-    rng = np.random.default_rng(seed)
-    x = [(rng.standard_normal(count) * np.exp(4 * rng.standard_normal(count))).astype(np.float32)
-         for _ in range(p)]
+    x = _gloo_case(p, count, seed)
     bufs = run(build("reduce", "gloo_ring", p, count, root=root), [{"buf": a.copy()} for a in x],
                np.add)
-    off, size = rd.gloo_reduce_blocks(p, count, 4)
-    assert size.sum() == count and (size[:-1] >= size[1:]).all()
-    want = np.empty(count, np.float32)
-    for b in range(p):
-        part = slice(off[b], off[b] + size[b])
-        acc = x[(b - 1) % p][part]
-        for k in range(2, p + 1):
-            acc = x[(b - k) % p][part] + acc
-        want[part] = acc
+    want = _in_gloos_order(x, rd.gloo_reduce_blocks(p, count, 4))
     assert bufs[root]["buf"].tobytes() == want.tobytes()
     assert all(bufs[r]["buf"].tobytes() == x[r].tobytes() for r in range(p) if r != root)
 

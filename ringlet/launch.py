@@ -154,8 +154,9 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         while not errq.empty():
             r, msg, _tb = errq.get()
             reports[r] = msg
-        rank, code = _first_failure(failures, reports)
-        detail = _describe_exit(code)
+        rank, code = _first_failure(failures, reports,
+                                    left=[i for i, p in enumerate(procs) if p.exitcode == 0])
+        detail = _describe_exit(code) if code else LEFT_EARLY
         if rank in reports:
             detail = reports[rank]
         raise ProcessFailed(rank, detail)
@@ -201,10 +202,16 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
     return failures
 
 
-def _first_failure(failures, reports=None, first=0):
+#: what a rank that exited normally is blamed for, when its peers failed for want of it
+LEFT_EARLY = ("exited normally (status 0) while the other ranks still needed it in their "
+              "calls: every rank must make the calls the others make with it before it exits")
+
+
+def _first_failure(failures, reports=None, first=0, left=()):
     """The rank to blame: one that died of a signal it was not sent beats one that exited
     with an error, and a PeerFailure points at the peer it names (``first``: the global
-    rank of local rank 0, as ranks are named)."""
+    rank of local rank 0, as ranks are named) - even one that exited normally (in
+    ``left``), returned with status 0."""
     if not failures:
         return None
     failed = {r for r, _ in failures}
@@ -214,6 +221,8 @@ def _first_failure(failures, reports=None, first=0):
             named = int(m.group(1)) - first
             if named in failed and named != rank:
                 return next(f for f in failures if f[0] == named)
+            if named in left:
+                return named, 0
     killed = [f for f in failures if f[1] < 0]
     return killed[0] if killed else failures[0]
 
@@ -351,8 +360,9 @@ def run_main(argv) -> int:
                           a.grace, stopped, a.keep_going)
         if not failures:
             return 0
-        local, code = _first_failure(failures, job.reports(), first)
-        job.summary(local, _describe_exit(code), stopped, a.grace)
+        left = [i for i, p in enumerate(job.procs) if p.returncode == 0]
+        local, code = _first_failure(failures, job.reports(), first, left)
+        job.summary(local, _describe_exit(code) if code else LEFT_EARLY, stopped, a.grace)
         # the first failure's own status, as mpirun passes it on (a signal: 128 + it)
         return code if 0 < code < 256 else 128 - code if code < 0 else 1
     except _Signalled as sig:
@@ -477,7 +487,8 @@ class _Job:
             t.join(timeout=2.0)
         reports = self.reports()
         detail = reports.get(first_local) or exit_text
-        lines = [f"ringlet run: rank {self.first + first_local} failed first: {detail}"]
+        verb = "failed first" if self.procs[first_local].returncode else "left first"
+        lines = [f"ringlet run: rank {self.first + first_local} {verb}: {detail}"]
         for i, p in enumerate(self.procs):
             if i == first_local:
                 continue

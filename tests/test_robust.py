@@ -262,6 +262,35 @@ def test_ringlet_run_keep_going_lets_the_others_finish(tmp_path):
     assert "rank 1 failed first: SystemExit: 4" in err and "then rank 0: exited normally" in err, err
 
 
+def test_ringlet_run_blames_a_rank_that_left_while_the_others_needed_it(tmp_path):
+    """A rank exiting normally (status 0) in the middle of the others' calls: the summary
+    names it, not the first of the ranks that failed for want of it."""
+    source = ("import sys, numpy as np, ringlet as rl\n"
+              "rl.init()\n"
+              "if rl.get_rank() == 1:\n"
+              "    sys.exit(0)\n"
+              "rl.all_reduce(np.ones(4), timeout=30)\n")
+    proc = _launch(tmp_path, source, 3)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    summary = err[err.index("ringlet run: rank 1 left first"):].splitlines()
+    assert summary[0].startswith("ringlet run: rank 1 left first: exited normally (status 0) "
+                                 "while the other ranks still needed it"), err
+    assert all(line.startswith(f"ringlet run:   then rank {r}: PeerFailure: rank 1")
+               for r, line in zip((0, 2), summary[1:])), summary
+
+
+def _returns_early(rank):
+    if rank != 1:
+        rl.all_reduce(np.ones(4), timeout=30)
+
+
+def test_spawn_blames_a_rank_that_returned_while_the_others_needed_it():
+    with pytest.raises(rl.ProcessFailed, match="rank 1 failed: exited normally") as info:
+        rl.spawn(_returns_early, 3, timeout=60)
+    assert info.value.rank == 1
+
+
 # -- a call with a dead member fails even while it waits on a live one ----------------------
 def _doomed(rank, path):
     rl.barrier()

@@ -1219,3 +1219,47 @@ def _moe_disagree(rank):
 
 def test_moe_ranks_that_disagree_are_told_what_differs():
     run(_moe_disagree, 2)
+
+
+def _patterns_disagree(rank):
+    """Ranks that pass different layouts to a pattern whose collectives would still agree
+    (padded to one length), or whose messages would wait for each other: every rank raises
+    at construction, saying what differs."""
+    import time
+    from ringlet import train
+    with pytest.raises(ValueError, match=r"ZeroOptimizer: the ranks passed different units.*"
+                                         r"rank 0: 1 units of 10 elements; rank 1: 1 units of 11"):
+        train.ZeroOptimizer([np.zeros(10 + rank)], stage=1)
+    with pytest.raises(ValueError, match="ZeroOptimizer: the ranks passed different units"):
+        train.ZeroOptimizer([np.zeros(12)], stage=2, lr=0.1 if rank else 0.2)
+    with pytest.raises(ValueError, match=r"ColumnParallelLinear: the ranks passed different "
+                                         r"layers \(rank 0: weight \(2, 3\); rank 1: weight \(2, 4\)"):
+        train.ColumnParallelLinear(np.ones((2, 3 + rank)))
+    with pytest.raises(ValueError, match="RowParallelLinear: the ranks passed different layers"):
+        train.RowParallelLinear(np.ones((4, 2)), np.zeros(2) if rank else None)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"ParameterServer: the ranks disagree \(rank 0: width=3, "
+                                         r"staleness=0.*rank 1: width=3, staleness=1"):
+        train.ParameterServer(np.zeros(5), width=3, staleness=rank)
+    assert time.monotonic() - start < 5     # (it waited out its timeout before)
+
+
+def test_patterns_whose_ranks_disagree_raise_at_once_saying_what():
+    run(_patterns_disagree, 2, timeout=60)
+
+
+def _combine_strided(rank):
+    from ringlet import train
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((6, 4))
+    received, routing = train.dispatch(x, np.arange(6) % 4, 4, capacity_factor=4)
+    w = np.arange(16.0).reshape(4, 4)
+    strided = [(w @ t.T).T for t in received]          # Fortran-ordered: not C-contiguous
+    assert not all(o.flags.c_contiguous for o in strided if o.size > 1)
+    got = train.combine(strided, routing)
+    want = train.combine([np.ascontiguousarray(o) for o in strided], routing)
+    assert np.array_equal(got, want) and np.allclose(got, x @ w.T)
+
+
+def test_combine_takes_expert_outputs_that_are_not_contiguous():
+    run(_combine_strided, 2)

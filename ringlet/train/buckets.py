@@ -17,7 +17,6 @@ Large buckets are ``rl.empty`` arrays: their messages are read in place by local
 from __future__ import annotations
 
 import contextlib
-import hashlib
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
 from .arrays import as_numbers
-from .pricing import Call, averaging, buffer, disagreement, hosts_of, overlaps, price
+from .pricing import Call, averaging, buffer, digest, disagreement, hosts_of, overlaps, price
 
 
 BF16 = "bfloat16"
@@ -104,10 +103,9 @@ class GradBuckets:
     def _agree(self, cap_mb: float, comm_hook) -> None:
         """Every rank must cut the same buckets (else its collectives disagree with the
         others' and fail as a mismatch whose cause is not named): checked once, here."""
-        layout = repr([(b.buf.size, b.buf.dtype.str) for b in self.buckets]) + repr(comm_hook)
-        digest = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "little")
-        every = disagreement([len(self.buckets), sum(b.buf.size for b in self.buckets), digest],
-                             self.group)
+        layout = ([(b.buf.size, b.buf.dtype.str) for b in self.buckets], comm_hook)
+        every = disagreement([len(self.buckets), sum(b.buf.size for b in self.buckets),
+                              digest(layout)], self.group)
         if every is not None:
             said = "; ".join(f"rank {r}: {n} buckets of {e} elements" for r, (n, e, _)
                              in enumerate(every))

@@ -8,6 +8,7 @@ undercut) and T_comp a compute estimate (:func:`compute_seconds`, or measured).
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import NamedTuple
 
@@ -106,6 +107,12 @@ def disagreement(values, group) -> list | None:
     every = np.empty((group.size, mine.size), np.int64)
     all_gather(every, mine, group=group)
     return every.tolist() if (every != every[0]).any() else None
+
+
+def digest(layout) -> int:
+    """56 bits of a SHA-256 of ``repr(layout)``: what ``disagreement`` compares of a
+    description (shapes, dtypes, settings) too long to gather whole."""
+    return int.from_bytes(hashlib.sha256(repr(layout).encode()).digest()[:7], "little")
 
 
 def lent(n: int, dtype) -> tuple[np.ndarray, np.ndarray | None]:

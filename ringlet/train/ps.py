@@ -31,7 +31,7 @@ from .. import buffers
 from ..collectives import all_to_all_single, broadcast, gather
 from ..runtime import get_rank, irecv, isend, recv, resolve
 from .arrays import as_numbers
-from .pricing import Call, hosts_of, price
+from .pricing import Call, digest, disagreement, hosts_of, price
 
 
 class ParameterServer:
@@ -48,12 +48,27 @@ class ParameterServer:
             raise ValueError(f"staleness must be >= 0 and width >= 1, got {staleness}, {width}")
         self.weights = as_numbers(weights, "weights", writable=True)
         self.width, self.s, self.learner = int(width), int(staleness), learner
+        self._agree()
         self.actors = [r for r in range(g.size) if r != learner]
         self.version = 0
         self.rounds = 0                # rounds run so far: calls of learn / act go on from there
         self.blocked_seconds = 0.0     # actor: waiting for weights (or the round's collectives)
         self.used_versions: list = []  # learner: (round, actor, version its experience used)
         self._pending: list = []       # learner: (snapshot, its sends) not yet known to be done
+
+    def _agree(self) -> None:
+        """Every rank must pass the same settings and weights' layout: else the learner and
+        an actor wait for messages of another round, size or kind than the other sends, until
+        their timeout. Checked once, here, on every rank."""
+        w = self.weights
+        every = disagreement([self.width, self.s, self.learner, w.size,
+                              digest((w.shape, w.dtype.str))], self.group)
+        if every is not None:
+            said = "; ".join(f"rank {r}: width={a}, staleness={s}, learner={l}, "
+                             f"{n}-element weights" for r, (a, s, l, n, _) in enumerate(every))
+            raise ValueError(f"rank {get_rank()}: ParameterServer: the ranks disagree ({said}; "
+                             f"here weights {w.shape} {w.dtype}): pass the same width, "
+                             f"staleness, learner and weights' shape and dtype on every rank")
 
     # -- learner ---------------------------------------------------------------------------
     def learn(self, rounds: int, update) -> None:

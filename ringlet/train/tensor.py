@@ -17,15 +17,31 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import all_gather, all_reduce
-from ..runtime import resolve
+from ..runtime import get_rank, resolve
 from .arrays import as_numbers
-from .pricing import Call, hosts_of, price
+from .pricing import Call, digest, disagreement, hosts_of, price
 
 
 def _block(n: int, p: int, r: int, what: str) -> slice:
     if n % p:
         raise ValueError(f"{what} ({n}) must divide evenly over the {p} ranks of the group")
     return slice(r * n // p, (r + 1) * n // p)
+
+
+def _agree(layer: str, w: np.ndarray, bias, flag: str, value: bool, group) -> None:
+    """Every rank must build the layer from the same full weight: a rank whose weight has
+    other columns (rows) would take another block and every collective would still agree,
+    joining blocks of different layers, silently. Checked once, here, on every rank."""
+    if w.ndim != 2:
+        raise ValueError(f"rank {get_rank()}: {layer}: weight must be 2-D (in, out), got "
+                         f"shape {w.shape}")
+    b = None if bias is None else np.shape(bias)
+    every = disagreement([*w.shape, digest((b, w.dtype.str, value))], group)
+    if every is not None:
+        said = "; ".join(f"rank {r}: weight {tuple(v[:-1])}" for r, v in enumerate(every))
+        raise ValueError(f"rank {get_rank()}: {layer}: the ranks passed different layers "
+                         f"({said}; here bias {b}, dtype {w.dtype}, {flag}={value}): pass the "
+                         f"same full weight, bias and {flag} on every rank of the group")
 
 
 def _join_columns(local: np.ndarray, p: int, group) -> np.ndarray:
@@ -42,6 +58,7 @@ class ColumnParallelLinear:
     def __init__(self, weight, bias=None, group=None, gather_output: bool = True):
         self.group = g = resolve(group)
         w = as_numbers(weight, "weight")
+        _agree("ColumnParallelLinear", w, bias, "gather_output", gather_output, g)
         self.cols = _block(w.shape[1], g.size, g.rank, "output features")
         self.w = w[:, self.cols].copy()
         self.b = None if bias is None else as_numbers(bias, "bias")[self.cols].copy()
@@ -89,6 +106,7 @@ class RowParallelLinear:
     def __init__(self, weight, bias=None, group=None, input_is_parallel: bool = True):
         self.group = g = resolve(group)
         w = as_numbers(weight, "weight")
+        _agree("RowParallelLinear", w, bias, "input_is_parallel", input_is_parallel, g)
         self.rows = _block(w.shape[0], g.size, g.rank, "input features")
         self.w = w[self.rows].copy()
         self.b = None if bias is None else as_numbers(bias, "bias").copy()

@@ -30,7 +30,8 @@ from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
 from .. import buffers
-from .pricing import Call, averaging, buffer, hosts_of, lent, overlaps, price
+from .pricing import (Call, averaging, buffer, digest, disagreement, hosts_of, lent,
+                      overlaps, price)
 
 
 class _Done:
@@ -100,10 +101,13 @@ class ZeroOptimizer:
         self.units: list[_Unit] = []
         self.state: list[dict] = []
         self.shards: list[np.ndarray] = []    # this rank's block of each unit's parameters
-        for k, unit in enumerate(params):
-            arrays = [as_numbers(a, f"params[{k}]") for a in _listed(unit)]
+        units = [[as_numbers(a, f"params[{k}]") for a in _listed(unit)]
+                 for k, unit in enumerate(params)]
+        for k, arrays in enumerate(units):
             if not arrays or any(a.dtype != arrays[0].dtype or a.dtype.kind != "f" for a in arrays):
                 raise TypeError(f"params[{k}]: a unit is one or more float arrays of one dtype")
+        self._agree(units, optimizer, optimizer_kw)
+        for arrays in units:
             u = _Unit(arrays, p, r)
             flat = np.zeros(p * u.shard, u.dtype)
             flat[:u.n] = np.concatenate([a.reshape(-1) for a in arrays])
@@ -122,6 +126,23 @@ class ZeroOptimizer:
         self._turn = len(self.units) - 1   # the unit whose gradient goes on the wire next
         self.peak_gathered = 0    # most bytes of gathered (stage 3) units held at once
         self.peak_grad_in = 0     # most bytes of full gradients held for reduce_scatters
+
+    def _agree(self, units, optimizer, optimizer_kw) -> None:
+        """Every rank must pass units of the same sizes and the same settings: units padded
+        to one length would agree in every collective, and a rank's extra elements would be
+        averaged with another's padding, silently. Checked once, here, on every rank."""
+        named = optimizer if isinstance(optimizer, str) else type(optimizer).__qualname__
+        layout = ([[(a.size, a.dtype.str) for a in arrays] for arrays in units], self.stage,
+                  named, sorted(optimizer_kw.items()))
+        every = disagreement([len(units), sum(a.size for arrays in units for a in arrays),
+                              digest(layout)], self.group)
+        if every is not None:
+            said = "; ".join(f"rank {r}: {n} units of {e} elements" for r, (n, e, _)
+                             in enumerate(every))
+            raise ValueError(f"rank {get_rank()}: ZeroOptimizer: the ranks passed different "
+                             f"units or settings ({said}; here stage={self.stage}, optimizer="
+                             f"{named!r}, {optimizer_kw}): pass the same parameters, stage "
+                             f"and optimizer settings on every rank")
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:

@@ -102,8 +102,10 @@ def _spawn_child(fn, rank, nprocs, args, env, backend, errq, parent):
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs))
     split = os.environ.get("RINGLET_HOST_ID_SPLIT")
-    if split:  # emulate two hosts on one machine (TCP between them, shm inside)
-        os.environ["RINGLET_HOST_ID"] = "hostA" if rank < int(split) else "hostB"
+    if split:  # emulate hosts on one machine (TCP between them, shm inside): "2" gives
+        # ranks 0-1 one host and the rest another; "2,3" ranks 0-1, 2, 3- three
+        host = sum(rank >= int(b) for b in split.split(","))
+        os.environ["RINGLET_HOST_ID"] = f"host{chr(ord('A') + host)}"
     from . import runtime
     try:
         runtime.init(backend=backend)

@@ -733,12 +733,19 @@ def _apart(rnd: PlanRound, bufs: dict) -> bool:
 def _independent(rnd: PlanRound, bufs: dict) -> tuple[tuple, tuple]:
     """(sends of ``rnd`` whose source no local step of it writes, the other sends). By
     memory, not by name: a caller's buffers may overlap (an in-place all_gather's "in" is a
-    block of its "out"); a possible overlap counts as one (the send waits for the step)."""
+    block of its "out"); a possible overlap counts as one (the send waits for the step).
+    A send after a late one to the same peer is late too: one pair's messages are matched
+    in order (an uneven hierarchical all_gather sends a peer a block its copy writes, then
+    an empty one)."""
     dsts = [bufs[t.dbuf][t.d0:t.d1] for t in rnd.local]
-    early, late = [], []
+    early, late, waits = [], [], set()
     for t in rnd.sends:
         src = bufs[t.sbuf][t.s0:t.s1]
-        (late if any(np.may_share_memory(src, d) for d in dsts) else early).append(t)
+        if t.dst in waits or any(np.may_share_memory(src, d) for d in dsts):
+            late.append(t)
+            waits.add(t.dst)
+        else:
+            early.append(t)
     return tuple(early), tuple(late)
 
 

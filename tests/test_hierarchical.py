@@ -52,6 +52,21 @@ def test_hierarchical_collectives_on_two_hosts(p, split, algorithm):
     run(_check_all, p, algorithm, None, env={"RINGLET_HOST_ID_SPLIT": str(split)})
 
 
+def _uneven_all_gather(rank):
+    p = rl.get_world_size()
+    for count in (65_536, 65_537):        # blocks of 512 KiB and just over (a large message)
+        out = np.empty((p, count), np.int64)
+        rl.all_gather(out, np.full(count, rank + 1, np.int64), algorithm="hierarchical")
+        assert (out == np.arange(1, p + 1)[:, None]).all(), count
+
+
+def test_hierarchical_all_gather_on_hosts_of_two_sizes():
+    """Hosts of 2, 1 and 1 ranks: a rank sends a peer a block its local copy writes and an
+    empty one in one round; they go in that order, as the peer receives them (the empty one
+    had gone first, and the peer took it for the block)."""
+    run(_uneven_all_gather, 4, env={"RINGLET_HOST_ID_SPLIT": "2,3"})
+
+
 def _pipelined(rank):
     p = rl.get_world_size()
     count = (12 << 20) // 8 + 5            # 12 MiB of int64 and a ragged end: 3 pieces

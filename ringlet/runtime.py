@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 import time
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -54,6 +55,7 @@ class _State:
     # again (its calls' state, and traffic still on its way, would be the new group's)
     last_gid = 0
     departed_checked = 0.0   # when _departed last asked the store (at most once a second)
+    aside: threading.Thread | None = None   # the store call a wait made for its reports (_aside)
 
 
 _S = _State()
@@ -247,6 +249,31 @@ def _state_key(rank: int) -> str:
     return f"g{_S.generation - 1}/state/{rank}"
 
 
+def _aside(call, wait: float):
+    """``call()`` - the store calls a wait makes for its reports - on a thread of its own,
+    waited for ``wait`` seconds in all: its result, or None if it did not answer by then
+    (or failed, or an earlier one did not answer within the wait; then it is not made). A
+    store cut off by the network holds its socket ~30 s a call, and a call's wait must not
+    outlast its own timeout for a report (on the far side of a partition a 5 s timeout
+    raised after 40)."""
+    end = time.monotonic() + wait
+    if _S.aside is not None:
+        _S.aside.join(wait)
+        if _S.aside.is_alive():
+            return None
+    got = []
+
+    def run():
+        try:
+            got.append(call())
+        except (RingletError, OSError, RuntimeError):
+            pass
+    _S.aside = threading.Thread(target=run, name="ringlet-store-report", daemon=True)
+    _S.aside.start()
+    _S.aside.join(max(0.0, end - time.monotonic()))
+    return got[0] if got else None
+
+
 def _publish_state(waiting: str | None = None) -> None:
     """Tell the store how far this rank got in every group (for other ranks' hang
     reports); called when a wait has lasted a while, at most once a second. Cheap: it
@@ -261,10 +288,8 @@ def _publish_state(waiting: str | None = None) -> None:
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
     state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting,
              "gave_up": {str(k): v for k, v in _S.gave_up.items()}}
-    try:
-        _S.store.set(_state_key(_S.engine.rank), json.dumps(state).encode())
-    except RingletError:
-        pass
+    key, store = _state_key(_S.engine.rank), _S.store
+    _aside(lambda: store.set(key, json.dumps(state).encode()), 0.0)   # (nothing to wait for)
 
 
 def _left_key(rank: int) -> str:
@@ -279,13 +304,11 @@ def _departed(ranks) -> list:
             or not hasattr(_S.store, "try_get"):
         return []
     _S.departed_checked = now
-    try:
-        gone = [r for r in ranks if _S.store.try_get(_left_key(r)) is not None]
-        for r in gone:
-            _release(r)
-        return gone
-    except RingletError:
-        return []
+    store, keys = _S.store, [(r, _left_key(r)) for r in ranks]
+    gone = _aside(lambda: [r for r, k in keys if store.try_get(k) is not None], 0.5) or []
+    for r in gone:
+        _release(r)
+    return gone
 
 
 def _release(r: int) -> None:
@@ -309,14 +332,19 @@ def _hang_report(tag: int, what, limit: float, giving_up: bool) -> str:
     _S.published = 0.0
     _publish_state(f"rank {_S.world.rank}: {collective} #{seq} of group {group_name}")
     time.sleep(min(1.5, limit / 10))  # let waiting peers publish too (the call's own scale)
-    lines = []
-    for r in g.ranks:
-        if r == _S.engine.rank:
-            continue
-        try:
-            raw = _S.store.try_get(_state_key(r)) if hasattr(_S.store, "try_get") else None
-        except RingletError:
-            raw = None
+    lines, store = [], _S.store
+    others = [r for r in g.ranks if r != _S.engine.rank]
+    if not hasattr(store, "try_get"):
+        states = {}
+    else:
+        states = _aside(lambda: {r: store.try_get(_state_key(r)) for r in others},
+                        min(2.0, max(0.5, limit / 10)))
+        if states is None:
+            lines.append(f"the rendezvous store did not answer, so the other ranks' state is "
+                         f"unknown (is the network to rank 0's host, which keeps it, down?)")
+            others = []
+    for r in others:
+        raw = states.get(r)
         if raw is None:
             lines.append(f"rank {r} did not report (busy outside ringlet, or hung)")
             continue

@@ -122,6 +122,42 @@ def test_destroy_does_not_wait_for_a_rank_that_exited_without_it(tmp_path, how):
     assert max(took_each) < 5.0 and took < 30, (proc.stdout, proc.stderr)
 
 
+class _CutOff:
+    """A store on the far side of a partition: every call hangs (as a socket waits ~30 s)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        def hangs(*args, **kw):
+            time.sleep(20)
+            return getattr(self.store, name)(*args, **kw)
+        return hangs
+
+
+def _cut_off_from_the_store(rank, path):
+    from ringlet import runtime
+    if rank == 1:                      # busy outside ringlet until rank 0 has timed out
+        _await(path)
+        return
+    store, runtime._S.store = runtime._S.store, _CutOff(runtime._S.store)
+    start = time.monotonic()
+    with pytest.raises(rl.TimeoutError, match="the rendezvous store did not answer") as info:
+        rl.all_reduce(np.ones(4), timeout=3)
+    took = time.monotonic() - start
+    runtime._S.store = store
+    open(path, "w").close()
+    assert took < 9, (took, str(info.value))
+
+
+def test_a_timeout_is_kept_when_the_store_does_not_answer(tmp_path):
+    """A rank cut off from the store (the network to its host down) timed out when the link
+    came back: the wait's reports to the store (this rank's state each second, who left)
+    held the socket ~30 s a call. They run aside now, and the hang report says why it
+    knows nothing of the others."""
+    run(_cut_off_from_the_store, 2, str(tmp_path / "done"))
+
+
 def _await(*paths, limit=60.0):
     deadline = time.monotonic() + limit
     while not all(os.path.exists(p) for p in paths):

@@ -387,9 +387,12 @@ def _finish_outstanding(eng) -> list:
     """Drive every async work the user did not wait for to its end; return the lost ones
     as lines "what: error"."""
     works, _S.outstanding = _S.outstanding, []
+    # (the ranks they wait for: one that left the job - in destroy too - will send nothing
+    # more, and fails them at once instead of after the whole timeout; Engine._fail_departed)
+    waits_for = lambda: [r for w in works if not w._done() for r in w._waiting_on()]  # noqa: E731
     try:
         with eng.held():
-            eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", lambda: ())
+            eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", waits_for)
     except RingletError:
         pass
     lost = []

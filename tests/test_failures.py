@@ -122,6 +122,28 @@ def test_destroy_does_not_wait_for_a_rank_that_exited_without_it(tmp_path, how):
     assert max(took_each) < 5.0 and took < 30, (proc.stdout, proc.stderr)
 
 
+def test_destroy_fails_at_once_a_receive_from_a_rank_that_left(tmp_path):
+    """Rank 0 destroys with an irecv its peer never sends: the peer has left (it is in
+    destroy), so nothing more will come. Both waited out the whole timeout (40 s here)."""
+    proc, took = ringlet_run(tmp_path, "import time\n"
+                             "import numpy as np, ringlet as rl\n"
+                             "rl.init(timeout=40)\n"
+                             "if rl.get_rank() == 0:\n"
+                             "    w = rl.irecv(np.empty(10), 1, tag=4)\n"
+                             "rl.barrier()\n"
+                             "t = time.monotonic()\n"
+                             "try:\n"
+                             "    rl.destroy()\n"
+                             "except rl.RingletError as e:\n"
+                             "    print('RAISED', e)\n"
+                             "print('DESTROY', round(time.monotonic() - t, 2))\n", n=2)
+    took_each = [float(line.split()[-1]) for line in proc.stdout.splitlines() if "DESTROY" in line]
+    assert len(took_each) == 2 and max(took_each) < 10 and took < 30, (proc.stdout, proc.stderr)
+    assert "RAISED rank 0: destroy(): 1 async operation(s) could not complete" in proc.stdout
+    assert "recv from rank 1 (tag 4, world): PeerFailure: rank 1 failed: it has left the job" \
+        in proc.stdout, proc.stdout
+
+
 class _CutOff:
     """A store on the far side of a partition: every call hangs (as a socket waits ~30 s)."""
 

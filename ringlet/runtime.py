@@ -287,7 +287,10 @@ def _publish_state(waiting: str | None = None) -> None:
         calls = [w.what for w in _S.engine.works] if _S.engine is not None else []
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
     state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting,
-             "gave_up": {str(k): v for k, v in _S.gave_up.items()}}
+             "gave_up": {str(k): v for k, v in _S.gave_up.items()},
+             # (members, for groups small enough to say so: ranks that made one id from
+             # different lists meet in no call, and a report must not call one "inside it")
+             "ranks": {str(g.id): list(g.ranks) for g in _S.groups if len(g.ranks) <= 256}}
     key, store = _state_key(_S.engine.rank), _S.store
     _aside(lambda: store.set(key, json.dumps(state).encode()), 0.0)   # (nothing to wait for)
 
@@ -350,7 +353,12 @@ def _hang_report(tag: int, what, limit: float, giving_up: bool) -> str:
             continue
         st = json.loads(raw)
         theirs = st["seq"].get(str(g.id), 0)
-        if st.get("gave_up", {}).get(str(g.id), 0) >= seq:
+        members = st.get("ranks", {}).get(str(g.id))
+        if members is not None and len(g.ranks) <= 256 and members != list(g.ranks):
+            lines.append(f"rank {r} made group {group_name} from other ranks ({members} there, "
+                         f"{list(g.ranks)} here): pass the same list to new_group on every "
+                         f"rank")
+        elif st.get("gave_up", {}).get(str(g.id), 0) >= seq:
             lines.append(f"rank {r} gave up on it (its own timeout ran out)")
         elif theirs < seq:
             lines.append(f"rank {r} never entered {collective} #{seq} of group {group_name} "

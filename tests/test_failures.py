@@ -122,6 +122,25 @@ def test_destroy_does_not_wait_for_a_rank_that_exited_without_it(tmp_path, how):
     assert max(took_each) < 5.0 and took < 30, (proc.stdout, proc.stderr)
 
 
+def _groups_of_other_members(rank, path):
+    g = rl.new_group([0, 1] if rank == 1 else [0, 2])
+    if rank == 1:
+        _await(path + ".0")    # (rank 0's call is over: nothing of ours reaches it in one)
+        with pytest.raises(rl.TimeoutError, match=r"rank 0 made group .* from other ranks "
+                                                  r"\(\[0, 2\] there, \[0, 1\] here\)"):
+            rl.all_reduce(np.ones(4), group=g, timeout=3)
+    else:
+        rl.all_reduce(np.ones(4), group=g)
+        open(f"{path}.{rank}", "w").close()
+    rl.barrier(timeout=30)     # (ranks 0 and 2 wait here, inside ringlet)
+
+
+def test_a_timeout_names_a_rank_that_made_its_group_from_other_ranks(tmp_path):
+    """Lists that differ in members, not order: ranks 0 and 2 meet in their call, and rank
+    1's timeout had said rank 0 "entered it and waits" (rank 0 was in another call)."""
+    run(_groups_of_other_members, 3, str(tmp_path / "done"))
+
+
 def test_destroy_fails_at_once_a_receive_from_a_rank_that_left(tmp_path):
     """Rank 0 destroys with an irecv its peer never sends: the peer has left (it is in
     destroy), so nothing more will come. Both waited out the whole timeout (40 s here)."""

@@ -141,6 +141,25 @@ def test_a_timeout_names_a_rank_that_made_its_group_from_other_ranks(tmp_path):
     run(_groups_of_other_members, 3, str(tmp_path / "done"))
 
 
+def _streaming_wait(rank):
+    from ringlet.runtime import engine
+    eng, published = engine(), []
+    eng.progress = lambda: True                  # data streaming in all the time
+    eng.on_long_wait = lambda: published.append(time.monotonic())
+    start = time.monotonic()
+    with eng.held(), pytest.raises(rl.TimeoutError):
+        eng.wait(lambda: False, 1.0, lambda limit: "stalled")
+    assert published and published[0] - start < 0.5, [t - start for t in published]
+
+
+def test_a_wait_publishes_its_state_while_data_streams_in():
+    """A wait whose peers kept sending (64 MiB over a slow link, timeout=1) never reached
+    the branch that publishes its state, and its peers' hang reports said it "did not
+    report (busy outside ringlet, or hung)"; a short timeout's wait now publishes after a
+    quarter of it, busy or idle."""
+    run(_streaming_wait, 1)
+
+
 def test_destroy_fails_at_once_a_receive_from_a_rank_that_left(tmp_path):
     """Rank 0 destroys with an irecv its peer never sends: the peer has left (it is in
     destroy), so nothing more will come. Both waited out the whole timeout (40 s here)."""

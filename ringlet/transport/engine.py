@@ -559,13 +559,19 @@ class Engine:
         deadline = start + limit
         idle_since = None
         idle_until = 0.0          # spinning on past SPIN_FREE until then: the cores are idle
-        while True:
+        report_after = min(REPORT_AFTER, limit / 4)   # (a short timeout's peers publish
+        while True:                                    # sooner: its hang report reads them)
             if self.progress():
                 idle_since = None
                 if done():
                     return
-                if time.monotonic() < deadline:  # a peer that never stops talking
-                    continue                      # must not hold us past the deadline
+                now = time.monotonic()
+                if now < deadline:   # a peer that never stops talking must not hold us
+                    # past the deadline, nor keep this wait from publishing its state (data
+                    # streaming in for a whole short timeout: "did not report")
+                    if now - start > report_after and self.on_long_wait is not None:
+                        self.on_long_wait()
+                    continue
             if done():
                 return
             now = time.monotonic()
@@ -576,7 +582,7 @@ class Engine:
                 self.check_liveness()
                 if done():
                     return
-                if now - start > REPORT_AFTER and self.on_long_wait is not None:
+                if now - start > report_after and self.on_long_wait is not None:
                     self.on_long_wait()
                     if self.departed is not None and self._fail_departed(peers()) and done():
                         return

@@ -151,6 +151,9 @@ def _plan_main(argv) -> int:
     out = []
     plot_series = []
     multi = a.params is not None and len(a.params) > 1
+    if a.plot and (a.models or multi):
+        raise _Exit("--plot draws gamma against K for one model: give one -P without "
+                    "--models (a table of several models has no plot)")
     if a.models or multi:
         params = a.params if a.params else _plan.SEED_MODELS["params"]
         workers = a.workers or [_plan.SEED_MODELS["K"]]
@@ -237,7 +240,9 @@ def _plot_plan(path, series, rows, R, B, g, alpha, fppe):
         G, b = batch, max(batch // K0, 1)
     else:
         G, b = batch * K0, batch
-    curves = {"strong": (_plan.strong_scaling(P, G, R, B, Ks, g, alpha, fppe),
+    # (strong scaling ends at K = G: every worker needs an example)
+    curves = {"strong": (_plan.strong_scaling(P, G, R, B, [k for k in Ks if k <= G], g, alpha,
+                                              fppe),
                          f"strong scaling: global batch G = {G} split as b = G // K",
                          _plan.break_even(R, B, G=G, g=g, alpha=alpha, P=P, fppe=fppe),
                          "tab:blue"),
@@ -457,6 +462,7 @@ def _explain_main(argv) -> int:
         raise ValueError(f"-n (group size) must be >= 1, got {p}")
     if a.itemsize < 1:
         raise ValueError("--itemsize must be >= 1")
+    _sweep_range(a)     # (a bad --range is refused before the table, not after it)
 
     topology, gamma, where, prof = _explain_where(a, p)
 
@@ -574,9 +580,13 @@ def _explain_table(rows, winner: str, env, host, gamma: float) -> None:
         parts = ", ".join(f"{'reduce' if k == 'gamma' else k} {v * scale:.4g}"
                           for k, v in rows[0].parts if v > 0)
         print(_fit(f"{winner}'s critical path by term ({unit}): {parts}"))
-    if len(rows) > 1 and rows[1].total > 0:
-        print(_fit(f"winner: {winner} ({rows[1].total / max(rows[0].total, 1e-300):.2f}x "
-                   f"faster than the runner-up, {rows[1].algorithm})"))
+    ratio = rows[1].total / max(rows[0].total, 1e-300) if len(rows) > 1 else 0
+    if ratio >= 1.005:
+        print(_fit(f"winner: {winner} ({ratio:.2f}x faster than the runner-up, "
+                   f"{rows[1].algorithm})"))
+    elif ratio > 0:
+        print(_fit(f"winner: {winner} (a tie with {rows[1].algorithm}, within 0.5%: the "
+                   f"model cannot tell them apart; auto takes {winner})"))
     else:
         print(f"winner: {winner}")
 
@@ -588,6 +598,20 @@ def _explain_table(rows, winner: str, env, host, gamma: float) -> None:
 EXPLAIN_TIE = 0.02
 
 
+def _sweep_range(a) -> tuple[int, int]:
+    """--range as (lo, hi) bytes, default 8 B .. 4 GiB."""
+    if not a.range:
+        return 8, 4 * 1024 ** 3
+    try:
+        lo_s, hi_s = a.range.split(":")
+        lo, hi = parse_size(lo_s), parse_size(hi_s)
+    except ValueError:
+        raise ValueError(f"--range wants LO:HI sizes, e.g. 8:4G, got {a.range!r}") from None
+    if not 0 < lo < hi:
+        raise ValueError(f"--range wants 0 < LO < HI, got {a.range!r} ({lo} B to {hi} B)")
+    return lo, hi
+
+
 def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, env, rows,
                         winner: str, nb: int = -1):
     """Print the sizes where the winner changes; returns (crossovers, sweep) for the plot.
@@ -597,13 +621,7 @@ def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, en
     if coll == "barrier" or len(rows) == 1:
         cross, sweep = [], []
     else:
-        lo, hi = 8, 4 * 1024 ** 3
-        if a.range:
-            try:
-                lo_s, hi_s = a.range.split(":")
-                lo, hi = parse_size(lo_s), parse_size(hi_s)
-            except ValueError:
-                raise ValueError(f"--range wants LO:HI sizes, e.g. 8:4G, got {a.range!r}") from None
+        lo, hi = _sweep_range(a)
         ppo = 2 if env.topology is not None else 4
         cross, sweep = crossovers(coll, p, topology=topology, candidates=a.algorithms,
                                   lo=lo, hi=hi, itemsize=a.itemsize, gamma=gamma,
@@ -773,8 +791,13 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
     algs = list(sweep[0][1])
     xs = [n for n, _ in sweep]
     colour = {}
-    for alg in algs:
-        line, = ax.loglog(xs, [t[alg] for _, t in sweep], lw=1.3, label=alg)
+    for i, alg in enumerate(algs):
+        ys = [t[alg] for _, t in sweep]
+        # dashed over an earlier line it would hide (algorithms priced alike: ring, gloo_ring)
+        alike = any(all(abs(t[b] - t[alg]) <= 0.01 * t[alg] for _, t in sweep) for b in algs[:i])
+        line, = ax.loglog(xs, ys, lw=1.3, label=alg + (" (dashed: priced as another)"
+                                                       if alike else ""),
+                          ls=(0, (4, 3)) if alike else "-")
         colour[alg] = line.get_color()
     # the winner at each size, drawn over the candidates: the envelope auto follows
     best = [min(t.values()) for _, t in sweep]

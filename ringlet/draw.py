@@ -159,7 +159,8 @@ def text(d: Drawing, width: int | None = None) -> str:
         f"receiver reduces it, else copies; chunks are numbered by offset in the "
         f"buffer they leave from; sync = a message of no bytes (a rooted call agreeing on "
         f"the call, before or beside its data); '.' = no message; {ROUND_TIME}: the "
-        f"model's time of that round on its own"
+        f"model's time of that round on its own (rounds overlap in the whole call, so their "
+        f"sum may exceed its prediction)"
         + ("; (with 0): posted with round 0, its data moving beside the rounds between"
            if s.early >= 0 else ""), width)
     i = 0
@@ -237,7 +238,9 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
     if msgs:        # one artist per round: thousands of arrows draw in a second
         ax.quiver([x0] * len(msgs), [y[t.src] for t in msgs], [x1 - x0] * len(msgs),
                   [y[t.dst] - y[t.src] for t in msgs], angles="xy", scale_units="xy",
-                  scale=1, color=[colour(t) for t in msgs], width=0.0018,
+                  scale=1, color=[colour(t) for t in msgs],
+                  # (a fraction of the axes' width: as thin on a 40-inch drawing as on a 9)
+                  width=0.0018 * 9 / ax.figure.get_figwidth(),
                   headwidth=5, headlength=7, headaxislength=6, zorder=3)
     fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
     for t in msgs:
@@ -271,13 +274,15 @@ def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
     for side in ("right", "bottom", "left"):
         ax.spines[side].set_visible(False)
     from matplotlib.lines import Line2D
-    handles = [Line2D([], [], color=_COLOURS["copy"], label="copy (cN)"),
-               Line2D([], [], color=_COLOURS[REDUCE], label="reduce (cN+)"),
-               Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
-                      label="local copy/reduce\n(round start, no message)")]
-    if syncs:
-        handles.insert(2, Line2D([], [], color=_COLOURS["sync"],
-                                 label="sync: no bytes\n(ranks agree on the call)"))
+    ts = [t for rnd in d.schedule.rounds for t in rnd]   # (the legend names what is drawn)
+    sent = {t.op == REDUCE for t in ts if not t.local and t.n}
+    handles = ([Line2D([], [], color=_COLOURS["copy"], label="copy (cN)")] * (False in sent)
+               + [Line2D([], [], color=_COLOURS[REDUCE], label="reduce (cN+)")] * (True in sent)
+               + [Line2D([], [], color=_COLOURS["sync"],
+                         label="sync: no bytes\n(ranks agree on the call)")] * syncs
+               + [Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
+                         label="local copy/reduce\n(round start, no message)")]
+               * any(t.local and t.n for t in ts))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap
@@ -285,8 +290,11 @@ def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
     # one round is narrow, and a 110-character line ran off both sides of it
     cols = max(40, min(110, int(ax.figure.get_figwidth() * 14)))
     ax.set_title(textwrap.fill(d.title, cols) + "\n" + textwrap.fill(
-        f"{ROUND_TIME} (below each round): the model's time of that round on its own; "
-        f"chunks numbered by offset", cols), fontsize=8, pad=18)
+        f"{ROUND_TIME} (below each round): the model's time of that round on its own (rounds "
+        f"overlap in the whole call: their sum may exceed its prediction); "
+        f"chunks numbered by offset"
+        + ("; (with 0): posted with round 0, its data moving beside the rounds between"
+           if d.schedule.early >= 0 else ""), cols), fontsize=8, pad=18)
 
 
 __all__ = ["Drawing", "prepare", "text", "picture"]

@@ -59,7 +59,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
-            raise ConnectionError("connection closed during handshake")
+            raise ConnectionError("the other side closed the connection")
         got += k
     return bytes(buf)
 

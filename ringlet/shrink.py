@@ -59,8 +59,10 @@ def shrink(timeout: float | None = None) -> Group:
                            f"restart the job") from exc
     except RingletError as exc:
         raise RingletError(f"rank {eng.rank}: shrink needs the job's store and it is gone "
-                           f"({exc}): a store hosted by rank 0 dies with it; launch with "
-                           f"`ringlet run --keep-going` or rl.spawn, whose launcher hosts it") from exc
+                           f"({exc}): it lives in the launcher of `ringlet run` (first node) or "
+                           f"rl.spawn, which must outlive the lost ranks (`ringlet run "
+                           f"--keep-going`); under other launchers in rank 0, whose loss "
+                           f"takes it along") from exc
     members, gid = decision["members"], decision["gid"]
     if eng.rank not in members:
         raise RingletError(f"rank {eng.rank}: shrink: the survivors made their new world "

@@ -86,3 +86,25 @@ def test_arguments_that_cannot_work_are_refused_before_any_work(args, says):
                        text=True, timeout=60)
     assert p.returncode == 2 and says in p.stderr, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_plan_plot_of_several_models_is_refused(tmp_path, capsys):
+    """--plot with a table of several models wrote no file and exited 0."""
+    from ringlet.cli import main
+    out = tmp_path / "p.png"
+    assert main(["plan", "--models", "--plot", str(out)]) == 2
+    assert "--plot draws gamma against K for one model" in capsys.readouterr().err
+    assert main(["plan", "-P", "1e8,7e9", "--plot", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_explain_refuses_a_bad_range_before_its_table_and_names_ties(capsys):
+    """--range 1M:8 printed the whole table, then failed; two algorithms priced alike were
+    "1.00x faster" one than the other."""
+    from ringlet.cli import main
+    assert main(["explain", "all_reduce", "--size", "1M", "-n", "4", "--range", "1M:8"]) == 2
+    out, err = capsys.readouterr()
+    assert "--range wants 0 < LO < HI" in err and "winner" not in out
+    assert main(["explain", "all_reduce", "--size", "1M", "-n", "4",
+                 "--algorithms", "ring,gloo_ring"]) == 0
+    assert "a tie with" in capsys.readouterr().out

@@ -109,6 +109,19 @@ def test_messages_of_no_bytes_are_syncs(tmp_path, capsys):
     assert "sync: no bytes" in svg.read_text()
 
 
+def test_the_legend_names_only_what_is_drawn(tmp_path):
+    """A broadcast reduces nothing: its legend had "reduce (cN+)" all the same; its round
+    posted early, "(with 0)", is said in the title."""
+    svg = tmp_path / "b.svg"
+    assert cli(["draw", "broadcast", "-n", "4", "--algo", "binomial", "-o", str(svg)]) == 0
+    text = svg.read_text()
+    assert "copy (cN)" in text and "reduce (cN+)" not in text and "local copy" not in text
+    assert "round 2 (with 0)" in text and "posted with round 0" in text
+    assert cli(["draw", "all_reduce", "-n", "4", "--algo", "ring", "-o", str(svg)]) == 0
+    text = svg.read_text()
+    assert "reduce (cN+)" in text and "copy (cN)" in text and "posted with round 0" not in text
+
+
 def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert cli(["draw", "all_reduce", "--algo", "nope"]) == 2
     assert "nope" in capsys.readouterr().err

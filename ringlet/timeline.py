@@ -247,7 +247,10 @@ def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
     colour = {k: cmap(i % 10) for i, k in enumerate(kinds)}
     n_calls = sum(len(d["calls"]) for d in ranks.values())
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(order)))
+    spans = [(c["start_us"] / 1e3, c["end_us"] / 1e3) for d in ranks.values() for c in d["calls"]]
+    gap = (max(e for _, e in spans) - min(t for t, _ in spans)) / 60 if spans else 0.0
     for r, d in ranks.items():
+        labels: list = []            # [x, first seq, last seq]: calls close together share one
         for c in d["calls"]:
             t0, dur = c["start_us"] / 1e3, (c["end_us"] - c["start_us"]) / 1e3
             col = "0.55" if c["seq"] is None else colour[c["coll"]]
@@ -257,7 +260,13 @@ def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
                 ax.broken_barh([(t0, c["predicted"] * 1e3)], (y[r] - 0.38, 0.76),
                                facecolor="none", edgecolor="black", lw=0.6, zorder=3)
             if n_calls <= 60 and c["seq"] is not None:
-                ax.text(t0, y[r] + 0.34, f"#{c['seq']}", fontsize=6, va="bottom", zorder=4)
+                if labels and t0 - labels[-1][0] < gap:
+                    labels[-1][2] = c["seq"]
+                else:
+                    labels.append([t0, c["seq"], c["seq"]])
+        for x, first, last in labels:
+            ax.text(x, y[r] + 0.34, f"#{first}" + (f"-{last}" if last != first else ""),
+                    fontsize=6, va="bottom", zorder=4)
     for s, rv, a, b in pairs[:max_arrows]:
         ax.annotate("", xy=(max(rv["ts_us"], s["ts_us"]) / 1e3, y[b]),
                     xytext=(s["ts_us"] / 1e3, y[a]), zorder=1,

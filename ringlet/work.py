@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import PeerFailure, TimeoutError
 from .profiling import profiled
+from .group import TAG_COLLECTIVE, TAG_GROUP_SHIFT
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
 from .transport import copies
 from .transport.progress import HANDOFF
@@ -242,6 +243,24 @@ class RequestWork(Work):
 
     def _waiting_on(self):
         return () if self.req.done else (self.req.peer,)
+
+    def _describe_timeout(self, limit: float) -> str:
+        """A receive's timeout names the messages its peer sent on other tags of the group
+        that no receive has taken: a tag that differs between send and recv looks so."""
+        text = super()._describe_timeout(limit)
+        req = self.req
+        peer = self.engine.peers.get(req.peer) if isinstance(req, RecvRequest) else None
+        held = getattr(peer, "unexpected", None)
+        if req.done or not held:
+            return text
+        mine = req.tag >> TAG_GROUP_SHIFT
+        tags = sorted((t & (TAG_COLLECTIVE - 1), len(q)) for t, q in held.items()
+                      if t >> TAG_GROUP_SHIFT == mine and not t & TAG_COLLECTIVE and q)
+        if tags:
+            said = ", ".join(f"{n} on tag {t}" for t, n in tags)
+            text += (f"; rank {req.peer} has sent messages that no receive has taken ({said}): "
+                     f"do the send's and the recv's tags differ?")
+        return text
 
     @property
     def operation(self) -> str:

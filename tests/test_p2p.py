@@ -813,3 +813,22 @@ def _await_file(path, limit=30.0):
 def test_streamed_messages_parked_claimed_reduced_and_refused(tmp_path):
     # The sender must be held up mid-message: no background progress moves its isend.
     run(_streamed, 2, str(tmp_path), env={"RINGLET_PROGRESS": "0"})
+
+
+def _other_tag(rank):
+    x = np.ones(4, np.float32)
+    if rank == 0:
+        rl.send(x, 1, tag=1)
+        rl.barrier()
+    else:
+        with pytest.raises(rl.TimeoutError, match=r"rank 0 has sent messages that no receive "
+                                                  r"has taken \(1 on tag 1\)"):
+            rl.recv(x, 0, tag=2, timeout=1)
+        rl.recv(x, 0, tag=1)
+        rl.barrier()
+
+
+def test_a_receive_that_times_out_names_messages_on_other_tags():
+    """A send on tag 1 against a recv on tag 2: the timeout said nothing of the message
+    waiting on tag 1."""
+    run(_other_tag, 2)

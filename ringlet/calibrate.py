@@ -552,7 +552,8 @@ def describe(t: dict) -> str:
     rows = [
         ("alpha", t["alpha"] * 1e6, "us", "CPU per message, each side"),
         ("alpha_fast", t.get("alpha_fast", 0.0) * 1e6, "us",
-         f"the same in calls run in C (messages <= {format_size(t.get('fast_bytes', 0))})"),
+         f"the same in calls run in C (messages <= {format_size(t['fast_bytes'])})"
+         if t.get("fast_bytes") else "the same in calls run in C (none on this transport)"),
         ("alpha_fast_call", t.get("alpha_fast_call", 0.0) * 1e6, "us",
          "CPU per call run in C, each rank (its Python entry)"),
         ("alpha_call", t.get("alpha_call", 0.0) * 1e6, "us",
@@ -585,7 +586,8 @@ def describe(t: dict) -> str:
          "delay per byte of a one-way stream past its slower side (not CPU)"),
         ("beta_cma", t.get("beta_cma", 0.0) * 1e12, "ps/B",
          f"extra per byte read by cross-memory attach (exchanges' messages > "
-         f"{format_size(max(t.get('cma_min', -1), 0))})"),
+         f"{format_size(t['cma_min'])})" if t.get("cma_min", -1) > 0 else
+         "extra per byte read by cross-memory attach (none on this transport)"),
         ("idle_share", t.get("idle_share", 0.0), "core", "what a rank waiting for its turn takes"),
         ("imbalance", t.get("imbalance", 0.0), "", "1: busy ranks uneven over cores run at the worst core's pace"),
     ]
@@ -610,10 +612,11 @@ def summary_table(profile: Profile, samples: dict) -> str:
         lines.append(f"{tr:<10}{t.get('samples', 0):>8}"
                      f"{res.get('median_rel', 0) * 100:>11.1f}%{res.get('max_rel', 0) * 100:>8.0f}%"
                      f"{t.get('alpha', 0) * 1e6:>10.2f}{t.get('alpha_fast', 0) * 1e6:>11.2f}"
-                     f"{(1 / beta / 1e9 if beta else float('inf')):>11.3g}"
-                     f"{(1 / gamma / 1e9 if gamma else float('inf')):>10.3g}")
+                     + (f"{1 / beta / 1e9:>11.3g}" if beta else f"{'-':>11}")
+                     + (f"{1 / gamma / 1e9:>10.3g}" if gamma else f"{'-':>10}"))
     lines.append("alpha and bandwidth: per side of a message; reduce: bytes reduced per "
-                 "second;\nerr: the fitted model against the timings it was fitted to")
+                 "second\n(-: its cost fitted as nil, hidden under the others); err: the "
+                 "fitted model against\nthe timings it was fitted to")
     for tr, t in profile.transports.items():
         miss, busy = t.get("residuals", {}).get("median_rel", 0), t.get("others_load", 0)
         if tr in samples and miss > NOISY and busy > 0.5:

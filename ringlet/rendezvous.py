@@ -139,10 +139,15 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             handshake_server(sock, server.token)
         except (AuthenticationError, OSError, ConnectionError) as exc:
-            log.warning("ringlet store: refused connection from %s: %s", self.client_address, exc)
             with server.data.cond:   # for ranks waiting on the one refused (why_absent)
                 server.refused += 1
-                server.data.kv[REFUSED_KEY] = f"{server.refused} {self.client_address[0]}".encode()
+                n = server.refused
+                server.data.kv[REFUSED_KEY] = f"{n} {self.client_address[0]}".encode()
+            # (a few, then one line in a hundred: a flood of strangers must not flood the log)
+            if n <= 3 or n % 100 == 0:
+                log.warning("ringlet store: refused connection from %s: %s%s",
+                            self.client_address, exc,
+                            f" ({n} refused so far; one in 100 is logged)" if n > 3 else "")
             return
         sock.settimeout(None)
         data = server.data

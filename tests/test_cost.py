@@ -931,6 +931,16 @@ def test_calibrate_summary_blames_a_noisy_fit_on_the_load():
                                    {"shm": []})
     assert "misses" not in quiet and "misses" not in good
     assert all(len(line) <= 88 for line in noisy.splitlines()[2:])
+    assert " inf" not in good and good.splitlines()[2].split()[-1] == "-"   # (gamma fitted nil)
+
+
+def test_calibrate_says_which_terms_a_transport_has_none_of():
+    """TCP has no C path and no cross-memory attach: its terms read "(messages <= 0 B)"."""
+    from ringlet.cost.profile import default_profile
+    t = dict(default_profile().transports["shm"], fast_bytes=0, cma_min=-1)
+    text = calibrate.describe(t)
+    assert "<= 0 B" not in text and "> 0 B" not in text
+    assert text.count("(none on this transport)") == 2
 
 
 def test_calibrate_quick_takes_less_than_a_minute(capsys):

@@ -510,6 +510,27 @@ def test_store_refuses_wrong_or_missing_token_and_keeps_serving():
         server.close()
 
 
+def test_store_logs_a_flood_of_strangers_in_few_lines(caplog):
+    """200 refused connections wrote 200 lines into the job's log."""
+    server = StoreServer("127.0.0.1", 0, "right-token")
+    try:
+        with caplog.at_level("WARNING", logger="ringlet"):
+            for _ in range(120):
+                with socket.create_connection(("127.0.0.1", server.port)) as s:
+                    s.sendall(b"x" * 200)
+                    s.settimeout(5)
+                    while s.recv(4096):
+                        pass
+            deadline = time.monotonic() + 10
+            while server.refused < 120 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        lines = [r.getMessage() for r in caplog.records if "refused connection" in r.getMessage()]
+        assert server.refused == 120 and len(lines) == 4, lines
+        assert "100 refused so far" in lines[-1]
+    finally:
+        server.close()
+
+
 def _intruded(rank, port):
     x = np.full(1000, rank, np.float64)
     rl.all_reduce(x)

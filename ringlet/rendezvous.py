@@ -305,14 +305,18 @@ class TCPStore:
             pass
 
 
-def wait_for_ranks(store, prefix: str, world_size: int, timeout: float, me: int) -> list:
+def wait_for_ranks(store, prefix: str, world_size: int, timeout: float, me: int,
+                   check=None) -> list:
     """Every rank's value under ``prefix<rank>``; on timeout a TimeoutError naming the
-    ranks that did not join and the likely cause."""
+    ranks that did not join and the likely cause. ``check(rank, value)`` sees each value
+    as it comes (and may raise: a rank launched for another world need not wait)."""
     deadline = time.monotonic() + timeout
     out = []
     for r in range(world_size):
         try:
             out.append(store.get(f"{prefix}{r}", timeout=max(0.0, deadline - time.monotonic())))
+            if check is not None:
+                check(r, out[-1])
         except TimeoutError:
             missing = [q for q in range(r, world_size) if store.try_get(f"{prefix}{q}") is None]
             raise TimeoutError(f"rank {me}: init: rank(s) {missing} of {world_size} did not join "

@@ -279,3 +279,36 @@ def test_ringlet_run_takes_mpiruns_habit_of_naming_the_interpreter_first(tmp_pat
         proc = subprocess.run(cli + args, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert "[0]" not in proc.stderr and "Traceback" not in proc.stderr   # (no rank started)
+
+
+def _join(port, rank, world, linger=0):
+    """A process that joins a job on 127.0.0.1:port as ``rank`` of ``world``."""
+    code = ("import time, ringlet as rl\n"
+            f"rl.init(init_method='tcp://127.0.0.1:{port}', rank={rank}, world_size={world}, "
+            f"timeout=20)\nrl.barrier()\ntime.sleep({linger})\nrl.destroy()\n")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RINGLET_TOKEN="t" * 32))
+
+
+def test_ranks_started_for_other_worlds_fail_at_once_saying_so():
+    """A node launched with another -n: its ranks had waited out init's timeout, or died
+    with a ConnectionResetError; each now says what differs, at once."""
+    port = free_port()
+    procs = [_join(port, 0, 2), _join(port, 1, 3)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode != 0 for p in procs), outs
+    assert "rank 0: init: rank 1 was started for a world of 3 ranks, this rank for 2" in outs[0][1]
+    assert "rank 1: init: rank 0 was started for a world of 2 ranks, this rank for 3" in outs[1][1]
+
+
+def test_two_processes_given_one_rank_fail_saying_so():
+    port = free_port()
+    first = [_join(port, 0, 2, linger=8), _join(port, 1, 2, linger=8)]
+    import time
+    time.sleep(3)                 # (both have joined; the job lingers after its barrier)
+    second = _join(port, 1, 2)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode != 0 and "another process has joined as rank 1 already" in err, err
+    for p in first:
+        p.communicate(timeout=60)

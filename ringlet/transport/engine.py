@@ -220,7 +220,12 @@ class Engine:
         self.same_machine = 1
         self.cpus = affinity()
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid(),
-              "cpus": cpu_ranges(self.cpus)}
+              "cpus": cpu_ranges(self.cpus), "world": self.world_size}
+        # two processes given one rank (nodes launched with different -n): the second says so
+        if self.world_size > 1 and self.store.add(f"{prefix}joined/{self.rank}", 1) > 1:
+            raise RingletError(f"rank {self.rank}: init: another process has joined as rank "
+                               f"{self.rank} already: two were given one RANK (were the nodes "
+                               f"launched with different -n / --nproc-per-node?)")
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             self.doorbell = Doorbell()
@@ -235,8 +240,16 @@ class Engine:
             me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes(),
                       threads=tcp_thread_min() > 0)
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
+        def same_world(r, raw):
+            theirs = json.loads(raw).get("world", self.world_size)
+            if theirs != self.world_size:
+                raise RingletError(f"rank {self.rank}: init: rank {r} was started for a world of "
+                                   f"{theirs} ranks, this rank for {self.world_size}: launch every "
+                                   f"node with the same -n / --nproc-per-node and --nnodes "
+                                   f"(WORLD_SIZE)")
         infos = [json.loads(v) for v in
-                 wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout, self.rank)]
+                 wait_for_ranks(self.store, f"{prefix}addr/", self.world_size, self.timeout,
+                                self.rank, same_world)]
         local = use_shm and self.world_size > 1
         opened = self._open_local(infos) if local else {}
         same = {i["rank"] for i in infos if local and i["host"] == self.host_id} - {self.rank}

@@ -714,6 +714,9 @@ def _place_main(argv) -> int:
                     help="also price the same job (same TP/EP sizes and bytes, DP filling "
                          "the ranks) on H hosts x R ranks, e.g. 64x8")
     a = ap.parse_args(argv)
+    if a.hosts < 1 or a.ranks_per_host < 1:
+        raise _Exit(f"--hosts and --ranks-per-host must be >= 1, got {a.hosts} and "
+                    f"{a.ranks_per_host}")
 
     def job(H, R):
         P = H * R

@@ -262,6 +262,13 @@ def test_place_rejects_bad_jobs():
         price(tensor_data_parallel(2, 2, M, M), 2, 2, [0, 0, 0, 1])
 
 
+def test_place_refuses_no_hosts_naming_them(capsys):
+    """--hosts 0 was reported as "dp=0"."""
+    from ringlet.cli import main
+    assert main(["place", "--hosts", "0", "--ranks-per-host", "2", "--tp", "2"]) == 2
+    assert "--hosts and --ranks-per-host must be >= 1, got 0 and 2" in capsys.readouterr().err
+
+
 def test_place_command_with_what_if(capsys):
     from ringlet.commands import place_main
     assert place_main(["--hosts", "2", "--ranks-per-host", "4", "--tp", "4", "--tp-bytes", "4M",

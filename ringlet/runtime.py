@@ -249,16 +249,16 @@ def _state_key(rank: int) -> str:
     return f"g{_S.generation - 1}/state/{rank}"
 
 
-def _aside(call, wait: float):
+def _aside(call, wait: float, queue: bool = False):
     """``call()`` - the store calls a wait makes for its reports - on a thread of its own,
     waited for ``wait`` seconds in all: its result, or None if it did not answer by then
-    (or failed, or an earlier one did not answer within the wait; then it is not made). A
-    store cut off by the network holds its socket ~30 s a call, and a call's wait must not
-    outlast its own timeout for a report (on the far side of a partition a 5 s timeout
-    raised after 40)."""
+    (or failed). While an earlier one has not answered it is not made, unless ``queue``:
+    then it waits for that one first, within the same ``wait``. A store cut off by the
+    network holds its socket ~30 s a call, and a call's wait must not outlast its own
+    timeout for a report (on the far side of a partition a 5 s timeout raised after 40)."""
     end = time.monotonic() + wait
     if _S.aside is not None:
-        _S.aside.join(wait)
+        _S.aside.join(wait if queue else 0.0)
         if _S.aside.is_alive():
             return None
     got = []
@@ -341,7 +341,7 @@ def _hang_report(tag: int, what, limit: float, giving_up: bool) -> str:
         states = {}
     else:
         states = _aside(lambda: {r: store.try_get(_state_key(r)) for r in others},
-                        min(2.0, max(0.5, limit / 10)))
+                        min(2.0, max(0.5, limit / 10)), queue=True)   # (after our publish)
         if states is None:
             lines.append(f"the rendezvous store did not answer, so the other ranks' state is "
                          f"unknown (is the network to rank 0's host, which keeps it, down?)")

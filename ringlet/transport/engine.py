@@ -221,11 +221,14 @@ class Engine:
         self.cpus = affinity()
         me = {"rank": self.rank, "host": self.host_id, "pid": os.getpid(),
               "cpus": cpu_ranges(self.cpus), "world": self.world_size}
-        # two processes given one rank (nodes launched with different -n): the second says so
-        if self.world_size > 1 and self.store.add(f"{prefix}joined/{self.rank}", 1) > 1:
+        # two processes given one rank (nodes launched with different -n): the second says
+        # so (counted per job token: a torchrun restart's attempt has a token of its own)
+        if self.world_size > 1 and \
+                self.store.add(f"{prefix}joined/{self.job}/{self.rank}", 1) > 1:
             raise RingletError(f"rank {self.rank}: init: another process has joined as rank "
                                f"{self.rank} already: two were given one RANK (were the nodes "
-                               f"launched with different -n / --nproc-per-node?)")
+                               f"launched with different -n / --nproc-per-node?), or the "
+                               f"store is an earlier job's (a file:// directory used again)")
         if use_shm and self.world_size > 1:
             self.seg, self.seg_fd = create_segment(segment_size(self.world_size, self.capacity))
             self.doorbell = Doorbell()
@@ -240,6 +243,7 @@ class Engine:
             me.update(addr=bind, port=listener.getsockname()[1], lanes=tcp_lanes(),
                       threads=tcp_thread_min() > 0)
         self.store.set(f"{prefix}addr/{self.rank}", json.dumps(me).encode())
+
         def same_world(r, raw):
             theirs = json.loads(raw).get("world", self.world_size)
             if theirs != self.world_size:

@@ -55,7 +55,7 @@ class _State:
     # again (its calls' state, and traffic still on its way, would be the new group's)
     last_gid = 0
     departed_checked = 0.0   # when _departed last asked the store (at most once a second)
-    aside: threading.Thread | None = None   # the store call a wait made for its reports (_aside)
+    aside: dict = {}         # slot -> the last store call a wait made for its reports (_aside)
 
 
 _S = _State()
@@ -249,18 +249,21 @@ def _state_key(rank: int) -> str:
     return f"g{_S.generation - 1}/state/{rank}"
 
 
-def _aside(call, wait: float, queue: bool = False):
-    """``call()`` - the store calls a wait makes for its reports - on a thread of its own,
+def _aside(call, wait: float, slot: str, after: str | None = None):
+    """``call()`` - a store call a wait makes for its reports - on a thread of its own,
     waited for ``wait`` seconds in all: its result, or None if it did not answer by then
-    (or failed). While an earlier one has not answered it is not made, unless ``queue``:
-    then it waits for that one first, within the same ``wait``. A store cut off by the
-    network holds its socket ~30 s a call, and a call's wait must not outlast its own
-    timeout for a report (on the far side of a partition a 5 s timeout raised after 40)."""
+    (or failed). One call per ``slot`` at a time: while the slot's last has not answered
+    this one is not made. ``after``: a slot whose call must answer first (waited for within
+    the same ``wait``). A store cut off by the network holds its socket ~30 s a call, and a
+    call's wait must not outlast its own timeout for a report (on the far side of a
+    partition a 5 s timeout raised after 40)."""
     end = time.monotonic() + wait
-    if _S.aside is not None:
-        _S.aside.join(wait if queue else 0.0)
-        if _S.aside.is_alive():
-            return None
+    for name, patience in ((slot, 0.0), (after, wait)):
+        busy = _S.aside.get(name)
+        if busy is not None:
+            busy.join(patience)
+            if busy.is_alive():
+                return None
     got = []
 
     def run():
@@ -268,9 +271,9 @@ def _aside(call, wait: float, queue: bool = False):
             got.append(call())
         except (RingletError, OSError, RuntimeError):
             pass
-    _S.aside = threading.Thread(target=run, name="ringlet-store-report", daemon=True)
-    _S.aside.start()
-    _S.aside.join(max(0.0, end - time.monotonic()))
+    t = _S.aside[slot] = threading.Thread(target=run, name=f"ringlet-store-{slot}", daemon=True)
+    t.start()
+    t.join(max(0.0, end - time.monotonic()))
     return got[0] if got else None
 
 
@@ -292,7 +295,7 @@ def _publish_state(waiting: str | None = None) -> None:
              # different lists meet in no call, and a report must not call one "inside it")
              "ranks": {str(g.id): list(g.ranks) for g in _S.groups if len(g.ranks) <= 256}}
     key, store = _state_key(_S.engine.rank), _S.store
-    _aside(lambda: store.set(key, json.dumps(state).encode()), 0.0)   # (nothing to wait for)
+    _aside(lambda: store.set(key, json.dumps(state).encode()), 0.0, "publish")   # (no result)
 
 
 def _left_key(rank: int) -> str:
@@ -308,7 +311,8 @@ def _departed(ranks) -> list:
         return []
     _S.departed_checked = now
     store, keys = _S.store, [(r, _left_key(r)) for r in ranks]
-    gone = _aside(lambda: [r for r, k in keys if store.try_get(k) is not None], 0.5) or []
+    gone = _aside(lambda: [r for r, k in keys if store.try_get(k) is not None], 0.5,
+                  "departed") or []
     for r in gone:
         _release(r)
     return gone
@@ -341,7 +345,7 @@ def _hang_report(tag: int, what, limit: float, giving_up: bool) -> str:
         states = {}
     else:
         states = _aside(lambda: {r: store.try_get(_state_key(r)) for r in others},
-                        min(2.0, max(0.5, limit / 10)), queue=True)   # (after our publish)
+                        min(2.0, max(0.5, limit / 10)), "read", after="publish")
         if states is None:
             lines.append(f"the rendezvous store did not answer, so the other ranks' state is "
                          f"unknown (is the network to rank 0's host, which keeps it, down?)")

@@ -25,7 +25,7 @@ from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
 from .arrays import as_numbers
-from .pricing import Call, averaging, buffer, digest, disagreement, hosts_of, overlaps, price
+from .pricing import Call, agree_on, averaging, buffer, hosts_of, overlaps, price
 
 
 BF16 = "bfloat16"
@@ -104,15 +104,9 @@ class GradBuckets:
         """Every rank must cut the same buckets (else its collectives disagree with the
         others' and fail as a mismatch whose cause is not named): checked once, here."""
         layout = ([(b.buf.size, b.buf.dtype.str) for b in self.buckets], comm_hook)
-        every = disagreement([len(self.buckets), sum(b.buf.size for b in self.buckets),
-                              digest(layout)], self.group)
-        if every is not None:
-            said = "; ".join(f"rank {r}: {n} buckets of {e} elements" for r, (n, e, _)
-                             in enumerate(every))
-            raise ValueError(f"rank {get_rank()}: GradBuckets: the ranks cut different "
-                             f"buckets ({said}; here bucket_cap_mb={cap_mb}, comm_hook="
-                             f"{comm_hook!r}): pass the same parameters, bucket_cap_mb and "
-                             f"comm_hook on every rank")
+        agree_on("GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets],
+                 layout, self.group, f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}",
+                 "pass the same parameters, bucket_cap_mb and comm_hook on every rank")
 
     @classmethod
     def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None,

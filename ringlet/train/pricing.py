@@ -109,6 +109,20 @@ def disagreement(values, group) -> list | None:
     return every.tolist() if (every != every[0]).any() else None
 
 
+def agree_on(pattern: str, differ: str, sizes, layout, group, here: str, advice: str) -> None:
+    """Raise on every rank unless all passed the same ``sizes`` (elements of each of the
+    pattern's pieces: units, buckets) and ``layout`` (whatever else must match, compared by
+    ``digest``): "rank r: PATTERN: the ranks DIFFER (each rank's count of pieces and
+    elements; here HERE): ADVICE"."""
+    every = disagreement([len(sizes), sum(sizes), digest(layout)], group)
+    if every is not None:
+        from ..runtime import get_rank
+        said = "; ".join(f"rank {r}: {n} {differ.split()[-1]} of {e} elements"
+                         for r, (n, e, _) in enumerate(every))
+        raise ValueError(f"rank {get_rank()}: {pattern}: the ranks {differ} ({said}; here "
+                         f"{here}): {advice}")
+
+
 def digest(layout) -> int:
     """56 bits of a SHA-256 of ``repr(layout)``: what ``disagreement`` compares of a
     description (shapes, dtypes, settings) too long to gather whole."""

@@ -30,8 +30,7 @@ from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
 from .. import buffers
-from .pricing import (Call, averaging, buffer, digest, disagreement, hosts_of, lent,
-                      overlaps, price)
+from .pricing import Call, agree_on, averaging, buffer, hosts_of, lent, overlaps, price
 
 
 class _Done:
@@ -132,17 +131,12 @@ class ZeroOptimizer:
         to one length would agree in every collective, and a rank's extra elements would be
         averaged with another's padding, silently. Checked once, here, on every rank."""
         named = optimizer if isinstance(optimizer, str) else type(optimizer).__qualname__
+        sizes = [sum(a.size for a in arrays) for arrays in units]
         layout = ([[(a.size, a.dtype.str) for a in arrays] for arrays in units], self.stage,
                   named, sorted(optimizer_kw.items()))
-        every = disagreement([len(units), sum(a.size for arrays in units for a in arrays),
-                              digest(layout)], self.group)
-        if every is not None:
-            said = "; ".join(f"rank {r}: {n} units of {e} elements" for r, (n, e, _)
-                             in enumerate(every))
-            raise ValueError(f"rank {get_rank()}: ZeroOptimizer: the ranks passed different "
-                             f"units or settings ({said}; here stage={self.stage}, optimizer="
-                             f"{named!r}, {optimizer_kw}): pass the same parameters, stage "
-                             f"and optimizer settings on every rank")
+        agree_on("ZeroOptimizer", "passed different units", sizes, layout, self.group,
+                 f"stage={self.stage}, optimizer={named!r}, {optimizer_kw}",
+                 "pass the same parameters, stage and optimizer settings on every rank")
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:

@@ -145,8 +145,11 @@ def _store(url, rank: int, world_size: int, master_addr: str, master_port: int, 
                 "RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
         token = new_token()
     joined = torchrun_store() if url.scheme == "env" else None
-    if joined is not None:   # torchrun's agent holds MASTER_PORT: use its store
-        return SignedStore(joined, token, timeout=timeout, source=source), token, server
+    if joined is not None:   # torchrun's agent holds MASTER_PORT: use its store, which
+        # outlives a restart: each attempt keys its own (an earlier one's values are stale)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return SignedStore(joined, token, prefix=f"ringlet/{attempt}/", timeout=timeout,
+                           source=source), token, server
     if rank == 0 and os.environ.get("RINGLET_STORE_HOSTED") != "1":
         bind = local_address_towards(master_addr, master_port)
         server = StoreServer(bind, master_port, token)

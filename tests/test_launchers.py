@@ -312,3 +312,27 @@ def test_two_processes_given_one_rank_fail_saying_so():
     assert second.returncode != 0 and "another process has joined as rank 1 already" in err, err
     for p in first:
         p.communicate(timeout=60)
+
+
+def test_a_torchrun_restart_joins_afresh(tmp_path):
+    """torchrun --max-restarts: the agent's store outlives an attempt, and the next
+    attempt read the last one's values (signed with that attempt's token): every rank of
+    it failed with AuthenticationError. Each attempt now keys its own."""
+    script = tmp_path / "restart.py"
+    script.write_text("import os, numpy as np, ringlet as rl\n"
+                      "rl.init()\n"
+                      "attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                      "x = np.ones(4)\n"
+                      "rl.all_reduce(x)\n"
+                      "if attempt == 0 and rl.get_rank() == 1:\n"
+                      "    raise SystemExit(3)\n"
+                      "rl.barrier()\n"
+                      "print('attempt', attempt, 'rank', rl.get_rank(), 'sum', x[0], flush=True)\n"
+                      "rl.destroy()\n")
+    proc = subprocess.run([os.path.join(BIN, "torchrun"), "--nproc-per-node", str(N),
+                           "--max-restarts", "1", "--master-port", str(free_port()),
+                           str(script)], env=_clean_env(tmp_path), capture_output=True,
+                          text=True, timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert all(f"attempt 1 rank {r} sum {float(N)}" in out for r in range(N)), out[-3000:]

@@ -276,13 +276,17 @@ def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
     from matplotlib.lines import Line2D
     ts = [t for rnd in d.schedule.rounds for t in rnd]   # (the legend names what is drawn)
     sent = {t.op == REDUCE for t in ts if not t.local and t.n}
-    handles = ([Line2D([], [], color=_COLOURS["copy"], label="copy (cN)")] * (False in sent)
-               + [Line2D([], [], color=_COLOURS[REDUCE], label="reduce (cN+)")] * (True in sent)
-               + [Line2D([], [], color=_COLOURS["sync"],
-                         label="sync: no bytes\n(ranks agree on the call)")] * syncs
-               + [Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
-                         label="local copy/reduce\n(round start, no message)")]
-               * any(t.local and t.n for t in ts))
+    handles = []
+    if False in sent:
+        handles.append(Line2D([], [], color=_COLOURS["copy"], label="copy (cN)"))
+    if True in sent:
+        handles.append(Line2D([], [], color=_COLOURS[REDUCE], label="reduce (cN+)"))
+    if syncs:
+        handles.append(Line2D([], [], color=_COLOURS["sync"],
+                              label="sync: no bytes\n(ranks agree on the call)"))
+    if any(t.local and t.n for t in ts):
+        handles.append(Line2D([], [], color="0.4", marker="s", ms=4, ls="none",
+                              label="local copy/reduce\n(round start, no message)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     import textwrap

@@ -113,7 +113,8 @@ def agree_on(pattern: str, differ: str, sizes, layout, group, here: str, advice:
     """Raise on every rank unless all passed the same ``sizes`` (elements of each of the
     pattern's pieces: units, buckets) and ``layout`` (whatever else must match, compared by
     ``digest``): "rank r: PATTERN: the ranks DIFFER (each rank's count of pieces and
-    elements; here HERE): ADVICE"."""
+    elements; here HERE): ADVICE". DIFFER's last word names the pieces ("cut different
+    buckets")."""
     every = disagreement([len(sizes), sum(sizes), digest(layout)], group)
     if every is not None:
         from ..runtime import get_rank

@@ -364,7 +364,11 @@ def run_main(argv) -> int:
             return 0
         left = [i for i, p in enumerate(job.procs) if p.returncode == 0]
         local, code = _first_failure(failures, job.reports(), first, left)
-        job.summary(local, _describe_exit(code) if code else LEFT_EARLY, stopped, a.grace)
+        if a.keep_going and all(p.returncode == 0 for i, p in enumerate(job.procs)
+                                if i not in {f for f, _ in failures}):
+            job.survived([f for f, _ in failures])
+        else:
+            job.summary(local, _describe_exit(code) if code else LEFT_EARLY, stopped, a.grace)
         # the first failure's own status, as mpirun passes it on (a signal: 128 + it)
         return code if 0 < code < 256 else 128 - code if code < 0 else 1
     except _Signalled as sig:
@@ -502,6 +506,18 @@ class _Job:
                 seen = reports.get(i) or (self.tails[i][-1] if self.tails[i] else
                                           _describe_exit(p.returncode))
             lines.append(f"ringlet run:   then rank {self.first + i}: {seen}")
+        print("\n".join(lines), file=sys.stderr)
+
+    def survived(self, lost) -> None:
+        """The report of a --keep-going job whose other ranks all finished: who was lost."""
+        for t in self.pumps:
+            t.join(timeout=2.0)
+        reports = self.reports()
+        lines = [f"ringlet run: rank {self.first + i} was lost: "
+                 f"{reports.get(i) or _describe_exit(self.procs[i].returncode)}" for i in lost]
+        went_on = [self.first + i for i in range(len(self.procs)) if i not in lost]
+        lines.append(f"ringlet run: the other ranks ({', '.join(map(str, went_on))}) kept going "
+                     "and exited normally; the exit status is the first lost rank's")
         print("\n".join(lines), file=sys.stderr)
 
     def stop(self, signum: int, grace: float) -> list:

@@ -33,6 +33,7 @@ from typing import Callable, NamedTuple
 from ..algorithms import CATALOG, ROOTED, SELF_AGREEING
 from ..algorithms._common import lg
 from ..algorithms.broadcast import pipeline_segments as _pipeline_segments
+from ..algorithms.reduce import gloo_reduce_blocks
 
 # --------------------------------------------------------------------------- links
 
@@ -403,9 +404,13 @@ def _rd_rabenseifner(p, n, a, b, g, **kw):
 
 
 @_form("reduce", "gloo_ring")
-def _rd_gloo_ring(p, n, a, b, g, **kw):
-    """Ring reduce-scatter (p-1 steps of n/p), then p-1 blocks of n/p into the root."""
-    return _t(2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n, a, b, g)
+def _rd_gloo_ring(p, n, a, b, g, itemsize=4, **kw):
+    """Ring reduce-scatter on Gloo's blocks (p-1 steps of the largest, B: n/p when they
+    are even), then the other blocks into the root (n - B: the root, rank 0, ends the
+    largest)."""
+    _, size = gloo_reduce_blocks(p, int(round(n / itemsize)), itemsize)
+    B = float(size.max()) * itemsize
+    return _t(2 * (p - 1), (p - 1) * B + n - float(size[0]) * itemsize, (p - 1) * B, a, b, g)
 
 
 # all_gather (n = total gathered bytes) ------------------------------------------------
@@ -599,17 +604,47 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
         kw["segments"] = int(segments)
     if alg == "hierarchical":
         H = 1 if hosts is None else int(hosts)
+        if H < 1 or p % H:
+            raise ValueError(f"hosts must be a whole number of hosts >= 1 that divides the "
+                             f"group's {p} ranks (they are split evenly), got {hosts!r}")
         li = tier(intra) if intra is not None else link
         le = tier(inter) if inter is not None else link
         kw.update(hosts=H, intra=(li.alpha, li.beta), inter=(le.alpha, le.beta), share=share)
     if p == 1 and alg != "hierarchical":
         return Terms()
     terms = _FORMS[(collective, alg)](p, n, link.alpha, link.beta, g, **kw)
-    if collective in ROOTED and (collective, alg) not in SELF_AGREEING:
-        # they agree in a barrier's rounds, the last of which carries their first
-        # (agree_alongside): priced as if all came first, at most one round long
-        terms += _barrier(p, n, link.alpha, link.beta, g)
+    if collective in ROOTED and (collective, alg) not in SELF_AGREEING and p > 1:
+        li = le = link
+        if alg == "hierarchical":
+            li, le = tier(intra or link), tier(inter or link)
+        terms += _agreement(collective, alg, p, n, li, le, g, itemsize, hosts)
     return terms
+
+
+#: up to this group size a rooted call's agreement is priced off its schedule (as the
+#: simulator's SIM_MAX_P); above it by the bound (lg p - 1) * alpha
+AGREEMENT_EXACT_MAX_P = 1024
+
+
+def _agreement(collective, alg, p, n, intra, inter, g, itemsize, hosts) -> Terms:
+    """What a rooted call's agreement adds (``ringlet.algorithms.agree_alongside``): the
+    dissemination barrier's lg p signal rounds, the last of which carries the algorithm's
+    first round (which then waits for every signal its ranks receive in it), or - a
+    first-round message above ``EARLY_MIN_BYTES`` - which run beside that round. How
+    much of them the data does not hide depends on who signals whom in which round, so
+    it is read off the schedule: the simulated call with them less without them. Above
+    ``AGREEMENT_EXACT_MAX_P`` ranks, (lg p - 1) * alpha: the barrier but its last round."""
+    if p > AGREEMENT_EXACT_MAX_P:
+        a = inter.alpha if alg == "hierarchical" and (hosts or 1) > 1 else intra.alpha
+        return Terms((lg(p) - 1) * a, 0, 0)
+    from ..algorithms import build
+    from .simulate import Topology, simulate
+    ids = tuple(r // (p // (hosts or 1)) for r in range(p)) if alg == "hierarchical" else None
+    s = build(collective, alg, p, count_of(collective, p, n, itemsize), itemsize=itemsize,
+              **({"hosts": ids} if ids else {}))
+    topo = Topology.from_host_ids(ids or (0,) * p, intra, inter, g)
+    both, alone = simulate(s, topo).terms, simulate(s.without_agreement(), topo).terms
+    return Terms(*(x - y for x, y in zip(both, alone)))
 
 
 # ------------------------------------------------------------------------------ sizes

@@ -264,7 +264,8 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
     default (ring, binomial, pairwise, ...). For ``hierarchical`` give ``hosts`` (ranks
     split evenly, rank r on host r // (p // hosts)) and the ``intra``/``inter`` links
     (default ``link``); ``share`` is how many concurrent messages share a host's NIC in
-    the cross-host phase (default: the ranks per host).
+    the cross-host phase (default: the ranks per host). A flat algorithm given ``hosts``
+    is priced on the same two links: its schedule, by the simulator.
 
     With a link, the closed form (:func:`ringlet.cost.model.closed_form`). ``topology``
     (a :class:`ringlet.cost.Topology` of several hosts) prices the algorithm's schedule
@@ -282,6 +283,16 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
         model = load_profile().host_model("shm")
         if model is not None and p > 1:
             topology = Topology.on_host(p, model)   # this host: its calibrated host model
+    if topology is None and hosts is not None and hosts != 1 and alg != "hierarchical":
+        # a flat algorithm on several hosts crosses both links: price its schedule there
+        if isinstance(hosts, bool) or int(hosts) != hosts or hosts < 1 or p % int(hosts):
+            raise ValueError(f"hosts must be a whole number of hosts >= 1 that divides the "
+                             f"group's {p} ranks (they are split evenly), got {hosts!r}")
+        if link is None and (intra is None or inter is None):
+            raise ValueError("pricing on several hosts needs their links: give intra= and "
+                             "inter= (or link= for both)")
+        topology = Topology(int(hosts), p // int(hosts), tier(intra or link), tier(inter or link),
+                            0.0 if gamma is None else float(gamma))
     if topology is not None:
         env = environment(p, topology, None, gamma)
         row = predict_terms(collective, int(n), p, alg, env, itemsize)
@@ -306,9 +317,10 @@ def predict(collective: str, nbytes: float, p: int, algorithm: str | None = "rin
     if algorithm == "ring" and "ring" not in ALGORITHMS[collective]:
         algorithm = None
     if algorithm == "auto":
+        topo = kw.get("topology")
+        hosts = topo.hosts if isinstance(topo, Topology) else kw.get("hosts") or 1
         return min(breakdown(collective, nbytes, p, alg, link, gamma, **kw).total
-                   for alg in ALGORITHMS[collective]
-                   if alg != "hierarchical" or kw.get("hosts"))
+                   for alg in candidates_for(collective, hosts > 1))
     return breakdown(collective, nbytes, p, algorithm, link, gamma, **kw).total
 
 
@@ -337,8 +349,7 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     if isinstance(p, bool) or int(p) != p or p < 1:
         raise ValueError(f"p (group size) must be an integer >= 1, got {p!r}")
     p = int(p)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    _check_size(nbytes, p)
     hk = hosts if hosts is None or isinstance(hosts, int) else tuple(hosts)
     ck = None if candidates is None else tuple(candidates)
     tk = topology if topology is None or isinstance(topology, (Topology, Link, str)) \

@@ -1985,3 +1985,24 @@ def test_auto_prices_a_size_rounded_up_within_a_few_percent_and_on_the_same_side
     for k in range(41):           # the transport's limits are powers of two, mostly
         assert (n > 1 << k) == (q > 1 << k)
     assert priced_size(q) == q
+
+
+def test_predict_on_several_hosts_prices_every_algorithm_on_both_links():
+    """64 MiB all_reduce on 2 hosts of 8 (NVLink inside, Ethernet between): auto on a
+    Topology considers hierarchical (it returned the flat ring's 41 ms), and a flat
+    algorithm given hosts/intra/inter crosses the Ethernet too (auto returned 0.43 ms: every
+    flat algorithm priced on NVLink alone)."""
+    n, p = 64 << 20, 16
+    topo = Topology(2, 8, TIERS["nvlink"], TIERS["ethernet"])
+    best, rows = choose("all_reduce", n, p, topology=topo)
+    assert best == "hierarchical"
+    assert predict("all_reduce", n, p, "auto", topology=topo) == pytest.approx(rows[0].total)
+    kw = dict(hosts=2, intra="nvlink", inter="ethernet")
+    assert predict("all_reduce", n, p, "auto", "nvlink", **kw) == pytest.approx(rows[0].total)
+    ring = predict("all_reduce", n, p, "ring", "nvlink", **kw)
+    assert ring == pytest.approx(predict("all_reduce", n, p, "ring", topology=topo))
+    assert ring > 10 * predict("all_reduce", n, p, "ring", "nvlink")
+    with pytest.raises(ValueError, match="divides the group's 4 ranks"):
+        predict("all_reduce", n, 4, "hierarchical", "nvlink", hosts=3)
+    with pytest.raises(ValueError, match="finite size"):
+        choose("all_reduce", float("nan"), 4, "nvlink")

@@ -162,9 +162,11 @@ def _plan_main(argv) -> int:
                  max(a.global_batch // K, 1) if a.global_batch is not None else _plan.SEED_MODELS["b"])
             rows = [_plan.step_ratio(P, b, R, B, K, g, alpha, fppe) for P in params]
             out.append(_plan.format_models(rows, K, b))
-        out.append("gamma does not depend on P unless a latency term (--alpha) is given: "
-                   "both phases scale with the model.")
-        print("\n\n".join(out))
+        out.append("gamma does not depend on P: both phases scale with the model." if not alpha
+                   else f"with a latency term (alpha = {alpha * 1e6:g} us) gamma falls as P "
+                        "grows: the latency does not scale with the model.")
+        out.append(_link_used(a, B, alpha))
+        print("\n\n".join(x for x in out if x))
         return 0
 
     P = a.params[0] if a.params else s["P"]
@@ -208,11 +210,24 @@ def _plan_main(argv) -> int:
             lines.append(_latency_note(rows, alpha, B, g))
         out.append("\n".join(lines))
         plot_series = ("strong", P, G, K_star)
-    print("\n\n".join(out))
+    out.append(_link_used(a, B, alpha))
+    print("\n\n".join(x for x in out if x))
     if a.plot:
         _plot_plan(a.plot, plot_series, rows, R, B, g, alpha, fppe)
         print(f"\nwrote {a.plot}")
     return 0
+
+
+def _link_used(a, B: float, alpha: float) -> str:
+    """Which link the all-reduce was priced on, when the user chose it (the seed's default
+    prints nothing, as its output does)."""
+    if a.bandwidth is None and a.alpha is None and a.tier is None:
+        return ""
+    tier = a.tier.name if a.tier else ""
+    src_b = "-B" if a.bandwidth is not None else tier or "the default"
+    src_a = "--alpha" if a.alpha is not None else tier or "none given"
+    return (f"all-reduce priced at B = {B / 1e9:g} GB/s ({src_b}) and "
+            f"alpha = {alpha * 1e6:g} us ({src_a})")
 
 
 def _latency_note(rows, alpha, B, g) -> str:
@@ -310,13 +325,14 @@ def tiers_table(nbytes: int, links: list[Link]) -> str:
     """The tiers table for ``nbytes`` over ``links`` (the first is the reference)."""
     ref_name = links[0].name.split()[0] if links[0].name else "first"
     lines = [f"alpha-beta transfer time of a {format_size(nbytes)} buffer across tiers:",
-             f"{'tier':<24}{'alpha(us)':>10}{'BW(GB/s)':>10}{'time(ms)':>10}{'vs ' + ref_name:>11}"]
-    base = None
-    for link in links:
-        t = link.alpha + nbytes * (1.0 / link.bandwidth)
-        base = base or t
+             ""]
+    times = [link.alpha + nbytes * (1.0 / link.bandwidth) for link in links]
+    unit, scale = ("ms", 1e3) if min(times) >= 1e-4 else ("us", 1e6)   # (0.00 ms says nothing)
+    lines[-1] = (f"{'tier':<24}{'alpha(us)':>10}{'BW(GB/s)':>10}{f'time({unit})':>10}"
+                 f" {'vs ' + ref_name:>10}")
+    for link, t in zip(links, times):
         lines.append(f"{link.name:<24}{link.alpha * 1e6:>10.1f}{link.bandwidth / 1e9:>10.1f}"
-                     f"{t * 1e3:>10.2f}{t / base:>10.1f}x")
+                     f"{t * scale:>10.2f}{t / times[0]:>10.1f}x")
     return "\n".join(lines)
 
 
@@ -458,10 +474,16 @@ def _explain_main(argv) -> int:
     if coll not in ALGORITHMS:
         raise ValueError(f"unknown collective {coll!r}; valid collectives: {', '.join(COLLECTIVES)}")
     p = a.nranks
-    if p < 1:
-        raise ValueError(f"-n (group size) must be >= 1, got {p}")
+    if p < 2:
+        raise ValueError(f"-n (group size) must be >= 2, got {p}: on one rank a call moves "
+                         "nothing, whatever the algorithm")
     if a.itemsize < 1:
         raise ValueError("--itemsize must be >= 1")
+    if a.hosts is not None and a.hosts < 1:
+        raise ValueError(f"--hosts must be >= 1, got {a.hosts}")
+    if a.intra is not None and (a.hosts or 1) == 1:
+        raise ValueError("--intra is the link inside each of several hosts: give --hosts N "
+                         "too (with one host, --tier names the link)")
     _sweep_range(a)     # (a bad --range is refused before the table, not after it)
 
     topology, gamma, where, prof = _explain_where(a, p)
@@ -814,6 +836,8 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
         ax.annotate(f"{format_size(n)}: {old} -> {new}", (n, t), xytext=(6, -12),
                     textcoords="offset points", fontsize=7, color=colour.get(new, "k"))
     ax.axvline(nb, color="0.4", ls="--", lw=1, label=f"{format_size(nb)} (--size): {winner}")
+    if cross:     # room below the lowest curve for a crossover's label, written under it
+        ax.set_ylim(bottom=min(best) / 4)
     size_axis(ax)
     ax.set_xlabel("size in bytes (nccl-tests convention)")
     ax.set_ylabel("predicted seconds")

@@ -270,6 +270,38 @@ def test_bad_input():
         commands.explain_main(["all_reduce", "--tier", "warp-drive"])
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["-n", "1"], "on one rank a call moves nothing"),             # (named naive_ring at 0 us)
+    (["--hosts", "0"], "--hosts must be >= 1"),                    # (priced as one host)
+    (["--hosts", "-2"], "--hosts must be >= 1"),
+    (["--intra", "nvlink", "--tier", "ethernet"], "give --hosts N"),   # (silently ignored)
+])
+def test_explain_refuses_what_it_would_quietly_misprice(capsys, argv, says):
+    assert commands.explain_main(["all_reduce", "--size", "1M"] + argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_tiers_and_plan_say_their_units_and_links(capsys):
+    """A 4 KiB transfer is in us (it printed 0.00 ms on every tier but Ethernet's 0.03);
+    a lone tier's ratio column keeps its space; plan names the link it priced on."""
+    assert commands.tiers_main(["--bytes", "4K"]) == 0
+    out = capsys.readouterr().out
+    assert "time(us)" in out and "3.08" in out
+    assert commands.tiers_main(["--bytes", "1M", "--only", "ethernet"]) == 0
+    assert "time(ms) vs Ethernet" in capsys.readouterr().out
+    assert commands.plan_main(["-B", "100e9", "--tier", "nvlink"]) == 0
+    assert "priced at B = 100 GB/s (-B) and alpha = 1 us (NVLink" in capsys.readouterr().out
+    assert commands.plan_main(["--models", "--alpha", "5e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "gamma falls as P grows" in out and "unless a latency term" not in out
+
+
+def test_a_profile_prints_in_a_line_not_its_timings():
+    prof = profile.Profile({"shm": {"model": "host", "timings": [{"seconds": 1.0}] * 5000}},
+                           "x.json")
+    assert len(repr(prof)) < 300 and "5000 timings" in repr(prof)
+
+
 # ------------------------------------------------------------------------- simulator
 
 def _ring_allreduce(p, count, itemsize=4):

@@ -128,6 +128,16 @@ class Profile:
     extra: dict = field(default_factory=dict)
     _models: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __repr__(self) -> str:     # (the timings a profile keeps for refits run to 100s of KB)
+        def kind(t: dict) -> str:
+            timed = f", {len(t['timings'])} timings" if "timings" in t else ""
+            if t.get("model") == "host":
+                return f"host model{timed}"
+            return f"alpha {float(t['alpha']) * 1e6:.3g} us, beta {float(t['beta']):.3g} s/B{timed}"
+        transports = "; ".join(f"{name}: {kind(t)}" for name, t in self.transports.items())
+        return (f"Profile(source={self.source!r}, host={self.host!r}, created={self.created!r}, "
+                f"transports: {transports or 'none'})")
+
     @property
     def calibrated(self) -> bool:
         return not self.source.startswith("default")

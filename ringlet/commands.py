@@ -380,14 +380,15 @@ def _tiers_main(argv) -> int:
     ap.add_argument("--link", type=_named_link, action="append", default=[],
                     help="add a custom tier NAME=ALPHA_US,GBPS (repeatable)")
     ap.add_argument("--only", type=lambda t: [x for x in t.split(",") if x], default=None,
-                    help=f"comma-separated subset of: {', '.join(TIERS)}")
+                    help=f"comma-separated subset of: {', '.join(TIERS)} and the --link names")
     ap.add_argument("--sweep", action="store_true",
                     help="also sweep sizes 4 KiB .. 1 GiB")
     ap.add_argument("--plot", metavar="FILE.png", default=None, type=output_path,
                     help="plot time vs size per tier, crossovers marked")
     a = ap.parse_args(argv)
-    names = a.only if a.only is not None else list(TIERS)
-    links = [tier(n) for n in names] + [l for _, l in a.link]
+    custom = dict(a.link)
+    names = a.only if a.only is not None else list(TIERS) + list(custom)
+    links = [custom[n] if n in custom else tier(n) for n in names]
     if not links:
         raise _Exit("no tiers selected")
     print(tiers_table(a.bytes, links))

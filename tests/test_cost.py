@@ -289,6 +289,8 @@ def test_tiers_and_plan_say_their_units_and_links(capsys):
     assert "time(us)" in out and "3.08" in out
     assert commands.tiers_main(["--bytes", "1M", "--only", "ethernet"]) == 0
     assert "time(ms) vs Ethernet" in capsys.readouterr().out
+    assert commands.tiers_main(["--link", "fast=1,100", "--only", "fast,nvlink"]) == 0
+    assert "vs fast" in capsys.readouterr().out        # (a custom tier could not be chosen)
     assert commands.plan_main(["-B", "100e9", "--tier", "nvlink"]) == 0
     assert "priced at B = 100 GB/s (-B) and alpha = 1 us (NVLink" in capsys.readouterr().out
     assert commands.plan_main(["--models", "--alpha", "5e-6"]) == 0

@@ -412,8 +412,8 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
         lo = unit
     lo = max(int(lo), unit)
 
-    def times(nb):
-        return {a: predict_terms(collective, nb, p, a, env, itemsize, shared).total for a in cands}
+    def times(nb, among=cands):
+        return {a: predict_terms(collective, nb, p, a, env, itemsize, shared).total for a in among}
 
     def winner(ts):
         return min(ts, key=lambda a: (ts[a], order[a]))
@@ -435,13 +435,17 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
         a, end = n0 // unit, n1 // unit          # in elements per block
         while not keeps(t1, w) and a < end:
             b = end
+            # Bisect among w and those that beat it at n1: one that loses to w at both ends
+            # of a step where both are linear in the size loses inside it too (each
+            # simulation of a large group is slow: p = 512 took 100 s).
+            near = [x for x in cands if x == w or t1[x] <= t1[w] * (1 + tie)]
             while b - a > 1 and (b - a) > rtol * a:
                 mid = (a + b) // 2
-                if keeps(times(mid * unit), w):
+                if keeps(times(mid * unit, near), w):
                     a = mid
                 else:
                     b = mid
-            new = winner(times(b * unit))
+            new = winner(times(b * unit, near))
             out.append((b * unit, w, new))
             a, w = b, new
     return out, sweep

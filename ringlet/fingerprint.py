@@ -25,6 +25,13 @@ def members_code(ranks) -> int:
     return zlib.crc32(np.asarray(ranks, np.int64).tobytes()) & 0x7FFF
 
 
+def layout_code(dtype: np.dtype) -> int:
+    """7 bits that tell apart dtypes of one kind character, which alone names neither the
+    byte order (>f4, <f4), a datetime's unit (M8[s], M8[ms]), a string's length nor a
+    structured dtype's fields (all "V"): a checksum of its full description."""
+    return zlib.crc32(f"{dtype.str}{dtype.descr}".encode()) & 0x7F
+
+
 def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, count: int,
            root: int | None, op: ReduceOp | None, by_kind: bool = False,
            members: int = 0) -> tuple[int, int]:
@@ -33,7 +40,7 @@ def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, 
     of the group."""
     code = ((COLLECTIVES.index(collective) + 1)
             | (algorithms.index(algorithm) + 1) << 8
-            | ord(dtype.char) << 16 | dtype.itemsize << 24 | int(by_kind) << 31
+            | ord(dtype.char) << 16 | layout_code(dtype) << 24 | int(by_kind) << 31
             | _OPS.index(op) << 32
             | ((root or 0) & 0xFFFFFF) << 40)
     return code, count & ((1 << _COUNT_BITS) - 1) | members << _COUNT_BITS
@@ -54,23 +61,29 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
         dtype = str(np.dtype(chr(code >> 16 & 0xFF)))
     except (TypeError, ValueError):
         dtype = "?"
-    if dtype == "void":   # the only structured dtype that travels: ops.BFLOAT16
-        dtype = "bfloat16"
+    if chr(code >> 16 & 0xFF) == "V":   # ops.BFLOAT16, or any structured dtype
+        from .ops import BFLOAT16
+        dtype = "bfloat16" if code >> 24 & 0x7F == layout_code(BFLOAT16) else "structured"
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
             "dtype": dtype, "count": count,
             "root": code >> 40 & 0xFFFFFF if coll in ROOTED or coll == "?" else None,
             "op": op if op in ("?", None) else op.name,
-            "auto_for": "rl.empty" if code >> 31 & 1 else None, "members": members}
+            "auto_for": "rl.empty" if code >> 31 & 1 else None, "members": members,
+            "layout": code >> 24 & 0x7F}
 
 
 def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
     """'rank 0: all_reduce(count=10, ...) vs rank 1: broadcast(...); differs in: ...'"""
     def show(d):
         args = ", ".join(f"{k}={v}" for k, v in d.items()
-                         if k not in ("collective", "members") and v is not None)
+                         if k not in ("collective", "members", "layout") and v is not None)
         return f"{d['collective']}({args})"
     fields = [k for k in mine if mine[k] != theirs[k]]
     hint = ""
+    if "layout" in fields:
+        fields[fields.index("layout")] = "the dtype's layout"
+        hint = ("; the dtypes' byte order, datetime unit, length or fields differ "
+                "(compare dtype.str and dtype.descr on each rank)")
     if "members" in fields:
         fields[fields.index("members")] = "the group's members"
         hint = ("; the group was made from different rank lists: every rank must pass "

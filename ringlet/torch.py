@@ -372,6 +372,11 @@ def _op(redop):
 def _premul(t: torch.Tensor, factor, copy: bool) -> torch.Tensor:
     if factor is None:
         return t
+    if not (t.is_floating_point() or t.is_complex()):
+        # (every rank raises here, before any byte moves: a copy's product would turn
+        # float and reduce, the in-place one fail, on the ranks of one call)
+        raise ValueError(f"ReduceOp.PREMUL_SUM scales by a factor of any value: it needs "
+                         f"floating-point or complex tensors, got {t.dtype}")
     return t * factor if copy else t.mul_(factor)
 
 

@@ -165,6 +165,30 @@ def test_complex_tensors_are_not_multiplied_or_ordered_part_by_part():
     launch(_complex_products_refused, 2)
 
 
+def _premul_of_integers_refused(rank, n):
+    """PREMUL_SUM on integer tensors: reduce's root failed on its in-place product while
+    the others reduced a float copy (the job a call apart from then on), and
+    reduce_scatter_tensor truncated 7.5 to 7. Now every rank refuses it at once."""
+    red = dist._make_nccl_premul_sum(2.5)
+    calls = {"all_reduce": lambda t: dist.all_reduce(t, op=red),
+             "reduce": lambda t: dist.reduce(t, dst=0, op=red),
+             "reduce_scatter_tensor": lambda t: dist.reduce_scatter_tensor(
+                 torch.empty(1, dtype=t.dtype), torch.ones(n, dtype=t.dtype), op=red)}
+    for dtype in (torch.int64, torch.bool):
+        for name, call in calls.items():
+            t = torch.ones(n, dtype=dtype)
+            with pytest.raises(ValueError, match="PREMUL_SUM .* needs floating-point"):
+                call(t)
+            assert torch.equal(t, torch.ones(n, dtype=dtype)), (name, dtype)
+    t = torch.ones(2)
+    dist.all_reduce(t)                  # every rank still makes the same calls
+    assert torch.equal(t, torch.full((2,), float(n)))
+
+
+def test_premul_sum_of_integers_is_refused_on_every_rank():
+    launch(_premul_of_integers_refused, 3)
+
+
 def _resizing_hook(rank, n):
     def pad_then_reduce(state, bucket):     # as torch's batched PowerSGD pads its bucket
         t = bucket.buffer()

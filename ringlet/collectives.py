@@ -14,6 +14,7 @@ from .errors import CollectiveMismatch
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
 from .ops import ReduceOp, as_array, as_op, as_real, average, check_op_dtype, reducer
+from . import runtime
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
 from .transport.shm import ZERO_COPY_MIN, ShmPeer
@@ -116,6 +117,15 @@ _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits,
 # (or tuning.Trials while auto's candidates are on trial)
 _TRIALS: dict = {}  # the same keys -> tuning.Trials, until decided (kept when _CALLS is cleared)
 _TUNED: dict = {}   # the same keys -> the Prepared the tuner decided on
+
+
+def _forget_job() -> None:
+    """At destroy: every prepared call names the job's groups and holds its peers."""
+    for cache in (_TMP, _CALLS, _TRIALS, _TUNED):
+        cache.clear()
+
+
+runtime.AT_DESTROY.append(_forget_job)
 
 
 def _prepare(key: tuple):
@@ -258,12 +268,11 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
                           nbytes_of(collective, g.size, count, dtype.itemsize), g.size,
                           call.plan, eng.peers,
                           _shared({k: v for k, v in bufs.items() if k != "tmp"}))
-    # Only a progress thread can drive the engine beside this caller, and only this caller
-    # can start or wake one (after this call is posted): while there is none or it is
-    # parked (transport/progress.py), the engine needs no lock.
-    locked = not eng.background.idle
-    if locked:
-        eng.enter()
+    # The caller takes the engine to post its call: the progress thread may drive it, and
+    # so may another thread of the user's making calls of its own (on other groups; each
+    # hands the engine over in its waits). Unlocked while the progress thread was parked,
+    # two threads' calls mixed their messages: wrong sums, or a rank a call behind.
+    eng.enter()
     try:
         # A blocking call of EAGER messages with nothing else in flight runs in C as far as it goes.
         if fc is not None and not async_op and not eng.works and not eng.calls.aborts:
@@ -289,8 +298,7 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
                 resume = fast.FastRun.of(ran, fc)
         work = CollectiveWork(eng, call, g, seq, tag, bufs, finish, resume, tr)
     finally:
-        if locked:
-            eng.leave()
+        eng.leave()
     if async_op:
         eng.background.watch(work)
         return track(work)
@@ -466,16 +474,22 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False
-    ran = hit[2].run(eng.fast_budget, eng.crowded, a, b)
-    if ran is True:
-        return True
-    if ran is None:
-        return False
-    _resume(hit, ran, a, b, timeout)
+    if not eng.lock.acquire(False):   # another thread of the user's is in a call
+        return False                  # (the full path waits for the engine)
+    try:
+        ran = hit[2].run(eng.fast_budget, eng.crowded, a, b)
+        if ran is True:
+            return True
+        if ran is None:
+            return False
+        work = _resume(hit, ran, a, b)
+    finally:
+        eng.lock.release()
+    work.wait_or_give_up(timeout)
     return True
 
 
-def _resume(hit: tuple, ran: tuple, a, b, timeout) -> None:
+def _resume(hit: tuple, ran: tuple, a, b) -> CollectiveWork:
     """A lane's call that C began and did not finish: the engine goes on from where C
     stopped. (Apart from _lane, whose every call would otherwise make a cell for the
     comprehension's variable: ~250 instructions of an 8 B call.)"""
@@ -490,8 +504,8 @@ def _resume(hit: tuple, ran: tuple, a, b, timeout) -> None:
         # what CollectiveWork gives back to the pool must be the pool's size)
         tmp = call.pool.pop() if call.pool else np.empty(call.tmp, dtype)
     bufs["tmp"] = tmp
-    CollectiveWork(eng, call, world, seq, tag, bufs, None,
-                   fast.FastRun.of(ran, call.fast)).wait_or_give_up(timeout)
+    return CollectiveWork(eng, call, world, seq, tag, bufs, None,
+                          fast.FastRun.of(ran, call.fast))
 
 
 @profiled("reduce")

@@ -619,7 +619,21 @@ class SignedStore:
             pause = min(pause * 2, 0.02)
 
     def close(self):
-        pass
+        # Not ours to close (torch's, or torchrun's agent's), and no longer ours to use.
+        # The last one is kept: rank 0 hosts it, and a next init_process_group on the same
+        # port shares its server (torch's stores are multi-tenant) - let go, a rank quicker
+        # to init again could reach it just before it went, and lose it. (Every one was
+        # kept before: 20 init/destroy cycles held 20.)
+        global _LAST_CLOSED
+        _LAST_CLOSED, self.store = self.store, _ClosedStore()
+
+
+_LAST_CLOSED = None
+
+
+class _ClosedStore:
+    def __getattr__(self, name):
+        raise RingletError("the rendezvous store was closed (destroy() has run)")
 
 
 def torchrun_store(env=None):

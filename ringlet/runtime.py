@@ -30,35 +30,44 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class _State:
-    engine: Engine | None = None
-    world: Group | None = None
-    groups: list = []
-    store = None
-    server: StoreServer | None = None
-    profile = None
-    tune = 0                 # calls per candidate when auto's candidates go on trial (tuning.py)
-    generation = 0
-    timeout = DEFAULT_TIMEOUT
-    spawned = False          # init was done by rl.spawn before calling the user's function
-    outstanding: list = []   # async works handed to the user, until destroy accounts for them
-    # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
-    # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
-    # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
-    # world, its Prepared, the Lane, its buffers' names), see collectives._lane
-    lane: dict = {}
-    # ranks that left the job (destroy) while this rank waited for them: counted once as
-    # having left, in the store, so their destroy need not wait for this rank's (_departed)
-    released: set = set()
-    published = 0.0          # when _publish_state last wrote this rank's state
-    gave_up: dict = {}       # group id -> the last of its calls this rank timed out of
-    # the highest id new_group (or shrink) has given: a dropped group's id is not given
-    # again (its calls' state, and traffic still on its way, would be the new group's)
-    last_gid = 0
-    departed_checked = 0.0   # when _departed last asked the store (at most once a second)
-    aside: dict = {}         # slot -> the last store call a wait made for its reports (_aside)
+    """This process's part of the job; every container is its own (a class-level one
+    would outlive destroy and hold the first job's engine)."""
+
+    def __init__(self):
+        self.engine: Engine | None = None
+        self.world: Group | None = None
+        self.groups: list = []
+        self.store = None
+        self.server: StoreServer | None = None
+        self.profile = None
+        self.tune = 0            # calls per candidate when auto's candidates go on trial (tuning.py)
+        self.generation = 0
+        self.timeout = DEFAULT_TIMEOUT
+        self.spawned = False     # init was done by rl.spawn before calling the user's function
+        self.outstanding: list = []   # async works handed to the user, until destroy accounts for them
+        # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
+        # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
+        # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
+        # world, its Prepared, the Lane, its buffers' names), see collectives._lane
+        self.lane: dict = {}
+        # ranks that left the job (destroy) while this rank waited for them: counted once as
+        # having left, in the store, so their destroy need not wait for this rank's (_departed)
+        self.released: set = set()
+        self.published = 0.0     # when _publish_state last wrote this rank's state
+        self.gave_up: dict = {}  # group id -> the last of its calls this rank timed out of
+        # the highest id new_group (or shrink) has given: a dropped group's id is not given
+        # again (its calls' state, and traffic still on its way, would be the new group's)
+        self.last_gid = 0
+        self.departed_checked = 0.0   # when _departed last asked the store (at most once a second)
+        self.aside: dict = {}    # slot -> the last store call a wait made for its reports (_aside)
 
 
 _S = _State()
+
+#: what destroy() calls last: the layers above clear what they keep of this job
+#: (collectives' prepared calls hold its groups, peers and engine: 20 torch init/destroy
+#: cycles had kept 20 engines, and a store socket each)
+AT_DESTROY: list = []
 
 
 # -- lifecycle ---------------------------------------------------------------------------
@@ -452,7 +461,13 @@ def destroy() -> None:
                 _S.store.set(_left_key(eng.rank), b"1")
                 _S.store.add(bye, 1)
                 _wait_for_byes(eng, world, bye)
-            except RingletError:
+                # Rank 0 may host the store (torch's TCPStore, or init's own server): it
+                # leaves once the others have made their last call to it, which would
+                # otherwise break (torch logs a warning of it).
+                _S.store.add(bye + "/last", 1)
+                if eng.rank == 0:
+                    _S.store.wait_count(bye + "/last", world.size, timeout=min(2.0, _S.timeout))
+            except (RingletError, TimeoutError):
                 pass
         eng.close()
     finally:
@@ -463,6 +478,8 @@ def destroy() -> None:
         _S.groups = []
         drop_lanes()     # (the engine is gone: nothing left to count)
         _S.spawned = False
+        for forget in AT_DESTROY:   # caches that hold this job's groups (and so its engine)
+            forget()
     if lost:
         raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
                            f"not complete, their results are missing: " + "; ".join(lost))
@@ -739,14 +756,11 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
     spun = 0.0
     if eng.fast:
         kind, world, wire, flat, (peer, tag, g) = args
-        locked = not eng.background.idle     # (as in collectives._run)
-        if locked:
-            eng.enter()
+        eng.enter()        # (as in collectives._run)
         try:
             done, spun = fast.p2p(eng, kind, world, wire, flat)
         finally:
-            if locked:
-                eng.leave()
+            eng.leave()
         if done:
             key = (kind, peer, tag, flat.nbytes)
             if g is _S.world and type(peer) is int and type(tag) is int and \
@@ -814,7 +828,12 @@ def _lane(kind: str, peer, tag, buf) -> bool:
     eng = _S.engine
     if eng.works or not eng.background.idle or tracing.ON or buf.dtype.hasobject:
         return False
-    return lane.run(eng.fast_budget, eng.crowded, buf, None) is True
+    if not eng.lock.acquire(False):   # another thread of the user's is in a call
+        return False
+    try:
+        return lane.run(eng.fast_budget, eng.crowded, buf, None) is True
+    finally:
+        eng.lock.release()
 
 
 def drop_lanes() -> None:

@@ -816,6 +816,9 @@ class ProcessGroup(dist.ProcessGroup):
 
 
 # -- creation -------------------------------------------------------------------------------
+_INITS = 0   # the worlds torch made here (each init_process_group with this backend)
+
+
 def _token(store, rank: int, timeout: float) -> tuple[str, str]:
     """RINGLET_TOKEN, a launcher-derived token, or one derived from a job nonce rank 0 puts
     in torch's store (the store is not secret; the per-user secret mixed into it is)."""
@@ -824,10 +827,15 @@ def _token(store, rank: int, timeout: float) -> tuple[str, str]:
         return token, source
     import secrets
     import datetime
+    # (a key of its own each time: a next init_process_group on the same port shares the
+    # last one's store, whose old nonce a rank could read before rank 0 sets the new one)
+    global _INITS
+    _INITS += 1
+    key = f"ringlet/job/{_INITS}"
     if rank == 0:
-        store.set("ringlet/job", secrets.token_hex(16))
-    store.wait(["ringlet/job"], datetime.timedelta(seconds=timeout))
-    job = store.get("ringlet/job").decode()
+        store.set(key, secrets.token_hex(16))
+    store.wait([key], datetime.timedelta(seconds=timeout))
+    job = store.get(key).decode()
     return derive_token(job), f"derived from this user's ringlet secret and job {job}"
 
 

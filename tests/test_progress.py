@@ -441,3 +441,51 @@ def test_a_callbacks_blocking_call_and_the_main_threads_take_turns(n):
     waits in blocking calls of its own: the waiting thread hands the engine over between
     turns (it had held it while asleep, and the ranks waited on each other for ever)."""
     run(_callback_calls_while_main_waits, 3, n)
+
+
+def _two_threads(rank, steps):
+    """The main thread's async all_reduces on the world beside a second thread's blocking
+    ones on a pair group, and p2p between the pair: the second thread's calls posted while
+    the progress thread was parked took the engine unlocked, and the two threads' messages
+    mixed - wrong sums (163 for 109), or a rank a call behind until it timed out."""
+    import threading
+    p = rl.get_world_size()
+    pair = [rl.new_group([0, 1]), rl.new_group([2, 3])][rank // 2]
+    mates = [0, 1] if rank < 2 else [2, 3]
+    errors = []
+
+    def side():
+        try:
+            for i in range(steps):
+                y = np.full(300, 1 + rank + i, np.float32)
+                rl.all_reduce(y, group=pair)
+                if not (y == sum(1 + q + i for q in mates)).all():
+                    errors.append(("pair", i, np.unique(y)[:3]))
+                z = np.full(7, rank * 1000 + i, np.int64)
+                other = mates[1 - mates.index(rank)]
+                if rank < other:
+                    rl.send(z, other, tag=5)
+                    rl.recv(z, other, tag=5)
+                else:
+                    got = np.empty_like(z)
+                    rl.recv(got, other, tag=5)
+                    rl.send(z, other, tag=5)
+                    z = got
+                if z[0] != other * 1000 + i:
+                    errors.append(("p2p", i, int(z[0])))
+        except Exception as exc:          # noqa: BLE001 (reported below)
+            errors.append(("side raised", repr(exc)))
+    t = threading.Thread(target=side)
+    t.start()
+    for i in range(steps):
+        x = np.full(5000, 100.0 * (rank + 1) + i)
+        rl.all_reduce(x, async_op=True, algorithm="ring" if i % 2 else "auto").wait()
+        if not (x == sum(100.0 * (q + 1) + i for q in range(p))).all():
+            errors.append(("world", i, np.unique(x)[:3]))
+        rl.barrier()
+    t.join(60)
+    assert not t.is_alive() and not errors, errors[:3]
+
+
+def test_two_threads_make_calls_on_their_own_groups():
+    run(_two_threads, 4, 300)

@@ -725,7 +725,7 @@ class Engine:
         for peer in self.peers.values():
             peer.close()
         self.seg = None
-        self.remote_maps.maps.clear()
+        self.remote_maps.clear()
         for seg in segs:   # (the names are gone already: this returns the descriptors)
             try:
                 if seg is not None:

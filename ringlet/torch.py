@@ -170,15 +170,42 @@ class _Pending(dist.Work):
 
     def get_future(self):
         if self.fut is None:
-            fut = self.fut = torch.futures.Future()
-
-            def settle(_):
-                if self._complete() is None:
-                    fut.set_result(self.result)
-                else:
-                    fut.set_exception(self.error)
-            self.work.get_future().add_done_callback(settle)
+            fut = self.fut = _MovedFuture(self)
+            self.work.get_future().add_done_callback(fut.settle)
         return self.fut
+
+
+class _MovedFuture(torch.futures.Future):
+    """The torch future of a call in flight, whose ``wait()`` moves the call itself. A
+    future's callbacks run on the thread that sees its call finish - ringlet's progress
+    thread - and one may wait on another call's future: DDP's PowerSGD hook waits, in a
+    callback, for the all_reduce it has just started. Only the progress thread moved it,
+    and it was the thread waiting: the rank hung for good."""
+
+    def __init__(self, pending):
+        super().__init__()
+        self.pending = pending
+        self.lock = threading.Lock()
+
+    def settle(self, _=None) -> None:
+        """Complete it, once, whichever thread comes first."""
+        pending = self.pending
+        with self.lock:
+            if self.done():
+                return
+            if pending._complete() is None:
+                self.set_result(pending.result)
+            else:
+                self.set_exception(pending.error)
+
+    def wait(self):
+        if not self.done():
+            try:
+                self.pending.work.wait()
+            except Exception:   # noqa: BLE001 - the future carries it (settle)
+                pass
+            self.settle()
+        return super().wait()
 
 
 def _may_leave(opts) -> bool:

@@ -917,11 +917,17 @@ def _train(rank, n, kind, out_dir):
     else:
         module = {"unused": _WithUnused, "big": _big_model}.get(kind, _model)()
         model = DDP(module, find_unused_parameters=kind == "unused", static_graph=kind == "static",
-                    bucket_cap_mb=25 if kind == "big" else 0.01)   # (else several buckets)
+                    # (else several buckets; PowerSGD's hook with several fails on Gloo too,
+                    # its callbacks' calls racing the next bucket's)
+                    bucket_cap_mb=25 if kind in ("big", "powersgd") else 0.01)
         if kind == "hook":
             model.register_comm_hook(None, default_hooks.allreduce_hook)
         if kind == "fp16":
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if kind == "powersgd":    # its hook waits, in a future's callback, on an all_reduce
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+            model.register_comm_hook(ps.PowerSGDState(None, matrix_approximation_rank=1,
+                                                      start_powerSGD_iter=2), ps.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.0005 if kind == "big" else 0.05, momentum=0.9)
     for step in range(20):
         x, y = _batch(rank, step)
@@ -943,7 +949,7 @@ def _train(rank, n, kind, out_dir):
         torch.save(state, os.path.join(out_dir, f"{dist.get_backend()}.pt"))
 
 
-KINDS = ["plain", "unused", "static", "hook", "fp16", "no_sync", "big", "fsdp2"]
+KINDS = ["plain", "unused", "static", "hook", "fp16", "powersgd", "no_sync", "big", "fsdp2"]
 
 
 @pytest.mark.parametrize("n", [2, 4])

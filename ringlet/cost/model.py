@@ -592,7 +592,11 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
     """The closed-form time of one collective call on ``link`` (a :class:`Link` or a tier
     name), split into latency, bandwidth and reduction terms. ``ringlet.cost.breakdown``
     is the public entry (it also prices on a topology or this host's calibrated profile);
-    see it for the arguments."""
+    see it for the arguments. A rooted call's ranks first agree on it in a barrier's
+    rounds (``algorithms.agree_alongside``), priced off the schedule itself
+    (``simulate.agreement_terms``, registered here as the simulator loads, as it registers
+    the double tree's form) - without the simulator, by their bound: the barrier but the
+    round that carries the data, (lg p - 1) * alpha."""
     check_collective(collective)
     alg = DEFAULT_ALGORITHM[collective] if algorithm is None else algorithm
     check_algorithm(collective, alg)
@@ -617,34 +621,16 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
         li = le = link
         if alg == "hierarchical":
             li, le = tier(intra or link), tier(inter or link)
-        terms += _agreement(collective, alg, p, n, li, le, g, itemsize, hosts)
+        if AGREEMENT is not None:
+            terms += AGREEMENT(collective, alg, p, n, li, le, g, itemsize, hosts)
+        else:
+            a = le.alpha if alg == "hierarchical" and (hosts or 1) > 1 else li.alpha
+            terms += Terms((lg(p) - 1) * a, 0, 0)
     return terms
 
 
-#: up to this group size a rooted call's agreement is priced off its schedule (as the
-#: simulator's SIM_MAX_P); above it by the bound (lg p - 1) * alpha
-AGREEMENT_EXACT_MAX_P = 1024
-
-
-def _agreement(collective, alg, p, n, intra, inter, g, itemsize, hosts) -> Terms:
-    """What a rooted call's agreement adds (``ringlet.algorithms.agree_alongside``): the
-    dissemination barrier's lg p signal rounds, the last of which carries the algorithm's
-    first round (which then waits for every signal its ranks receive in it), or - a
-    first-round message above ``EARLY_MIN_BYTES`` - which run beside that round. How
-    much of them the data does not hide depends on who signals whom in which round, so
-    it is read off the schedule: the simulated call with them less without them. Above
-    ``AGREEMENT_EXACT_MAX_P`` ranks, (lg p - 1) * alpha: the barrier but its last round."""
-    if p > AGREEMENT_EXACT_MAX_P:
-        a = inter.alpha if alg == "hierarchical" and (hosts or 1) > 1 else intra.alpha
-        return Terms((lg(p) - 1) * a, 0, 0)
-    from ..algorithms import build
-    from .simulate import Topology, simulate
-    ids = tuple(r // (p // (hosts or 1)) for r in range(p)) if alg == "hierarchical" else None
-    s = build(collective, alg, p, count_of(collective, p, n, itemsize), itemsize=itemsize,
-              **({"hosts": ids} if ids else {}))
-    topo = Topology.from_host_ids(ids or (0,) * p, intra, inter, g)
-    both, alone = simulate(s, topo).terms, simulate(s.without_agreement(), topo).terms
-    return Terms(*(x - y for x, y in zip(both, alone)))
+#: what prices a rooted call's agreement (set by ringlet.cost.simulate: agreement_terms)
+AGREEMENT = None
 
 
 # ------------------------------------------------------------------------------ sizes

@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms import build
+from ..algorithms._common import lg
 from ..schedule import BUFFER_NAMES, USER_BUFFERS, one_way
 from ..transport import limits, shm
 from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel, Machine
-from .model import Link, Terms, _form, tier
+from . import model
+from .model import Link, Terms, _form, count_of, tier
 
 
 @dataclass(frozen=True)
@@ -1139,3 +1141,30 @@ def _double_tree(p, n, a, b, g, *, itemsize=4, segments=None, **kw):
     s = build("all_reduce", "double_tree", p, int(n) // itemsize, itemsize=itemsize)
     link = Link.from_beta(a, b) if b > 0 else Link(a, 1e300)
     return simulate(s, Topology.uniform(p, link, g)).terms
+
+
+#: up to this group size a rooted call's agreement is priced off its schedule (as the
+#: simulator's SIM_MAX_P); above it by the bound (lg p - 1) * alpha
+AGREEMENT_EXACT_MAX_P = 1024
+
+
+def agreement_terms(collective, alg, p, n, intra, inter, g, itemsize, hosts) -> Terms:
+    """What a rooted call's agreement adds (``ringlet.algorithms.agree_alongside``): the
+    dissemination barrier's lg p signal rounds, the last of which carries the algorithm's
+    first round (which then waits for every signal its ranks receive in it), or - a
+    first-round message above ``EARLY_MIN_BYTES`` - which run beside that round. How
+    much of them the data does not hide depends on who signals whom in which round, so
+    it is read off the schedule: the simulated call with them less without them. Above
+    ``AGREEMENT_EXACT_MAX_P`` ranks, (lg p - 1) * alpha: the barrier but its last round."""
+    if p > AGREEMENT_EXACT_MAX_P:
+        a = inter.alpha if alg == "hierarchical" and (hosts or 1) > 1 else intra.alpha
+        return Terms((lg(p) - 1) * a, 0, 0)
+    ids = tuple(r // (p // (hosts or 1)) for r in range(p)) if alg == "hierarchical" else None
+    s = build(collective, alg, p, count_of(collective, p, n, itemsize), itemsize=itemsize,
+              **({"hosts": ids} if ids else {}))
+    topo = Topology.from_host_ids(ids or (0,) * p, intra, inter, g)
+    both, alone = simulate(s, topo).terms, simulate(s.without_agreement(), topo).terms
+    return Terms(*(x - y for x, y in zip(both, alone)))
+
+
+model.AGREEMENT = agreement_terms

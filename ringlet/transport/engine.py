@@ -633,7 +633,7 @@ class Engine:
         failed = False
         for r in gone:
             peer = self.peers[r]
-            if isinstance(peer, TcpPeer) and peer.incoming and peer.arriving(1000):
+            if isinstance(peer, TcpPeer) and peer.arriving(1000):
                 continue
             if isinstance(peer, ShmPeer):
                 peer._poll_in()      # (its last words first)

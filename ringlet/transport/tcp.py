@@ -525,8 +525,12 @@ class TcpPeer(Peer):
         return "; ".join(parts)
 
     def arriving(self, within_ms: int) -> bool:
-        """Whether data came in on any of its connections in the last ``within_ms``."""
-        return any(0 <= _tcp_info(lane.sock)[1] < within_ms for lane in self.lanes)
+        """Whether data is still coming in on any of its connections: some in the kernel
+        not read yet, a packet read in part, or data in the last ``within_ms``. (The last
+        alone missed a peer's flood a loaded host had not read for a second: its receive
+        failed with the message it waited for still in the socket.)"""
+        return any(lane.pkt is not None or lane.hgot or _queued(lane.sock)[0] > 0
+                   or 0 <= _tcp_info(lane.sock)[1] < within_ms for lane in self.lanes)
 
     def _lost(self, exc) -> None:
         if self.closing:

@@ -301,7 +301,7 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         eng.leave()
     if async_op:
         eng.background.watch(work)
-        return track(work)
+        return track(work, timeout)
     work.wait_or_give_up(timeout)
     return None
 

@@ -45,6 +45,7 @@ class _State:
         self.timeout = DEFAULT_TIMEOUT
         self.spawned = False     # init was done by rl.spawn before calling the user's function
         self.outstanding: list = []   # async works handed to the user, until destroy accounts for them
+        self.track_limit = 64    # when track next prunes them
         # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
         # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
         # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
@@ -398,11 +399,19 @@ def _describe_fp(fp) -> dict:
     return fingerprint.decode(fp, lambda c: tuple(algorithms.CATALOG[c]))
 
 
-def track(work):
-    """Remember an async work for destroy(), which completes it or says it was lost."""
+def track(work, timeout: float | None = None):
+    """Remember an async work for destroy(), which completes it or says it was lost.
+    ``timeout``: the call's own, what its ``wait()`` waits by default."""
+    if timeout is not None:
+        work.limit = timeout
     out = _S.outstanding
-    if len(out) >= 64:   # forget finished ones (a failed one stays until its error is seen)
-        out[:] = [w for w in out if not (w._done() and w.error is None and w._error() is None)]
+    if len(out) >= _S.track_limit:
+        # forget finished ones (a failed one until its error is seen); the next look is
+        # when the list has doubled: a look at every call once 64 were pending made 20k
+        # irecvs take 10 s to post, quadratic
+        out[:] = [w for w in out if not (w._done() and (w._reported or (
+            w.error is None and w._error() is None)))]
+        _S.track_limit = max(64, 2 * len(out))
     out.append(work)
     return work
 
@@ -659,15 +668,21 @@ def _tag(g: Group, tag: int) -> int:
 
 
 @profiled("isend", blocking=False)
-def isend(buf, dst: int, group: Group | None = None, tag: int = 0) -> RequestWork:
+def isend(buf, dst: int, group: Group | None = None, tag: int = 0,
+          timeout: float | None = None) -> RequestWork:
+    """``timeout``: what its ``wait()`` waits by default (else init's)."""
     args = _p2p("send", buf, dst, group, tag)
-    return track(_post(*args, tr=_traced("isend", args, group, tag) if tracing.ON else None))
+    return track(_post(*args, tr=_traced("isend", args, group, tag) if tracing.ON else None),
+                 timeout)
 
 
 @profiled("irecv", blocking=False)
-def irecv(buf, src: int, group: Group | None = None, tag: int = 0) -> RequestWork:
+def irecv(buf, src: int, group: Group | None = None, tag: int = 0,
+          timeout: float | None = None) -> RequestWork:
+    """``timeout``: what its ``wait()`` waits by default (else init's)."""
     args = _p2p("recv", buf, src, group, tag)
-    return track(_post(*args, tr=_traced("irecv", args, group, tag) if tracing.ON else None))
+    return track(_post(*args, tr=_traced("irecv", args, group, tag) if tracing.ON else None),
+                 timeout)
 
 
 @profiled("send", blocking=True)

@@ -81,7 +81,12 @@ class _Work(dist.Work):
 
     def __init__(self, finish, result, name: str | None = None):
         super().__init__()
-        self.finish, self.result, self.error, self.name = finish, result, None, name
+        self.finish, self.tensors, self.error, self.name = finish, result, None, name
+
+    def result(self):
+        """The tensors the call wrote (torch's deprecated ``Work.result()``)."""
+        self.wait()
+        return self.tensors
 
     def wait(self, timeout=None):
         if self.finish is not None:
@@ -111,7 +116,7 @@ class _Work(dist.Work):
         except Exception as exc:   # noqa: BLE001
             fut.set_exception(exc)
         else:
-            fut.set_result(self.result)
+            fut.set_result(self.tensors)
         return fut
 
 
@@ -132,7 +137,7 @@ class _Pending(dist.Work):
 
     def __init__(self, work, result, then=None):
         super().__init__()
-        self.work, self.result, self.then = work, result, then
+        self.work, self.tensors, self.then = work, result, then
         self.lock = threading.Lock()
         self.done, self.error, self.fut = False, None, None
 
@@ -148,6 +153,11 @@ class _Pending(dist.Work):
                     self.error = exc
                 self.done = True
         return self.error
+
+    def result(self):
+        """The tensors the call wrote (torch's deprecated ``Work.result()``)."""
+        self.wait()
+        return self.tensors
 
     def wait(self, timeout=None):
         seconds = timeout.total_seconds() if timeout is not None else 0
@@ -194,7 +204,7 @@ class _MovedFuture(torch.futures.Future):
             if self.done():
                 return
             if pending._complete() is None:
-                self.set_result(pending.result)
+                self.set_result(pending.tensors)
             else:
                 self.set_exception(pending.error)
 
@@ -830,12 +840,12 @@ class ProcessGroup(dist.ProcessGroup):
     # point-to-point
     def send(self, tensors, dst, tag):
         t = _one(tensors, "send")
-        return _P2P("send", runtime.isend(t.contiguous(), dst, self.group, tag), t)
+        return _P2P("send", runtime.isend(t.contiguous(), dst, self.group, tag, self.timeout), t)
 
     def recv(self, tensors, src, tag):
         t = _one(tensors, "recv")
         buf, back = _dense(t)
-        return _P2P("recv", runtime.irecv(buf, src, self.group, tag), t, back)
+        return _P2P("recv", runtime.irecv(buf, src, self.group, tag, self.timeout), t, back)
 
     def recv_anysource(self, tensors, tag):
         raise NotImplementedError("the ringlet backend receives from a named rank only: "

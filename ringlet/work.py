@@ -96,7 +96,7 @@ class Work:
         if not self._done() or self.error is not None:
             eng = self.engine
             bg = eng.background
-            limit = eng.timeout if timeout is None else timeout
+            limit = (self.limit or eng.timeout) if timeout is None else timeout
             deadline = time.monotonic() + limit
             # Another thread that wants the engine (a future's callback making a blocking
             # call, the progress thread) gets it between turns of this wait: else a wait on
@@ -143,6 +143,7 @@ class Work:
         return True
 
     _reported = False   # its error was raised to the user (destroy need not say it again)
+    limit = None        # the call's own timeout (track): what wait() waits by default
 
     def drive_while_moving(self, stall: float) -> bool:
         """Drive the engine for this work until it is done, or until nothing has moved for

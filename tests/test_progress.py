@@ -489,3 +489,26 @@ def _two_threads(rank, steps):
 
 def test_two_threads_make_calls_on_their_own_groups():
     run(_two_threads, 4, 300)
+
+
+def _async_call_timeouts(rank):
+    """An async call's own timeout= is what its wait() waits (it waited init's: 30 s)."""
+    if rank == 1:
+        time.sleep(6)          # busy elsewhere: the calls below time out on rank 0
+        rl.all_reduce(np.ones(4))
+        rl.send(np.ones(4), 0, tag=3)
+        return
+    works = []
+    for post in (lambda: rl.all_reduce(np.ones(4), async_op=True, timeout=1.5),
+                 lambda: rl.irecv(np.ones(4), 1, tag=3, timeout=1.5)):
+        w, t = post(), time.monotonic()
+        with pytest.raises(rl.TimeoutError):
+            w.wait()
+        assert time.monotonic() - t < 4, time.monotonic() - t
+        works.append(w)
+    for w in works:            # (a wait that timed out leaves its call posted)
+        w.wait(timeout=30)
+
+
+def test_an_async_calls_timeout_is_its_waits():
+    rl.spawn(_async_call_timeouts, 2, env={"RINGLET_TIMEOUT": "30"}, timeout=60)

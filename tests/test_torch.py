@@ -1242,3 +1242,14 @@ def _init_destroy_cycles(rank, n):
 
 def test_init_and_destroy_again_and_again_keep_nothing():
     launch(_init_destroy_cycles, 2)
+
+
+def _work_result(rank, n):
+    t = torch.ones(4)
+    w = dist.all_reduce(t, async_op=True)
+    out = w.result()      # (torch's deprecated Work.result(): an attribute hid it)
+    assert len(out) == 1 and torch.equal(out[0], torch.full((4,), float(n)))
+
+
+def test_work_result_returns_the_tensors():
+    launch(_work_result, 2)

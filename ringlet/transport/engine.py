@@ -11,10 +11,10 @@ poke when they see it asleep. A small blocking call of local EAGER messages runs
 Asynchronous work (``async_op=True``, isend, irecv) is also driven between calls, while
 the caller computes, by one background thread (``progress.py``) that exists only once such
 work was posted and works only while some is unfinished. ``self.lock`` says who drives:
-the caller holds it for the whole of a call (so a blocking call never shares the engine),
-the thread for one turn at a time; while the thread is parked (nothing async in flight)
-only the caller can wake it, and a call needs no lock. ``RINGLET_PROGRESS=0``: no
-thread, the old model.
+a caller holds it to post its call and while it waits (handing it over between turns to
+another thread that wants it: the progress thread, a callback, a second thread of the
+user's making calls on groups of its own), the thread for one turn at a time.
+``RINGLET_PROGRESS=0``: no thread, the old model.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 The engine's state belongs to whoever holds ``engine.lock``: the caller while inside a
 ringlet call, this thread between calls. The thread starts with the first asynchronous
 work and runs only while some is unfinished; otherwise it is parked on a condition
-(``idle``), from which only a caller posting asynchronous work wakes it - so a call made
-while it is parked needs no lock, and a job of blocking calls pays nothing for it. A turn takes the lock,
+(``idle``), from which only a caller posting asynchronous work wakes it - so a job of
+blocking calls pays nothing for it but the lock each call takes. A turn takes the lock,
 drives every peer and work once (``Engine.tick``) and lets it go; a turn that moves nothing
 sleeps in ``select`` on the thread's own epoll - the doorbell local senders ring, the TCP
 sockets, and an eventfd the caller pokes when it leaves a call - outside the lock. Futures
@@ -43,9 +43,9 @@ class Progress:
         self.watched: list = []     # asynchronous works not yet seen finished
         self.cv = threading.Condition(threading.Lock())   # guards watched, thread, stopping
         self.thread: threading.Thread | None = None
-        # No thread, or it is parked: nothing but the caller drives the engine, which needs
-        # no lock then. Set by the thread as it parks, cleared by the caller as it wakes it
-        # (watch): a caller that reads True cannot see it change within its call.
+        # No thread, or it is parked: only callers drive the engine (each under its lock;
+        # the C lanes run only then). Set by the thread as it parks, cleared by the caller
+        # as it wakes it (watch).
         self.idle = True
         self.stopping = False
         self.wakefd = -1

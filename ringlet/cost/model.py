@@ -607,10 +607,7 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
     if segments is not None:
         kw["segments"] = int(segments)
     if alg == "hierarchical":
-        H = 1 if hosts is None else int(hosts)
-        if H < 1 or p % H:
-            raise ValueError(f"hosts must be a whole number of hosts >= 1 that divides the "
-                             f"group's {p} ranks (they are split evenly), got {hosts!r}")
+        H = check_hosts(hosts, p)
         li = tier(intra) if intra is not None else link
         le = tier(inter) if inter is not None else link
         kw.update(hosts=H, intra=(li.alpha, li.beta), inter=(le.alpha, le.beta), share=share)
@@ -624,9 +621,24 @@ def closed_form(collective: str, nbytes: float, p: int, algorithm: str | None, l
         if AGREEMENT is not None:
             terms += AGREEMENT(collective, alg, p, n, li, le, g, itemsize, hosts)
         else:
-            a = le.alpha if alg == "hierarchical" and (hosts or 1) > 1 else li.alpha
-            terms += Terms((lg(p) - 1) * a, 0, 0)
+            terms += agreement_bound(collective, alg, p, n, li, le, hosts)
     return terms
+
+
+def check_hosts(hosts, p: int) -> int:
+    """The number of hosts ``p`` ranks are split evenly over (None: one)."""
+    H = 1 if hosts is None else hosts
+    if isinstance(H, bool) or int(H) != H or H < 1 or p % int(H):
+        raise ValueError(f"hosts must be a whole number of hosts >= 1 that divides the "
+                         f"group's {p} ranks (they are split evenly), got {hosts!r}")
+    return int(H)
+
+
+def agreement_bound(collective, alg, p, n, intra, inter, hosts) -> Terms:
+    """A rooted call's agreement at most: the barrier but the round carrying the data,
+    (lg p - 1) * alpha (between hosts, where the algorithm spans several)."""
+    a = inter.alpha if alg == "hierarchical" and (hosts or 1) > 1 else intra.alpha
+    return Terms((lg(p) - 1) * a, 0, 0)
 
 
 #: what prices a rooted call's agreement (set by ringlet.cost.simulate: agreement_terms)

@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms import build
-from ..algorithms._common import lg
 from ..schedule import BUFFER_NAMES, USER_BUFFERS, one_way
 from ..transport import limits, shm
 from .host import _BANDWIDTH_TERMS, _LATENCY_TERMS, _MEMORY_TERMS, HOST_TERMS, HostModel, Machine
 from . import model
-from .model import Link, Terms, _form, count_of, tier
+from .model import Link, Terms, _form, agreement_bound, count_of, tier
 
 
 @dataclass(frozen=True)
@@ -1157,8 +1156,7 @@ def agreement_terms(collective, alg, p, n, intra, inter, g, itemsize, hosts) -> 
     it is read off the schedule: the simulated call with them less without them. Above
     ``AGREEMENT_EXACT_MAX_P`` ranks, (lg p - 1) * alpha: the barrier but its last round."""
     if p > AGREEMENT_EXACT_MAX_P:
-        a = inter.alpha if alg == "hierarchical" and (hosts or 1) > 1 else intra.alpha
-        return Terms((lg(p) - 1) * a, 0, 0)
+        return agreement_bound(collective, alg, p, n, intra, inter, hosts)
     ids = tuple(r // (p // (hosts or 1)) for r in range(p)) if alg == "hierarchical" else None
     s = build(collective, alg, p, count_of(collective, p, n, itemsize), itemsize=itemsize,
               **({"hosts": ids} if ids else {}))

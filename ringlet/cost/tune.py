@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .model import (ALGORITHMS, DEFAULT_ALGORITHM, HOST_AWARE, Link, Terms, _check_size,
+                    check_hosts,
                     check_algorithm, check_collective, closed_form, count_of, nbytes_of, tier)
 from .profile import Profile, host_link, load_profile
 from .simulate import Topology, simulate
@@ -285,9 +286,7 @@ def breakdown(collective: str, nbytes: float, p: int, algorithm: str | None = No
             topology = Topology.on_host(p, model)   # this host: its calibrated host model
     if topology is None and hosts is not None and hosts != 1 and alg != "hierarchical":
         # a flat algorithm on several hosts crosses both links: price its schedule there
-        if isinstance(hosts, bool) or int(hosts) != hosts or hosts < 1 or p % int(hosts):
-            raise ValueError(f"hosts must be a whole number of hosts >= 1 that divides the "
-                             f"group's {p} ranks (they are split evenly), got {hosts!r}")
+        hosts = check_hosts(hosts, p)
         if link is None and (intra is None or inter is None):
             raise ValueError("pricing on several hosts needs their links: give intra= and "
                              "inter= (or link= for both)")

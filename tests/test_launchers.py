@@ -327,7 +327,9 @@ def test_a_torchrun_restart_joins_afresh(tmp_path):
                       "if attempt == 0 and rl.get_rank() == 1:\n"
                       "    raise SystemExit(3)\n"
                       "rl.barrier()\n"
-                      "print('attempt', attempt, 'rank', rl.get_rank(), 'sum', x[0], flush=True)\n"
+                      # one write: torchrun's ranks share the pipe unbuffered, and the pieces
+                      # of two ranks' print(a, b, ...) interleaved ("attemptattempt 1 ...")
+                      "print(f'attempt {attempt} rank {rl.get_rank()} sum {x[0]}', flush=True)\n"
                       "rl.destroy()\n")
     proc = subprocess.run([os.path.join(BIN, "torchrun"), "--nproc-per-node", str(N),
                            "--max-restarts", "1", "--master-port", str(free_port()),

@@ -7,8 +7,8 @@
 """
 from .errors import CollectiveMismatch, PeerFailure, RingletError, TimeoutError
 from .ops import ReduceOp
-from .runtime import (destroy, get_rank, get_world_size, init, irecv, is_initialized, isend,
-                      new_group, recv, reset_stats, send, stats, trace)
+from .runtime import (destroy, destroy_group, get_rank, get_world_size, init, irecv,
+                      is_initialized, isend, new_group, recv, reset_stats, send, stats, trace)
 from .group import Group
 from .work import Work
 from .launch import ProcessFailed, spawn
@@ -22,8 +22,9 @@ from . import cost
 
 
 __all__ = [
-    "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group", "Group",
-    "spawn", "shrink", "send", "recv", "isend", "irecv", "Work", "broadcast", "all_reduce", "reduce",
+    "init", "destroy", "is_initialized", "get_rank", "get_world_size", "new_group",
+    "destroy_group", "Group", "spawn", "shrink", "send", "recv", "isend", "irecv", "Work",
+    "broadcast", "all_reduce", "reduce",
     "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all", "all_to_all_single",
     "barrier", "ReduceOp", "empty", "zeros", "profile", "trace", "stats", "reset_stats", "schedule",
     "Schedule", "cost",

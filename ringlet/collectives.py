@@ -206,6 +206,8 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
     ``lane``: the call's key in the lane (``_lane``), where it goes once C has run it whole."""
     if timeout is not None:
         check_timeout(timeout)
+    else:
+        timeout = g.timeout     # (new_group's, if it gave one; else init's)
     # rl.empty buffers can change auto's pick, once some message may be read in place
     shared = _shared(bufs) if algorithm == "auto" and count * dtype.itemsize > ZERO_COPY_MIN else ()
     # What keys a prepared call. The group object itself (not its id, reused after destroy

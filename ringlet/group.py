@@ -37,6 +37,7 @@ class Group:
     seq: int = 0                    # collectives issued on this group so far
     lost: tuple[int, ...] = ()      # a world made by rl.shrink: the old world's ranks lost
     previous: tuple[int, ...] = ()  # ... and each of its ranks' rank in the old world
+    timeout: float | None = None    # new_group(timeout=): its calls' default (else init's)
     _index: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -36,7 +36,7 @@ class _State:
     def __init__(self):
         self.engine: Engine | None = None
         self.world: Group | None = None
-        self.groups: list = []
+        self.groups: dict = {}    # live groups, in creation order (a dict: found at once)
         self.store = None
         self.server: StoreServer | None = None
         self.profile = None
@@ -202,7 +202,7 @@ def join(store, token: str, rank: int, world_size: int, backend: str = "auto",
     _S.engine, _S.store, _S.server, _S.timeout = engine, store, server, timeout
     _S.profile, _S.tune = profile, settings["tune"]
     _S.world = Group(0, tuple(range(world_size)), rank, hosts, "world")
-    _S.groups = [_S.world]
+    _S.groups = {_S.world: None}
     _S.last_gid = 0
     tracing.from_env(rank, world_size)
     return _S.world
@@ -484,7 +484,7 @@ def destroy() -> None:
         if _S.server is not None:
             _S.server.close()
         _S.engine = _S.world = _S.store = _S.server = None
-        _S.groups = []
+        _S.groups = {}
         drop_lanes()     # (the engine is gone: nothing left to count)
         _S.spawned = False
         for forget in AT_DESTROY:   # caches that hold this job's groups (and so its engine)
@@ -583,8 +583,11 @@ def trace(directory: str):
 
 def new_group(ranks=None, timeout: float | None = None) -> Group:
     """Create a subgroup. Every world rank must call it, in the same order (as in torch);
-    ranks not in ``ranks`` get a handle whose ``rank`` is -1 and cannot use it."""
+    ranks not in ``ranks`` get a handle whose ``rank`` is -1 and cannot use it.
+    ``timeout``: how long its calls wait by default (else init's); a call's own wins."""
     engine()
+    if timeout is not None:
+        check_timeout(timeout)
     world = _S.world
     ranks = tuple(range(world.size)) if ranks is None else tuple(int(r) for r in ranks)
     if len(set(ranks)) != len(ranks):
@@ -595,9 +598,22 @@ def new_group(ranks=None, timeout: float | None = None) -> Group:
     gid = next_gid()
     g = Group(gid, tuple(world.ranks[r] for r in ranks),   # (the world may have shrunk)
               ranks.index(world.rank) if world.rank in ranks else -1,
-              tuple(world.hosts[r] for r in ranks))
-    _S.groups.append(g)
+              tuple(world.hosts[r] for r in ranks), timeout=timeout)
+    _S.groups[g] = None
     return g
+
+
+def destroy_group(group: Group) -> None:
+    """Forget a subgroup made by ``new_group``: its handle no longer works, and its id may
+    be given again once ids run out. Every world rank calls it, in the same order, as
+    new_group (ids are counted alike everywhere); a call still in flight on it should be
+    waited for first. The world cannot be destroyed this way: ``rl.destroy()``."""
+    engine()
+    if not isinstance(group, Group) or group not in _S.groups:
+        raise ValueError(f"destroy_group: {group!r} is not a live ringlet group")
+    if group is _S.world:
+        raise ValueError("destroy_group: the world group ends with rl.destroy()")
+    drop_group(group)
 
 
 def highest_gid() -> int:
@@ -619,31 +635,60 @@ def next_gid() -> int:
     return gid
 
 
+def keyed_ids_in_use() -> set[int]:
+    """The keyed group ids this rank cannot give a new keyed group: its live groups' and a
+    shrunk-away world's (whose traffic may still be in flight)."""
+    eng = engine()
+    return {g.id for g in _S.groups if g.id >= KEYED_MIN} | set(eng.retired_keyed)
+
+
 def keyed_group(ranks, key: str) -> Group:
     """A subgroup every member names alike by ``key`` (torch's group name and rank list),
     created by its members only: its id, and so its traffic, does not depend on which
-    groups each rank created before (new_group's ids count creations). The world's id
-    goes into the hash: a world that shrank away may still have keyed traffic in flight."""
-    eng = engine()
+    groups each rank created before (new_group's ids count creations). The members swap
+    the keyed ids each uses through the job's store (``_ids_taken``), then each takes the
+    first from a hash of ``key`` that none uses: the same id on every member. (Hashing the
+    name alone, two of a rank's groups clashed once it had about 50 - a birthday collision
+    in 16384 ids - and the later one could not be made.) Groups that share no member may
+    share an id: no message goes between them. The world's id goes into the hash: a world
+    that shrank away may still have keyed traffic in flight."""
     world = _S.world
     ranks = tuple(int(r) for r in ranks)
+    span = MAX_GID + 1 - KEYED_MIN
     digest = hashlib.sha256(f"{world.id}/{key}".encode()).digest()
-    gid = KEYED_MIN + int.from_bytes(digest[:8], "little") % (MAX_GID + 1 - KEYED_MIN)
-    clash = next((g.name for g in _S.groups if g.id == gid),
-                 "a group of a world that shrank away" if eng.retired(gid) else None)
-    if clash is not None:
-        raise RingletError(f"group {key!r} hashes to id {gid}, which {clash} already uses "
-                           f"on rank {world.rank}; create it under another name")
+    start = int.from_bytes(digest[:8], "little") % span
+    used = _ids_taken(ranks, key) if world.rank in ranks else keyed_ids_in_use()
+    gid = next((KEYED_MIN + (start + i) % span for i in range(span)
+                if KEYED_MIN + (start + i) % span not in used), None)
+    if gid is None:
+        raise RingletError(f"group {key!r}: all {span} keyed group ids are in use by its "
+                           f"members (rank {world.rank}); destroy some groups first")
     g = Group(gid, ranks, ranks.index(world.rank) if world.rank in ranks else -1,
               tuple(world.hosts[r] for r in ranks), name=key)
-    _S.groups.append(g)
+    _S.groups[g] = None
     return g
+
+
+def _ids_taken(ranks: tuple, key: str) -> set[int]:
+    """The keyed ids any member of the group ``key`` uses, each member's set as it makes
+    the group, swapped through the job's store (which every rank of the world shares)."""
+    world, eng = _S.world, engine()
+    mine = keyed_ids_in_use()
+    if len(ranks) == 1:
+        return mine
+    prefix = f"ids/{eng.job}/{world.id}/{key}/"
+    _S.store.set(prefix + str(world.rank), " ".join(map(str, sorted(mine))).encode())
+    taken = set(mine)
+    for r in ranks:
+        if r != world.rank:
+            taken.update(int(i) for i in _S.store.get(prefix + str(r), timeout=_S.timeout).split())
+    return taken
 
 
 def drop_group(g: Group) -> None:
     """Forget a subgroup (torch destroyed it); its id may be used again."""
-    if g in _S.groups and g is not _S.world:
-        _S.groups.remove(g)
+    if g is not _S.world:
+        _S.groups.pop(g, None)
 
 
 def default_timeout() -> float:
@@ -673,7 +718,7 @@ def isend(buf, dst: int, group: Group | None = None, tag: int = 0,
     """``timeout``: what its ``wait()`` waits by default (else init's)."""
     args = _p2p("send", buf, dst, group, tag)
     return track(_post(*args, tr=_traced("isend", args, group, tag) if tracing.ON else None),
-                 timeout)
+                 args[4][2].timeout if timeout is None else timeout)
 
 
 @profiled("irecv", blocking=False)
@@ -682,7 +727,7 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0,
     """``timeout``: what its ``wait()`` waits by default (else init's)."""
     args = _p2p("recv", buf, src, group, tag)
     return track(_post(*args, tr=_traced("irecv", args, group, tag) if tracing.ON else None),
-                 timeout)
+                 args[4][2].timeout if timeout is None else timeout)
 
 
 @profiled("send", blocking=True)
@@ -785,6 +830,8 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
             return True
     work = _post(*args, watch=False, tr=tr)
     work._spun = spun
+    if timeout is None:
+        timeout = args[4][2].timeout     # (the group's, if new_group gave one)
     try:
         work.wait(timeout)
     except TimeoutError as exc:

@@ -75,7 +75,7 @@ def shrink(timeout: float | None = None) -> Group:
                   lost=tuple(old.group_rank(r) for r in old.ranks if r not in members),
                   previous=tuple(old.group_rank(r) for r in members))
     S.world = world
-    S.groups = [world]
+    S.groups = {world: None}
     S.last_gid = max(S.last_gid, gid)
     runtime.drop_lanes()      # (the peers' numbers changed)
     return world

@@ -551,3 +551,48 @@ def _straggler(rank, path):
 
 def test_stats_name_the_straggler(tmp_path):
     run(_straggler, 2, str(tmp_path / "entering"))
+
+
+def _group_timeout(rank):
+    g = rl.new_group([0, 1], timeout=1.5)
+    pending = rl.irecv(np.ones(4), 1, group=g) if rank == 0 else None
+    if rank == 0:     # rank 1 never comes: the group's 1.5 s, not init's 20 s
+        for what, call in (("all_reduce", lambda: rl.all_reduce(np.ones(4), group=g)),
+                           ("recv", lambda: rl.recv(np.ones(4), 1, group=g)),
+                           ("irecv", pending.wait)):
+            start = time.monotonic()
+            with pytest.raises(rl.TimeoutError):
+                call()
+            assert time.monotonic() - start < 8, (what, time.monotonic() - start)
+        start = time.monotonic()
+        with pytest.raises(rl.TimeoutError):   # a call's own timeout wins
+            rl.all_reduce(np.ones(4), group=g, timeout=3.5)
+        assert 3.0 < time.monotonic() - start < 10
+    rl.barrier(timeout=60)
+    if rank == 1:     # (what the irecv that timed out still waits for)
+        rl.send(np.ones(4), 0, group=g)
+    else:
+        pending.wait()
+    rl.destroy_group(g)
+    with pytest.raises(ValueError, match="not a live ringlet group"):
+        rl.all_reduce(np.ones(4), group=g)
+    with pytest.raises(ValueError, match="not a live ringlet group"):
+        rl.destroy_group(g)
+    with pytest.raises(ValueError, match="rl.destroy"):
+        rl.destroy_group(rl.new_group() and runtime_world())
+    again = rl.new_group([1, 0])
+    x = np.full(3, rank + 1.0)
+    rl.all_reduce(x, group=again)
+    assert (x == 3).all()
+
+
+def runtime_world():
+    from ringlet import runtime
+    return runtime.resolve(None)
+
+
+def test_a_groups_timeout_is_its_calls_and_a_destroyed_group_is_refused():
+    """``new_group(timeout=)`` was accepted and ignored: a call on the group waited init's
+    timeout. It is now the group's calls' default (a call's own wins), for collectives and
+    point-to-point. ``rl.destroy_group`` forgets a group on every rank."""
+    run(_group_timeout, 2, env={"RINGLET_TIMEOUT": "20"})

@@ -510,6 +510,29 @@ def test_groups_created_in_different_orders():
     launch(_asymmetric_groups, 3)
 
 
+def _many_subgroups(rank, n):
+    from ringlet import runtime
+    from ringlet.group import KEYED_MIN
+    pairs = [[0, 1], [1, 2], [0, 2]]
+    groups = [(ranks, dist.new_group(ranks)) for _ in range(60) for ranks in pairs]
+    mine = [(ranks, g) for ranks, g in groups if rank in ranks]
+    ids = [g.id for g in runtime._S.groups if g.id >= KEYED_MIN]
+    assert len(ids) == len(mine) and len(set(ids)) == len(ids), "groups share an id"
+    for i, (ranks, g) in enumerate(groups[-18:]):   # each group's sum is its own
+        if rank not in ranks:
+            continue
+        t = torch.full((4,), float(rank + i))
+        dist.all_reduce(t, group=g)
+        _same(t, torch.full((4,), float(sum(ranks) + 2 * i)), f"subgroup {ranks}")
+
+
+def test_a_rank_in_many_subgroups_gets_one_id_for_each():
+    """Torch's subgroups took an id hashed from their names into 16384: two of a rank's
+    groups clashed by about the 50th (the birthday bound), and creating it raised. The
+    members now swap the ids they use through torch's store and probe alike."""
+    launch(_many_subgroups, 3)
+
+
 def _ringlet_group_after_torch_subgroups(rank, n):
     import ringlet as rl
     if rank == 0:

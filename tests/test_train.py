@@ -299,6 +299,37 @@ def test_buckets_take_torch_tensors():
     run(_torch_job, 2)
 
 
+def _replicas_start_from_rank_0(rank):
+    import torch
+    from ringlet import train
+    torch.manual_seed(rank)                   # each process initializes its own module
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    model[1].num_batches_tracked += rank      # (an int64 buffer)
+    model[2].weight.data = model[2].weight.data.t().contiguous().t()   # (a strided one)
+    train.GradBuckets.for_module(model, bucket_cap_mb=0)
+    for t in [*model.parameters(), *model.buffers()]:
+        first = t.detach().clone().contiguous()
+        rl.broadcast(first, 0)
+        assert torch.equal(t.detach(), first), t.shape
+    units = [np.full(5, rank + 1.0), [np.full((2, 3), 10.0 * rank), np.full(4, -rank * 1.0)]]
+    for stage in (1, 2, 3):
+        z = train.ZeroOptimizer(units, stage=stage, lr=0.1)
+        for u, want in enumerate(([np.full(5, 1.0)], [np.zeros((2, 3)), np.zeros(4)])):
+            got = z.gather(u)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), (stage, u, got)
+            z.free(u)
+
+
+def test_replicas_start_from_group_rank_0s_values():
+    """Each process initializes its own model: GradBuckets.for_module (DDP's part) and
+    ZeroOptimizer kept each rank's initial values - replicas that stayed apart under
+    GradBuckets while their mean gradients agreed, and a ZeRO model stitched from blocks
+    of each rank's values. Both now start from group rank 0's, as DDP does."""
+    pytest.importorskip("torch")
+    run(_replicas_start_from_rank_0, 3)
+
+
 def _torch_everywhere_job(rank):
     """Every pattern takes CPU torch tensors where it takes NumPy arrays, with the same
     results (outputs are NumPy arrays; torch.from_numpy wraps them without a copy)."""

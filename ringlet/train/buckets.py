@@ -20,7 +20,7 @@ import contextlib
 
 import numpy as np
 
-from ..collectives import all_gather, all_reduce
+from ..collectives import all_gather, all_reduce, broadcast
 from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
@@ -115,9 +115,20 @@ class GradBuckets:
         is: each parameter's gradient is handed over the moment it is accumulated, and
         ``wait()`` writes the mean gradients back into ``.grad``, ready for the torch
         optimizer's step. Inside ``no_sync`` torch accumulates ``.grad`` itself, as with
-        DDP (do not zero it between the micro-batches)."""
+        DDP (do not zero it between the micro-batches). As DDP, it first makes every rank's
+        parameters and buffers group rank 0's: each process initializes its own module, and
+        replicas that started apart would stay apart while their mean gradients agree."""
         params = [q for q in module.parameters() if q.requires_grad]
         gb = cls([q.detach() for q in params], bucket_cap_mb, group, comm_hook, overlap)
+        import torch
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                if t.numel():
+                    held = t.detach()
+                    dense = held if held.is_contiguous() else held.contiguous()
+                    broadcast(dense, 0, group=gb.group)
+                    if dense is not held:
+                        held.copy_(dense)
         for i, q in enumerate(params):
             q.register_post_accumulate_grad_hook(lambda q, i=i: gb._accumulated(i, q.grad))
         gb._torch_params = params

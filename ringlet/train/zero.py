@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..collectives import all_gather, all_reduce, reduce_scatter
+from ..collectives import all_gather, all_reduce, broadcast, reduce_scatter
 from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
@@ -82,8 +82,8 @@ def _listed(unit) -> list:
 
 class ZeroOptimizer:
     """Sharded data-parallel optimizer over ``group``. ``params``: a list of units, each an
-    array or a list of arrays (NumPy or CPU torch; their values are the initial
-    parameters, the same on every rank). ``optimizer``: "sgd" (``lr``, ``momentum``) or
+    array or a list of arrays (NumPy or CPU torch; group rank 0's values are the initial
+    parameters, as with DDP). ``optimizer``: "sgd" (``lr``, ``momentum``) or
     "adam" (``lr``, ``betas``, ``eps``). ``overlap``: whether collectives are left in
     flight - gradients averaging while backward goes on, the next unit's parameters
     gathered ahead (None: where that can overlap, :func:`ringlet.train.pricing.overlaps`;
@@ -110,6 +110,10 @@ class ZeroOptimizer:
             u = _Unit(arrays, p, r)
             flat = np.zeros(p * u.shard, u.dtype)
             flat[:u.n] = np.concatenate([a.reshape(-1) for a in arrays])
+            # group rank 0's initial values (as DDP): each rank keeps a block of them, and
+            # blocks of initial values that differed between ranks would make a model none
+            # of them passed, trained from a first step on models that differ
+            broadcast(flat, 0, group=self.group)
             if stage < 3:
                 u.full = buffer(flat.size, u.dtype)
                 u.full[:] = flat

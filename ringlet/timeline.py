@@ -231,6 +231,12 @@ def _p2p_lines(p2p: dict, blame, blamed_calls) -> list:
 
 # --------------------------------------------------------------------------------- plot
 
+def _label(groups: dict) -> str:
+    """A timeline label: each group's calls' numbers ("#1-3 group1[0, 1] #1")."""
+    return " ".join(("" if g == "world" else f"{g} ") + f"#{a}" + (f"-{b}" if b != a else "")
+                    for g, (a, b) in groups.items())
+
+
 def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
     """The job's timeline as a picture (for a glance without Perfetto): a lane per rank,
     each call a bar as measured (collectives coloured by kind, point-to-point grey) with
@@ -249,8 +255,9 @@ def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(order)))
     spans = [(c["start_us"] / 1e3, c["end_us"] / 1e3) for d in ranks.values() for c in d["calls"]]
     gap = (max(e for _, e in spans) - min(t for t, _ in spans)) / 60 if spans else 0.0
+    char = gap * 60 / 170      # (about 170 characters of a label span the axis)
     for r, d in ranks.items():
-        labels: list = []            # [x, first seq, last seq]: calls close together share one
+        labels: list = []     # [x, {group: [first seq, last seq]}]: calls close together share one
         for c in d["calls"]:
             t0, dur = c["start_us"] / 1e3, (c["end_us"] - c["start_us"]) / 1e3
             col = "0.55" if c["seq"] is None else colour[c["coll"]]
@@ -260,13 +267,14 @@ def plot(directory: str, path: str, max_arrows: int = 3000) -> str:
                 ax.broken_barh([(t0, c["predicted"] * 1e3)], (y[r] - 0.38, 0.76),
                                facecolor="none", edgecolor="black", lw=0.6, zorder=3)
             if n_calls <= 60 and c["seq"] is not None:
-                if labels and t0 - labels[-1][0] < gap:
-                    labels[-1][2] = c["seq"]
+                # calls whose label would overlap the last one's join it, each group's by
+                # its own numbers ("#1-5" had merged a subgroup's #1 into the world's #5)
+                if labels and t0 < labels[-1][0] + char * len(_label(labels[-1][1])) + gap:
+                    labels[-1][1].setdefault(c["group"], [c["seq"], c["seq"]])[1] = c["seq"]
                 else:
-                    labels.append([t0, c["seq"], c["seq"]])
-        for x, first, last in labels:
-            ax.text(x, y[r] + 0.34, f"#{first}" + (f"-{last}" if last != first else ""),
-                    fontsize=6, va="bottom", zorder=4)
+                    labels.append([t0, {c["group"]: [c["seq"], c["seq"]]}])
+        for x, groups in labels:
+            ax.text(x, y[r] + 0.34, _label(groups), fontsize=6, va="bottom", zorder=4)
     for s, rv, a, b in pairs[:max_arrows]:
         ax.annotate("", xy=(max(rv["ts_us"], s["ts_us"]) / 1e3, y[b]),
                     xytext=(s["ts_us"] / 1e3, y[a]), zorder=1,

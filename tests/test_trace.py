@@ -154,10 +154,14 @@ def test_ringlet_run_trace_and_cli(tmp_path):
 
 def test_timeline_labels_of_calls_close_together_are_one(tmp_path):
     """Three quick calls, then one much later: their labels had printed over each other
-    ("#1#2#3"); calls closer than 1/60 of the timeline share one label, "#1-3"."""
+    ("#1#2#3"); calls closer than 1/60 of the timeline share one label, "#1-3". A
+    subgroup's call among them keeps its own number (it had made the world's "#1-2" and
+    the subgroup's #1 read "#1-1" or "#1-3")."""
     script = tmp_path / "job.py"
     script.write_text("import time, numpy as np, ringlet as rl\nrl.init()\nx = np.ones(4)\n"
-                      "for _ in range(3):\n    rl.all_reduce(x)\ntime.sleep(0.5)\n"
+                      "g = rl.new_group([1, 0])\n"
+                      "for _ in range(2):\n    rl.all_reduce(x)\nrl.all_reduce(x, group=g)\n"
+                      "rl.all_reduce(x)\ntime.sleep(0.5)\n"
                       "rl.all_reduce(x)\nrl.destroy()\n")
     d, svg = tmp_path / "tr", tmp_path / "t.svg"
     cli = [sys.executable, "-m", "ringlet.cli"]
@@ -166,7 +170,7 @@ def test_timeline_labels_of_calls_close_together_are_one(tmp_path):
         p = subprocess.run(cli + args, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
     text = svg.read_text()
-    assert text.count("#1-3") == 2 and "#4" in text and "#2" not in text
+    assert text.count("#1-3 group1[1, 0] #1") == 2 and "#4" in text and "#2" not in text
 
 
 def test_tracing_off_by_default():

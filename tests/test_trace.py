@@ -170,7 +170,9 @@ def test_timeline_labels_of_calls_close_together_are_one(tmp_path):
         p = subprocess.run(cli + args, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
     text = svg.read_text()
-    assert text.count("#1-3 group1[1, 0] #1") == 2 and "#4" in text and "#2" not in text
+    # (whether #3 joins the first label depends on how long the calls took)
+    assert text.count("<!-- #1-") == 2 and text.count("group1[1, 0] #1 ") == 2
+    assert "#4" in text and "#2" not in text
 
 
 def test_tracing_off_by_default():

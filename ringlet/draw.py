@@ -242,9 +242,12 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
                   # (a fraction of the axes' width: as thin on a 40-inch drawing as on a 9)
                   width=0.0018 * 9 / ax.figure.get_figwidth(),
                   headwidth=5, headlength=7, headaxislength=6, zorder=3)
-    fan = {t.src: sum(u.src == t.src for u in msgs) for t in msgs}
-    for t in msgs:
-        if p <= 16 and len(msgs) <= p:
+    # a round's syncs are labelled only where they leave room: a rooted call's last round
+    # carries its data and its agreement, and had labelled neither
+    named = msgs if len(msgs) <= p else [t for t in msgs if t.n]
+    fan = {t.src: sum(u.src == t.src for u in named) for t in named}
+    for t in named:
+        if p <= 16 and len(named) <= p:
             # label near the sender: a lane sends few messages a round, so labels
             # of different senders do not sit on each other where arrows cross;
             # near the receiver when one rank sends several (a direct broadcast's

@@ -122,6 +122,14 @@ def test_the_legend_names_only_what_is_drawn(tmp_path):
     assert "reduce (cN+)" in text and "copy (cN)" in text and "posted with round 0" not in text
 
 
+def test_a_round_of_data_and_syncs_labels_its_data(tmp_path):
+    """A direct gather's last round carries its three blocks and the agreement's three
+    syncs: past one message per rank it had labelled none. The data's labels stay."""
+    svg = tmp_path / "g.svg"
+    assert cli(["draw", "gather", "-n", "4", "--algo", "direct", "-o", str(svg)]) == 0
+    assert svg.read_text().count("<!-- c0 -->") == 3
+
+
 def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert cli(["draw", "all_reduce", "--algo", "nope"]) == 2
     assert "nope" in capsys.readouterr().err

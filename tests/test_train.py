@@ -1261,8 +1261,21 @@ def _patterns_disagree(rank):
     with pytest.raises(ValueError, match=r"ZeroOptimizer: the ranks passed different units.*"
                                          r"rank 0: 1 units of 10 elements; rank 1: 1 units of 11"):
         train.ZeroOptimizer([np.zeros(10 + rank)], stage=1)
-    with pytest.raises(ValueError, match="ZeroOptimizer: the ranks passed different units"):
+    with pytest.raises(ValueError, match="ZeroOptimizer: the ranks passed other settings"):
         train.ZeroOptimizer([np.zeros(12)], stage=2, lr=0.1 if rank else 0.2)
+    with pytest.raises(ValueError, match="ZeroOptimizer: the ranks passed other settings"):
+        train.ZeroOptimizer([np.zeros(12)], optimizer=train.SGD(lr=0.1 if rank else 0.2))
+    # the same sizes, laid out otherwise: each had been averaged across ranks element by
+    # element, silently
+    shapes = [(2, 3)] if rank else [(3, 2)]
+    with pytest.raises(ValueError, match="ZeroOptimizer: the ranks passed arrays of other "
+                                         "shapes, dtypes or order"):
+        train.ZeroOptimizer([[np.zeros(s) for s in shapes]], stage=2)
+    for shapes in ([(10,), (20,)], [(2, 3)]):
+        mine = shapes if rank == 0 else [s[::-1] for s in shapes[::-1]]
+        with pytest.raises(ValueError, match="GradBuckets: the ranks passed arrays of other "
+                                             "shapes, dtypes or order"):
+            train.GradBuckets([np.zeros(s) for s in mine])
     with pytest.raises(ValueError, match=r"ColumnParallelLinear: the ranks passed different "
                                          r"layers \(rank 0: weight \(2, 3\); rank 1: weight \(2, 4\)"):
         train.ColumnParallelLinear(np.ones((2, 3 + rank)))

@@ -103,10 +103,15 @@ class GradBuckets:
     def _agree(self, cap_mb: float, comm_hook) -> None:
         """Every rank must cut the same buckets (else its collectives disagree with the
         others' and fail as a mismatch whose cause is not named): checked once, here."""
-        layout = ([(b.buf.size, b.buf.dtype.str) for b in self.buckets], comm_hook)
+        # (each parameter's shape, in bucket order: ranks that listed parameters of one
+        # bucket's size in another order, or another shape, averaged across them silently)
+        layout = [[(self.shapes[i], b.buf.dtype.str) for i in b.indices] for b in self.buckets]
         agree_on("GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets],
-                 layout, self.group, f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}",
-                 "pass the same parameters, bucket_cap_mb and comm_hook on every rank")
+                 layout, (float(cap_mb), str(comm_hook)), self.group,
+                 f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}, dtypes "
+                 f"{sorted({b.buf.dtype.name for b in self.buckets})}",
+                 "pass the same parameters, in the same order and shapes, bucket_cap_mb and "
+                 "comm_hook on every rank")
 
     @classmethod
     def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None,

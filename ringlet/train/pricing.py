@@ -109,18 +109,26 @@ def disagreement(values, group) -> list | None:
     return every.tolist() if (every != every[0]).any() else None
 
 
-def agree_on(pattern: str, differ: str, sizes, layout, group, here: str, advice: str) -> None:
+def agree_on(pattern: str, differ: str, sizes, layout, settings, group, here: str,
+             advice: str) -> None:
     """Raise on every rank unless all passed the same ``sizes`` (elements of each of the
-    pattern's pieces: units, buckets) and ``layout`` (whatever else must match, compared by
-    ``digest``): "rank r: PATTERN: the ranks DIFFER (each rank's count of pieces and
-    elements; here HERE): ADVICE". DIFFER's last word names the pieces ("cut different
-    buckets")."""
-    every = disagreement([len(sizes), sum(sizes), digest(layout)], group)
+    pattern's pieces: units, buckets), ``layout`` (each array's shape and dtype, in order)
+    and ``settings`` (the rest that must match), the last two compared by ``digest``:
+    "rank r: PATTERN: the ranks DIFFER (each rank's count of pieces and elements; here
+    HERE): ADVICE", where DIFFER names what differs: the pieces (``differ``, whose last
+    word names them: "cut different buckets"), the arrays' shapes, dtypes or order, or
+    the settings."""
+    every = disagreement([len(sizes), sum(sizes), digest(sizes), digest(layout),
+                          digest(settings)], group)
     if every is not None:
         from ..runtime import get_rank
+        rows = np.array(every)
+        what = differ if (rows[:, :3] != rows[0, :3]).any() else \
+            "passed arrays of other shapes, dtypes or order" if (rows[:, 3] != rows[0, 3]).any() \
+            else "passed other settings"
         said = "; ".join(f"rank {r}: {n} {differ.split()[-1]} of {e} elements"
-                         for r, (n, e, _) in enumerate(every))
-        raise ValueError(f"rank {get_rank()}: {pattern}: the ranks {differ} ({said}; here "
+                         for r, (n, e, *_) in enumerate(every))
+        raise ValueError(f"rank {get_rank()}: {pattern}: the ranks {what} ({said}; here "
                          f"{here}): {advice}")
 
 

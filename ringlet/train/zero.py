@@ -135,12 +135,15 @@ class ZeroOptimizer:
         to one length would agree in every collective, and a rank's extra elements would be
         averaged with another's padding, silently. Checked once, here, on every rank."""
         named = optimizer if isinstance(optimizer, str) else type(optimizer).__qualname__
+        # (an optimizer object by its settings too: one lr per rank had passed)
+        given = optimizer_kw if isinstance(optimizer, str) else vars(optimizer)
         sizes = [sum(a.size for a in arrays) for arrays in units]
-        layout = ([[(a.size, a.dtype.str) for a in arrays] for arrays in units], self.stage,
-                  named, sorted(optimizer_kw.items()))
-        agree_on("ZeroOptimizer", "passed different units", sizes, layout, self.group,
-                 f"stage={self.stage}, optimizer={named!r}, {optimizer_kw}",
-                 "pass the same parameters, stage and optimizer settings on every rank")
+        layout = [[(a.shape, a.dtype.str) for a in arrays] for arrays in units]
+        settings = (self.stage, named, sorted((k, repr(v)) for k, v in given.items()))
+        agree_on("ZeroOptimizer", "passed different units", sizes, layout, settings,
+                 self.group, f"stage={self.stage}, optimizer={named!r}, {given}",
+                 "pass the same parameters (shapes and order), stage and optimizer settings "
+                 "on every rank")
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:

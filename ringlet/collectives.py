@@ -162,8 +162,10 @@ def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Pr
     collective, _, g, count, dtype, root, splits, op, _ = key
     op = None if op is None else ReduceOp(op)
     hosts = g.host_indices() if name == "hierarchical" else None
+    # (a collective with no root keeps a label there: every rank's must match, below)
+    rooted = root is not None and collective in fingerprint.ROOTED
     sched = algorithms.build(collective, name, g.size, count, itemsize=dtype.itemsize,
-                             root=0 if root is None else root, hosts=hosts, splits=splits)
+                             root=root if rooted else 0, hosts=hosts, splits=splits)
     fp = fingerprint.encode(collective, name, tuple(algorithms.CATALOG[collective]), dtype,
                             count, root, op, by_kind, fingerprint.members_code(g.ranks))
     tmp = sched.buffers.get("tmp", 0)
@@ -609,10 +611,19 @@ def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:
 
 @profiled("all_gather")
 def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
-               timeout: float | None = None):
+               timeout: float | None = None, *, label: int | None = None):
     """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
-    arrays) receives all contributions in rank order."""
-    lane = _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
+    arrays) receives all contributions in rank order. ``label``: a number below 2**24
+    every rank must pass alike, checked with the call's messages (which of a model's
+    units of one size this call gathers: ranks whose calls disagree on it raise
+    CollectiveMismatch, where the sizes alone would match)."""
+    if label is not None:
+        if isinstance(label, bool) or not isinstance(label, (int, np.integer)) \
+                or not 0 < label + 1 <= 1 << 24:
+            raise ValueError(f"all_gather: label must be an int in [0, 2**24), got {label!r}")
+        lane = None       # (a lane's fingerprint is its first call's)
+    else:
+        lane = _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
     if lane is not None and _laned(lane, timeout, inp, out):
         return None
     g = resolve(group)
@@ -621,7 +632,7 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     flat_out, copy_back = _blocks(out, g.size, a, "all_gather output", True)
     bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("all_gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
-                finish=copy_back, lane=lane)
+                root=None if label is None else int(label) + 1, finish=copy_back, lane=lane)
 
 
 @profiled("reduce_scatter")

@@ -1,7 +1,7 @@
 """A collective's fingerprint: what a rank believes the call is — collective, algorithm,
-dtype, count, root, reduce op, whether auto picked the algorithm for rl.empty buffers, and
-a checksum of the group's members in order — packed into two integers carried in the header of
-every message of the call (its sequence number travels in the tag). A receiver that sees
+dtype, count, root (or a label: all_gather's), reduce op, whether auto picked the algorithm
+for rl.empty buffers, and a checksum of the group's members in order — packed into two
+integers carried in the header of every message of the call (its sequence number travels in the tag). A receiver that sees
 another fingerprint than its own knows the ranks disagree, and says exactly how."""
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ def decode(fp: tuple[int, int], algorithms_of) -> dict:
     return {"collective": coll, "algorithm": algos[a] if 0 <= a < len(algos) else "?",
             "dtype": dtype, "count": count,
             "root": code >> 40 & 0xFFFFFF if coll in ROOTED or coll == "?" else None,
+            # (a call with no root may carry a label there: all_gather(label=) + 1)
+            "label": (code >> 40 & 0xFFFFFF) - 1 if coll not in ROOTED and coll != "?"
+            and code >> 40 & 0xFFFFFF else None,
             "op": op if op in ("?", None) else op.name,
             "auto_for": "rl.empty" if code >> 31 & 1 else None, "members": members,
             "layout": code >> 24 & 0x7F}

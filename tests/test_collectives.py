@@ -798,3 +798,20 @@ def test_auto_picks_for_the_buffer_kind_and_mixed_kinds_raise(tmp_path):
     path = tmp_path / "profile.json"
     profile.Profile.from_fits({"shm": dict(HOST_PROFILE)}).save(path)
     run(_auto_by_buffer_kind, 4, env={"RINGLET_PROFILE": str(path)})
+
+
+def _labelled_gathers(rank):
+    x, out = np.full(3, float(rank)), np.zeros((2, 3))
+    rl.all_gather(out, x, label=7)
+    assert (out == [[0.0] * 3, [1.0] * 3]).all()
+    with pytest.raises(ValueError, match="label must be an int"):
+        rl.all_gather(out, x, label=1 << 24)
+    with pytest.raises(rl.CollectiveMismatch,
+                       match=r"label=[34]\) but .*label=[34]\); they differ in label"):
+        rl.all_gather(out, x, label=3 + rank, timeout=20)
+
+
+def test_all_gathers_whose_labels_differ_raise():
+    """``all_gather(label=)``: what the call gathers, checked with its messages (ZeRO-3
+    labels each unit's gather)."""
+    run(_labelled_gathers, 2)

@@ -1288,6 +1288,23 @@ def _patterns_disagree(rank):
     assert time.monotonic() - start < 5     # (it waited out its timeout before)
 
 
+def _zero3_prefetch_differs(rank):
+    from ringlet import train
+    z = train.ZeroOptimizer([[np.full(4, float(u))] for u in range(3)], stage=3,
+                            overlap=True, lr=0.1)
+    other = 1 if rank == 0 else 2
+    with pytest.raises(rl.CollectiveMismatch, match="they differ in label"):
+        z.gather(0, prefetch=other)
+        z.gather(other)       # (waits for the prefetch)
+
+
+def test_zero3_ranks_that_prefetch_other_units_of_one_size_raise():
+    """Rank 0 prefetched unit 1 where rank 1 prefetched unit 2, of the same size: the
+    sizes matched, and each got a mix of both units, silently. Each gather now carries its
+    unit in the call's fingerprint."""
+    run(_zero3_prefetch_differs, 2, timeout=60)
+
+
 def test_patterns_whose_ranks_disagree_raise_at_once_saying_what():
     run(_patterns_disagree, 2, timeout=60)
 

@@ -165,8 +165,10 @@ class ZeroOptimizer:
 
     def _start_gather(self, unit: _Unit, u: int) -> None:
         unit.full, unit.lent["full"] = lent(len(self.shards[u]) * self.group.size, unit.dtype)
+        # (labelled by the unit: ranks that gathered other units of one size, prefetching
+        # differently, had each got a mix of both, silently)
         unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
-                               group=self.group, async_op=self.overlap)
+                               group=self.group, async_op=self.overlap, label=u % (1 << 24))
         held = sum(x.full.nbytes for x in self.units if x.full is not None)
         self.peak_gathered = max(self.peak_gathered, held)
 

@@ -598,6 +598,28 @@ def test_zero3_memory_measured(name):
     run(_memory_job, 4, name)
 
 
+def _priced_as_run(rank):
+    from ringlet import train
+    for n in (1 << 17, 1 << 20):          # 512 KiB and 4 MiB of float32
+        gb = train.GradBuckets([np.zeros(n, np.float32)])
+        zs = [train.ZeroOptimizer([[np.zeros(n, np.float32)]], stage=s) for s in (1, 2)]
+        steps = [(gb, lambda: (gb.ready(0, np.ones(n, np.float32)), gb.wait()))] + \
+            [(z, lambda z=z: z.step([[np.ones(n, np.float32)]])) for z in zs]
+        for pattern, step in steps:
+            rl.reset_stats()
+            step()
+            ran = {k: v["algorithm"] for k, v in rl.stats()["collectives"].items()}
+            priced = {c.call.collective: c.algorithm for c in pattern.price().calls}
+            assert priced == ran, (type(pattern).__name__, n, priced, ran)
+
+
+def test_a_patterns_price_names_the_algorithms_its_step_runs():
+    """Buckets and ZeRO's flat buffers are rl.empty arrays, which auto prices as read in
+    place; the step's price asked the model without saying so, and named another algorithm
+    (a 4 MiB bucket at p = 4: double_tree priced, rabenseifner ran, 1.7x the time)."""
+    run(_priced_as_run, 4, timeout=120)
+
+
 def _zero_price_job(rank):
     from ringlet import train
     units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]

@@ -25,7 +25,8 @@ from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
 from .arrays import as_numbers
-from .pricing import Call, agree_on, averaging, buffer, hosts_of, overlaps, price
+from .pricing import (Call, agree_on, averaging, buffer, hosts_of, overlaps, price,
+                      shared_if_large)
 
 
 BF16 = "bfloat16"
@@ -259,9 +260,11 @@ class GradBuckets:
     def calls(self) -> list[Call]:
         """The collectives of one step, for :func:`ringlet.train.pricing.price`."""
         p = self.group.size
-        return [Call("all_gather", b.gathered.nbytes, p, 2, label=f"bucket {k} bf16")
+        return [Call("all_gather", b.gathered.nbytes, p, 2, label=f"bucket {k} bf16",
+                     shared=shared_if_large("all_gather", b.gathered.nbytes, p, "in", "out"))
                 if b.gathered is not None else
-                Call("all_reduce", b.wire.nbytes, p, b.wire.dtype.itemsize, label=f"bucket {k}")
+                Call("all_reduce", b.wire.nbytes, p, b.wire.dtype.itemsize, label=f"bucket {k}",
+                     shared=shared_if_large("all_reduce", b.wire.nbytes, p, "buf"))
                 for k, b in enumerate(self.buckets)]
 
     def price(self, topology=None):

@@ -31,6 +31,18 @@ class Call(NamedTuple):
     itemsize: int = 4
     times: int = 1
     label: str = ""
+    shared: tuple = ()      # its buffers that are rl.empty arrays, as ``shared_if_large``
+
+
+def shared_if_large(collective: str, nbytes: int, p: int, *names: str) -> tuple:
+    """What auto sees of a call whose buffers ``names`` the pattern takes from ``buffer``
+    or ``lent`` (rl.empty arrays when large): those names once the call's own count - the
+    per-rank block of an all_gather or reduce_scatter - is past ZERO_COPY_MIN, where the
+    runtime asks the cost model with them; else none. A price without them had named an
+    algorithm auto does not run (4 MiB bucket: double_tree priced 1.73 ms where
+    rabenseifner runs, priced 1.00)."""
+    own = nbytes // p if collective in ("all_gather", "reduce_scatter") else nbytes
+    return names if own > ZERO_COPY_MIN else ()
 
 
 class Priced(NamedTuple):
@@ -185,7 +197,7 @@ def price(calls, topology=None, hosts=None) -> StepPrice:
             out.append(Priced(call, "-", 0.0, 0))
             continue
         algorithm, rows = cost.choose(call.collective, call.nbytes, call.p, topology=topo,
-                                      hosts=hosts, itemsize=call.itemsize)
+                                      hosts=hosts, itemsize=call.itemsize, shared=call.shared)
         sched = build_schedule(call.collective, algorithm, call.p, call.nbytes, call.itemsize,
                                hosts=_host_ids(hosts, call.p, algorithm))
         sent = int(sched.traffic()["sent_bytes"].max())

@@ -30,7 +30,8 @@ from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
 from .. import buffers
-from .pricing import Call, agree_on, averaging, buffer, hosts_of, lent, overlaps, price
+from .pricing import (Call, agree_on, averaging, buffer, hosts_of, lent, overlaps, price,
+                      shared_if_large)
 
 
 class _Done:
@@ -308,11 +309,14 @@ class ZeroOptimizer:
         for k, u in enumerate(self.units):
             nb, item = p * u.shard * u.dtype.itemsize, u.dtype.itemsize
             if self.stage == 1:
-                out.append(Call("all_reduce", nb, p, item, label=f"unit {k} grad"))
-            else:
-                out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad"))
+                out.append(Call("all_reduce", nb, p, item, label=f"unit {k} grad",
+                                shared=shared_if_large("all_reduce", nb, p, "buf")))
+            else:     # (the shard it reduces into is a plain array)
+                out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad",
+                                shared=shared_if_large("reduce_scatter", nb, p, "in")))
             out.append(Call("all_gather", nb, p, item, 2 if self.stage == 3 else 1,
-                            label=f"unit {k} params"))
+                            label=f"unit {k} params",
+                            shared=shared_if_large("all_gather", nb, p, "in", "out")))
         return out
 
     def price(self, topology=None):

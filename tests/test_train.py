@@ -620,6 +620,38 @@ def test_a_patterns_price_names_the_algorithms_its_step_runs():
     run(_priced_as_run, 4, timeout=120)
 
 
+def _bytes_per_step(rank):
+    from ringlet import train
+    n, sent = 1 << 18, {}
+    for name in ("dp", 1, 2, 3):
+        g = np.ones(n, np.float32)
+        if name == "dp":
+            gb = train.GradBuckets([np.zeros(n, np.float32)])
+        else:
+            z = train.ZeroOptimizer([[np.zeros(n, np.float32)]], stage=name, lr=0.1)
+        rl.barrier()
+        rl.reset_stats()
+        if name == "dp":
+            gb.ready(0, g)
+            gb.wait()
+        else:
+            if name == 3:         # forward and backward each gather the unit
+                for _ in range(2):
+                    z.gather(0)
+                    z.free(0)
+            z.step([[g]])
+        sent[name] = sum(v["bytes"] for v in rl.stats()["sent"].values())
+    assert sent[1] == sent[2] == sent["dp"], sent
+    assert sent[3] == sent["dp"] * 3 // 2, sent
+
+
+def test_zero_stages_1_and_2_move_what_data_parallelism_moves():
+    """Stage 1 all_reduced the whole gradient to read its own block: 1.5x the bytes of
+    data parallelism (and of stage 2). It now reduce_scatters from the full gradient it
+    keeps; stage 3 moves 1.5x (a second all_gather)."""
+    run(_bytes_per_step, 4, timeout=120)
+
+
 def _zero_price_job(rank):
     from ringlet import train
     units = [[np.ones(SHAPES[i]) for i in layer] for layer in LAYERS]

@@ -4,8 +4,9 @@ own, then gather the updated parameters").
 Parameters come in units (a layer: one array or a list of arrays). Each unit is one flat
 buffer padded to a multiple of the group size p; rank r owns block r of it.
 
-* stage 1: optimizer state sharded. Gradients all_reduce'd (mean); each rank updates its
-  block of the parameters; an in-place all_gather gives every rank all of them.
+* stage 1: optimizer state sharded. Each rank keeps a full gradient buffer, reduce_scatter'ed
+  (mean) into its block; it updates its block of the parameters; an in-place all_gather
+  gives every rank all of them.
 * stage 2: gradients sharded too: reduce_scatter (mean) leaves each rank only its block.
 * stage 3: parameters sharded too: a unit's parameters exist in full only between
   ``gather(u)`` (an all_gather, optionally prefetching the next unit) and ``free(u)``;
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..collectives import all_gather, all_reduce, broadcast, reduce_scatter
+from ..collectives import all_gather, broadcast, reduce_scatter
 from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
@@ -59,6 +60,7 @@ class _Unit:
         self.full = None          # all p blocks (stages 1, 2: always; 3: while gathered)
         self.work = None          # the all_gather filling ``full`` (stage 3)
         self.grad = None          # stage 1: full gradient; 2, 3: this rank's block
+        self.mean = None          # stage 1: this rank's block of the mean gradient
         self.grad_in = None       # stages 2, 3: the full gradient a reduce_scatter is reading
         self.grad_work = None
         self.grad_ready = None    # its gradient, filled, waiting for its turn on the wire
@@ -184,8 +186,9 @@ class ZeroOptimizer:
 
     # -- gradients and the step --------------------------------------------------------
     def reduce_grad(self, u: int, grads) -> None:
-        """Start averaging unit ``u``'s gradients over the group (all_reduce in stage 1,
-        reduce_scatter into this rank's block in stages 2 and 3); ``step`` waits. Units go
+        """Start averaging unit ``u``'s gradients over the group (a reduce_scatter into this
+        rank's block: from the full gradient buffer stage 1 keeps, from a lent one in stages
+        2 and 3); ``step`` waits. Units go
         on the wire last unit first, as a backward pass hands them over, whatever order
         this rank's calls come in (ranks that differed in it had swapped the gradients of
         units of one size): a unit handed over early waits for its turn."""
@@ -222,8 +225,12 @@ class ZeroOptimizer:
         """Put a unit's filled gradient on the wire."""
         flat, unit.grad_ready, p = unit.grad_ready, None, self.group.size
         if self.stage == 1:
-            unit.grad_work = all_reduce(flat, averaging(flat, p), group=self.group,
-                                        async_op=self.overlap) or _DONE
+            # (a reduce_scatter, not an all_reduce: only this rank's block is read, and an
+            # all_reduce had moved 1.5x what data parallelism moves)
+            if unit.mean is None:
+                unit.mean = np.empty(unit.shard, unit.dtype)
+            unit.grad_work = reduce_scatter(unit.mean, flat.reshape(p, -1), averaging(flat, p),
+                                            group=self.group, async_op=self.overlap) or _DONE
         else:
             if unit.grad is None:
                 unit.grad = np.empty(unit.shard, unit.dtype)
@@ -261,7 +268,7 @@ class ZeroOptimizer:
             unit.grad_work.wait()
             unit.grad_work = unit.grad_in = None
             unit.give_back("grad_in")
-            g = unit.grad[unit.lo:unit.hi] if self.stage == 1 else unit.grad
+            g = unit.mean if self.stage == 1 else unit.grad
             self.opt.update(self.shards[k], g, self.state[k], self.t)
         if self.stage == 3:
             # A unit still gathered (its free skipped, or prefetched) holds the old values:
@@ -308,12 +315,9 @@ class ZeroOptimizer:
         p, out = self.group.size, []
         for k, u in enumerate(self.units):
             nb, item = p * u.shard * u.dtype.itemsize, u.dtype.itemsize
-            if self.stage == 1:
-                out.append(Call("all_reduce", nb, p, item, label=f"unit {k} grad",
-                                shared=shared_if_large("all_reduce", nb, p, "buf")))
-            else:     # (the shard it reduces into is a plain array)
-                out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad",
-                                shared=shared_if_large("reduce_scatter", nb, p, "in")))
+            # (the block it reduces into is a plain array)
+            out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad",
+                            shared=shared_if_large("reduce_scatter", nb, p, "in")))
             out.append(Call("all_gather", nb, p, item, 2 if self.stage == 3 else 1,
                             label=f"unit {k} params",
                             shared=shared_if_large("all_gather", nb, p, "in", "out")))

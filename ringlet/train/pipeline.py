@@ -36,7 +36,9 @@ _HEADER = 8   # int64s: ndim, then up to 7 dimensions
 
 
 class Pipeline:
-    """``stage``: this rank's stage. ``micro_batches``: m. ``dtype``: of activations."""
+    """``stage``: this rank's stage. ``micro_batches``: m. ``dtype``: what activations
+    and their gradients are cast to between stages (float64 by default: pass float32 for
+    a float32 model, or its messages double and the next stage computes in float64)."""
 
     def __init__(self, stage, micro_batches: int, schedule: str = "1f1b", group=None,
                  loss=None, dtype=np.float64, overlap: bool | None = None):
@@ -100,6 +102,10 @@ class Pipeline:
                     ctx[i] = (c, dy)
                 else:
                     y = np.ascontiguousarray(y, self.dtype)
+                    if y.ndim > _HEADER - 1:
+                        raise ValueError(f"rank {get_rank()}: Pipeline.step: micro-batch {i}'s "
+                                         f"activation has {y.ndim} dimensions, more than the "
+                                         f"{_HEADER - 1} a stage may pass on: reshape it")
                     shapes[i] = y.shape
                     header = np.zeros(_HEADER, np.int64)
                     header[0], header[1:1 + y.ndim] = y.ndim, y.shape
@@ -153,4 +159,9 @@ class Pipeline:
                 Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient")]
 
     def price(self, activation_elements: int, topology=None):
-        return price(self.calls(activation_elements), topology)
+        """This rank's messages with its next stage (the last stage: its previous) on
+        ``topology``: across hosts when that stage runs on another."""
+        ids, r = self.group.host_indices(), self.group.rank
+        peer = r + 1 if r + 1 < self.group.size else r - 1
+        hosts = (0, 1) if peer >= 0 and ids[peer] != ids[r] else None
+        return price(self.calls(activation_elements), topology, hosts)

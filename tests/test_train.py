@@ -1063,9 +1063,13 @@ def _ps_job(rank, staleness, flag_dir, calls=1, reuse=False):
     rounds = 6
     ps = train.ParameterServer(np.ones(4), width=2, staleness=staleness)
     if rank == 0:
+        rl.reset_stats()
         with rl.profile() as prof:
             for _ in range(calls):          # learn(6), or learn(2) three times: the same
                 ps.learn(rounds // calls, _update)
+        if staleness:   # priced as it runs: the weights to each actor (it priced one copy)
+            sent = sum(v["bytes"] for v in rl.stats()["sent"].values()) // rounds
+            assert sent == 2 * ps.weights.nbytes == ps.price(3).calls[0].sent_bytes, sent
         if staleness == 0:    # the price names the calls a round makes
             want = {}
             for c in ps.calls(3):

@@ -23,7 +23,7 @@ import numpy as np
 
 from .cost.model import parse_size
 from .ops import dtype_named, fill, values
-from .plotting import output_path
+from .plotting import picture_path
 from .schedule import USER_BUFFERS
 
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
@@ -516,7 +516,7 @@ def main(argv=None) -> int:
                     help="leave ranks unpinned (by default each is pinned to a core when "
                          "there are enough, as mpirun pins Open MPI's)")
     ap.add_argument("--json", help="append one JSON object per row to this file")
-    ap.add_argument("--plot", metavar="FILE.png", type=output_path,
+    ap.add_argument("--plot", metavar="FILE.png", type=picture_path,
                     help="save time and bus bandwidth vs size, the model's prediction "
                          "dashed, peers beside (needs matplotlib)")
     a = ap.parse_args(argv)

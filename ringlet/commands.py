@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .plotting import output_path
+from .plotting import picture_path
 from .schedule import USER_BUFFERS
 from .cost import plan as _plan
 from .cost.model import (ALGORITHMS, COLLECTIVES, TIERS, TOTAL_SIZE, Link, format_size, format_time,
@@ -135,7 +135,7 @@ def _plan_main(argv) -> int:
     ap.add_argument("--models", action="store_true",
                     help="grow the model at a fixed cluster shape (default K=64 workers, b=32 examples "
                          "each: a model-size table)")
-    ap.add_argument("--plot", metavar="FILE.png", default=None, type=output_path,
+    ap.add_argument("--plot", metavar="FILE.png", default=None, type=picture_path,
                     help="plot gamma vs K, strong and weak scaling from the same step")
     a = ap.parse_args(argv)
 
@@ -383,7 +383,7 @@ def _tiers_main(argv) -> int:
                     help=f"comma-separated subset of: {', '.join(TIERS)} and the --link names")
     ap.add_argument("--sweep", action="store_true",
                     help="also sweep sizes 4 KiB .. 1 GiB")
-    ap.add_argument("--plot", metavar="FILE.png", default=None, type=output_path,
+    ap.add_argument("--plot", metavar="FILE.png", default=None, type=picture_path,
                     help="plot time vs size per tier, crossovers marked")
     a = ap.parse_args(argv)
     custom = dict(a.link)
@@ -459,7 +459,7 @@ def _explain_parser() -> argparse.ArgumentParser:
                     help="comma-separated candidates (default: all)")
     ap.add_argument("--range", default=None, metavar="LO:HI",
                     help="size range for the crossover sweep (default 8:4G)")
-    ap.add_argument("--plot", metavar="FILE.png", default=None, type=output_path,
+    ap.add_argument("--plot", metavar="FILE.png", default=None, type=picture_path,
                     help="plot time vs size per algorithm, crossovers marked")
     ap.add_argument("--zero-copy", action="store_true",
                     help="the buffers are rl.empty arrays, whose large sends local receivers "

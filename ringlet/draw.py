@@ -24,7 +24,7 @@ import numpy as np
 from .cost.model import Link, count_of, format_size, format_time
 from .cost.simulate import Topology, simulate
 from .cost.profile import load_profile
-from .plotting import output_path
+from .plotting import picture_path
 from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
 
 
@@ -342,7 +342,7 @@ def _parser():
                          "the link between hosts, NVLink inside them")
     ap.add_argument("--root", type=int, default=0, help="root of a rooted collective")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
-    ap.add_argument("-o", "--output", default=None, metavar="FILE", type=output_path,
+    ap.add_argument("-o", "--output", default=None, metavar="FILE", type=picture_path,
                     help="write a picture (.svg, .png or .pdf) instead of printing text")
     ap.add_argument("--width", type=int, default=None,
                     help="text width (default: the terminal's)")

@@ -18,6 +18,28 @@ def output_path(path: str) -> str:
     return path
 
 
+#: what matplotlib's savefig writes, by extension
+PICTURES = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "svgz")
+
+
+def picture_path(path: str) -> str:
+    """``output_path`` for a picture: one without an extension becomes a .png (the name
+    said is the file written; it had said "noext" and written noext.png), and one of a
+    format matplotlib cannot write is refused at once (``--plot out.txt`` had failed
+    with a traceback after the whole benchmark)."""
+    import argparse
+    import os
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if os.path.isdir(path) or path.endswith(os.sep):
+        return output_path(path)      # (refused: it is a directory)
+    if not ext:
+        path += ".png"
+    elif ext not in PICTURES:
+        raise argparse.ArgumentTypeError(f"cannot draw {path!r}: .{ext} is not a picture "
+                                         f"format; use one of .{', .'.join(PICTURES)}")
+    return output_path(path)
+
+
 def pyplot():
     """``matplotlib.pyplot`` on the file-only Agg backend, or a ValueError that says how
     to install it (the commands print it as an error and exit 2)."""

@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 
 from .cost.model import format_size, format_time
-from .plotting import output_path
+from .plotting import output_path, picture_path
 
 TRACKS = {"calls": 1, "predicted": 2, "messages": 3}
 
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     pl = sub.add_parser("plot", help="the timeline as a picture (PNG, SVG or PDF; needs "
                                      "matplotlib)")
     pl.add_argument("dir")
-    pl.add_argument("-o", "--output", default="timeline.png", type=output_path,
+    pl.add_argument("-o", "--output", default="timeline.png", type=picture_path,
                     help="default timeline.png")
     s = sub.add_parser("summary", help="per call: who arrived last, who waited on whom")
     s.add_argument("dir")

@@ -76,6 +76,8 @@ def test_the_readmes_main_job_runs_and_checks_every_collective():
     (["plan", "--plot", "/nonexistent/dir/p.png"], "there is no directory /nonexistent/dir"),
     (["explain", "all_reduce", "-n", "4", "--plot", "/"], "it is a directory"),
     (["trace", "plot", ".", "-o", "/nonexistent/t.png"], "there is no directory"),
+    # a format matplotlib cannot write: had failed with a traceback after the benchmark
+    (["bench", "-n", "2", "--sizes", "8", "--plot", "out.txt"], ".txt is not a picture format"),
     (["bench", "-n", "2", "--sizes", "1K", "--dtype", "S8"],
      "all_reduce sums: cannot reduce dtype |S8"),
 ], ids=lambda a: " ".join(a)[:30] if isinstance(a, list) else "")
@@ -108,3 +110,12 @@ def test_explain_refuses_a_bad_range_before_its_table_and_names_ties(capsys):
     assert main(["explain", "all_reduce", "--size", "1M", "-n", "4",
                  "--algorithms", "ring,gloo_ring"]) == 0
     assert "a tie with" in capsys.readouterr().out
+
+
+def test_a_picture_named_without_an_extension_is_a_png_and_says_so(tmp_path):
+    """``-o noext`` wrote noext.png and said "wrote noext"."""
+    out = tmp_path / "noext"
+    p = subprocess.run([sys.executable, "-m", "ringlet.cli", "draw", "all_reduce", "-o",
+                        str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and f"wrote {out}.png" in p.stdout, p.stdout + p.stderr
+    assert (tmp_path / "noext.png").exists() and not out.exists()

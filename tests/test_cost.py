@@ -2046,3 +2046,13 @@ def test_predict_on_several_hosts_prices_every_algorithm_on_both_links():
         predict("all_reduce", n, 4, "hierarchical", "nvlink", hosts=3)
     with pytest.raises(ValueError, match="finite size"):
         choose("all_reduce", float("nan"), 4, "nvlink")
+
+
+def test_times_and_sizes_for_people_never_take_an_exponent():
+    """``format_time`` gave "1e+03 us" for 999.7 us and ``format_size`` "1.02e+03 KiB"
+    (draw's and explain's titles): the next unit up, or whole numbers past 1000."""
+    from ringlet.cost.model import format_size, format_time
+    assert format_time(999.7e-6) == "1 ms" and format_time(0.9997) == "1 s"
+    assert format_time(3600) == "3600 s" and format_time(1.5e-5) == "15 us"
+    assert format_size(1044480) == "1020 KiB" and format_size(2000 * 1024 ** 3) == "2000 GiB"
+    assert format_size(1536) == "1.5 KiB"

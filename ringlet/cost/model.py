@@ -678,17 +678,21 @@ def format_size(n: float) -> str:
     for unit, k in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if n >= k:
             v = n / k
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+            return f"{v:.0f} {unit}" if v == int(v) else f"{_digits(v)} {unit}"
     return f"{n:.0f} B"
 
 
 def format_time(t: float) -> str:
     """Seconds for people: ``1.5e-05`` -> ``"15 us"``, ``0.0123`` -> ``"12.3 ms"``."""
-    if t < 1e-3:
-        return f"{t * 1e6:.3g} us"
-    if t < 1:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t:.3g} s"
+    for unit, k in (("us", 1e6), ("ms", 1e3)):
+        if float(f"{t * k:.3g}") < 1000:     # (999.7 us reads "1 ms", not "1e+03 us")
+            return f"{_digits(t * k)} {unit}"
+    return f"{_digits(t)} s"
+
+
+def _digits(v: float) -> str:
+    """Three significant digits, without an exponent (1020, not 1.02e+03)."""
+    return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "DEFAULT_ALGORITHM",

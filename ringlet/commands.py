@@ -575,7 +575,8 @@ def _explain_where(a, p: int):
                  f"{p} ranks on this host ({prof.link('shm')})")
     if prof is not None:
         src = (f"calibrated profile {prof.source}" if prof.calibrated else
-               f"default profile (no calibration at {profile_path()}; run `ringlet calibrate`)")
+               f"default profile ({'an unreadable' if profile_path().exists() else 'no'} "
+               f"calibration at {profile_path()}; run `ringlet calibrate`)")
         where += f"\nlinks from the {src}"
     return topology, gamma, where, prof
 

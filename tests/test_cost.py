@@ -2056,3 +2056,14 @@ def test_times_and_sizes_for_people_never_take_an_exponent():
     assert format_time(3600) == "3600 s" and format_time(1.5e-5) == "15 us"
     assert format_size(1044480) == "1020 KiB" and format_size(2000 * 1024 ** 3) == "2000 GiB"
     assert format_size(1536) == "1.5 KiB"
+
+
+def test_an_unreadable_profile_is_said_not_taken_for_none(tmp_path, monkeypatch):
+    """A corrupt profile file was reported as "no calibration" and silently replaced by
+    the default, in every job's auto too: it now warns, naming the file and the error."""
+    from ringlet.cost.profile import load_profile
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    with pytest.warns(UserWarning, match="cannot read ringlet profile .*bad.json"):
+        prof = load_profile(bad)
+    assert not prof.calibrated

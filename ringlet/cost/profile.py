@@ -332,6 +332,10 @@ def load_profile(path=None, *, strict: bool = False) -> Profile:
     except (OSError, ValueError) as exc:
         if strict:
             raise ValueError(f"cannot read ringlet profile {path}: {exc}") from None
+        if _CACHE.get("unreadable") != key:   # (said once per state of the file)
+            _CACHE["unreadable"] = key
+            warnings.warn(f"cannot read ringlet profile {path} ({exc}): pricing with the "
+                          f"default profile; rerun `ringlet calibrate`", stacklevel=2)
         return _default_cached()
     _CACHE["file"] = (key, prof)
     for why in stale_reasons(prof):

@@ -710,9 +710,19 @@ def main(argv=None) -> int:
         for t in transports:
             if t not in BACKEND:
                 raise ValueError(f"unknown transport {t!r}; valid: {', '.join(BACKEND)}")
-        ranks = [int(x) for x in str(a.nranks).split(",") if x]
+        try:
+            ranks = [int(x) for x in str(a.nranks).split(",") if x]
+        except ValueError:
+            raise ValueError(f"-n takes comma-separated group sizes, e.g. 2,3,4; got "
+                             f"{a.nranks!r}") from None
         if not ranks or min(ranks) < 2:
             raise ValueError("calibration needs at least 2 ranks")
+        if min(sizes) < 1:    # (--sizes 0 started minutes of calibration)
+            raise ValueError(f"--sizes must be at least 1 byte each, got {a.sizes!r}")
+        if not a.budget > 0:
+            raise ValueError(f"--budget must be > 0 seconds, got {a.budget}")
+        if a.passes < 1:      # (--passes 0 failed with a traceback after measuring nothing)
+            raise ValueError(f"--passes must be at least 1, got {a.passes}")
     except ValueError as exc:
         print(f"ringlet calibrate: error: {exc}", file=sys.stderr)
         return 2

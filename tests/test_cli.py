@@ -76,6 +76,11 @@ def test_the_readmes_main_job_runs_and_checks_every_collective():
     (["plan", "--plot", "/nonexistent/dir/p.png"], "there is no directory /nonexistent/dir"),
     (["explain", "all_reduce", "-n", "4", "--plot", "/"], "it is a directory"),
     (["trace", "plot", ".", "-o", "/nonexistent/t.png"], "there is no directory"),
+    # calibrate's settings: --passes 0 failed with a traceback, --sizes 0 / --budget -1 ran
+    (["calibrate", "--passes", "0", "--output", "/tmp/x.json"], "--passes must be at least 1"),
+    (["calibrate", "--sizes", "0", "--output", "/tmp/x.json"], "--sizes must be at least 1"),
+    (["calibrate", "--budget", "-1", "--output", "/tmp/x.json"], "--budget must be > 0"),
+    (["calibrate", "-n", "abc", "--output", "/tmp/x.json"], "-n takes comma-separated"),
     # a format matplotlib cannot write: had failed with a traceback after the benchmark
     (["bench", "-n", "2", "--sizes", "8", "--plot", "out.txt"], ".txt is not a picture format"),
     (["bench", "-n", "2", "--sizes", "1K", "--dtype", "S8"],

@@ -35,7 +35,15 @@ def load(directory: str) -> dict[int, dict]:
     ranks = {}
     for path in files:
         with open(path) as f:
-            events = [json.loads(line) for line in f if line.strip()]
+            lines = [line for line in f if line.strip()]
+        events = []
+        for i, line in enumerate(lines):
+            try:
+                events.append(json.loads(line))
+            except ValueError as exc:
+                if i == len(lines) - 1:   # (a rank killed while it wrote its trace)
+                    break
+                raise ValueError(f"{path} line {i + 1} is not a trace record ({exc})") from None
         if not events or events[0].get("ev") != "header":
             raise ValueError(f"{path} is not a ringlet trace (no header line)")
         head = events[0]
@@ -168,7 +176,18 @@ def summary(directory: str, top: int = 20) -> str:
     n = len(order)
     shown = lines if n <= top else _first_calls(lines, top)
     out = [f"{n} collective calls on {len(ranks)} ranks ("
-           + (f"first {top} shown; " if n > top else "") + "times in us, ms or s)"] + shown
+           + (f"first {top} shown; " if n > top else "") + "times in us, ms or s)"]
+    size = max(d["header"].get("world_size", 0) for d in ranks.values())
+    absent = sorted(set(range(size)) - set(ranks))
+    if absent:    # (a trace is written as its rank exits: one killed leaves none)
+        out.append(f"rank(s) {absent} of the job's {size} left no trace: killed before they "
+                   f"could write one, or not traced; their calls are missing below")
+    failed = [f"{next(iter(by_rank.values()))['coll']} #{seq} of {group} on rank(s) "
+              f"{[r for r, c in sorted(by_rank.items()) if c.get('error')]}"
+              for (group, seq), by_rank in order if any(c.get("error") for c in by_rank.values())]
+    if failed:
+        out.append(f"failed: {'; '.join(failed[:5])}" + (" ..." if len(failed) > 5 else ""))
+    out += shown
     out += _p2p_lines(p2p, blame, blamed_calls)
     if blame:
         out.append("")
@@ -203,12 +222,18 @@ def _call_lines(group, seq, by_rank: dict, blame, blamed_calls) -> list:
             waits.append(f"rank {r} waited on rank {via} for {_us(w)}")
     pred = any_c.get("predicted")
     took = max(c["end_us"] for c in by_rank.values()) - first_in
+    entered = len(by_rank)
+    p = any_c.get("p") or entered
     head = (f"{any_c['coll']} #{seq} of {group} ({any_c['algo']}, "
             f"{format_size(any_c['bytes'])}): {_us(took)} from first entry to last "
             f"exit" + (f", model {_us(pred * 1e6)}" if pred is not None else "")
-            + f"; last in: rank {last} "
-            f"(+{_us(by_rank[last]['start_us'] - first_in)})")
-    return [head] + [f"    {w}" for w in waits]
+            + (f"; last in: rank {last} (+{_us(by_rank[last]['start_us'] - first_in)})"
+               if entered == p else
+               f"; entered by {entered} of its {p} ranks only (the others never came, or "
+               f"left no trace)"))
+    errors = [f"    rank {r} failed: {c['error']}" for r, c in sorted(by_rank.items())
+              if c.get("error")]
+    return [head] + errors + [f"    {w}" for w in waits]
 
 
 def _p2p_lines(p2p: dict, blame, blamed_calls) -> list:

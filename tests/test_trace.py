@@ -239,3 +239,28 @@ def test_point_to_point_is_traced_with_arrows(tmp_path):
                      r"[\d.]+ ms", text)
     lead = text.split("a straggler leads):\n")[1].splitlines()[0]
     assert lead.startswith("  rank 2:")               # the late rank leads
+
+
+def test_summary_of_a_failed_job_names_the_missing_rank_and_the_failed_call(tmp_path):
+    """The summary of a job where a rank died read like a healthy one: 'last in' named a
+    rank among those that had come, nothing said a rank was missing or that calls failed,
+    and a trace cut off mid-line (its rank killed as it wrote) stopped every command."""
+    script = tmp_path / "job.py"
+    script.write_text("import os, numpy as np, ringlet as rl\nrl.init()\nx = np.ones(4)\n"
+                      "rl.all_reduce(x)\nrl.barrier()\n"
+                      "if rl.get_rank() == 2:\n    os._exit(0)\n"
+                      "try:\n    rl.all_reduce(x, timeout=20)\nexcept rl.RingletError:\n"
+                      "    pass\n")
+    d = tmp_path / "tr"
+    cli = [sys.executable, "-m", "ringlet.cli"]
+    subprocess.run(cli + ["run", "-n", "3", "--trace", str(d), str(script)],
+                   capture_output=True, text=True, timeout=60)
+    assert sorted(os.listdir(d)) == ["rank0.jsonl", "rank1.jsonl"]
+    with open(d / "rank0.jsonl", "a") as f:
+        f.write('{"ev": "call", "coll": "all_re')          # cut off mid-line
+    p = subprocess.run(cli + ["trace", "summary", str(d)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "rank(s) [2] of the job's 3 left no trace" in p.stdout, p.stdout
+    assert "failed: all_reduce #3 of world on rank(s) [0, 1]" in p.stdout, p.stdout
+    assert "entered by 2 of its 3 ranks only" in p.stdout and "rank 0 failed: " in p.stdout

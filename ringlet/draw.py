@@ -357,7 +357,11 @@ def main(argv=None) -> int:
 
     a = _parser().parse_args(argv)
     try:
-        ranks = [int(x) for x in a.ranks.split(",")] if a.ranks else None
+        try:
+            ranks = [int(x) for x in a.ranks.split(",")] if a.ranks else None
+        except ValueError:
+            raise ValueError(f"--ranks takes comma-separated world ranks, e.g. 1,3,5,7; got "
+                             f"{a.ranks!r}") from None
         p = len(ranks) if ranks else a.nranks
         if p < 1:
             raise ValueError(f"-n must be >= 1, got {p}")
@@ -384,6 +388,9 @@ def main(argv=None) -> int:
                           hosts=hosts if topology is None else None, itemsize=a.itemsize)[0]
         else:
             algo = a.algo
+        if algo == "hierarchical" and hosts is None:   # (it drew the flat ring, unsaid)
+            raise ValueError("hierarchical spans several hosts: say how many with --hosts "
+                             "(on one host it is the flat ring)")
         count = count_of(coll, p, nbytes, a.itemsize)
         splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
         s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,

@@ -193,3 +193,14 @@ def test_no_python_help_cites_the_textbook_bare():
                 docs.append((f"{name}.{attr}", inspect.getdoc(obj) or ""))
         for where, doc in docs:
             assert not bare.search(doc), (where, bare.search(doc).group(0))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["draw", "all_reduce", "-n", "8", "--algo", "hierarchical"], "say how many with --hosts"),
+    (["draw", "all_reduce", "--ranks", "a,b"], "--ranks takes comma-separated world ranks"),
+])
+def test_draw_refuses_what_it_cannot_draw_saying_why(args, says, capsys):
+    """hierarchical without --hosts drew the flat ring under its name; --ranks a,b said
+    "invalid literal for int()"."""
+    assert cli(args) == 2
+    assert says in capsys.readouterr().err

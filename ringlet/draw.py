@@ -146,6 +146,10 @@ def text(d: Drawing, width: int | None = None) -> str:
         for t in rnd:
             if not t.local:
                 sent[t.src].append(f"->{d.lanes[t.dst]} {d.label(t)}")
+            elif t.n:   # (a round of local reduces had read '.', as if it did nothing)
+                what = d.label(t) if t.sbuf in d.bounds else \
+                    f"{t.sbuf}{'+' if t.op == REDUCE else ''}"
+                sent[t.src].append(f"local {what}")
         cells.append([", ".join(x) or "." for x in sent])
     heads = [round_name(s, i) for i in range(len(s.rounds))]
     foot = [format_time(t) for t in d.round_times]
@@ -157,7 +161,7 @@ def text(d: Drawing, width: int | None = None) -> str:
     out = textwrap.wrap(d.title, width) + textwrap.wrap(
         f"a cell: ->DST CHUNK, the messages a rank sends in that round; CHUNK+ = the "
         f"receiver reduces it, else copies; chunks are numbered by offset in the "
-        f"buffer they leave from; sync = a message of no bytes (a rooted call agreeing on "
+        f"buffer they leave from; local CHUNK (or BUFFER) = a copy or reduce inside the rank, no message; sync = a message of no bytes (a rooted call agreeing on "
         f"the call, before or beside its data); '.' = no message; {ROUND_TIME}: the "
         f"model's time of that round on its own (rounds overlap in the whole call, so their "
         f"sum may exceed its prediction)"

@@ -204,3 +204,13 @@ def test_draw_refuses_what_it_cannot_draw_saying_why(args, says, capsys):
     "invalid literal for int()"."""
     assert cli(args) == 2
     assert says in capsys.readouterr().err
+
+
+def test_text_shows_a_rounds_local_reduces(capsys):
+    """Recursive doubling's last round only reduces what came in: its cells read '.', as
+    if the round did nothing, though it is priced."""
+    assert cli(["draw", "all_reduce", "-n", "4", "--algo", "recursive_doubling",
+                "--width", "200"]) == 0
+    last = [line.split()[-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("rank ")]
+    assert len(last) == 4 and all(c.endswith("+") for c in last), last

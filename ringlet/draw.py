@@ -51,7 +51,9 @@ class Drawing:
         s = self.schedule
         size = format_size(s.count * s.itemsize)
         what = "blocks" if s.collective in _BLOCKS else "buffer"
-        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {size} {what}, "
+        root = "" if s.root is None or s.collective not in ROOTED_DRAWN else (
+            f"root rank {self.lanes[s.root]}, ")   # (--root is a place in the group)
+        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {root}{size} {what}, "
                 f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
@@ -188,6 +190,8 @@ def text(d: Drawing, width: int | None = None) -> str:
 
 
 # ---------------------------------------------------------------------------- picture
+
+ROOTED_DRAWN = ("broadcast", "reduce", "gather", "scatter")
 
 _COLOURS = {REDUCE: "tab:orange", "copy": "tab:blue", "sync": "0.6"}
 
@@ -344,7 +348,9 @@ def _parser():
                     help="price on a tier (nvlink, pcie, infiniband, ethernet, or "
                          "ALPHA_US,GBPS) instead of this host's profile; with --hosts it is "
                          "the link between hosts, NVLink inside them")
-    ap.add_argument("--root", type=int, default=0, help="root of a rooted collective")
+    ap.add_argument("--root", type=int, default=0,
+                    help="root of a rooted collective: its place in the group (with --ranks "
+                         "1,3,5,7, --root 3 is world rank 7)")
     ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
     ap.add_argument("-o", "--output", default=None, metavar="FILE", type=picture_path,
                     help="write a picture (.svg, .png or .pdf) instead of printing text")

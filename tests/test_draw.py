@@ -214,3 +214,11 @@ def test_text_shows_a_rounds_local_reduces(capsys):
     last = [line.split()[-1] for line in capsys.readouterr().out.splitlines()
             if line.startswith("rank ")]
     assert len(last) == 4 and all(c.endswith("+") for c in last), last
+
+
+def test_a_rooted_drawing_names_its_root_as_its_lanes_do(capsys):
+    """--root is a place in the group; with --ranks the lanes are world ranks, and nothing
+    said the data left world rank 7 for --root 3."""
+    assert cli(["draw", "broadcast", "--ranks", "1,3,5,7", "--algo", "binomial",
+                "--root", "3"]) == 0
+    assert "root rank 7," in capsys.readouterr().out

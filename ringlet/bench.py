@@ -520,8 +520,13 @@ def main(argv=None) -> int:
                     help="save time and bus bandwidth vs size, the model's prediction "
                          "dashed, peers beside (needs matplotlib)")
     a = ap.parse_args(argv)
-    if a.n < 1:
-        ap.error(f"-n must be at least 1 rank, got {a.n}")
+    if a.n < 2:     # (-n 1 ran, and printed a bus bandwidth of 0)
+        ap.error(f"-n must be at least 2 ranks (a collective of one moves nothing), got {a.n}")
+    if a.iters is not None and a.iters < 1 or a.warmup < 0:
+        ap.error(f"--iters must be >= 1 and --warmup >= 0, got {a.iters} and {a.warmup}")
+    unknown = [x for x in a.compare.split(",") if x and x not in ("mpi", "gloo")]
+    if unknown:
+        ap.error(f"--compare: unknown peer(s) {', '.join(unknown)}; valid: mpi, gloo")
     try:
         itemsize = dtype_named(a.dtype).itemsize
     except TypeError:

@@ -139,7 +139,7 @@ def test_bench_sizes_read_units_as_the_cost_commands_do():
 @pytest.mark.parametrize("args,says", [
     (("--sizes", "8:1K:1"), "the step 1 of '8:1K:1' must be at least 2"),   # (looped for ever)
     (("--sizes", "64K:8"), "give LO:HI"),                                  # (printed nothing)
-    (("-n", "0"), "-n must be at least 1 rank"),                           # (a traceback)
+    (("-n", "0"), "-n must be at least 2 ranks"),                           # (a traceback)
     (("--dtype", "foo"), "--dtype: unknown dtype 'foo'"),                  # (a rank's TypeError)
 ])
 def test_bench_refuses_bad_arguments_before_starting_ranks(args, says):

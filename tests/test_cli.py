@@ -76,6 +76,9 @@ def test_the_readmes_main_job_runs_and_checks_every_collective():
     (["plan", "--plot", "/nonexistent/dir/p.png"], "there is no directory /nonexistent/dir"),
     (["explain", "all_reduce", "-n", "4", "--plot", "/"], "it is a directory"),
     (["trace", "plot", ".", "-o", "/nonexistent/t.png"], "there is no directory"),
+    (["bench", "-n", "1", "--sizes", "8"], "-n must be at least 2 ranks"),
+    (["bench", "-n", "2", "--sizes", "8", "--iters", "0"], "--iters must be >= 1"),
+    (["bench", "-n", "2", "--sizes", "8", "--compare", "foo"], "unknown peer(s) foo"),
     # calibrate's settings: --passes 0 failed with a traceback, --sizes 0 / --budget -1 ran
     (["calibrate", "--passes", "0", "--output", "/tmp/x.json"], "--passes must be at least 1"),
     (["calibrate", "--sizes", "0", "--output", "/tmp/x.json"], "--sizes must be at least 1"),

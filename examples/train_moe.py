@@ -83,7 +83,7 @@ def main():
             dtoks, _ = train.dispatch(np.ascontiguousarray(dchoice.transpose(1, 0, 2)).reshape(k * T, D),
                                       idx.T.reshape(-1), E, cf)
             for t, dt, W in zip(toks, dtoks, experts):
-                W -= LR * p * (t.T @ dt)
+                W -= LR * (t.T @ dt)     # (the sum over every rank's tokens, as LR * p * ggate)
             dw = np.einsum("tkd,td->tk", per_choice, dpred)
             dprob = np.zeros_like(probs)
             np.put_along_axis(dprob, idx, dw, 1)

@@ -104,6 +104,16 @@ class Agreement:
         self.engine.send_aborts(work.tag, work.world_of, work.fp, NO_FP, GAVE_UP)
         self._fail_collective(work.tag, exc)
 
+    def gave_up_unstarted(self, tag: int, ranks) -> None:
+        """This rank will never run call ``tag``, whose number it took with the call before
+        it (an uneven all_to_all's exchange, after its split table's all_gather failed
+        here): its other members are told as for a call given up, so one that got the
+        table and runs the exchange fails at once instead of waiting its timeout. Every
+        rank took the number, so the calls after it keep one numbering everywhere."""
+        self.engine.say_gave_up(tag, ranks)
+        self.engine.send_aborts(tag, ranks, NO_FP, NO_FP, GAVE_UP)
+        _bounded_put(self.failed, tag, True)
+
     def gave_up_behind(self, tag: int, sender: int, what: str) -> TimeoutError:
         """Rank ``sender``, which this rank read a message of call ``tag`` from in place,
         said it gave up the call (ShmPeer.gave_up_on) before its ABORT came: the call fails

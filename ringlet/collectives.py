@@ -830,11 +830,22 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
         return _run("all_to_all", g, algorithm, 0, flat_in.dtype, bufs, None, async_op, timeout,
                     splits=splits, finish=finish, numbered=numbered)
 
-    if not async_op:
-        all_gather(table, mine, group=g, algorithm="auto", timeout=timeout)
-        return exchange()
     first = all_gather(table, mine, group=g, algorithm="auto", async_op=True, timeout=timeout)
     numbered = g.next_collective_tag()
+    if not async_op:
+        # The exchange's number is taken with the table's, as in flight: a rank whose
+        # all_gather timed out while a late one's completed had left that one's exchange
+        # a number ahead of every later call of the group - each of them then summed with
+        # the others' next (silently wrong from the second on). Here it gives the number up.
+        try:
+            first.wait_or_give_up(timeout)
+        except BaseException:
+            first._reported = True     # (raised here: destroy need not say it again)
+            eng = engine()
+            with eng.held():
+                eng.calls.gave_up_unstarted(numbered[1], first.world_of)
+            raise
+        return exchange(numbered)
     return Chained(engine(), first, lambda: exchange(numbered),
                    f"all_to_all #{numbered[0]} of group {g.name} (uneven)")
 

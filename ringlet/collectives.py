@@ -3,6 +3,7 @@ user's buffers to the schedule's names, pick the algorithm, and run this rank's 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -229,30 +230,46 @@ def _run(collective: str, g: Group, algorithm: str, count: int, dtype: np.dtype,
 def _trial(trials, key, collective, g, count, dtype, bufs, timeout, root, finish, numbered,
            lane):
     """A blocking call of a shape on trial: run the candidate whose turn it is and time
-    it; after the last run, agree on the times with the group and keep the fastest. A
-    call that may take a lane (``lane``: _lane_key's) runs each candidate in a lane of its
-    own once C ran it whole, as the chosen one will run: in a lane, a small call where
-    ranks outnumber cores took 24-52 us less (16 KiB broadcast, p = 4 on 2 cores: 50-66
-    us against 86-102)."""
+    it; the call after the last run agrees on the times with the group, keeps the fastest
+    and runs it. A call that may take a lane (``lane``: _lane_key's) runs each candidate
+    in a lane of its own once C ran it whole, as the chosen one will run: in a lane, a
+    small call where ranks outnumber cores took 24-52 us less (16 KiB broadcast, p = 4 on
+    2 cores: 50-66 us against 86-102). A run that fails counts too, as never faster
+    (inf): a rank whose run timed out had stayed a run behind the others, and from then
+    on every call of the shape ran another candidate there than on its peers
+    (CollectiveMismatch for good)."""
+    if trials.n >= len(trials.order):
+        best = _decide(trials, key, collective, g, count, dtype, timeout)
+        return _execute(best, collective, g, count, dtype, bufs, False, timeout, root, finish,
+                        numbered, lane)
     i = trials.order[trials.n][0]
     start = time.perf_counter()
-    hit = trials.lanes.get(i) if lane is not None and finish is None else None
-    if hit is None or not _lane(hit, *_lane_arrays(collective, bufs), timeout):
-        _execute(trials.calls[i], collective, g, count, dtype, bufs, False, timeout, root,
-                 finish, numbered, None if lane is None else i, trials.lanes)
-    if trials.record(time.perf_counter() - start):
-        agreed = trials.medians()
-        all_reduce(agreed, op=ReduceOp.MAX, group=g, algorithm="direct", timeout=timeout)
-        what = (f"{collective} {count} x {dtype} p={g.size} on group {g.name}"
-                f"{' (rl.empty ' + ', '.join(key[-1]) + ')' if key[-1] else ''}")
-        best = trials.calls[tuning.decide(trials, agreed, what)]
-        why = tuning.describe(tuning.decisions()[-1])
-        chosen = Prepared(best.collective, best.algorithm, best.plan, best.tmp, best.pool,
-                          best.ufunc, best.fp, why, best.fast, best.in_place)
-        _TUNED[key] = _CALLS[key] = chosen
-        del _TRIALS[key]
-        if _DEBUG_ALGO:
-            log.warning("ringlet rank %d: %s", _S.engine.rank, why)
+    try:
+        hit = trials.lanes.get(i) if lane is not None and finish is None else None
+        if hit is None or not _lane(hit, *_lane_arrays(collective, bufs), timeout):
+            _execute(trials.calls[i], collective, g, count, dtype, bufs, False, timeout, root,
+                     finish, numbered, None if lane is None else i, trials.lanes)
+    except BaseException:
+        trials.record(math.inf)
+        raise
+    trials.record(time.perf_counter() - start)
+
+
+def _decide(trials, key, collective, g, count, dtype, timeout) -> Prepared:
+    """Every rank ran every trial of ``key``: agree on the times, keep the fastest."""
+    agreed = trials.medians()
+    all_reduce(agreed, op=ReduceOp.MAX, group=g, algorithm="direct", timeout=timeout)
+    what = (f"{collective} {count} x {dtype} p={g.size} on group {g.name}"
+            f"{' (rl.empty ' + ', '.join(key[-1]) + ')' if key[-1] else ''}")
+    best = trials.calls[tuning.decide(trials, agreed, what)]
+    why = tuning.describe(tuning.decisions()[-1])
+    chosen = Prepared(best.collective, best.algorithm, best.plan, best.tmp, best.pool,
+                      best.ufunc, best.fp, why, best.fast, best.in_place)
+    _TUNED[key] = _CALLS[key] = chosen
+    del _TRIALS[key]
+    if _DEBUG_ALGO:
+        log.warning("ringlet rank %d: %s", _S.engine.rank, why)
+    return chosen
 
 
 def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs: dict,

@@ -837,7 +837,18 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
         work.wait(timeout)
     except TimeoutError as exc:
         if args[0] == "recv":
-            _withdraw(work, args[1], exc)
+            if not _withdraw(work, args[1], exc):
+                # A message already matched it and is landing: waited for, a period at a
+                # time, while its bytes keep coming. (It had raised while the message went
+                # on into the buffer and the send returned: the message was lost to both.)
+                req, landed = work.req, -1
+                while landed != req.offset + req.tail:
+                    landed = req.offset + req.tail
+                    try:
+                        work.wait(timeout)
+                        return False
+                    except TimeoutError:
+                        pass
         else:
             _detach(work, args[1])
         raise
@@ -859,16 +870,19 @@ def _detach(work, world: int) -> None:
         eng.leave()
 
 
-def _withdraw(work, world: int, exc) -> None:
+def _withdraw(work, world: int, exc) -> bool:
     """A blocking receive that timed out, taken back if no message has matched it yet:
     the message that comes later then goes to the next receive that asks for it, instead
-    of into a buffer the caller has back. (One already arriving lands where it was going.)"""
+    of into a buffer the caller has back. False when one already matched it (it lands
+    where it was going)."""
     eng = _S.engine
     eng.enter()
     try:
         peer = eng.peers.get(world)
         if peer is not None and peer.withdraw(work.req):
             work.req.fail(exc)
+            return True
+        return False
     finally:
         eng.leave()
 

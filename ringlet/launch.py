@@ -87,7 +87,13 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="ringlet-parent-watch", daemon=True).start()
 
 
+#: the exit code ``_watch`` records for the job whose time ran out (no signal was sent)
+TIMED_OUT = -signal.SIGALRM
+
+
 def _describe_exit(code: int) -> str:
+    if code == TIMED_OUT:     # (it had said "killed by SIGALRM", which nothing sent)
+        return "still running when the job's timeout ran out (stopped by the launcher)"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -189,9 +195,9 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
         now = time.monotonic()
         if deadline is not None and now > deadline and live and fail_time != float("inf"):
             if not failures:
-                failures.append((min(live), -signal.SIGALRM))
-            fail_time = fail_time or now
-            keep_going = False         # the job's time is up
+                failures.append((min(live), TIMED_OUT))
+            fail_time = now - grace - 1.0   # the job's time is up: stopped now, no grace
+            keep_going = False
         if fail_time is not None and live and not keep_going and now - fail_time > grace:
             for i in live:
                 terminate(i)
@@ -328,8 +334,8 @@ def run_main(argv) -> int:
         _skip_interpreter(a, ap)
     if a.nproc_per_node < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         ap.error("need -n >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes")
-    if a.grace < 0:
-        ap.error("--grace must be >= 0 seconds")
+    if not a.grace >= 0:       # (nan passed "< 0": the survivors were never stopped)
+        ap.error(f"--grace must be a number of seconds >= 0, got {a.grace}")
     world = a.nproc_per_node * a.nnodes
     token = os.environ.get("RINGLET_TOKEN")
     if a.nnodes > 1:
@@ -517,7 +523,9 @@ class _Job:
                  f"{reports.get(i) or _describe_exit(self.procs[i].returncode)}" for i in lost]
         went_on = [self.first + i for i in range(len(self.procs)) if i not in lost]
         lines.append(f"ringlet run: the other ranks ({', '.join(map(str, went_on))}) kept going "
-                     "and exited normally; the exit status is the first lost rank's")
+                     "and exited normally; the exit status is the first lost rank's"
+                     if went_on else "ringlet run: no rank kept going; the exit status is "
+                     "the first lost rank's")
         print("\n".join(lines), file=sys.stderr)
 
     def stop(self, signum: int, grace: float) -> list:

@@ -531,7 +531,9 @@ def resolve(group: Group | None) -> Group:
         engine()      # (raises: not initialized)
     g = _S.world if group is None else group
     if not isinstance(g, Group) or g not in _S.groups:
-        raise ValueError(f"{group!r} is not a live ringlet group")
+        gone = " (rl.shrink() made a new world: groups made before it are gone; make them " \
+            "again with rl.new_group)" if isinstance(g, Group) and _S.world.previous else ""
+        raise ValueError(f"{group!r} is not a live ringlet group{gone}")
     if g.rank < 0:
         raise ValueError(f"rank {_S.world.rank} is not a member of {g.name} (ranks {list(g.ranks)})")
     return g

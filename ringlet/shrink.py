@@ -21,6 +21,7 @@ import time
 from . import runtime
 from .errors import PeerFailure, RingletError, TimeoutError
 from .group import KEYED_MIN, Group
+from .work import check_timeout
 
 POLL = 0.005   # seconds between the decider's looks at who has joined
 
@@ -33,6 +34,8 @@ def shrink(timeout: float | None = None) -> Group:
     in flight on the old world fail. ``timeout``: how long to wait for live ranks that
     have not called shrink (default: init's); those still missing then are left out."""
     eng = runtime.engine()
+    if timeout is not None:      # (0 or -1 had the first rank in decide alone, at once)
+        check_timeout(timeout)
     S = runtime._S
     old = S.world
     limit = S.timeout if timeout is None else timeout

@@ -263,6 +263,35 @@ def test_ringlet_run_keep_going_lets_the_others_finish(tmp_path):
     assert "the other ranks (0, 2) kept going and exited normally" in err, err
 
 
+def test_ringlet_run_keep_going_when_no_rank_kept_going_says_so(tmp_path):
+    """Every rank failing under --keep-going ended with "the other ranks () kept going and
+    exited normally"."""
+    proc = _launch(tmp_path, "import ringlet as rl\nrl.init()\nraise SystemExit(3)\n", 2,
+                   opts=("--grace", "0.5", "--keep-going"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and "no rank kept going" in err and "()" not in err, err
+
+
+def test_ringlet_run_refuses_a_grace_that_is_not_a_number(tmp_path):
+    """--grace nan passed the check (nan < 0 is false) and the survivors of a failure were
+    never stopped."""
+    proc = _launch(tmp_path, "print('ran')\n", 2, opts=("--grace", "nan"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--grace must be a number" in err and "ran" not in out, err
+
+
+def test_spawn_timeout_says_the_job_ran_out_of_time_and_stops_at_it():
+    """spawn(timeout=3) failed "killed by SIGALRM" (nothing sent one) 5 s of grace late."""
+    start = time.monotonic()
+    with pytest.raises(rl.ProcessFailed, match="still running when the job's timeout ran out"):
+        rl.spawn(_sleeps, 2, timeout=2)
+    assert time.monotonic() - start < 5.5
+
+
+def _sleeps(rank):
+    time.sleep(60)
+
+
 def test_ringlet_run_blames_a_rank_that_left_while_the_others_needed_it(tmp_path):
     """A rank exiting normally (status 0) in the middle of the others' calls: the summary
     names it, not the first of the ranks that failed for want of it."""

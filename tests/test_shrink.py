@@ -168,3 +168,17 @@ def test_shrink_twice(tmp_path):
     with pytest.raises(rl.ProcessFailed):
         rl.spawn(_twice, 5, args=(path,), timeout=60, keep_going=True)
     assert all(os.path.exists(f"{path}.{r}") for r in (0, 2, 3))
+
+
+def _shrink_timeout_checked(rank):
+    for bad in (0, -1, "5", float("nan")):
+        with pytest.raises(ValueError, match="give a positive number of seconds"):
+            rl.shrink(timeout=bad)
+    rl.barrier(timeout=30)      # (nothing was decided: the world is whole)
+    assert rl.get_world_size() == 3
+
+
+def test_shrink_refuses_a_timeout_that_is_not_one():
+    """shrink(timeout=0 or -1) let the first rank in decide alone at once: a world of one,
+    and the three healthy others thrown out; timeout="5" raised a bare TypeError."""
+    run(_shrink_timeout_checked, 3)

@@ -512,6 +512,16 @@ class _Job:
                 seen = reports.get(i) or (self.tails[i][-1] if self.tails[i] else
                                           _describe_exit(p.returncode))
             lines.append(f"ringlet run:   then rank {self.first + i}: {seen}")
+        # Ranks that timed out waiting for a rank that never reported, which the launcher
+        # then found still running: that one is where to look (the first timeout named
+        # only a peer it waited on).
+        hung = sorted(self.first + i for i in stopped
+                      if any(f"rank {self.first + i} did not report" in r
+                             for r in reports.values()))
+        if hung:
+            lines.append(f"ringlet run: rank(s) {hung} did not report to the ranks that timed "
+                         f"out, and were still running: busy outside ringlet, or hung - look "
+                         f"there first")
         print("\n".join(lines), file=sys.stderr)
 
     def survived(self, lost) -> None:

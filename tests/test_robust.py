@@ -272,6 +272,18 @@ def test_ringlet_run_keep_going_when_no_rank_kept_going_says_so(tmp_path):
     assert proc.returncode == 3 and "no rank kept going" in err and "()" not in err, err
 
 
+def test_ringlet_run_points_at_a_hung_rank_the_others_timed_out_on(tmp_path):
+    """A rank hung outside ringlet: the summary led with a rank that timed out waiting on
+    a neighbour, and named the hung one last, "still running". It now says where to look."""
+    source = ("import time, numpy as np, ringlet as rl\nrl.init(timeout=2)\n"
+              "x = np.ones(4)\nrl.all_reduce(x)\n"
+              "if rl.get_rank() == 2:\n    time.sleep(60)\nrl.all_reduce(x)\n")
+    proc = _launch(tmp_path, source, 3, opts=("--grace", "1"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "rank(s) [2] did not report to the ranks that timed out" \
+        in err, err
+
+
 def test_ringlet_run_refuses_a_grace_that_is_not_a_number(tmp_path):
     """--grace nan passed the check (nan < 0 is false) and the survivors of a failure were
     never stopped."""

@@ -7,6 +7,7 @@ imported only then.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from .plotting import picture_path
@@ -56,11 +57,18 @@ def _link_arg(text: str) -> Link:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     parts = text.split(",")
-    try:
-        if len(parts) == 2:
-            return Link(float(parts[0]) * 1e-6, float(parts[1]) * 1e9, f"custom ({text})")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    if len(parts) == 2:
+        try:
+            alpha_us, gbps = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"a custom link is ALPHA_US,GBPS: microseconds a message, then GB/s (e.g. "
+                f"5,12.5); got {text!r}") from None
+        if not (alpha_us >= 0 and gbps > 0 and math.isfinite(alpha_us) and math.isfinite(gbps)):
+            raise argparse.ArgumentTypeError(
+                f"a custom link needs ALPHA_US >= 0 microseconds and GBPS > 0 GB/s; got "
+                f"{text!r}")
+        return Link(alpha_us * 1e-6, gbps * 1e9, f"custom ({text})")
     raise argparse.ArgumentTypeError(
         f"unknown tier {text!r}; valid tiers: {', '.join(TIERS)}, shm, tcp "
         f"(calibrated), ALPHA_US,GBPS for a custom link, or a rate such as 1gbit")
@@ -70,6 +78,8 @@ def _named_link(text: str) -> tuple[str, Link]:
     if "=" not in text:
         raise argparse.ArgumentTypeError("expected NAME=ALPHA_US,GBPS")
     name, spec = text.split("=", 1)
+    if not name.strip():      # (a row with no name had been added)
+        raise argparse.ArgumentTypeError(f"a custom tier needs a NAME before '=': got {text!r}")
     link = _link_arg(spec)
     return name, link.with_name(name)
 

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
         prog="ringlet trace",
         description="Read the per-rank traces a job wrote (RINGLET_TRACE=DIR, ringlet run "
                     "--trace DIR, or `with rl.trace(DIR):`).")
-    sub = ap.add_subparsers(dest="what", required=True)
+    sub = ap.add_subparsers(dest="what", required=True, metavar="merge|summary|plot")
     m = sub.add_parser("merge", help="one Chrome/Perfetto trace-event JSON for the job")
     m.add_argument("dir")
     m.add_argument("-o", "--output", default="job.json", type=output_path,

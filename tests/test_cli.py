@@ -79,6 +79,10 @@ def test_the_readmes_main_job_runs_and_checks_every_collective():
     (["bench", "-n", "1", "--sizes", "8"], "-n must be at least 2 ranks"),
     (["bench", "-n", "2", "--sizes", "8", "--iters", "0"], "--iters must be >= 1"),
     (["bench", "-n", "2", "--sizes", "8", "--compare", "foo"], "unknown peer(s) foo"),
+    (["explain", "all_reduce", "--tier", "5,abc"], "a custom link is ALPHA_US,GBPS"),
+    (["tiers", "--link", "my=-5,10"], "needs ALPHA_US >= 0 microseconds and GBPS > 0"),
+    (["tiers", "--link", "=5,10"], "a custom tier needs a NAME"),
+    (["trace"], "merge|summary|plot"),
     # calibrate's settings: --passes 0 failed with a traceback, --sizes 0 / --budget -1 ran
     (["calibrate", "--passes", "0", "--output", "/tmp/x.json"], "--passes must be at least 1"),
     (["calibrate", "--sizes", "0", "--output", "/tmp/x.json"], "--sizes must be at least 1"),

@@ -25,6 +25,7 @@ round's broadcast).
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -34,6 +35,9 @@ from ..collectives import all_to_all_single, broadcast, gather
 from ..runtime import get_rank, irecv, isend, recv, resolve
 from .arrays import as_numbers
 from .pricing import Call, digest, disagreement, hosts_of, price
+
+
+USED_KEPT = 1 << 16
 
 
 class ParameterServer:
@@ -55,7 +59,9 @@ class ParameterServer:
         self.version = 0
         self.rounds = 0                # rounds run so far: calls of learn / act go on from there
         self.blocked_seconds = 0.0     # actor: waiting for weights (or the round's collectives)
-        self.used_versions: list = []  # learner: (round, actor, version its experience used)
+        # learner: (round, actor, version its experience used), the last USED_KEPT of them
+        # (a list had grown by one entry per actor and round for the whole run)
+        self.used_versions: collections.deque = collections.deque(maxlen=USED_KEPT)
         self._pending: list = []       # learner: (snapshot, its sends) not yet known to be done
 
     def _agree(self) -> None:

@@ -426,8 +426,8 @@ def test_profile_records_calls_and_waits():
 def _replay_job(rank):
     from ringlet import train
     p = rl.get_world_size()
-    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "all_to_all",
-             "all_to_all_single"]
+    kinds = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "scatter",
+             "all_to_all", "all_to_all_single"]
     calls = [train.Call(k, 4096 * p, p, 4, times=2) for k in kinds]
     calls.append(train.Call("all_reduce", 64, p + 1))    # another group's: skipped
     with rl.profile() as prof:
@@ -435,8 +435,8 @@ def _replay_job(rank):
     assert secs > 0
     for k in kinds:     # once to warm up, then 3 timed runs, each call twice
         assert prof.rows[k].calls == 2 * 4 + (k == "all_reduce"), (k, prof.rows[k].calls)
-    with pytest.raises(ValueError, match="no way to run 'scatter'"):
-        train.pricing.replay([train.Call("scatter", 64, p)])
+    with pytest.raises(ValueError, match="no way to run 'reduce'"):
+        train.pricing.replay([train.Call("reduce", 64, p)])
 
 
 def test_replay_runs_the_priced_calls():

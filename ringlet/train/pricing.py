@@ -243,13 +243,15 @@ def replay(calls, group=None, repeats: int = 20) -> float:
             buf[:] = 1
             fn = (lambda b=buf: c.all_reduce(b, group=g)) if k == "all_reduce" else \
                 (lambda b=buf: c.broadcast(b, 0, group=g))
-        elif k in ("all_gather", "reduce_scatter", "gather", "all_to_all", "all_to_all_single"):
+        elif k in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
+                   "all_to_all_single"):
             m = -(-n // p)
             whole, part = buffer(p * m, dt).reshape(p, m), buffer(m, dt)
             whole[:], part[:] = 1, 1
             fn = {"all_gather": lambda w=whole, q=part: c.all_gather(w, q, group=g),
                   "reduce_scatter": lambda w=whole, q=part: c.reduce_scatter(q, w, group=g),
                   "gather": lambda w=whole, q=part: c.gather(q, w if g.rank == 0 else None, 0, g),
+                  "scatter": lambda w=whole, q=part: c.scatter(q, w if g.rank == 0 else None, 0, g),
                   "all_to_all": lambda w=whole, q=whole.copy(): c.all_to_all(q, w, group=g),
                   "all_to_all_single": lambda w=whole, q=whole.copy():
                       c.all_to_all_single(q, w, [1] * p, [1] * p, group=g)}[k]

@@ -718,7 +718,8 @@ def test_profile_fallback_roundtrip_and_bad_file(tmp_path):
     path = profile.profile_path()
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert load_profile().source == "default"
+    with pytest.warns(UserWarning, match="cannot read ringlet profile"):
+        assert load_profile().source == "default"
     with pytest.raises(ValueError):
         load_profile(strict=True)
     path.write_text(json.dumps({"transports": {"shm": {"alpha": 1e-5, "beta": 2e-10,

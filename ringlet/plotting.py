@@ -55,7 +55,7 @@ def pyplot():
 
 def size_axis(ax, which: str = "x") -> None:
     """A log axis of byte sizes ticked at powers of two and labelled 1K, 64M, 4G (not 10^6)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
@@ -63,7 +63,8 @@ def size_axis(ax, which: str = "x") -> None:
     span = max(hi / max(lo, 1e-9), 2.0)
     step = max(1, int(round(__import__("math").log2(span) / 8)))   # at most ~9 ticks
     axis.set_major_locator(LogLocator(base=2 ** step))
-    axis.set_minor_locator(LogLocator(base=2, subs=()))
+    axis.set_minor_locator(NullLocator())     # (LogLocator(subs=()) still labelled "2^13"
+    axis.set_minor_formatter(NullFormatter())  # between the major ticks on some ranges)
     axis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
 
 

@@ -129,6 +129,10 @@ def profiled(name: str | None, blocking: bool | None = None):
             passed.append(f"{p.name}={p.name}" if p.kind == p.KEYWORD_ONLY else star + p.name)
         call = f"_fn, {', '.join(passed)}"
         first = next(iter(sig.parameters))     # the buffer (its bytes), or the Work waited on
+        # ... and a collective's other buffer: the row counts the larger, the size convention
+        # of the cost model (a reduce_scatter's input, not the block it leaves)
+        names = list(sig.parameters)
+        second = names[1] if len(names) > 1 and names[1] in ("inp", "out") else "None"
         is_async = "async_op" if "async_op" in sig.parameters else "False"
         # (made by a function of the module's own globals, which _timed rebinds _depth in;
         # no lambda in it: the parameters it closed over would cost a cell each, every call)
@@ -136,7 +140,8 @@ def profiled(name: str | None, blocking: bool | None = None):
                f"    def {fn.__name__}({', '.join(params)}):\n"
                f"        if not _open or _depth:\n"
                f"            return _fn({', '.join(passed)})\n"
-               f"        return _timed(_name, _blocking, {first}, {is_async}, {call})\n"
+               f"        return _timed(_name, _blocking, {first}, {second}, {is_async}, "
+               f"{call})\n"
                f"    return {fn.__name__}\n")
         scope: dict = {}
         exec(compile(src, f"<rl.profile's hook on {fn.__qualname__}>", "exec"), globals(), scope)
@@ -145,7 +150,7 @@ def profiled(name: str | None, blocking: bool | None = None):
     return wrap
 
 
-def _timed(name, blocking, first, is_async, fn, *args, **kw):
+def _timed(name, blocking, first, second, is_async, fn, *args, **kw):
     """Run the outermost ringlet call ``fn(*args, **kw)`` and add its time to every open
     profile."""
     global _depth
@@ -160,7 +165,7 @@ def _timed(name, blocking, first, is_async, fn, *args, **kw):
             row, nbytes, blocked = first.operation, 0, True
         else:
             row = name
-            nbytes = getattr(first, "nbytes", 0)
+            nbytes = max(getattr(first, "nbytes", 0), getattr(second, "nbytes", 0))
             blocked = not is_async if blocking is None else blocking
         for prof in _open:
             prof._add(row, nbytes, dt, blocked, name is not None)

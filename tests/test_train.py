@@ -419,6 +419,24 @@ def _profile_job(rank):
     assert rows["all_reduce"].calls == 6
 
 
+def _profile_bytes_convention(rank):
+    p = rl.get_world_size()
+    block, whole = np.ones(1000, np.float32), np.ones((p, 1000), np.float32)
+    with rl.profile() as prof:
+        rl.reduce_scatter(block, whole)
+        rl.all_gather(whole, block)
+        rl.all_reduce(block)
+    rows = prof.rows
+    assert rows["reduce_scatter"].bytes == rows["all_gather"].bytes == whole.nbytes, prof.table()
+    assert rows["all_reduce"].bytes == block.nbytes
+
+
+def test_profile_counts_the_bytes_the_cost_model_counts():
+    """A reduce_scatter's row counted its output block (the first argument) where an
+    all_gather's counted the gathered whole: the same volume read 4x apart at p = 4."""
+    run(_profile_bytes_convention, 2)
+
+
 def test_profile_records_calls_and_waits():
     run(_profile_job, 2)
 

@@ -57,11 +57,18 @@ class Drawing:
                 f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
+    def sync(self, t: Transfer) -> bool:
+        """A message of no bytes that only agrees: a barrier's, or a rooted call's agreement
+        on the call. (Not an empty chunk of a call of 0 bytes: 24 arrows of an all_reduce
+        --size 0 had been drawn as syncs.)"""
+        return t.n == 0 and (self.schedule.collective in ROOTED_DRAWN
+                             or self.schedule.collective == "barrier")
+
     def label(self, t: Transfer) -> str:
         """``c3`` (copied) or ``c3+`` (reduced); ``c2-3`` when a message carries a run;
         ``tmp:c1`` when messages leave from more than one buffer."""
-        if t.n == 0:   # a barrier's, or a rooted call's agreement on the call
-            return "sync"
+        if t.n == 0:
+            return "sync" if self.sync(t) else "0 B"
         b = self.bounds[t.sbuf]
         first = int(np.searchsorted(b, t.soff, "right")) - 1
         last = int(np.searchsorted(b, t.soff + t.n, "left")) - 1
@@ -236,7 +243,7 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
     p = d.schedule.p
 
     def colour(t):
-        return _COLOURS["sync"] if t.n == 0 else _COLOURS[t.op]
+        return _COLOURS["sync"] if d.sync(t) else _COLOURS[t.op]
     msgs = [t for t in rows if not t.local]
     for r in sorted({t.src for t in rows if t.local and t.n}):
         ops = {t.op for t in rows if t.local and t.src == r}
@@ -252,7 +259,7 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
                   headwidth=5, headlength=7, headaxislength=6, zorder=3)
     # a round's syncs are labelled only where they leave room: a rooted call's last round
     # carries its data and its agreement, and had labelled neither
-    named = msgs if len(msgs) <= p else [t for t in msgs if t.n]
+    named = msgs if len(msgs) <= p else [t for t in msgs if not d.sync(t)]
     fan = {t.src: sum(u.src == t.src for u in named) for t in named}
     for t in named:
         if p <= 16 and len(named) <= p:
@@ -269,7 +276,7 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
     ax.text(k + 0.5, -0.9, format_time(d.round_times[k]) if d.round_times else "",
             ha="center", va="top", fontsize=7, color="0.25")
-    return any(t.n == 0 for t in msgs)
+    return any(d.sync(t) for t in msgs)
 
 
 def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:

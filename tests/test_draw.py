@@ -222,3 +222,11 @@ def test_a_rooted_drawing_names_its_root_as_its_lanes_do(capsys):
     assert cli(["draw", "broadcast", "--ranks", "1,3,5,7", "--algo", "binomial",
                 "--root", "3"]) == 0
     assert "root rank 7," in capsys.readouterr().out
+
+
+def test_an_empty_call_is_not_drawn_as_syncs(capsys):
+    """all_reduce --size 0: its 24 empty chunks were labelled and coloured as syncs, the
+    agreement of rooted calls."""
+    assert cli(["draw", "all_reduce", "-n", "4", "--size", "0", "--algo", "ring",
+                "--width", "200"]) == 0
+    assert "sync" not in capsys.readouterr().out.split("a cell:")[-1].split("round time:")[-1]

@@ -139,7 +139,7 @@ class ZeroOptimizer:
         averaged with another's padding, silently. Checked once, here, on every rank."""
         named = optimizer if isinstance(optimizer, str) else type(optimizer).__qualname__
         # (an optimizer object by its settings too: one lr per rank had passed)
-        given = optimizer_kw if isinstance(optimizer, str) else vars(optimizer)
+        given = optimizer_kw if isinstance(optimizer, str) else getattr(optimizer, "__dict__", {})
         sizes = [sum(a.size for a in arrays) for arrays in units]
         layout = [[(a.shape, a.dtype.str) for a in arrays] for arrays in units]
         settings = (self.stage, named, sorted((k, repr(v)) for k, v in given.items()))

@@ -179,7 +179,7 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
     from multiprocessing.connection import wait
     live = dict(enumerate(sentinels))
     failures = []
-    fail_time = None
+    fail_time, out_of_time = None, False
     deadline = None if timeout is None else time.monotonic() + timeout
     while live:
         ready = wait(list(live.values()), timeout=0.5)
@@ -196,9 +196,11 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
         if deadline is not None and now > deadline and live and fail_time != float("inf"):
             if not failures:
                 failures.append((min(live), TIMED_OUT))
-            fail_time = now - grace - 1.0   # the job's time is up: stopped now, no grace
+            fail_time = fail_time or now
+            out_of_time = True     # stopped now: no grace on top of the job's time
             keep_going = False
-        if fail_time is not None and live and not keep_going and now - fail_time > grace:
+        if fail_time is not None and live and not keep_going and (
+                out_of_time or now - fail_time > grace):
             for i in live:
                 terminate(i)
                 if stopped is not None:
@@ -206,7 +208,7 @@ def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=N
             time.sleep(0.5)
             for i in live:
                 kill(i)
-            fail_time = float("inf")
+            fail_time, out_of_time = float("inf"), False
     return failures
 
 

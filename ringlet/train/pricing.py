@@ -41,8 +41,8 @@ def shared_if_large(collective: str, nbytes: int, p: int, *names: str) -> tuple:
     runtime asks the cost model with them; else none. A price without them had named an
     algorithm auto does not run (4 MiB bucket: double_tree priced 1.73 ms where
     rabenseifner runs, priced 1.00)."""
-    own = nbytes // p if collective in ("all_gather", "reduce_scatter") else nbytes
-    return names if own > ZERO_COPY_MIN else ()
+    # (the call's own count in bytes, as the runtime sees it: the cost model's inverse)
+    return names if cost.model.count_of(collective, p, nbytes, 1) > ZERO_COPY_MIN else ()
 
 
 class Priced(NamedTuple):

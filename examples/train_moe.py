@@ -1,8 +1,8 @@
-"""A tiny mixture-of-experts layer trained on synthetic tokens, expert parallel on 4 ranks:
+"""A tiny mixture-of-experts layer trained on synthetic tokens, expert parallel (any number of ranks):
 
     OPENBLAS_NUM_THREADS=1 ringlet run -n 4 examples/train_moe.py [top_k] [capacity_factor]
 
-Each rank holds 2 of the 8 experts (a d x d linear map each) and a replica of the gate.
+Each rank holds 2 of the 2p experts (a d x d linear map each) and a replica of the gate.
 Tokens belong to 8 hidden clusters, each with its own target map, so experts can
 specialise. Per step: the gate picks top-k experts, dispatch sends every token to its
 experts' ranks (all_to_all), the experts run, combine brings the outputs back weighted by
@@ -18,12 +18,12 @@ import ringlet as rl
 from ringlet import train
 from ringlet.train.moe import price_moe
 
-D, E, T, STEPS, LR = 16, 8, 256, 60, 0.05
+D, CLUSTERS, T, STEPS, LR = 16, 8, 256, 60, 0.05
 
 
 def data(step, rank, maps, centers):
     rng = np.random.default_rng([step, rank])
-    c = rng.integers(0, E, T)
+    c = rng.integers(0, CLUSTERS, T)
     x = (centers[c] + 0.3 * rng.standard_normal((T, D))).astype(np.float32)
     y = np.einsum("tij,tj->ti", maps[c], x).astype(np.float32)
     return x, y
@@ -34,10 +34,11 @@ def main():
     cf = float(sys.argv[2]) if len(sys.argv) > 2 else 1.25
     rl.init()
     rank, p = rl.get_rank(), rl.get_world_size()
-    per = E // p
+    per = 2
+    E = per * p      # experts: 2 per rank
     rng = np.random.default_rng(0)
-    centers = rng.standard_normal((E, D)) * 2
-    maps = rng.standard_normal((E, D, D)) / np.sqrt(D)
+    centers = rng.standard_normal((CLUSTERS, D)) * 2
+    maps = rng.standard_normal((CLUSTERS, D, D)) / np.sqrt(D)
     gate = (rng.standard_normal((D, E)) * 0.1).astype(np.float32)
     experts = [(np.eye(D) + 0.1 * rng.standard_normal((D, D))).astype(np.float32)
                for _ in range(E)][rank * per:(rank + 1) * per]

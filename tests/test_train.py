@@ -1191,13 +1191,13 @@ def test_example_tp_pp_trains_like_one_process(mode):
     assert "max |diff|" in out.stdout and "gamma" in out.stdout, out.stdout
 
 
-def _run_example(*argv):
+def _run_example(*argv, n=4):
     import os
     import subprocess
     import sys
     root = os.path.join(os.path.dirname(__file__), "..")
     out = subprocess.run([sys.executable, "-c", "import sys, ringlet.cli; sys.exit(ringlet.cli.main())",
-                          "run", "-n", "4", os.path.join(root, "examples", argv[0]), *argv[1:]],
+                          "run", "-n", str(n), os.path.join(root, "examples", argv[0]), *argv[1:]],
                          capture_output=True, text=True, timeout=150,
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -1215,9 +1215,12 @@ def test_example_mlp_trains_like_one_process(pattern):
     assert "memory per rank, measured" in out, out
 
 
-@pytest.mark.parametrize("k", ["1", "2"])
-def test_example_moe_trains(k):
-    out = _run_example("train_moe.py", k)
+@pytest.mark.parametrize("k, n", [("1", 4), ("2", 3)])
+def test_example_moe_trains(k, n):
+    """examples/train_moe.py: 2 experts per rank, any number of ranks (it had needed p to
+    divide its 8 experts)."""
+    out = _run_example("train_moe.py", k, n=n)
+    assert f"{2 * n} experts on {n} ranks" in out, out
     import re
     losses = [float(m) for m in re.findall(r"\] step +\d+  loss ([0-9.]+)", out)]
     assert len(losses) == 7 and losses[-1] < losses[0] / 2, out

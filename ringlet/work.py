@@ -534,6 +534,8 @@ class CollectiveWork(Work):
 
     def fail(self, exc) -> None:
         if not self.done:
+            if self.reqs:   # the round it waited in when it timed out or failed: waited too
+                self.waited += time.perf_counter() - self._posted_at
             self._end(exc)
 
     def wait_or_give_up(self, timeout) -> None:

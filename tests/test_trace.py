@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -264,3 +265,24 @@ def test_summary_of_a_failed_job_names_the_missing_rank_and_the_failed_call(tmp_
     assert "rank(s) [2] of the job's 3 left no trace" in p.stdout, p.stdout
     assert "failed: all_reduce #3 of world on rank(s) [0, 1]" in p.stdout, p.stdout
     assert "entered by 2 of its 3 ranks only" in p.stdout and "rank 0 failed: " in p.stdout
+
+
+def _timed_out_job(rank):
+    x = np.ones(1 << 16, np.float32)             # 256 KiB: not one packet
+    if rank == 1:
+        time.sleep(1.5)                          # (rank 0 has given the call up)
+    try:
+        rl.all_reduce(x, algorithm="ring", timeout=0.8 if rank == 0 else 20)
+    except rl.RingletError:
+        pass
+    rl.barrier(timeout=30)
+
+
+def test_a_timed_out_call_records_the_time_it_waited(tmp_path):
+    """A call that timed out recorded as waited only its rounds that had finished (7.5 ms
+    of a 3.3 s timeout): the round it was waiting in when its time ran out now counts."""
+    out = tmp_path / "tr"
+    run(_timed_out_job, 2, env={"RINGLET_TRACE": str(out)})
+    calls = [c for c in _read(out)[0]["calls"] if c["coll"] == "all_reduce"]
+    assert len(calls) == 1 and calls[0].get("error"), calls
+    assert calls[0]["waited"] >= 0.7, calls

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 import numpy as np
 
-from .cost.model import Link, count_of, format_size, format_time
+from .cost.model import Link, count_of, format_size, format_time, nbytes_of
 from .cost.simulate import Topology, simulate
 from .cost.profile import load_profile
 from .plotting import picture_path
@@ -409,6 +409,11 @@ def main(argv=None) -> int:
             raise ValueError("hierarchical spans several hosts: say how many with --hosts "
                              "(on one host it is the flat ring)")
         count = count_of(coll, p, nbytes, a.itemsize)
+        drawn, unit = nbytes_of(coll, p, count, a.itemsize), nbytes_of(coll, p, 1, a.itemsize)
+        if unit and drawn != nbytes:     # (whole elements per block: said, not rounded unsaid)
+            print(f"ringlet draw: note: {coll} at p = {p} moves whole multiples of {unit} B "
+                  f"({a.itemsize} B elements{' per block' if unit > a.itemsize else ''}); "
+                  f"--size {nbytes} is drawn as {drawn} B", file=sys.stderr)
         splits = ((count,) * p,) * p if coll == "all_to_all_single" else None
         s = algorithms.build(coll, algo, p, count, itemsize=a.itemsize, root=a.root,
                              hosts=hosts, splits=splits)

@@ -139,6 +139,17 @@ def test_bad_input_is_an_error_not_a_traceback(capsys):
     assert "--itemsize must be >= 1" in capsys.readouterr().err
 
 
+def test_a_size_of_no_whole_elements_is_said_not_rounded_unsaid(capsys):
+    """--size 10 of 4-byte elements drew an 8 B buffer and said nothing."""
+    assert cli(["draw", "all_reduce", "-n", "3", "--size", "10"]) == 0
+    out = capsys.readouterr()
+    assert "--size 10 is drawn as 8 B" in out.err and "8 B buffer" in out.out
+    assert cli(["draw", "all_gather", "-n", "3", "--size", "24"]) == 0
+    assert "note" not in capsys.readouterr().err          # (3 blocks of 2 elements)
+    assert cli(["draw", "all_gather", "-n", "3", "--size", "16"]) == 0
+    assert "multiples of 12 B (4 B elements per block)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("coll,algo,extra", [
     ("all_reduce", "ring", []), ("all_reduce", "hierarchical", ["--hosts", "2", "-n", "8"]),
     ("all_to_all", "bruck", []), ("barrier", "dissemination", [])])

@@ -690,6 +690,8 @@ class ProcessGroup(dist.ProcessGroup):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
         own = _Scratch(self.in_place)
+        if self.gloo_order and self._algorithm(out) == "gloo_ring":   # (even or uneven)
+            return self._reduce_scatter_as_gloo(out, ins, op, factor, opts, outputs, own)
         if any(t.numel() != out.numel() for t in ins):
             # uneven (input i is rank i's size, as torch allows): the inputs laid end to
             # end are all-reduced, and this rank keeps its part
@@ -700,8 +702,6 @@ class ProcessGroup(dist.ProcessGroup):
             return self._issue("reduce_scatter", opts, outputs, lambda a: C.all_reduce(
                 _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm,
                 timeout=timeout), own.done(lambda: out.copy_(mine)))
-        if self.gloo_order and self._algorithm(out) == "gloo_ring":
-            return self._reduce_scatter_as_gloo(out, ins, op, factor, opts, outputs, own)
         flat = _premul(own.stack([t.reshape(out.shape) for t in ins]), factor, False)
         return self._reduce_scatter(out, flat, op, opts, outputs, after=own.done())
 

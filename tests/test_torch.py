@@ -1013,6 +1013,11 @@ def _sums(rank, n, out_dir):
             listed = torch.empty(count)
             dist.reduce_scatter(listed, list(inp.view(n, count).unbind()), async_op=True).wait()
             res[f"reduce_scatter list async {count}"] = listed
+        sizes = [count + 7 * r for r in range(n)]   # uneven: input i sized as rank i's output
+        blocks = [torch.randn(m, generator=g) * torch.randn(m, generator=g).exp() for m in sizes]
+        uneven = torch.empty(sizes[rank])
+        dist.reduce_scatter(uneven, blocks)
+        res[f"reduce_scatter list uneven {count}"] = uneven
         t = x.clone()
         dist.reduce(t, dst=count % n)
         if rank == count % n:

@@ -14,7 +14,7 @@ from .errors import CollectiveMismatch, PeerFailure, TimeoutError
 from .fingerprint import diff
 from .group import TAG_COLLECTIVE, call_number, group_of
 from .transport import protocol
-from .transport.protocol import DEAD, GAVE_UP, LEFT, NO_FP, STALE
+from .transport.protocol import DEAD, GAVE_UP, LEFT, NO_FP, REFUSED, STALE
 
 REMEMBER = 1024   # tags kept in ``aborts`` and ``failed`` (a peer cannot make us keep more)
 
@@ -49,8 +49,9 @@ class Agreement:
         self.active: dict = {}     # tag -> CollectiveWork in flight on this rank
         self.aborts: dict = {}     # tag -> the error of a call not entered yet
         self.failed: dict = {}     # tags of calls already failed here
-        # tag -> the error of a call a peer gave up on (its timeout) before this rank entered
-        # it, if it ever does: one it finished meanwhile (run whole in C) stands
+        # tag -> (sender, why) of a call a peer gave up on (GAVE_UP: its timeout; REFUSED:
+        # its arguments) before this rank entered it, if it ever does: one it finished
+        # meanwhile (run whole in C) stands
         self.given_up: dict = {}
 
     def attach(self, engine) -> None:
@@ -63,7 +64,7 @@ class Agreement:
         tag, eng = work.tag, self.engine
         exc = self.aborts.pop(tag, None)
         if exc is None and tag in self.given_up:
-            exc = self.gave_up_error(work.what, self.given_up.pop(tag))
+            exc = self.gave_up_error(work.what, *self.given_up.pop(tag))
         if exc is None and self.aborts:
             # A call of this group that this rank finished was aborted by a peer that
             # disagreed with it: report it now rather than never.
@@ -104,14 +105,17 @@ class Agreement:
         self.engine.send_aborts(work.tag, work.world_of, work.fp, NO_FP, GAVE_UP)
         self._fail_collective(work.tag, exc)
 
-    def gave_up_unstarted(self, tag: int, ranks) -> None:
-        """This rank will never run call ``tag``, whose number it took with the call before
-        it (an uneven all_to_all's exchange, after its split table's all_gather failed
-        here): its other members are told as for a call given up, so one that got the
-        table and runs the exchange fails at once instead of waiting its timeout. Every
-        rank took the number, so the calls after it keep one numbering everywhere."""
-        self.engine.say_gave_up(tag, ranks)
-        self.engine.send_aborts(tag, ranks, NO_FP, NO_FP, GAVE_UP)
+    def gave_up_unstarted(self, tag: int, ranks, why: int = GAVE_UP) -> None:
+        """This rank will never run call ``tag``, whose number it took - with the call
+        before it (an uneven all_to_all's exchange, after its split table's all_gather
+        failed here), or for a call whose arguments failed their checks here (``why`` =
+        REFUSED: collectives._refused): its other members are told as for a call given up,
+        so one that runs it fails at once instead of waiting its timeout. Every rank took
+        the number, so the calls after it keep one numbering everywhere. (A refusal is not
+        said in shared memory too: that word's readers take it for a timeout.)"""
+        if why == GAVE_UP:
+            self.engine.say_gave_up(tag, ranks)
+        self.engine.send_aborts(tag, ranks, NO_FP, NO_FP, why)
         _bounded_put(self.failed, tag, True)
 
     def gave_up_behind(self, tag: int, sender: int, what: str) -> TimeoutError:
@@ -178,13 +182,13 @@ class Agreement:
                 self.engine.fail_peer(dead, exc)
             if tag in self.failed:   # a call in flight here: it failed with the rest
                 return
-        elif culprit == GAVE_UP:
+        elif culprit == GAVE_UP or culprit == REFUSED:
             if tag not in self.active:
                 # Not entered yet: it fails as it starts. (Or finished here, every message it
                 # needed having arrived: it stands, and this is never asked for.)
-                _bounded_put(self.given_up, tag, sender)
+                _bounded_put(self.given_up, tag, (sender, culprit))
                 return
-            exc = self.gave_up_error(self.active[tag].what, sender)
+            exc = self.gave_up_error(self.active[tag].what, sender, culprit)
         elif culprit == STALE:
             earlier = culprit_fp[0]   # (... or the earlier call's tag)
             exc = CollectiveMismatch(
@@ -221,7 +225,12 @@ class Agreement:
                 self._fail_collective(work.tag, dead)
 
     # -- what fails, and how -------------------------------------------------------------
-    def gave_up_error(self, what: str, sender: int) -> TimeoutError:
+    def gave_up_error(self, what: str, sender: int, why: int = GAVE_UP):
+        if why == REFUSED:
+            return CollectiveMismatch(
+                f"rank {self.engine.rank}: {what}: rank {sender} refused it: its arguments "
+                f"failed the call's checks there (rank {sender}'s error says which); this "
+                f"call's outputs here are undefined")
         return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
                             f"timeout ran out); this call's outputs here are undefined")
 

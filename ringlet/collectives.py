@@ -18,6 +18,7 @@ from .ops import ReduceOp, as_array, as_op, as_real, average, check_op_dtype, re
 from . import runtime
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
+from .transport.protocol import REFUSED
 from .transport.shm import ZERO_COPY_MIN, ShmPeer
 from . import tracing, tuning
 from .work import CallId, Chained, CollectiveWork, check_timeout, compile_plan, record_call
@@ -336,11 +337,11 @@ def _gave_up_meanwhile(eng, fc, tag: int, call, collective: str, seq: int, g: Gr
     (C returns once its rounds are done, without reading on)."""
     if any(p.abort_waiting(tag) for p in fc.peers):
         eng.progress()          # (takes the ABORT: the call, not active, keeps it)
-        sender = eng.calls.given_up.pop(tag, None)
-        if sender is not None:
+        given_up = eng.calls.given_up.pop(tag, None)
+        if given_up is not None:
             pool.append(scratch)
             raise eng.calls.gave_up_error(str(CallId(collective, seq, g.name,
-                                                     call.algorithm)), sender)
+                                                     call.algorithm)), *given_up)
     # ... or it waits behind other traffic still: the sender said so in shared memory
     sender = next((p.rank for p in fc.peers if p.gave_up_on(tag)), None)
     if sender is not None:
@@ -431,7 +432,47 @@ def _check_algorithm(algorithm):
 
 
 # -- broadcast, reduce, all_reduce -----------------------------------------------------------
-@profiled("broadcast")
+def _refused(name: str, exc, args: dict) -> None:
+    """A collective whose arguments failed a check on this rank (the ValueError or
+    TypeError ``exc``, raised before the call took its number in the group's sequence):
+    the group's other ranks, whose arguments passed, took the number and wait in the call.
+    Left at that, this rank's next call took the number and paired with their call before
+    it: a mismatch, then silently wrong results from the next call of that shape on (a
+    training loop that skips a bad step summed steps i and i+1). So the numbers the call
+    would have taken are taken here and given up: the others' calls fail at once, saying
+    this rank refused them, and every rank's next call is the same call."""
+    if getattr(exc, "_ringlet_refused", False):
+        return        # (said by the call inside: all_to_all of arrays is all_to_all_single)
+    exc._ringlet_refused = True
+    tb = exc.__traceback__
+    while tb is not None:     # raised once numbered (no argument check is): nothing to give up
+        if tb.tb_frame.f_code in _NUMBERED:
+            return
+        tb = tb.tb_next
+    try:
+        g = resolve(args.get("group"))
+    except Exception:      # (not initialized, no live group, not a member: no number here)
+        return
+    if g.size == 1:
+        return
+    # An uneven all_to_all (lists, or splits) takes two numbers: its table's, its exchange's.
+    uneven = (name == "all_to_all" and any(isinstance(args.get(k), (list, tuple))
+                                           for k in ("out", "inp"))) or \
+        (name == "all_to_all_single" and (args.get("in_splits") is not None or
+                                          args.get("out_splits") is not None))
+    eng = engine()
+    with eng.held():
+        seqs = []
+        for _ in range(2 if uneven else 1):
+            seq, tag = g.next_collective_tag()
+            eng.calls.gave_up_unstarted(tag, g.ranks, REFUSED)
+            seqs.append(f"#{seq}")
+    exc.add_note(f"ringlet: rank {_S.world.rank} told the other ranks of group {g.name} that it "
+                 f"refused {name} {' and '.join(seqs)}: their call fails at once, and every "
+                 f"rank's next call of the group is the same call")
+
+
+@profiled("broadcast", refused=_refused)
 def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str = "auto",
               timeout: float | None = None):
     """Copy ``buf`` of group rank ``src`` into ``buf`` of every rank."""
@@ -448,7 +489,7 @@ def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str 
                 async_op, timeout, root=src, lane=lane)
 
 
-@profiled("all_reduce")
+@profiled("all_reduce", refused=_refused)
 def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
                algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group in place; every rank ends with the same bits."""
@@ -529,7 +570,7 @@ def _resume(hit: tuple, ran: tuple, a, b) -> CollectiveWork:
                           fast.FastRun.of(ran, call.fast))
 
 
-@profiled("reduce")
+@profiled("reduce", refused=_refused)
 def reduce(buf, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``buf`` across the group into ``buf`` of group rank ``dst``; the other
@@ -626,7 +667,7 @@ def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:
             and inp.__array_interface__["data"][0] == block.__array_interface__["data"][0])
 
 
-@profiled("all_gather")
+@profiled("all_gather", refused=_refused)
 def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
                timeout: float | None = None, *, label: int | None = None):
     """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
@@ -652,7 +693,7 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
                 root=None if label is None else int(label) + 1, finish=copy_back, lane=lane)
 
 
-@profiled("reduce_scatter")
+@profiled("reduce_scatter", refused=_refused)
 def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False,
                    algorithm: str = "auto", timeout: float | None = None):
     """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
@@ -680,7 +721,7 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
                 finish=finish, lane=lane)
 
 
-@profiled("gather")
+@profiled("gather", refused=_refused)
 def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
            algorithm: str = "auto", timeout: float | None = None):
     """Collect every rank's ``inp`` into ``out`` on group rank ``dst`` (``out`` is only
@@ -705,7 +746,7 @@ def gather(inp, out=None, dst: int = 0, group=None, async_op: bool = False,
                 root=dst, finish=copy_back, lane=lane)
 
 
-@profiled("scatter")
+@profiled("scatter", refused=_refused)
 def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
             algorithm: str = "auto", timeout: float | None = None):
     """Group rank ``src`` splits ``inp`` (shape (p, *out.shape) or a list of p arrays);
@@ -730,7 +771,7 @@ def scatter(out, inp=None, src: int = 0, group=None, async_op: bool = False,
 
 
 # -- all-to-all --------------------------------------------------------------------------
-@profiled("all_to_all")
+@profiled("all_to_all", refused=_refused)
 def all_to_all(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
                timeout: float | None = None):
     """Block j of ``inp`` goes to rank j; block i of ``out`` comes from rank i. ``out`` and
@@ -771,7 +812,7 @@ def _all_to_all_lists(out, inp, g: Group, algorithm, async_op, timeout):
                          algorithm, async_op, timeout, copy_back)
 
 
-@profiled("all_to_all_single")
+@profiled("all_to_all_single", refused=_refused)
 def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
                       async_op: bool = False, algorithm: str = "auto",
                       timeout: float | None = None):
@@ -867,7 +908,7 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
                    f"all_to_all #{numbered[0]} of group {g.name} (uneven)")
 
 
-@profiled("barrier")
+@profiled("barrier", refused=_refused)
 def barrier(group=None, async_op: bool = False, timeout: float | None = None):
     """Return only when every rank of the group has entered the barrier."""
     lane = None
@@ -889,6 +930,10 @@ def _root(root, g: Group, what: str, name: str) -> None:
         raise TypeError(f"{what}: {name}={root!r} must be an int, a rank of {g.name}")
     if not 0 <= root < g.size:
         raise ValueError(f"{what}: {name}={root!r} is out of range for {g.name} of size {g.size}")
+
+
+#: the functions past which a call has its number (an error out of one is not a refusal)
+_NUMBERED = {_execute.__code__, _all_to_all_v.__code__}
 
 
 def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: str = "ring",

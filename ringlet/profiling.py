@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import textwrap
 import time
 from types import SimpleNamespace
 
@@ -107,10 +108,13 @@ def profile() -> Profile:
     return Profile()
 
 
-def profiled(name: str | None, blocking: bool | None = None):
+def profiled(name: str | None, blocking: bool | None = None, refused=None):
     """Decorate a public ringlet call so an open profile times it under ``name`` (None:
     a ``Work.wait``, named after its operation). ``blocking``: whether the call blocks
-    (None: unless its ``async_op`` argument is true).
+    (None: unless its ``async_op`` argument is true). ``refused(name, exc, arguments)``:
+    called when the call raises ValueError or TypeError (its arguments failed a check), before
+    the error goes on (a collective's: collectives._refused); a try costs nothing until
+    something raises.
 
     The wrapper has the function's own signature (written out and compiled once here):
     with no profile open it is one plain Python call more, ~600 instructions of the ~18,000
@@ -136,17 +140,22 @@ def profiled(name: str | None, blocking: bool | None = None):
         is_async = "async_op" if "async_op" in sig.parameters else "False"
         # (made by a function of the module's own globals, which _timed rebinds _depth in;
         # no lambda in it: the parameters it closed over would cost a cell each, every call)
-        src = (f"def make(_fn, _name, _blocking, _defaults):\n"
+        body = (f"if not _open or _depth:\n"
+                f"    return _fn({', '.join(passed)})\n"
+                f"return _timed(_name, _blocking, {first}, {second}, {is_async}, {call})\n")
+        if refused is not None:
+            body = ("try:\n" + textwrap.indent(body, "    ") +
+                    "except (ValueError, TypeError) as _e:\n"
+                    "    _refused(_name, _e, locals())\n"
+                    "    raise\n")
+        src = (f"def make(_fn, _name, _blocking, _defaults, _refused):\n"
                f"    def {fn.__name__}({', '.join(params)}):\n"
-               f"        if not _open or _depth:\n"
-               f"            return _fn({', '.join(passed)})\n"
-               f"        return _timed(_name, _blocking, {first}, {second}, {is_async}, "
-               f"{call})\n"
+               f"{textwrap.indent(body, ' ' * 8)}"
                f"    return {fn.__name__}\n")
         scope: dict = {}
         exec(compile(src, f"<rl.profile's hook on {fn.__qualname__}>", "exec"), globals(), scope)
         defaults = SimpleNamespace(**{p.name: p.default for p in sig.parameters.values()})
-        return functools.wraps(fn)(scope["make"](fn, name, blocking, defaults))
+        return functools.wraps(fn)(scope["make"](fn, name, blocking, defaults, refused))
     return wrap
 
 

@@ -622,3 +622,46 @@ def test_a_timed_out_uneven_all_to_all_leaves_the_next_calls_paired():
     with the others' next call (31 for 40, 310 for 400). The number is now taken with the
     table's and given up where the table failed."""
     run(_uneven_all_to_all_timed_out, 3)
+
+
+def _refused_on_one_rank(rank, case):
+    p = rl.get_world_size()
+    odd = rank == p - 1
+    calls = {
+        "op": lambda: rl.all_reduce(np.ones(1000, np.float32),
+                                    op=rl.ReduceOp.BXOR if odd else rl.ReduceOp.SUM),
+        "layout": lambda: rl.all_reduce(np.ones((1000, 2), np.float32)[:, 0] if odd
+                                        else np.ones(1000, np.float32)),
+        "timeout": lambda: rl.broadcast(np.ones(10), 0, timeout=-1 if odd else 30),
+        "root": lambda: rl.reduce(np.ones(10), p if odd else 0),
+        "splits": lambda: rl.all_to_all_single(
+            np.empty(p * 10, np.float32), np.ones(p * 10, np.float32), out_splits=[10] * p,
+            in_splits=[9] + [10] * (p - 1) if odd else [10] * p),
+        "lists": lambda: rl.all_to_all([np.empty(3)] * p,
+                                       [np.ones(3)] * (p + 1 if odd else p)),
+        "arrays": lambda: rl.all_to_all(np.empty(p * 4), np.ones(p * 4 + (1 if odd else 0))),
+    }
+    with pytest.raises((ValueError, TypeError) if odd else rl.CollectiveMismatch) as err:
+        calls[case]()
+    if odd:
+        assert "told the other ranks of group world that it refused" in "".join(
+            getattr(err.value, "__notes__", [])), err.value
+    else:
+        assert f"rank {p - 1} refused it" in str(err.value), err.value
+    for i in range(3):       # the same calls everywhere: each sums its own step
+        x = np.full(4, 10.0 ** i)
+        rl.all_reduce(x, timeout=30)
+        assert (x == p * 10.0 ** i).all(), (i, x)
+
+
+@pytest.mark.parametrize("case", ["op", "layout", "timeout", "root", "splits", "lists",
+                                  "arrays"])
+def test_a_call_refused_on_one_rank_fails_everywhere_and_the_next_calls_pair(case):
+    """A call whose arguments failed a check on one rank only (an op for another dtype, a
+    non-contiguous buffer, a bad timeout or root, splits that do not add up) raised there
+    before taking its number in the group's sequence; the others took it. That rank's
+    next call then paired with the others' refused one (a mismatch), and every later call
+    of one shape with the others' call before it: 46 for 10, 460 for 100. The refusing
+    rank now takes the call's numbers and gives them up: the others fail at once, saying
+    it refused, and the calls after it pair."""
+    run(_refused_on_one_rank, 3, case)

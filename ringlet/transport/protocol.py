@@ -75,6 +75,7 @@ STALE = 0xFFFFFFFF       # ABORT "culprit" meaning: refused, an earlier call was
 DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names it
 LEFT = 1                 # ... and a DEAD ABORT's second fingerprint word 1: it left the job
 GAVE_UP = 0xFFFFFFFD     # ABORT "culprit" meaning: the sender's timeout for the call ran out
+REFUSED = 0xFFFFFFFC     # ABORT "culprit" meaning: the call's arguments failed checks there
 
 
 class Request:

@@ -173,7 +173,7 @@ def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Pr
     tmp = sched.buffers.get("tmp", 0)
     pool = _TMP.setdefault((tmp, dtype.str), [])   # scratch arrays of this size, for reuse
     plan = compile_plan(sched.rank_plan(g.rank), g.ranks, _pieces_of(sched, g))
-    ufunc = reducer(op, dtype) if op is not None else None
+    ufunc = fast.reducer_in_c(reducer(op, dtype), dtype) if op is not None else None
     return Prepared(collective, name, plan, tmp, pool, ufunc, fp, why,
                     fast.prepare(engine(), plan, ufunc, dtype), in_place)
 

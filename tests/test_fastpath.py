@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ringlet as rl
+from ringlet import ops
 from ringlet.runtime import engine
 from ringlet.schedule import LocalStep, PlanRound, RecvStep, SendStep
 from ringlet.transport import fast
@@ -18,7 +19,7 @@ from conftest import run, until_asleep
 from test_collectives import _property, in_rank_settings
 
 KERNEL_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
-                 np.uint64, np.float32, np.float64]
+                 np.uint64, np.float32, np.float64, np.float16, ops.BFLOAT16]
 OPS = {"f": ["SUM", "PROD", "MIN", "MAX", "AVG"],
        "i": ["SUM", "PROD", "MIN", "MAX", "BAND", "BOR", "BXOR"]}
 UFUNCS = {"f": [np.add, np.multiply, np.minimum, np.maximum],
@@ -45,6 +46,12 @@ class _Loopback:
         self.outq, self.unexpected, self.posted, self.dead = (), {}, {}, None
 
 
+def _bf16(x32):
+    out = np.empty(x32.shape, ops.BFLOAT16)
+    ops.f32_to_bf16(x32, out)
+    return out
+
+
 def _reduce_through_c(acc, incoming, ufunc):
     """acc = ufunc(acc, incoming), as a received message reduced by the C fast path."""
     n = acc.size
@@ -64,12 +71,18 @@ def test_c_kernels_give_numpys_bits(dtype, count, data):
     integers): the C reduce kernels give exactly the bits the Python engine's NumPy call
     gives, so a call's ranks agree whichever of the two reduced on each."""
     dtype = np.dtype(dtype)
-    ufunc = data.draw(st.sampled_from(UFUNCS["f" if dtype.kind == "f" else "i"]))
+    bf16 = dtype == ops.BFLOAT16     # (its reference: ops.Bfloat16Reduce, in float32)
+    ufunc = data.draw(st.sampled_from(UFUNCS["f" if dtype.kind == "f" or bf16 else "i"]))
+    if bf16:
+        ufunc = ops.Bfloat16Reduce(ufunc)
     raw = data.draw(st.binary(min_size=2 * count * dtype.itemsize,
                               max_size=2 * count * dtype.itemsize))
     a, b = np.frombuffer(raw, dtype).reshape(2, count).copy()
-    if dtype.kind == "f" and data.draw(st.booleans()):   # plenty of the special values
-        special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310], dtype)
+    if (dtype.kind == "f" or bf16) and data.draw(st.booleans()):   # plenty of special values
+        special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-310, 1e-40],
+                           np.float64 if bf16 else dtype)
+        if bf16:
+            special = _bf16(special.astype(np.float32))
         a[::2] = data.draw(st.sampled_from(list(special)))
         b[::3] = data.draw(st.sampled_from(list(special)))
     want = a.copy()
@@ -77,11 +90,18 @@ def test_c_kernels_give_numpys_bits(dtype, count, data):
         ufunc(want, b, out=want)    # what the Python engine does with a received message
     got = a.copy()
     _reduce_through_c(got, b, ufunc)
+    cref = fast.reducer_in_c(ufunc, dtype)       # ... and its C kernel, where NumPy is slow
+    if cref is not ufunc:
+        viac = a.copy()
+        cref(viac, b, out=viac)
+        assert viac.tobytes() == got.tobytes()
     # Where both operands are NaN, which payload survives is the compiler's choice of operand
     # order for a commutative op (NumPy's own loops differ): a NaN is all that is promised.
-    both = np.isnan(a) & np.isnan(b) if dtype.kind == "f" else np.zeros(count, bool)
-    assert np.isnan(got[both]).all(), (dtype, ufunc.__name__, a, b, got)
-    got[both] = want[both] = 0
+    both = np.isnan(ops.values(a)) & np.isnan(ops.values(b)) if dtype.kind == "f" or bf16 \
+        else np.zeros(count, bool)
+    assert np.isnan(ops.values(got)[both]).all(), (dtype, ufunc.__name__, a, b, got)
+    for x in (got, want):
+        x.view(np.uint8).reshape(count, -1)[both] = 0
     assert got.tobytes() == want.tobytes(), (dtype, ufunc.__name__, a, b, got, want)
 
 
@@ -700,3 +720,35 @@ def _small_p2p(rank):
 
 def test_small_point_to_point_runs_in_c_and_a_wrong_size_is_refused():
     run(_small_p2p, 2)
+
+
+def _half_floats(rank):
+    for name in ("float16", "bfloat16"):
+        dtype = ops.dtype_named(name)
+        for count in (5, 1000, 300_001):       # C fast path, and the Python engine's messages
+            for op in ("SUM", "PROD", "MAX"):
+                xs = []
+                for r in range(2):
+                    g = np.random.default_rng([count, r])
+                    x = np.empty(count, dtype)
+                    ops.fill(x, g.standard_normal(count) * np.exp(g.standard_normal(count)))
+                    xs.append(x)
+                mine = xs[rank].copy()
+                rl.all_reduce(mine, op=op)
+                want = xs[0].copy()
+                with np.errstate(all="ignore"):
+                    ops.reducer(rl.ReduceOp[op], dtype)(xs[0], xs[1], out=want)
+                assert mine.tobytes() == want.tobytes(), (name, count, op)
+
+
+def test_half_floats_reduce_in_c_with_numpys_bits():
+    """float16 and bfloat16 reduced in C (NumPy adds float16 at 0.4 GB/s here: a 1 MiB
+    float16 all_reduce took 4.5 ms against float32's 70 us), every rank with the bits of
+    NumPy's float16 loop and of ops.Bfloat16Reduce."""
+    for name in ("float16", "bfloat16"):
+        dtype = ops.dtype_named(name)
+        if name == "float16" and fast.kernel(np.add, dtype) is None:
+            continue     # (a CPU without F16C: NumPy reduces float16, as before)
+        assert isinstance(fast.reducer_in_c(ops.reducer(rl.ReduceOp.SUM, dtype), dtype),
+                          fast.CReduce), name
+    run(_half_floats, 2)

@@ -130,3 +130,29 @@ def test_large_exchanges_on_a_shaped_link_drop_nothing_at_the_receiver(tmp_path)
     drops = {(i, k): after[i].get(k, 0) - before[i].get(k, 0) for i in range(2) for k in DROPS}
     timeouts = [after[i].get("TCPTimeouts", 0) - before[i].get("TCPTimeouts", 0) for i in range(2)]
     assert not any(drops.values()), f"receiver drops {drops}, retransmission timeouts {timeouts}"
+
+
+def test_a_packet_read_in_part_long_ago_is_not_data_arriving():
+    """A link that went down mid-packet leaves a packet read in part: counted as data still
+    arriving however long ago its last byte came, a call timed out 20 s later was told to
+    give the link more time (and a peer that left stayed alive to engine.departed)."""
+    import socket
+    from types import SimpleNamespace
+    from ringlet.transport.tcp import TcpPeer
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    try:
+        a.sendall(b"x" * 100)
+        assert b.recv(100)
+        peer = SimpleNamespace(lanes=[SimpleNamespace(sock=b, pkt=(0, 0, 0, 1, 1 << 20),
+                                                      hgot=0)])
+        assert TcpPeer.arriving(peer, 1000)            # its last byte just came
+        time.sleep(0.3)
+        assert not TcpPeer.arriving(peer, 200)         # ... and none since
+        a.sendall(b"y")
+        time.sleep(0.05)
+        assert TcpPeer.arriving(peer, 200)             # unread in the kernel
+    finally:
+        for s in (a, b, srv):
+            s.close()

@@ -526,11 +526,17 @@ class TcpPeer(Peer):
 
     def arriving(self, within_ms: int) -> bool:
         """Whether data is still coming in on any of its connections: some in the kernel
-        not read yet, a packet read in part, or data in the last ``within_ms``. (The last
-        alone missed a peer's flood a loaded host had not read for a second: its receive
-        failed with the message it waited for still in the socket.)"""
-        return any(lane.pkt is not None or lane.hgot or _queued(lane.sock)[0] > 0
-                   or 0 <= _tcp_info(lane.sock)[1] < within_ms for lane in self.lanes)
+        not read yet, or data in the last ``within_ms``. (The last alone missed a peer's
+        flood a loaded host had not read for a second: its receive failed with the message
+        it waited for still in the socket.) A packet read in part counts only where the
+        kernel cannot say when data last came: a link that went down mid-packet had left
+        one, and a call timed out on it 20 s later was told data was still arriving."""
+        for lane in self.lanes:
+            last = _tcp_info(lane.sock)[1]
+            if _queued(lane.sock)[0] > 0 or 0 <= last < within_ms or \
+                    (last < 0 and (lane.pkt is not None or lane.hgot)):
+                return True
+        return False
 
     def _lost(self, exc) -> None:
         if self.closing:

@@ -237,6 +237,7 @@ class StoreServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 class TCPStore:
     """Client of a StoreServer."""
+    ANSWER_MIN = 5.0     # seconds an answer may take, however short the job's timeout
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 60.0):
         self.timeout = timeout
@@ -259,18 +260,33 @@ class TCPStore:
                                        f"running, and MASTER_ADDR/MASTER_PORT right?") from exc
                 time.sleep(0.05)
         self.sock = sock
+        self.where = f"{host}:{port}"
         self.lock = threading.Lock()
+        self.broken = None      # why the connection is no use any more
 
     def _call(self, op: int, key: str, val: bytes, wait: float = 0.0) -> tuple[int, bytes]:
         k = key.encode()
+        # (no more than the job's timeout for an answer: a store out of reach had shrink
+        # and destroy each wait 30 s a call, 125 s in all past a 20 s timeout)
+        answer = min(30.0, max(self.ANSWER_MIN, self.timeout))
         with self.lock:
-            self.sock.settimeout(wait + 30.0 if op in (_GET, _WAITGE) else 30.0)
+            if self.broken:
+                raise RingletError(self.broken)
+            self.sock.settimeout(wait + answer if op in (_GET, _WAITGE) else answer)
             try:
                 self.sock.sendall(struct.pack("<BII", op, len(k), len(val)) + k + val)
                 status, n = struct.unpack("<BI", recv_exact(self.sock, 5))
                 return status, recv_exact(self.sock, n)
+            except socket.timeout as exc:
+                # Its answer may come later, and be read as the next call's: the connection
+                # is done with, and every later call fails at once.
+                self.broken = (f"the rendezvous store at {self.where} did not answer within "
+                               f"{answer:g} s: is the network to its host down?")
+                self.close()
+                raise RingletError(self.broken) from exc
             except (OSError, ConnectionError) as exc:
-                raise RingletError(f"lost the rendezvous store: {exc}") from exc
+                self.broken = f"lost the rendezvous store at {self.where}: {exc}"
+                raise RingletError(self.broken) from exc
 
     def set(self, key: str, value: bytes) -> None:
         self._call(_SET, key, value)

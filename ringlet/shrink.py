@@ -61,11 +61,11 @@ def shrink(timeout: float | None = None) -> Group:
                            f"{limit + 5:g} s (the deciding rank may have died too); "
                            f"restart the job") from exc
     except RingletError as exc:
-        raise RingletError(f"rank {eng.rank}: shrink needs the job's store and it is gone "
-                           f"({exc}): it lives in the launcher of `ringlet run` (first node) or "
-                           f"rl.spawn, which must outlive the lost ranks (`ringlet run "
-                           f"--keep-going`); under other launchers in rank 0, whose loss "
-                           f"takes it along") from exc
+        raise RingletError(f"rank {eng.rank}: shrink needs the job's store, gone or out of "
+                           f"reach ({exc}): it lives in the launcher of `ringlet run` (first "
+                           f"node) or rl.spawn, which must outlive the lost ranks (`ringlet run "
+                           f"--keep-going`) and stay reachable from every survivor; under "
+                           f"other launchers in rank 0, whose loss takes it along") from exc
     members, gid = decision["members"], decision["gid"]
     if eng.rank not in members:
         raise RingletError(f"rank {eng.rank}: shrink: the survivors made their new world "

@@ -1250,3 +1250,33 @@ def test_an_idle_stranger_at_a_data_port_does_not_stall_init(quiet):
             _rst_close(s)
     took = time.monotonic() - released[0]
     assert took < 5, f"the job needed {took:.1f} s after release: one silent stranger held it up"
+
+
+def test_a_store_that_stops_answering_fails_its_calls_within_the_jobs_timeout(monkeypatch):
+    """A store out of reach (its host cut off) held every call 30 s, whatever the job's
+    timeout: shrink and destroy ran 125 s past a 20 s one. An answer may now take the
+    job's timeout; after one did not come, the connection is done with (a late answer
+    would be read as the next call's) and every later call fails at once, saying why."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from ringlet.errors import RingletError
+    monkeypatch.setattr(TCPStore, "ANSWER_MIN", 0.5)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; from ringlet.rendezvous import StoreServer; "
+         f"s = StoreServer('127.0.0.1', 0, {TOKEN!r}); print(s.port, flush=True); "
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        store = TCPStore("127.0.0.1", int(server.stdout.readline()), TOKEN, timeout=0.5)
+        store.set("a", b"1")
+        os.kill(server.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        with pytest.raises(RingletError, match="did not answer within 0.5 s: is the network"):
+            store.set("b", b"2")
+        with pytest.raises(RingletError, match="did not answer within 0.5 s"):
+            store.try_get("a")
+        assert time.monotonic() - t < 3
+    finally:
+        server.kill()

@@ -226,7 +226,9 @@ def _first_failure(failures, reports=None, first=0, left=()):
         return None
     failed = {r for r, _ in failures}
     for rank, msg in (reports or {}).items():
-        m = re.match(r"PeerFailure: rank (\d+)", msg)
+        # ("PeerFailure: rank 0: all_reduce #2 of group world (ring): rank 3 failed: ...":
+        # the call's rank, then the peer it names)
+        m = re.match(r"PeerFailure: (?:rank \d+: [^:]*: )?rank (\d+) failed", msg)
         if m:
             named = int(m.group(1)) - first
             if named in failed and named != rank:

@@ -565,6 +565,9 @@ class CollectiveWork(Work):
         return text
 
     def _end(self, error) -> None:
+        if error.__class__ is PeerFailure and not getattr(error, "call", None):
+            # (said by the transport for every call with that peer: which one failed here)
+            error = _in_call(error, f"rank {self.engine.rank}: {self.what}")
         self.error = error
         self.done = True
         self.reqs = []
@@ -769,6 +772,13 @@ def _independent(rnd: PlanRound, bufs: dict) -> tuple[tuple, tuple]:
         else:
             early.append(t)
     return tuple(early), tuple(late)
+
+
+def _in_call(exc: PeerFailure, call: str) -> PeerFailure:
+    """A peer's failure as the error of ``call``, which it failed."""
+    out = PeerFailure(f"{call}: {exc}", rank=exc.rank, left=exc.left)
+    out.call = call
+    return out
 
 
 def record_call(engine, collective: str, algorithm: str, waited: float, last_peer,

@@ -189,8 +189,10 @@ def test_ringlet_run_tags_output_and_sums_up_the_failure(tmp_path):
     assert "[2] ValueError: bad batch" in err, err
     summary = err[err.index("ringlet run: rank 2 failed first"):].splitlines()
     assert summary[0] == "ringlet run: rank 2 failed first: ValueError: bad batch", err
-    assert len(summary) == 3 and all(s.startswith(f"ringlet run:   then rank {r}: PeerFailure: "
-                                                  "rank 2 failed") for r, s in zip((0, 1), summary[1:])), summary
+    assert len(summary) == 3 and all(
+        s.startswith(f"ringlet run:   then rank {r}: PeerFailure: rank {r}: all_reduce #2 of "
+                     f"group world") and "rank 2 failed" in s
+        for r, s in zip((0, 1), summary[1:])), summary
     untagged = _launch(tmp_path, source, 3, "x", opts=("--no-tag-output",))
     out, err = untagged.communicate(timeout=60)
     assert out.count("hello") == out.count("['x']") == 3 and "[0]" not in out + err, out   # (may interleave)
@@ -318,7 +320,8 @@ def test_ringlet_run_blames_a_rank_that_left_while_the_others_needed_it(tmp_path
     summary = err[err.index("ringlet run: rank 1 left first"):].splitlines()
     assert summary[0].startswith("ringlet run: rank 1 left first: exited normally (status 0) "
                                  "while the other ranks still needed it"), err
-    assert all(line.startswith(f"ringlet run:   then rank {r}: PeerFailure: rank 1")
+    assert all(line.startswith(f"ringlet run:   then rank {r}: PeerFailure: rank {r}: "
+                               f"all_reduce #1 of group world") and "rank 1 failed" in line
                for r, line in zip((0, 2), summary[1:])), summary
 
 

@@ -684,8 +684,14 @@ def _explain_crossovers(a, coll: str, p: int, topology, gamma: float, shared, en
                 # (not at a bound, which bisection placed to within a fraction of a %)
                 inside = (lo_b is None or nb > lo_b * 1.01) and (hi_b is None or nb < hi_b / 1.01)
                 if inside and w != winner and nb >= 0:
-                    segs.append(f"  {'':<26}(at {format_size(nb)} auto runs {winner}, priced "
-                                f"within {EXPLAIN_TIE:.0%} of {w})")
+                    # (the gap, priced here: the sweep's points lie a quarter octave apart,
+                    # and between them it may pass the tie - 5.6% at 513 KiB, a runtime
+                    # threshold the range's pick does not cross)
+                    tw = next((r.total for r in rows if r.algorithm == w), None)
+                    gap = tw / max(rows[0].total, 1e-300) - 1 if tw is not None else 0.0
+                    said = f"priced within {EXPLAIN_TIE:.0%} of {w}" if gap <= EXPLAIN_TIE \
+                        else f"{w} priced {gap:.1%} slower there"
+                    segs.append(f"  {'':<26}(at {format_size(nb)} auto runs {winner}, {said})")
             print("\n".join(segs))
     return cross, sweep
 

@@ -104,9 +104,11 @@ def prepare(schedule: Schedule, topology: Topology | Link | None = None,
     where = str(topology.intra) if topology.hosts == 1 else (
         f"{topology.hosts} hosts (intra {topology.intra}, inter {topology.inter})")
     if topology.host is not None:   # (its per-message alpha: both ends' CPU, explain's alpha x 2)
-        link = topology.intra
+        link, h = topology.intra, topology.host
+        fast = (f"; {2 * h.alpha_fast * 1e6:.3g} us in a call of messages <= "
+                f"{format_size(h.fast_bytes)}, which C runs whole" if h.fast_bytes else "")
         where = (f"this host's {model} (a message: {link.alpha * 1e6:.3g} us of both ends' "
-                 f"CPU, {link.bandwidth / 1e9:.4g} GB/s)")
+                 f"CPU in the Python engine{fast}; {link.bandwidth / 1e9:.4g} GB/s)")
     times = [simulate(_alone(schedule, rnd), topology).time for rnd in schedule.rounds]
     total = simulate(schedule, topology).time if schedule.rounds else 0.0
     return Drawing(schedule, lanes, hosts if hosts and len(set(hosts)) > 1 else None,

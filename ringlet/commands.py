@@ -208,11 +208,12 @@ def _plan_main(argv) -> int:
         if below and above:
             where = f", between the K = {max(below)} and K = {min(above)} rows"
         if alpha:
-            formula = "root of alpha K^2 + (gP/B - alpha) K - gP/B - fppe*P*G/(2R) = 0"
+            formula = "K* solves alpha K^2 + (gP/B - alpha) K - gP/B - fppe*P*G/(2R) = 0"
         else:
             formula = "1 + fppe*G*B/(2*g*R)"
-        lines = [f"break-even (gamma = 1): K* = {formula} = {K_star:.2f} "
-                 f"workers{where}"]
+        lines = [f"break-even (gamma = 1): K* = {K_star:.2f} workers{where} "
+                 f"({formula})" if alpha else
+                 f"break-even (gamma = 1): K* = {formula} = {K_star:.2f} workers{where}"]
         if not alpha:
             lines.append("P cancels: T_comm and T_comp both grow with the model, so only "
                          "the batch per worker and the cluster shape move gamma.")

@@ -83,7 +83,9 @@ def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
         return f"{d['collective']}({args})"
     fields = [k for k in mine if mine[k] != theirs[k]]
     hint = ""
-    if "layout" in fields:
+    if "layout" in fields and "dtype" in fields:
+        fields.remove("layout")      # (plainly different dtypes: their layouts differ too)
+    elif "layout" in fields:         # ... dtypes that print alike
         fields[fields.index("layout")] = "the dtype's layout"
         hint = ("; the dtypes' byte order, datetime unit, length or fields differ "
                 "(compare dtype.str and dtype.descr on each rank)")

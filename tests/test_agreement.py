@@ -413,6 +413,11 @@ def test_a_mismatch_names_a_root_only_for_a_rooted_collective():
     assert a["root"] is None and b["root"] == 3
     msg = fingerprint.diff(a, fingerprint.decode((ar[0], 9), cat), 0, 1)
     assert "root" not in msg and "count=10" in msg and "they differ in count" in msg, msg
+    # plainly different dtypes: no hint about dtypes that print alike
+    f64 = fingerprint.encode("all_reduce", "ring", cat("all_reduce"), np.dtype(np.float64), 10,
+                             None, rl.ReduceOp.SUM)
+    msg = fingerprint.diff(a, fingerprint.decode(f64, cat), 0, 1)
+    assert msg.endswith("they differ in dtype"), msg
 
 
 def _layouts_disagree(rank):

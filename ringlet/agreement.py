@@ -117,6 +117,8 @@ class Agreement:
             self.engine.say_gave_up(tag, ranks)
         self.engine.send_aborts(tag, ranks, NO_FP, NO_FP, why)
         _bounded_put(self.failed, tag, True)
+        # (what its members sent before they heard: kept for good, else; later: dropped)
+        self.engine.fail_tag(tag, self.gave_up_error("a call given up here", self.engine.rank))
 
     def gave_up_behind(self, tag: int, sender: int, what: str) -> TimeoutError:
         """Rank ``sender``, which this rank read a message of call ``tag`` from in place,

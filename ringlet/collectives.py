@@ -446,6 +446,7 @@ def _refused(name: str, exc, args: dict) -> None:
     exc._ringlet_refused = True
     tb = exc.__traceback__
     while tb is not None:     # raised once numbered (no argument check is): nothing to give up
+        # (an uneven all_to_all gives up its own exchange: _all_to_all_v)
         if tb.tb_frame.f_code in _NUMBERED:
             return
         tb = tb.tb_next
@@ -467,9 +468,11 @@ def _refused(name: str, exc, args: dict) -> None:
             seq, tag = g.next_collective_tag()
             eng.calls.gave_up_unstarted(tag, g.ranks, REFUSED)
             seqs.append(f"#{seq}")
-    exc.add_note(f"ringlet: rank {_S.world.rank} told the other ranks of group {g.name} that it "
-                 f"refused {name} {' and '.join(seqs)}: their call fails at once, and every "
-                 f"rank's next call of the group is the same call")
+        eng.flush_aborts()      # (the error may end the process: the ABORTs go first)
+    if hasattr(exc, "add_note"):     # (Python 3.11 on)
+        exc.add_note(f"ringlet: rank {_S.world.rank} told the other ranks of group {g.name} "
+                     f"that it refused {name} {' and '.join(seqs)}: their call fails at once, "
+                     f"and every rank's next call of the group is the same call")
 
 
 @profiled("broadcast", refused=_refused)
@@ -870,6 +873,15 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
     all_gather), so inconsistent splits raise on every rank before any data moves. In
     flight, the exchange starts once the matrix is in, numbered now: calls made meanwhile
     keep their places in the group's sequence."""
+    # Its arguments are checked here, before the table's all_gather: refused in there (a
+    # bad timeout) or in the exchange (an unknown algorithm), the call gave up one of the
+    # two numbers its peers took, and every later call paired with their call before it.
+    if timeout is not None:
+        check_timeout(timeout)
+    _check_algorithm(algorithm)
+    if algorithm != "auto" and algorithm not in algorithms.CATALOG["all_to_all"]:
+        raise ValueError(f"unknown all_to_all algorithm {algorithm!r}; valid: auto, "
+                         f"{', '.join(algorithms.CATALOG['all_to_all'])}")
     p = g.size
     mine = np.array(list(in_counts) + list(out_counts), np.int64)
     table = np.empty((p, 2 * p), np.int64)
@@ -903,7 +915,15 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
             with eng.held():
                 eng.calls.gave_up_unstarted(numbered[1], first.world_of)
             raise
-        return exchange(numbered)
+        try:
+            return exchange(numbered)
+        except (ValueError, TypeError) as exc:   # (refused after both numbers were taken)
+            exc._ringlet_refused = True
+            eng = engine()
+            with eng.held():
+                eng.calls.gave_up_unstarted(numbered[1], first.world_of, REFUSED)
+                eng.flush_aborts()
+            raise
     return Chained(engine(), first, lambda: exchange(numbered),
                    f"all_to_all #{numbered[0]} of group {g.name} (uneven)")
 
@@ -933,7 +953,7 @@ def _root(root, g: Group, what: str, name: str) -> None:
 
 
 #: the functions past which a call has its number (an error out of one is not a refusal)
-_NUMBERED = {_execute.__code__, _all_to_all_v.__code__}
+_NUMBERED = {_execute.__code__}
 
 
 def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: str = "ring",

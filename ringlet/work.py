@@ -474,6 +474,7 @@ class CollectiveWork(Work):
                     return moved
             if reqs:
                 self.waited += time.perf_counter() - self._posted_at
+                self._posted_at = -1.0      # (counted: a failure before the next post adds none)
                 if self.tr is not None:
                     self.tr.round_done(self.plan[self.i - 1].recvs, self.bufs)
                 for r in reqs:
@@ -534,7 +535,7 @@ class CollectiveWork(Work):
 
     def fail(self, exc) -> None:
         if not self.done:
-            if self.reqs:   # the round it waited in when it timed out or failed: waited too
+            if self.reqs and self._posted_at >= 0:   # the round it waited in: waited too
                 self.waited += time.perf_counter() - self._posted_at
             self._end(exc)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ringlet as rl
-from conftest import ringlet_run, run, two_hosts
+from conftest import ringlet_run, run, two_hosts, until_asleep
 
 
 def _killed_mid_collective(rank, algorithm, path):
@@ -640,7 +640,19 @@ def _refused_on_one_rank(rank, case):
         "lists": lambda: rl.all_to_all([np.empty(3)] * p,
                                        [np.ones(3)] * (p + 1 if odd else p)),
         "arrays": lambda: rl.all_to_all(np.empty(p * 4), np.ones(p * 4 + (1 if odd else 0))),
+        # (uneven: checked before the split table's all_gather, which had refused one of
+        # the call's two numbers, and an unknown algorithm after taking both)
+        "uneven timeout": lambda: rl.all_to_all([np.empty(3)] * p, [np.ones(3)] * p,
+                                                timeout=-1 if odd else 30),
+        "uneven algorithm": lambda: rl.all_to_all_single(
+            np.empty(p * 10), np.ones(p * 10), out_splits=[10] * p, in_splits=[10] * p,
+            algorithm="bogus" if odd else "auto", timeout=30),
+        # (the others' messages, sent before they heard: dropped, not kept for good)
+        "parked": lambda: rl.all_reduce(np.ones(100_000, np.float32), op=rl.ReduceOp.BXOR if odd
+                                        else rl.ReduceOp.SUM, timeout=30),
     }
+    if odd and case == "parked":
+        until_asleep([r for r in range(p) if r != rank])    # their messages are here first
     with pytest.raises((ValueError, TypeError) if odd else rl.CollectiveMismatch) as err:
         calls[case]()
     if odd:
@@ -652,10 +664,16 @@ def _refused_on_one_rank(rank, case):
         x = np.full(4, 10.0 ** i)
         rl.all_reduce(x, timeout=30)
         assert (x == p * 10.0 ** i).all(), (i, x)
+    if case == "parked":
+        rl.barrier(timeout=30)
+        from ringlet import runtime
+        held = {r: peer.unexpected_bytes for r, peer in runtime._S.engine.peers.items()
+                if r != rank}
+        assert not any(held.values()), held
 
 
 @pytest.mark.parametrize("case", ["op", "layout", "timeout", "root", "splits", "lists",
-                                  "arrays"])
+                                  "arrays", "uneven timeout", "uneven algorithm", "parked"])
 def test_a_call_refused_on_one_rank_fails_everywhere_and_the_next_calls_pair(case):
     """A call whose arguments failed a check on one rank only (an op for another dtype, a
     non-contiguous buffer, a bad timeout or root, splits that do not add up) raised there

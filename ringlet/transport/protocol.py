@@ -440,7 +440,9 @@ class Peer:
             else:
                 self._accept(_pop(self.posted, tag, q), msgid, length, where)
             return
-        if self.engine.retired(group_of(tag)):   # a world that shrank away: drop it
+        # A world that shrank away, or a call that failed here (timed out, refused,
+        # mismatched): nobody will ask for it - drop it, not keep it for good
+        if self.engine.retired(group_of(tag)) or (fp != NO_FP and tag in self.engine.calls.failed):
             if stream:
                 self.incoming[msgid] = _Discard(msgid, length, 0, tag)
             return

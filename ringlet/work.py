@@ -566,7 +566,8 @@ class CollectiveWork(Work):
         return text
 
     def _end(self, error) -> None:
-        if error.__class__ is PeerFailure and not getattr(error, "call", None):
+        if error.__class__ is PeerFailure and error.rank is not None and \
+                not getattr(error, "call", None):
             # (said by the transport for every call with that peer: which one failed here)
             error = _in_call(error, f"rank {self.engine.rank}: {self.what}")
         self.error = error

@@ -17,8 +17,8 @@ From three ranks on, float all-reduces, reduces and reduce-scatters add in Gloo'
 finishes it (where the ranks fill the cores, once driven in the call while it moves:
 ``ProcessGroup._issue``); a backward pass ends only once its calls have (``_join``).
 ``init_process_group(timeout=)`` / ``new_group(timeout=)`` is ringlet's timeout for the
-group's calls. A large all-reduce on one host sends from shared memory (``_adopted``,
-``_staged``), which local peers read in place.
+group's calls. A DDP bucket's all-reduce on one host sends from shared memory
+(``_adopted``), which local peers read in place.
 
 Inside ``torch.profiler.profile()`` each operation is a ``record_function`` range named
 after ringlet's call - "ringlet:all_reduce", "ringlet:send", ... - so the profiler's table
@@ -49,6 +49,7 @@ from . import runtime
 from .errors import RingletError
 from .ops import ReduceOp, tensor_array
 from .rendezvous import SignedStore, derive_token, job_token, torch_env
+from .transport import copies
 from .transport.limits import ZERO_COPY_MIN
 from .work import AllOf
 
@@ -319,14 +320,16 @@ def _dense(t: torch.Tensor):
 
 
 # A large all_reduce among ranks of one host sends from shared memory, where a local peer
-# reads each message in place: one copy fewer per message than through the shm ring. A
-# tensor is copied into a staging buffer (rl.empty) and back - from 6 MB on that pays (p = 2,
-# load 6, 3 turns: 6 MB 2.6 -> 1.5 ms, 16 MB 8.2 -> 4.8, 25 MB 11.7 -> 6.3; at 4 MB it did
-# not) - and a DDP bucket, the next time, moves to shared memory for good (_adopted).
+# reads each message in place: one copy fewer per message than through the shm ring. A DDP
+# bucket, the second time it is all-reduced, moves to shared memory for good (_adopted).
+# Another tensor goes as it is: copied into a staging buffer (rl.empty) and back, it had
+# paid under load (2026-12-03, load 6: 25 MB 11.7 -> 6.3 ms), but on a quiet host it took
+# 1.2-3.7x the plain call, and never less (2026-12-05, p = 2, 3, 4; 6 MB, 8 MiB, 25 MB,
+# 4 blocks each in one job: 8 MiB at p = 2 0.61-0.73 ms plain, 1.90-3.34 staged).
 STAGE_MIN = 4 << 20
-_seen = weakref.WeakSet()   # storages staged once (the next time, adopted)
+_seen = weakref.WeakSet()   # storages all-reduced once (the next time, adopted)
 # RINGLET_TORCH_ADOPT=0: never move a storage torch owns (DDP's buckets) into shared memory,
-# which makes it not resizable; its all-reduces are then staged, a copy in and out each.
+# which makes it not resizable; its all-reduces then go as other tensors do.
 # (Buckets a Python comm hook passes to dist.all_reduce are never moved: a hook may resize
 # its bucket, as torch's batched PowerSGD pads it.)
 ADOPT = os.environ.get("RINGLET_TORCH_ADOPT", "1") != "0"
@@ -362,17 +365,16 @@ def _adopted(t: torch.Tensor, may_move: bool = True) -> bool:
     return buffers.locate(_array(t)) is not None
 
 
-def _staged(t: torch.Tensor):
-    """(a tensor in shared memory holding ``t``'s values, what copies it back into ``t``)."""
-    n = t.numel() * t.element_size()
-    buf = buffers.lend(n)
-    s = torch.from_numpy(buf[:n]).view(t.dtype).view(t.shape)
-    s.copy_(t)
-
-    def back():
-        t.copy_(s)
-        buffers.give_back(buf)
-    return s, back
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``, by ringlet's own copy where both are contiguous: torch's splits a
+    large tensor over its intra-op threads, which ranks that fill the cores fight over (8 MiB
+    took 6.6 ms a copy under `ringlet run -n 2` on 2 cores, against 0.9; mpirun and srun set
+    no OMP_NUM_THREADS either)."""
+    if dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype and \
+            dst.numel() == src.numel():
+        copies.copy(_array(dst), _array(src))
+    else:
+        dst.copy_(src)
 
 
 def _reducible(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -430,7 +432,7 @@ def _spreader(outs, rows):
     """What copies row r of ``rows`` into ``outs[r]``, once the rows have arrived."""
     def spread():
         for o, r in zip(outs, rows):
-            o.copy_(r.view(o.shape))
+            _copy(o, r.view(o.shape))
     return spread
 
 
@@ -515,7 +517,7 @@ class _Scratch:
 def _unflatten_into(flat, tensors):
     off = 0
     for t in tensors:
-        t.copy_(flat[off:off + t.numel()].view(t.shape))
+        _copy(t, flat[off:off + t.numel()].view(t.shape))
         off += t.numel()
 
 
@@ -633,7 +635,7 @@ class ProcessGroup(dist.ProcessGroup):
         if big and t.is_contiguous() and _adopted(t, sys._getframe(1).f_code is not _C10D_ALL_REDUCE):
             buf, back = t, None
         else:
-            buf, back = _staged(t) if big else _dense(t)
+            buf, back = _dense(t)
         arr = _array(_reducible(_premul(buf, factor, False), op))
         algorithm, timeout = self._algorithm(t), self._timeout(opts)
         return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
@@ -701,7 +703,7 @@ class ProcessGroup(dist.ProcessGroup):
             algorithm, timeout = self._algorithm(flat), self._timeout(opts)
             return self._issue("reduce_scatter", opts, outputs, lambda a: C.all_reduce(
                 _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm,
-                timeout=timeout), own.done(lambda: out.copy_(mine)))
+                timeout=timeout), own.done(lambda: _copy(out, mine)))
         flat = _premul(own.stack([t.reshape(out.shape) for t in ins]), factor, False)
         return self._reduce_scatter(out, flat, op, opts, outputs, after=own.done())
 
@@ -718,7 +720,7 @@ class ProcessGroup(dist.ProcessGroup):
                                   timeout=timeout) for x in arrays]
             return AllOf(runtime.engine(), works, "reduce_scatter") if a else None
         return self._issue("reduce_scatter", opts, outputs, call, own.done(
-            lambda: out.copy_(blocks[self.group.rank].view(out.shape))))
+            lambda: _copy(out, blocks[self.group.rank].view(out.shape))))
 
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)

@@ -341,10 +341,11 @@ def test_collectives_through_torch(n):
 
 
 def _large(rank, n):
-    """All-reduces above ringlet.torch.STAGE_MIN: staged through shared memory (outside a
-    backward pass, from NumPy memory, whose array sees the result, and from a Python hook
-    in one, which may resize its tensor) - views taken before still see every result. (DDP's
-    reducer's own buckets, moved there: test_a_comm_hook_may_resize_its_bucket.)"""
+    """All-reduces above ringlet.torch.STAGE_MIN (outside a backward pass, of NumPy memory,
+    whose array sees the result, and from a Python hook in one, which may resize its
+    tensor; a tensor in torch's shared memory is read in place) - views taken before still
+    see every result. (DDP's reducer's own buckets, moved there:
+    test_a_comm_hook_may_resize_its_bucket.)"""
     from ringlet import buffers
     import ringlet.torch as rt
     count = rt.STAGE_MIN // 4 + 1000
@@ -352,13 +353,13 @@ def _large(rank, n):
     for _ in range(3):
         dist.all_reduce(t)
         t /= n * (n + 1) // 2 / (rank + 1)   # back to rank + 1
-    _same(t, torch.full((count,), float(rank + 1)), "staged all_reduce")
+    _same(t, torch.full((count,), float(rank + 1)), "large all_reduce")
     arr = np.full(count, rank + 1.0, np.float32)
     dist.all_reduce(torch.from_numpy(arr))
-    assert (arr == n * (n + 1) // 2).all(), "staged all_reduce of NumPy memory"
+    assert (arr == n * (n + 1) // 2).all(), "large all_reduce of NumPy memory"
     col = torch.full((count, 2), float(rank + 1))[:, 1]
     dist.all_reduce(col)
-    _same(col, torch.full((count,), float(n * (n + 1) // 2)), "staged non-contiguous all_reduce")
+    _same(col, torch.full((count,), float(n * (n + 1) // 2)), "large non-contiguous all_reduce")
     shared = torch.full((count,), float(rank + 1)).share_memory_()
     dist.all_reduce(shared)
     _same(shared, torch.full((count,), float(n * (n + 1) // 2)), "all_reduce in shared memory")

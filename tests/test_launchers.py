@@ -338,3 +338,20 @@ def test_a_torchrun_restart_joins_afresh(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert all(f"attempt 1 rank {r} sum {float(N)}" in out for r in range(N)), out[-3000:]
+
+
+def test_ringlet_run_gives_each_rank_a_share_of_the_cores_for_its_threads(tmp_path):
+    """As torchrun does: OMP_NUM_THREADS, unless set, is the cores over the local ranks (at
+    least 1). Each rank's torch had started a thread per core, and ranks sharing the cores
+    fought over them: torch's copy_ of 8 MiB took 6.6 ms a rank against 0.9."""
+    script = tmp_path / "omp.py"
+    script.write_text("import os\nprint('omp', os.environ.get('OMP_NUM_THREADS'))\n")
+    cores = len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for n, extra, want in ((2, {}, max(1, cores // 2)), (3, {"OMP_NUM_THREADS": "7"}, 7)):
+        proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", str(n),
+                               str(script)], capture_output=True, text=True, timeout=60,
+                              env=dict(env, **extra))
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(proc.stdout.split()) == sorted(
+            [f"[{r}]" for r in range(n)] + ["omp"] * n + [str(want)] * n), proc.stdout

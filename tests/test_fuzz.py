@@ -725,6 +725,7 @@ class FakeEngine:
         self.violations: list = []
         self.mismatches = self.aborted_tags = self.fp_checks = 0
         self.calls = self
+        self.failed: dict = {}      # (calls failed here, whose late messages are dropped)
 
     def protocol_violation(self, peer, why):
         self.violations.append(why)

@@ -136,6 +136,7 @@ class _Engine:
 
     def __init__(self):
         self.calls = self
+        self.failed: dict = {}      # (calls failed here: none)
         self.violations: list = []
 
     def protocol_violation(self, peer, why):

@@ -94,8 +94,8 @@ def kernel(ufunc, dtype: np.dtype) -> int | None:
 class CReduce:
     """``ufunc(acc, src, out=dst)`` by C's kernel: the Python engine's reductions of the
     dtypes NumPy reduces slowly, float16 and bfloat16 (in float32, rounded back; the same
-    bits). Measured per input byte on this host: float16 24.6 GB/s against NumPy's 0.37,
-    bfloat16 4.5 against ops.Bfloat16Reduce's 1.5."""
+    bits). Measured per input byte on this host, sums of 2 MiB: float16 26.2 GB/s against
+    NumPy's 0.4, bfloat16 14.8 (AVX-512) against ops.Bfloat16Reduce's 0.2."""
     __slots__ = ("kernel", "__name__")
 
     def __init__(self, k: int, name: str):
@@ -110,8 +110,10 @@ def reducer_in_c(ufunc, dtype: np.dtype):
     if ufunc is None or not (dtype == np.float16 or dtype == BFLOAT16):
         return ufunc
     k = kernel(ufunc, dtype)
-    name = getattr(ufunc, "ufunc", ufunc).__name__
-    return ufunc if k is None else CReduce(k, f"{'bfloat16' if dtype == BFLOAT16 else 'float16'}_{name}")
+    if k is None:
+        return ufunc
+    kind = "bfloat16" if dtype == BFLOAT16 else "float16"
+    return CReduce(k, f"{kind}_{getattr(ufunc, 'ufunc', ufunc).__name__}")
 
 
 class FastCall:

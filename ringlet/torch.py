@@ -324,7 +324,7 @@ def _dense(t: torch.Tensor):
 # bucket, the second time it is all-reduced, moves to shared memory for good (_adopted).
 # Another tensor goes as it is: copied into a staging buffer (rl.empty) and back, it had
 # paid under load (2026-12-03, load 6: 25 MB 11.7 -> 6.3 ms), but on a quiet host it took
-# 1.2-3.7x the plain call, and never less (2026-12-05, p = 2, 3, 4; 6 MB, 8 MiB, 25 MB,
+# as long (p = 3, 8 MiB) or longer, up to 3x (2026-12-05, p = 2, 3, 4; 6 MB, 8 MiB, 25 MB,
 # 4 blocks each in one job: 8 MiB at p = 2 0.61-0.73 ms plain, 1.90-3.34 staged).
 STAGE_MIN = 4 << 20
 _seen = weakref.WeakSet()   # storages all-reduced once (the next time, adopted)

@@ -380,10 +380,12 @@ def test_ctrl_c_while_a_background_transfer_runs(tmp_path, backend, mode, monkey
     if mode == "catch":     # the job goes on: the work completes, destroy leaves no thread
         assert proc.returncode == 0, proc.stderr
         assert "ok 0" in proc.stdout and "ok 1" in proc.stdout
-    else:                   # rank 0 exits at once; rank 1 learns it from its wait
+    else:                   # rank 0 exits at once; rank 1 learns it from its wait - or
+        # has its result already, where both progress threads moved the whole 16 MiB before
+        # rank 0 went (a loaded CI host, 2026-12-05: its assertion "ok 1" not in stdout failed)
         assert proc.returncode != 0
         assert "KeyboardInterrupt" in proc.stderr
-        assert "ok 1" not in proc.stdout
+        assert ("peer failure 0" in proc.stdout) != ("ok 1" in proc.stdout), proc.stdout
 
 
 NOTHING_LEFT = r"""

@@ -49,7 +49,8 @@ def f32_to_bf16(x: np.ndarray, out: np.ndarray) -> None:
 
 
 class Bfloat16Reduce:
-    """``ufunc(a, b, out=)`` on bfloat16 words; its name keeps it off the C fast path."""
+    """``ufunc(a, b, out=)`` on bfloat16 words: the reference the C kernels match
+    (transport.fast.CReduce reduces in their place)."""
 
     def __init__(self, ufunc):
         self.ufunc, self.__name__ = ufunc, "bfloat16_" + ufunc.__name__

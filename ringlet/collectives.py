@@ -18,7 +18,7 @@ from .ops import ReduceOp, as_array, as_op, as_real, average, check_op_dtype, re
 from . import runtime
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
-from .transport.protocol import REFUSED
+from .transport.protocol import ABANDONED, GAVE_UP, REFUSED
 from .transport.shm import ZERO_COPY_MIN, ShmPeer
 from . import tracing, tuning
 from .work import CallId, Chained, CollectiveWork, check_timeout, compile_plan, record_call
@@ -135,8 +135,16 @@ def _prepare(key: tuple):
     per ``key`` (see ``_run``): the algorithm (auto asks the cost model, or its candidates
     go on trial: tuning.py), the schedule, this rank's plan, the ufunc."""
     hit = _CALLS.get(key) or _TUNED.get(key) or _TRIALS.get(key)
+    collective, algorithm, g, count, dtype, root, splits, op, shared = key
+    if hit is None and root is not None and collective not in fingerprint.ROOTED:
+        # a label (_labelled): the unlabelled call's plan, its fingerprint stamped with the
+        # label - each training object labels its pieces, and had kept a plan per piece
+        plain = _prepare(key[:5] + (None,) + key[6:])
+        if plain.__class__ is Prepared:
+            hit = Prepared(plain.collective, plain.algorithm, plain.plan, plain.tmp, plain.pool,
+                           plain.ufunc, fingerprint.labelled(plain.fp, root), plain.why,
+                           plain.fast, plain.in_place)
     if hit is None:
-        collective, algorithm, g, count, dtype, root, splits, op, shared = key
         if op is not None:   # a pure function of (op, dtype), both in the key: cannot go stale
             check_op_dtype(ReduceOp(op), dtype)
         # Uneven all-to-all is priced at its mean block size.
@@ -450,21 +458,29 @@ def _refused(name: str, exc, args: dict) -> None:
         if tb.tb_frame.f_code in _NUMBERED:
             return
         tb = tb.tb_next
-    try:
-        g = resolve(args.get("group"))
-    except Exception:      # (not initialized, no live group, not a member: no number here)
-        return
-    if g.size == 1:
-        return
     # An uneven all_to_all (lists, or splits) takes two numbers: its table's, its exchange's.
     uneven = (name == "all_to_all" and any(isinstance(args.get(k), (list, tuple))
                                            for k in ("out", "inp"))) or \
         (name == "all_to_all_single" and (args.get("in_splits") is not None or
                                           args.get("out_splits") is not None))
+    refuse(name, exc, args.get("group"), 2 if uneven else 1)
+
+
+def refuse(name: str, exc, group, numbers: int = 1) -> None:
+    """Take the ``numbers`` next numbers of ``group``'s sequence and give them up, as
+    refused here (``_refused``: a call whose arguments failed its checks; also the torch
+    backend's, whose own checks come before ringlet's call)."""
+    exc._ringlet_refused = True
+    try:
+        g = resolve(group)
+    except Exception:      # (not initialized, no live group, not a member: no number here)
+        return
+    if g.size == 1:
+        return
     eng = engine()
     with eng.held():
         seqs = []
-        for _ in range(2 if uneven else 1):
+        for _ in range(numbers):
             seq, tag = g.next_collective_tag()
             eng.calls.gave_up_unstarted(tag, g.ranks, REFUSED)
             seqs.append(f"#{seq}")
@@ -473,6 +489,21 @@ def _refused(name: str, exc, args: dict) -> None:
         exc.add_note(f"ringlet: rank {_S.world.rank} told the other ranks of group {g.name} "
                      f"that it refused {name} {' and '.join(seqs)}: their call fails at once, "
                      f"and every rank's next call of the group is the same call")
+
+
+def abandon(group, numbers: int, exc) -> None:
+    """The first part of a call of several numbers failed here with ``exc`` (the torch
+    backend's reduce_scatter in Gloo's order: one all_reduce per block): take its other
+    ``numbers`` and give them up, so the ranks whose parts went on fail at once, and every
+    rank's next call pairs again."""
+    g = resolve(group)
+    eng = engine()
+    with eng.held():
+        for _ in range(numbers):
+            _, tag = g.next_collective_tag()
+            eng.calls.gave_up_unstarted(tag, g.ranks, GAVE_UP if isinstance(exc, TimeoutError)
+                                        else ABANDONED)
+        eng.flush_aborts()
 
 
 @profiled("broadcast", refused=_refused)
@@ -494,12 +525,15 @@ def broadcast(buf, src: int, group=None, async_op: bool = False, algorithm: str 
 
 @profiled("all_reduce", refused=_refused)
 def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
-               algorithm: str = "auto", timeout: float | None = None):
-    """Reduce ``buf`` across the group in place; every rank ends with the same bits."""
+               algorithm: str = "auto", timeout: float | None = None, *,
+               label: int | None = None):
+    """Reduce ``buf`` across the group in place; every rank ends with the same bits.
+    ``label``: as all_gather's (which of a model's buckets of one size this call reduces)."""
     lane = None
-    if (group is None or group is _S.world) and not async_op and type(buf) is np.ndarray \
-            and type(op) is ReduceOp and op is not _AVG and type(algorithm) is str \
-            and buf.nbytes <= ZERO_COPY_MIN:      # (the world by name: the torch backend's)
+    if (group is None or group is _S.world) and not async_op and label is None \
+            and type(buf) is np.ndarray and type(op) is ReduceOp and op is not _AVG \
+            and type(algorithm) is str and buf.nbytes <= ZERO_COPY_MIN:
+        # (the world by name: the torch backend's)
         lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm)
         hit = _S.lane.get(lane)
         if hit is not None and _lane(hit, buf, None, timeout):
@@ -517,7 +551,8 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
     flat = arr if arr.ndim == 1 else arr.reshape(-1)
     # (op and dtype are checked with the plan, once per kind of call: _prepare)
     return _run("all_reduce", g, algorithm, arr.size, arr.dtype, {"buf": flat}, op, async_op,
-                timeout, finish=_averager(op, flat, g) if op is _AVG else None, lane=lane)
+                timeout, root=_labelled("all_reduce", label),
+                finish=_averager(op, flat, g) if op is _AVG else None, lane=lane)
 
 
 def _lane(hit: tuple, a, b, timeout) -> bool:
@@ -678,13 +713,8 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     every rank must pass alike, checked with the call's messages (which of a model's
     units of one size this call gathers: ranks whose calls disagree on it raise
     CollectiveMismatch, where the sizes alone would match)."""
-    if label is not None:
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)) \
-                or not 0 < label + 1 <= 1 << 24:
-            raise ValueError(f"all_gather: label must be an int in [0, 2**24), got {label!r}")
-        lane = None       # (a lane's fingerprint is its first call's)
-    else:
-        lane = _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
+    lane = None if label is not None else \
+        _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
     if lane is not None and _laned(lane, timeout, inp, out):
         return None
     g = resolve(group)
@@ -693,16 +723,30 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
     flat_out, copy_back = _blocks(out, g.size, a, "all_gather output", True)
     bufs = {"in": _separate(_flat(a), flat_out, own=g.rank), "out": flat_out}
     return _run("all_gather", g, algorithm, a.size, a.dtype, bufs, None, async_op, timeout,
-                root=None if label is None else int(label) + 1, finish=copy_back, lane=lane)
+                root=_labelled("all_gather", label), finish=copy_back, lane=lane)
+
+
+def _labelled(name: str, label) -> int | None:
+    """Where a collective with no root keeps its ``label`` (checked with the call's
+    messages: the fingerprint's root field, label + 1), or None. With a label a call takes
+    no lane: a lane's fingerprint is its first call's."""
+    if label is None:
+        return None
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)) \
+            or not 0 < label + 1 <= 1 << 24:
+        raise ValueError(f"{name}: label must be an int in [0, 2**24), got {label!r}")
+    return int(label) + 1
 
 
 @profiled("reduce_scatter", refused=_refused)
 def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False,
-                   algorithm: str = "auto", timeout: float | None = None):
+                   algorithm: str = "auto", timeout: float | None = None, *,
+                   label: int | None = None):
     """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
-    rank i receives block i of the result in ``out``. ``inp`` is left unchanged."""
+    rank i receives block i of the result in ``out``. ``inp`` is left unchanged.
+    ``label``: as all_gather's (which of a model's shards of one size this call reduces)."""
     lane = _lane_key("reduce_scatter", group, async_op, algorithm, op._value_, inp, out) \
-        if type(op) is ReduceOp and op is not _AVG else None
+        if type(op) is ReduceOp and op is not _AVG and label is None else None
     if lane is not None and _laned(lane, timeout, inp, out):
         return None
     g = resolve(group)
@@ -721,7 +765,7 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
     avg = _averager(op, flat_out, g)
     finish = avg if done is None else done if avg is None else (lambda: (avg(), done()))
     return _run("reduce_scatter", g, algorithm, o.size, o.dtype, bufs, op, async_op, timeout,
-                finish=finish, lane=lane)
+                root=_labelled("reduce_scatter", label), finish=finish, lane=lane)
 
 
 @profiled("gather", refused=_refused)
@@ -909,11 +953,13 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
         # the others' next (silently wrong from the second on). Here it gives the number up.
         try:
             first.wait_or_give_up(timeout)
-        except BaseException:
+        except BaseException as exc:
             first._reported = True     # (raised here: destroy need not say it again)
             eng = engine()
-            with eng.held():
-                eng.calls.gave_up_unstarted(numbered[1], first.world_of)
+            with eng.held():   # (a mismatch had read "gave up (its timeout ran out)" there)
+                eng.calls.gave_up_unstarted(numbered[1], first.world_of,
+                                            GAVE_UP if isinstance(exc, TimeoutError)
+                                            else ABANDONED)
             raise
         try:
             return exchange(numbered)
@@ -929,8 +975,15 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
 
 
 @profiled("barrier", refused=_refused)
-def barrier(group=None, async_op: bool = False, timeout: float | None = None):
-    """Return only when every rank of the group has entered the barrier."""
+def barrier(group=None, async_op: bool = False, timeout: float | None = None, *,
+            algorithm: str = "auto"):
+    """Return only when every rank of the group has entered the barrier. ``algorithm``:
+    "auto" or "dissemination", its one algorithm (keyword only: as the other collectives
+    take it, where an older call may pass the timeout third)."""
+    if algorithm != "auto" and algorithm != "dissemination":
+        _check_algorithm(algorithm)
+        raise ValueError(f"barrier: unknown algorithm {algorithm!r}; valid: auto, "
+                         f"dissemination")
     lane = None
     if (group is None or group is _S.world) and not async_op:   # (a repeated one: _lane)
         lane = _BARRIER

@@ -46,6 +46,12 @@ def encode(collective: str, algorithm: str, algorithms: tuple, dtype: np.dtype, 
     return code, count & ((1 << _COUNT_BITS) - 1) | members << _COUNT_BITS
 
 
+def labelled(fp: tuple[int, int], label: int) -> tuple[int, int]:
+    """The fingerprint of a call with no root (``fp``'s root field 0) carrying ``label``
+    (collectives._labelled: the label + 1) there."""
+    return fp[0] | (label & 0xFFFFFF) << 40, fp[1]
+
+
 def decode(fp: tuple[int, int], algorithms_of) -> dict:
     """The fields of a fingerprint; anything that does not decode (a corrupt or hostile
     header) shows as "?" rather than raising."""
@@ -96,6 +102,9 @@ def diff(mine: dict, theirs: dict, me: int, them: int) -> str:
     if "algorithm" in fields and (mine.get("auto_for") or theirs.get("auto_for")):
         hint = ("; algorithm='auto' picks for the kind of buffers passed (rl.empty arrays are "
                 "read in place): pass the same kind on every rank, or name the algorithm")
+    if fields == ["label"]:
+        hint = ("; the label names which of a training object's buckets or units (or which "
+                "all_gather(label=)) the call moves: the ranks called them in other orders")
     kinds = {mine["collective"]: mine, theirs["collective"]: theirs}
     if set(kinds) == {"all_gather", "all_to_all"} and str(kinds["all_gather"].get("dtype")) \
             == "int64":

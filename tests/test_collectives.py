@@ -815,3 +815,41 @@ def test_all_gathers_whose_labels_differ_raise():
     """``all_gather(label=)``: what the call gathers, checked with its messages (ZeRO-3
     labels each unit's gather)."""
     run(_labelled_gathers, 2)
+
+
+def _labelled_reductions(rank):
+    x = np.full(5, rank + 1.0)
+    out = np.zeros(2)
+    rl.all_reduce(x, label=9)
+    rl.reduce_scatter(out, np.arange(4.0), label=9)
+    assert (x == 3.0).all() and (out == [2.0 * rank * 2, 2.0 * rank * 2 + 2]).all()
+    for call in (lambda lb: rl.all_reduce(x, label=lb, timeout=20),
+                 lambda lb: rl.reduce_scatter(out, np.arange(4.0), label=lb, timeout=20)):
+        with pytest.raises(ValueError, match="label must be an int"):
+            call(-1)
+        with pytest.raises(rl.CollectiveMismatch, match="they differ in label"):
+            call(3 + rank)
+    x[:] = rank + 1.0
+    rl.all_reduce(x)                # (the calls after pair again)
+    assert (x == 3.0).all()
+
+
+def _barrier_algorithms(rank):
+    rl.barrier(algorithm="dissemination")
+    rl.barrier(algorithm="auto", timeout=20)
+    with pytest.raises(ValueError, match="barrier: unknown algorithm 'ring'"):
+        rl.barrier(algorithm="ring")
+    x = np.ones(2)
+    rl.all_reduce(x)
+    assert (x == 2).all()
+
+
+def test_barrier_takes_an_algorithm_as_every_collective():
+    """The README says every collective takes algorithm=; barrier raised TypeError."""
+    run(_barrier_algorithms, 2)
+
+
+def test_all_reduce_and_reduce_scatter_take_labels_too():
+    """The buckets of two GradBuckets and the units of two ZeroOptimizers are labelled
+    with these: a mismatch, not a mix, where ranks call them in other orders."""
+    run(_labelled_reductions, 2)

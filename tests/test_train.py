@@ -720,6 +720,38 @@ def _zero_units_handed_over_in_another_order(rank):
         assert got == [-1.5, -15.0], (stage, got)       # (swapped: -10.5 and -6)
 
 
+def _two_objects_called_in_other_orders(rank, kind):
+    """Two training objects of one layout, the ranks calling them in other orders: each
+    object's collectives carry its own labels, so this is a mismatch, not their mix."""
+    from ringlet import train
+    if kind == "buckets":
+        objs = [train.GradBuckets([np.zeros(100, np.float32)], overlap=overlap)
+                for overlap in (True, True)]
+        grads = [np.full(100, 1.0 + rank, np.float32), np.full(100, 100.0 + rank, np.float32)]
+
+        def use(k):
+            objs[k].ready(0, grads[k])
+            return objs[k].wait()[0]
+    else:
+        objs = [train.ZeroOptimizer([[np.zeros(100)]], stage=1, lr=0.1) for _ in range(2)]
+        grads = [[np.full(100, 1.0 + rank)], [np.full(100, 100.0 + rank)]]
+
+        def use(k):
+            objs[k].step(grads[k])
+            return objs[k].gather(0)[0]
+    order = (0, 1) if rank % 2 == 0 else (1, 0)
+    with pytest.raises(rl.CollectiveMismatch, match="they differ in label"):
+        for k in order:
+            use(k)
+
+
+@pytest.mark.parametrize("kind", ["buckets", "zero"])
+def test_two_objects_of_one_layout_called_in_other_orders_raise(kind):
+    """Before, two GradBuckets of one layout used in other orders on other ranks averaged
+    each other's gradients (1.5 and 100.5 both read 51.0 at p = 2), with no error."""
+    run(_two_objects_called_in_other_orders, 2, kind)
+
+
 def test_zero_averages_each_unit_whatever_order_ranks_hand_them_over():
     run(_zero_units_handed_over_in_another_order, 2)
 
@@ -823,6 +855,34 @@ def _moe_api_job(rank):
 
 def test_moe_api_and_errors():
     run(_moe_api_job, 2)
+
+
+def _moe_worst_case(rank):
+    from ringlet import train
+    p, E, T, D = rl.get_world_size(), 2 * rl.get_world_size(), 32, 4
+    x = np.ones((T, D), np.float32)
+    priced = train.moe.price_moe(T, D, 1, E, p).bytes_per_rank
+    remote = [e for e in range(E) if e // 2 != rank]
+    rng_ = np.random.default_rng(rank)
+    for idx in (np.array([remote[t % len(remote)] for t in range(T)]),   # all sent away
+                rng_.integers(0, E, T)):                                  # as it comes
+        train.combine(*train.dispatch(x, idx, E))       # (its plans made: not counted)
+        rl.reset_stats()
+        train.combine(*train.dispatch(x, idx, E))
+        sent = np.array([sum(v["bytes"] for v in rl.stats()["sent"].values())])
+        rl.all_reduce(sent, rl.ReduceOp.MAX)
+        assert sent[0] <= priced, (sent[0], priced)
+        rl.barrier()
+    assert sent is not None
+    return int(priced)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_moe_price_is_the_worst_case_it_says(n):
+    """Every row sent to another rank's experts, as many as their capacity takes: the
+    priced worst case had counted the rank's rows spread over every rank, 1/p of them
+    kept home (p = 4: 25,024 B priced, 31,168 sent)."""
+    run(_moe_worst_case, n)
 
 
 def _moe_small_index_dtypes(rank):
@@ -1158,6 +1218,39 @@ def _ps_large_rows_from_one_array(rank):
 
 def test_parameter_server_sends_each_rounds_rows_though_generate_reuses_its_array():
     run(_ps_large_rows_from_one_array, 3)
+
+
+def _ps_experience_dtype(rank, staleness):
+    from ringlet import train
+    rows = np.array([[3001, 0.1], [123456789, 2]])
+    ps = train.ParameterServer(np.zeros(4, np.float16), width=2, staleness=staleness,
+                               learner=2, experience_dtype=np.float64)
+    if rank == 2:
+        got = []
+        ps.learn(2, lambda w, exps: got.append(exps))
+        assert all(e.dtype == np.float64 and (e == rows).all() for e in got[-1]), got
+    else:
+        ps.act(2, lambda w, c: rows)
+    rl.barrier()
+    plain = train.ParameterServer(np.zeros(4, np.float16), width=2, staleness=staleness,
+                                  learner=2)
+    if rank != 2:
+        with pytest.raises(ValueError, match=r"overflow float16 .*experience_dtype='float64'"):
+            plain._as_experience(rows, copy=True)
+        with pytest.raises(ValueError, match="cannot travel as int32"):
+            train.ParameterServer(np.zeros(4, np.int32), width=2, staleness=staleness,
+                                  learner=2)._as_experience(rows, copy=True)
+    else:
+        train.ParameterServer(np.zeros(4, np.int32), width=2, staleness=staleness, learner=2)
+    assert plain._as_experience(rows[:, 1:] * 0 + [[0.5]], copy=False).dtype == np.float16
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_parameter_server_experience_arrives_as_sent(staleness):
+    """float16 weights had delivered experience cast to float16 (123456789 as inf, 3001 as
+    3000), with only NumPy's overflow warning on the actor: now ``experience_dtype`` says
+    what it travels as, and a cast that overflows or changes its kind is refused."""
+    run(_ps_experience_dtype, 3, staleness)
 
 
 def test_bounded_staleness_lets_actors_pass_a_straggler(tmp_path):

@@ -25,7 +25,7 @@ from ..ops import ReduceOp, bf16_to_f32, f32_to_bf16
 from ..runtime import get_rank, resolve
 from ..transport import copies
 from .arrays import as_numbers
-from .pricing import (Call, agree_on, averaging, buffer, hosts_of, overlaps, price,
+from .pricing import (Call, agree_on, averaging, buffer, hosts_of, label, overlaps, price,
                       shared_if_large)
 
 
@@ -33,10 +33,11 @@ BF16 = "bfloat16"
 
 
 class _Bucket:
-    __slots__ = ("indices", "buf", "wire", "gathered", "pending", "work")
+    __slots__ = ("indices", "buf", "wire", "gathered", "pending", "work", "label")
 
     def __init__(self, indices, count, dtype, wire_dtype, p):
         self.indices = indices
+        self.label = 0      # (GradBuckets._agree sets it: the bucket's calls carry it)
         self.buf = buffer(count, dtype)
         self.pending = len(indices)
         self.work = None
@@ -107,12 +108,14 @@ class GradBuckets:
         # (each parameter's shape, in bucket order: ranks that listed parameters of one
         # bucket's size in another order, or another shape, averaged across them silently)
         layout = [[(self.shapes[i], b.buf.dtype.str) for i in b.indices] for b in self.buckets]
-        agree_on("GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets],
+        base = agree_on("GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets],
                  layout, (float(cap_mb), str(comm_hook)), self.group,
                  f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}, dtypes "
                  f"{sorted({b.buf.dtype.name for b in self.buckets})}",
                  "pass the same parameters, in the same order and shapes, bucket_cap_mb and "
                  "comm_hook on every rank")
+        for k, b in enumerate(self.buckets):
+            b.label = label(base, k)
 
     @classmethod
     def for_module(cls, module, bucket_cap_mb: float = 25, group=None, comm_hook=None,
@@ -204,12 +207,14 @@ class GradBuckets:
     def _launch(self, b: _Bucket, async_op: bool):
         if b.gathered is not None:
             f32_to_bf16(b.buf.astype(np.float32, copy=False), b.wire)
-            return all_gather(b.gathered, b.wire, group=self.group, async_op=async_op)
+            return all_gather(b.gathered, b.wire, group=self.group, async_op=async_op,
+                              label=b.label)
         if b.wire is b.buf:
             return all_reduce(b.buf, averaging(b.buf, self.group.size), group=self.group,
-                              async_op=async_op)
+                              async_op=async_op, label=b.label)
         np.multiply(b.buf, 1.0 / self.group.size, out=b.wire, casting="same_kind")
-        return all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=async_op)
+        return all_reduce(b.wire, ReduceOp.SUM, group=self.group, async_op=async_op,
+                          label=b.label)
 
     def wait(self) -> list[np.ndarray]:
         """Wait for every bucket; return each parameter's mean gradient over the group

@@ -122,14 +122,20 @@ def disagreement(values, group) -> list | None:
 
 
 def agree_on(pattern: str, differ: str, sizes, layout, settings, group, here: str,
-             advice: str) -> None:
+             advice: str) -> int:
     """Raise on every rank unless all passed the same ``sizes`` (elements of each of the
     pattern's pieces: units, buckets), ``layout`` (each array's shape and dtype, in order)
     and ``settings`` (the rest that must match), the last two compared by ``digest``:
     "rank r: PATTERN: the ranks DIFFER (each rank's count of pieces and elements; here
     HERE): ADVICE", where DIFFER names what differs: the pieces (``differ``, whose last
     word names them: "cut different buckets"), the arrays' shapes, dtypes or order, or
-    the settings."""
+    the settings.
+
+    Returns the pattern's labels' base: piece k's collectives pass ``label=base + k %
+    4096`` (:func:`label`), which every rank's call must match. Two objects of one layout
+    (two GradBuckets, two ZeroOptimizers) called in other orders on other ranks had
+    averaged each other's buckets, silently; the base is the group's sequence number of
+    this agreement, alike on every rank and other for each object built on the group."""
     every = disagreement([len(sizes), sum(sizes), digest(sizes), digest(layout),
                           digest(settings)], group)
     if every is not None:
@@ -142,6 +148,12 @@ def agree_on(pattern: str, differ: str, sizes, layout, settings, group, here: st
                          for r, (n, e, *_) in enumerate(every))
         raise ValueError(f"rank {get_rank()}: {pattern}: the ranks {what} ({said}; here "
                          f"{here}): {advice}")
+    return (group.seq % 4096) << 12
+
+
+def label(base: int, k: int) -> int:
+    """The label of piece ``k``'s collectives of the object whose base ``agree_on`` gave."""
+    return base + k % 4096
 
 
 def digest(layout) -> int:

@@ -42,9 +42,14 @@ USED_KEPT = 1 << 16
 
 class ParameterServer:
     """``weights``: the initial weights (the same on every rank; updated in place on the
-    learner, replaced by received versions on actors)."""
+    learner, replaced by received versions on actors). ``experience_dtype``: what the
+    experience travels and arrives as (default: the weights' dtype); rows an actor
+    generates in another dtype are cast to it, and refused where that would change their
+    kind or overflow (float16 weights had delivered 123456789 as inf, with only NumPy's
+    warning on the actor)."""
 
-    def __init__(self, weights, width: int, staleness: int = 0, learner: int = 0, group=None):
+    def __init__(self, weights, width: int, staleness: int = 0, learner: int = 0, group=None,
+                 experience_dtype=None):
         self.group = g = resolve(group)
         if g.size < 2:
             raise ValueError("a parameter server needs a learner and at least one actor")
@@ -54,6 +59,11 @@ class ParameterServer:
             raise ValueError(f"staleness must be >= 0 and width >= 1, got {staleness}, {width}")
         self.weights = as_numbers(weights, "weights", writable=True)
         self.width, self.s, self.learner = int(width), int(staleness), learner
+        self.exp_dtype = self.weights.dtype if experience_dtype is None else \
+            np.dtype(experience_dtype)
+        if self.exp_dtype.kind not in "biuf":
+            raise TypeError(f"experience_dtype must be a NumPy number dtype, got "
+                            f"{self.exp_dtype}")
         self._agree()
         self.actors = [r for r in range(g.size) if r != learner]
         self.version = 0
@@ -70,13 +80,14 @@ class ParameterServer:
         their timeout. Checked once, here, on every rank."""
         w = self.weights
         every = disagreement([self.width, self.s, self.learner, w.size,
-                              digest((w.shape, w.dtype.str))], self.group)
+                              digest((w.shape, w.dtype.str, self.exp_dtype.str))], self.group)
         if every is not None:
             said = "; ".join(f"rank {r}: width={a}, staleness={s}, learner={l}, "
                              f"{n}-element weights" for r, (a, s, l, n, _) in enumerate(every))
             raise ValueError(f"rank {get_rank()}: ParameterServer: the ranks disagree ({said}; "
-                             f"here weights {w.shape} {w.dtype}): pass the same width, "
-                             f"staleness, learner and weights' shape and dtype on every rank")
+                             f"here weights {w.shape} {w.dtype}, experience "
+                             f"{self.exp_dtype}): pass the same width, staleness, learner, "
+                             f"weights' shape and dtype and experience_dtype on every rank")
 
     # -- learner ---------------------------------------------------------------------------
     def learn(self, rounds: int, update) -> None:
@@ -87,7 +98,7 @@ class ParameterServer:
         for c in range(first, first + rounds):
             if self.s == 0:
                 broadcast(self.weights, self.learner, self.group)
-                exps = self._gather(np.empty((0, self.width), self.weights.dtype))
+                exps = self._gather(np.empty((0, self.width), self.exp_dtype))
                 self.used_versions += [(c, a, c) for a in self.actors]
             else:
                 exps = [self._recv_experience(a, c) for a in self.actors]
@@ -120,7 +131,7 @@ class ParameterServer:
         rnd, version, n = head
         if rnd != c:
             raise RuntimeError(f"learner: actor {actor} sent round {rnd} where round {c} was due")
-        exp = np.empty((n, self.width), self.weights.dtype)
+        exp = np.empty((n, self.width), self.exp_dtype)
         irecv(exp, actor, self.group, tag=(1 << 39) + c).wait()
         self.used_versions.append((c, actor, int(version)))
         return exp
@@ -157,11 +168,11 @@ class ParameterServer:
             else:
                 nxt = self._newest(nxt, need=c - self.s, last=end)
             rows = as_numbers(generate(self.weights, c), "experience")
-            # (sent while generate goes on: a copy, in case it fills the same array again)
-            rows = np.array(rows, self.weights.dtype, order="C", copy=True if self.s else None)
             if rows.ndim != 2 or rows.shape[1] != self.width:
                 raise ValueError(f"rank {get_rank()}: experience must have shape (n, {self.width}), "
                                  f"got {rows.shape}")
+            # (sent while generate goes on: a copy, in case it fills the same array again)
+            rows = self._as_experience(rows, copy=bool(self.s))
             if self.s == 0:
                 t = time.perf_counter()
                 self._gather(rows)
@@ -175,6 +186,25 @@ class ParameterServer:
         self.rounds = end
         for w in sends:
             w.wait()
+
+    def _as_experience(self, rows: np.ndarray, copy: bool) -> np.ndarray:
+        """``rows`` in the experience dtype, or ValueError where the cast would change what
+        they hold past rounding: another kind (floats into integers) or an overflow."""
+        want = self.exp_dtype
+        if rows.dtype != want and not np.can_cast(rows.dtype, want, "same_kind"):
+            raise ValueError(f"rank {get_rank()}: experience of dtype {rows.dtype} cannot travel "
+                             f"as {want} (the weights' dtype, unless experience_dtype= says "
+                             f"otherwise): pass ParameterServer(..., experience_dtype="
+                             f"'{rows.dtype}') on every rank, or generate {want} rows")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.array(rows, want, order="C", copy=True if copy else None)
+        if want.kind == "f" and rows.dtype != want and \
+                not np.isfinite(out[np.isfinite(rows)]).all():
+            raise ValueError(f"rank {get_rank()}: experience values overflow {want} (largest "
+                             f"magnitude {np.abs(rows[np.isfinite(rows)]).max():g}): pass "
+                             f"ParameterServer(..., experience_dtype='{rows.dtype}') on every "
+                             f"rank")
+        return out
 
     def _newest(self, nxt, need: int, last: int):
         """Adopt every version that has arrived; block while ours is older than ``need``.
@@ -207,8 +237,8 @@ class ParameterServer:
         isend of the weights to each actor (priced as a scatter of one copy per rank: the
         same messages from the root), then each actor's header and rows (gathers). (It had
         priced the synchronous round's calls: 8 MiB of weights where 24 MiB went, p = 4.)"""
-        p, item = self.group.size, self.weights.dtype.itemsize
-        rows = Call("gather", p * rows_per_actor * self.width * item, p, item, label="experience")
+        p, item, e = self.group.size, self.weights.dtype.itemsize, self.exp_dtype.itemsize
+        rows = Call("gather", p * rows_per_actor * self.width * e, p, e, label="experience")
         if self.s:
             return [Call("scatter", p * self.weights.nbytes, p, item,
                          label="weights, an isend to each actor"),

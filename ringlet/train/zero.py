@@ -31,7 +31,7 @@ from ..runtime import get_rank, resolve
 from .arrays import as_numbers
 from . import optim
 from .. import buffers
-from .pricing import (Call, agree_on, averaging, buffer, hosts_of, lent, overlaps, price,
+from .pricing import (Call, agree_on, averaging, buffer, hosts_of, label, lent, overlaps, price,
                       shared_if_large)
 
 
@@ -143,10 +143,12 @@ class ZeroOptimizer:
         sizes = [sum(a.size for a in arrays) for arrays in units]
         layout = [[(a.shape, a.dtype.str) for a in arrays] for arrays in units]
         settings = (self.stage, named, sorted((k, repr(v)) for k, v in given.items()))
-        agree_on("ZeroOptimizer", "passed different units", sizes, layout, settings,
-                 self.group, f"stage={self.stage}, optimizer={named!r}, {given}",
-                 "pass the same parameters (shapes and order), stage and optimizer settings "
-                 "on every rank")
+        # (each unit's collectives carry label(base, unit): pricing.agree_on)
+        self._labels = agree_on(
+            "ZeroOptimizer", "passed different units", sizes, layout, settings, self.group,
+            f"stage={self.stage}, optimizer={named!r}, {given}",
+            "pass the same parameters (shapes and order), stage and optimizer settings on "
+            "every rank")
 
     # -- parameters --------------------------------------------------------------------
     def gather(self, u: int, prefetch: int | None = None) -> list[np.ndarray]:
@@ -171,7 +173,8 @@ class ZeroOptimizer:
         # (labelled by the unit: ranks that gathered other units of one size, prefetching
         # differently, had each got a mix of both, silently)
         unit.work = all_gather(unit.full.reshape(self.group.size, -1), self.shards[u],
-                               group=self.group, async_op=self.overlap, label=u % (1 << 24))
+                               group=self.group, async_op=self.overlap,
+                               label=label(self._labels, u))
         held = sum(x.full.nbytes for x in self.units if x.full is not None)
         self.peak_gathered = max(self.peak_gathered, held)
 
@@ -218,10 +221,10 @@ class ZeroOptimizer:
         unit.grad_ready = flat
         self._note_grad_in()
         while self._turn >= 0 and self.units[self._turn].grad_ready is not None:
-            self._reduce(self.units[self._turn])
+            self._reduce(self.units[self._turn], self._turn)
             self._turn -= 1
 
-    def _reduce(self, unit: _Unit) -> None:
+    def _reduce(self, unit: _Unit, u: int) -> None:
         """Put a unit's filled gradient on the wire."""
         flat, unit.grad_ready, p = unit.grad_ready, None, self.group.size
         if self.stage == 1:
@@ -230,14 +233,16 @@ class ZeroOptimizer:
             if unit.mean is None:
                 unit.mean = np.empty(unit.shard, unit.dtype)
             unit.grad_work = reduce_scatter(unit.mean, flat.reshape(p, -1), averaging(flat, p),
-                                            group=self.group, async_op=self.overlap) or _DONE
+                                            group=self.group, async_op=self.overlap,
+                                            label=label(self._labels, u)) or _DONE
         else:
             if unit.grad is None:
                 unit.grad = np.empty(unit.shard, unit.dtype)
             unit.grad_in = flat
             unit.grad_work = reduce_scatter(unit.grad, flat.reshape(p, -1),
                                             averaging(flat, p), group=self.group,
-                                            async_op=self.overlap) or _DONE
+                                            async_op=self.overlap,
+                                            label=label(self._labels, u)) or _DONE
             if unit.grad_work is _DONE:
                 unit.grad_in = None
                 unit.give_back("grad_in")
@@ -278,7 +283,8 @@ class ZeroOptimizer:
                     self.free(k)
             return
         works = [all_gather(unit.full.reshape(self.group.size, -1), self.shards[k],
-                            group=self.group, async_op=self.overlap)
+                            group=self.group, async_op=self.overlap,
+                            label=label(self._labels, k))
                  for k, unit in enumerate(self.units)]
         for w in works:
             if w is not None:

@@ -10,11 +10,11 @@ and the tags that already failed here (ABORTs for them are old news).
 """
 from __future__ import annotations
 
-from .errors import CollectiveMismatch, PeerFailure, TimeoutError
+from .errors import CollectiveMismatch, PeerFailure, RingletError, TimeoutError
 from .fingerprint import diff
 from .group import TAG_COLLECTIVE, call_number, group_of
 from .transport import protocol
-from .transport.protocol import DEAD, GAVE_UP, LEFT, NO_FP, REFUSED, STALE
+from .transport.protocol import ABANDONED, DEAD, GAVE_UP, LEFT, NO_FP, REFUSED, STALE
 
 REMEMBER = 1024   # tags kept in ``aborts`` and ``failed`` (a peer cannot make us keep more)
 
@@ -50,7 +50,7 @@ class Agreement:
         self.aborts: dict = {}     # tag -> the error of a call not entered yet
         self.failed: dict = {}     # tags of calls already failed here
         # tag -> (sender, why) of a call a peer gave up on (GAVE_UP: its timeout; REFUSED:
-        # its arguments) before this rank entered it, if it ever does: one it finished
+        # its arguments; ABANDONED: an earlier part of its call failed) before this rank entered it, if it ever does: one it finished
         # meanwhile (run whole in C) stands
         self.given_up: dict = {}
 
@@ -109,7 +109,8 @@ class Agreement:
         """This rank will never run call ``tag``, whose number it took - with the call
         before it (an uneven all_to_all's exchange, after its split table's all_gather
         failed here), or for a call whose arguments failed their checks here (``why`` =
-        REFUSED: collectives._refused): its other members are told as for a call given up,
+        REFUSED: collectives._refused; ABANDONED: the earlier part of one call failed here,
+        not by its timeout): its other members are told as for a call given up,
         so one that runs it fails at once instead of waiting its timeout. Every rank took
         the number, so the calls after it keep one numbering everywhere. (A refusal is not
         said in shared memory too: that word's readers take it for a timeout.)"""
@@ -184,7 +185,7 @@ class Agreement:
                 self.engine.fail_peer(dead, exc)
             if tag in self.failed:   # a call in flight here: it failed with the rest
                 return
-        elif culprit == GAVE_UP or culprit == REFUSED:
+        elif culprit == GAVE_UP or culprit == REFUSED or culprit == ABANDONED:
             if tag not in self.active:
                 # Not entered yet: it fails as it starts. (Or finished here, every message it
                 # needed having arrived: it stands, and this is never asked for.)
@@ -233,6 +234,12 @@ class Agreement:
                 f"rank {self.engine.rank}: {what}: rank {sender} refused it: its arguments "
                 f"failed the call's checks there (rank {sender}'s error says which); this "
                 f"call's outputs here are undefined")
+        if why == ABANDONED:
+            return RingletError(
+                f"rank {self.engine.rank}: {what}: rank {sender} abandoned it: it is a part of "
+                f"one call whose earlier part (an uneven all_to_all's table of splits, a "
+                f"reduce_scatter's first block) failed there - rank {sender}'s error says why; "
+                f"this call's outputs here are undefined")
         return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
                             f"timeout ran out); this call's outputs here are undefined")
 

@@ -442,6 +442,56 @@ def _one(tensors, what):
     return tensors[0]
 
 
+def _per_rank(tensors, p: int, what: str, numel: int | None = None):
+    """``tensors``, a list of one per rank of the group (of ``numel`` elements each, if
+    given), or ValueError: a list of another length had gathered into fewer or more tensors
+    than the ranks, silently (Gloo refuses it)."""
+    if len(tensors) != p:
+        raise ValueError(f"ringlet {what}: expected a list of {p} tensors (one per rank of the "
+                         f"group), got {len(tensors)}")
+    for i, t in enumerate(tensors):
+        if numel is not None and t.numel() != numel:
+            raise ValueError(f"ringlet {what}: tensor {i} of the list has {t.numel()} elements, "
+                             f"where each rank's has {numel} (shape {tuple(t.shape)})")
+    return tensors
+
+
+def _refusing(name: str, numbers=1):
+    """A process group method running ringlet's ``name``: where it fails before its call
+    is issued (its own checks, or torch's tensor ops on the arguments), it gives up the
+    numbers that call would have taken in the group's sequence (``numbers``, or the method
+    of that name's answer for the arguments), as ringlet's own checks do (collectives.refuse): the other ranks' calls
+    fail at once, saying this rank refused them, and every rank's next call pairs again.
+    (Before: a list of the wrong length on one rank left the calls after it a call apart.)"""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kw):
+            try:
+                return method(self, *args, **kw)
+            except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+                if not getattr(exc, "_ringlet_refused", False) and not _issued(exc):
+                    try:
+                        n = getattr(self, numbers)(*args, **kw) if isinstance(numbers, str) \
+                            else numbers
+                    except Exception:      # (arguments too broken to tell: one call)
+                        n = 1
+                    C.refuse(name, exc, self.group, n)
+                raise
+        return call
+    return wrap
+
+
+def _issued(exc) -> bool:
+    """Whether ``exc`` came from inside ``ProcessGroup._issue`` (the ringlet call, which
+    gives up its own number where its checks fail)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is ProcessGroup._issue.__code__:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _promoted(tensors) -> torch.dtype:
     """The dtype torch.cat gives ``tensors``."""
     return functools.reduce(torch.promote_types, (t.dtype for t in tensors))
@@ -626,13 +676,15 @@ class ProcessGroup(dist.ProcessGroup):
         return work
 
     # reductions
+    @_refusing("all_reduce")
     def allreduce(self, tensors, opts=c10d.AllreduceOptions()):
         t = _one(tensors, "allreduce")
         op, factor = _op(opts.reduceOp)
         big = self.in_place and t.numel() * t.element_size() > STAGE_MIN and t.is_cpu
         # (a bucket DDP's reducer all-reduces itself, called from C++: one a Python comm
         # hook passes, through torch's API, it may resize - batched PowerSGD pads it)
-        if big and t.is_contiguous() and _adopted(t, sys._getframe(1).f_code is not _C10D_ALL_REDUCE):
+        if big and t.is_contiguous() and \
+                _adopted(t, sys._getframe(2).f_code is not _C10D_ALL_REDUCE):   # (2: _refusing)
             buf, back = t, None
         else:
             buf, back = _dense(t)
@@ -641,6 +693,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("all_reduce", opts, tensors, lambda a: C.all_reduce(
             arr, op, self.group, async_op=a, algorithm=algorithm, timeout=timeout), back)
 
+    @_refusing("all_reduce")
     def allreduce_coalesced(self, tensors, opts=c10d.AllreduceCoalescedOptions()):
         op, factor = _op(opts.reduceOp)
         own = _Scratch(self.in_place)
@@ -650,6 +703,7 @@ class ProcessGroup(dist.ProcessGroup):
             _reducible(flat, op), op, self.group, async_op=a, algorithm=algorithm, timeout=timeout),
             own.done(lambda: _unflatten_into(flat, tensors)))
 
+    @_refusing("reduce")
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
         op, factor = _op(opts.reduceOp)
         t = _one(tensors, "reduce")
@@ -688,9 +742,15 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("reduce_scatter", opts, result, call,
                            then if gloo or back or after else None)
 
+    @_refusing("reduce_scatter", "_reduce_scatter_numbers")
     def reduce_scatter(self, outputs, inputs, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         out, ins = _one(outputs, "reduce_scatter"), _one(inputs, "reduce_scatter")
+        _per_rank(ins, self.size(), "reduce_scatter inputs")
+        if ins[self.group.rank].numel() != out.numel():
+            raise ValueError(f"ringlet reduce_scatter: the output has {out.numel()} elements, "
+                             f"this rank's input (number {self.group.rank} of the list) "
+                             f"{ins[self.group.rank].numel()}")
         own = _Scratch(self.in_place)
         if self.gloo_order and self._algorithm(out) == "gloo_ring":   # (even or uneven)
             return self._reduce_scatter_as_gloo(out, ins, op, factor, opts, outputs, own)
@@ -707,6 +767,17 @@ class ProcessGroup(dist.ProcessGroup):
         flat = _premul(own.stack([t.reshape(out.shape) for t in ins]), factor, False)
         return self._reduce_scatter(out, flat, op, opts, outputs, after=own.done())
 
+    def _reduce_scatter_numbers(self, outputs, inputs, opts=None):
+        """The calls a list reduce_scatter makes (_refusing): Gloo's order runs one
+        all_reduce per rank's block."""
+        out = outputs[0] if len(outputs) == 1 else None
+        return self.size() if out is not None and self.gloo_order and \
+            self._algorithm(out) == "gloo_ring" else 1
+
+    def _alltoall_numbers(self, out, inp, out_splits, in_splits, opts=None):
+        """Uneven splits take two numbers (the table's all_gather, the exchange)."""
+        return 2 if list(out_splits) or list(in_splits) else 1
+
     def _reduce_scatter_as_gloo(self, out, ins, op, factor, opts, outputs, own):
         """The list form in Gloo's order, as Gloo runs it: one all_reduce per block (Gloo's
         ring splits each block among the ranks, so one call over them all, split once,
@@ -716,17 +787,27 @@ class ProcessGroup(dist.ProcessGroup):
         timeout = self._timeout(opts)
 
         def call(a):
-            works = [C.all_reduce(x, op, self.group, async_op=a, algorithm="gloo_ring",
-                                  timeout=timeout) for x in arrays]
-            return AllOf(runtime.engine(), works, "reduce_scatter") if a else None
+            if a:
+                works = [C.all_reduce(x, op, self.group, async_op=True, algorithm="gloo_ring",
+                                      timeout=timeout) for x in arrays]
+                return AllOf(runtime.engine(), works, "reduce_scatter")
+            for i, x in enumerate(arrays):
+                try:
+                    C.all_reduce(x, op, self.group, algorithm="gloo_ring", timeout=timeout)
+                except BaseException as exc:   # (the blocks after it: given up, as a whole)
+                    C.abandon(self.group, len(arrays) - 1 - i, exc)
+                    raise
+            return None
         return self._issue("reduce_scatter", opts, outputs, call, own.done(
             lambda: _copy(out, blocks[self.group.rank].view(out.shape))))
 
+    @_refusing("reduce_scatter")
     def _reduce_scatter_base(self, out, inp, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         src = _premul(inp.contiguous(), factor, True)
         return self._reduce_scatter(out, src, op, opts, [out], owned=factor is not None)
 
+    @_refusing("reduce_scatter")
     def reduce_scatter_tensor_coalesced(self, outs, ins, opts=c10d.ReduceScatterOptions()):
         op, factor = _op(opts.reduceOp)
         p = self.size()
@@ -738,6 +819,7 @@ class ProcessGroup(dist.ProcessGroup):
                                     after=own.done(lambda: _unflatten_into(res, outs)))
 
     # copies
+    @_refusing("broadcast")
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
         t = _one(tensors, "broadcast")
         buf, back = _dense(t)
@@ -745,21 +827,26 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("broadcast", opts, tensors, lambda a: C.broadcast(
             buf, root, self.group, async_op=a, timeout=timeout), back)
 
+    @_refusing("all_gather")
     def allgather(self, outputs, inputs, opts=c10d.AllgatherOptions()):
         outs, inp = _one(outputs, "allgather"), _one(inputs, "allgather")
+        _per_rank(outs, self.size(), "all_gather outputs", inp.numel())
         own = _Scratch(self.in_place)
         res, src = own.gathered(self.size(), self.group.rank, [inp])
         timeout = self._timeout(opts)
         return self._issue("all_gather", opts, outputs, lambda a: C.all_gather(
             res, src, self.group, async_op=a, timeout=timeout), own.done(_spreader(outs, res)))
 
+    @_refusing("all_gather")
     def _allgather_base(self, out, inp, opts=c10d.AllgatherOptions()):
         buf, back = _dense(out)
         src, timeout = inp if inp.is_contiguous() else inp.contiguous(), self._timeout(opts)
         return self._issue("all_gather", opts, [out], lambda a: C.all_gather(
             buf, src, self.group, async_op=a, timeout=timeout), back)
 
+    @_refusing("all_gather")
     def allgather_coalesced(self, output_lists, inputs, opts=c10d.AllgatherOptions()):
+        _per_rank(output_lists, self.size(), "all_gather_coalesced output lists")
         own = _Scratch(self.in_place)
         res, flat = own.gathered(self.size(), self.group.rank, inputs)
         timeout = self._timeout(opts)
@@ -770,6 +857,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("all_gather", opts, output_lists, lambda a: C.all_gather(
             res, flat, self.group, async_op=a, timeout=timeout), own.done(spread))
 
+    @_refusing("all_gather")
     def allgather_into_tensor_coalesced(self, outs, ins, opts=c10d.AllgatherOptions()):
         own, p, timeout = _Scratch(self.in_place), self.size(), self._timeout(opts)
         res, flat = own.gathered(p, self.group.rank, ins)
@@ -782,24 +870,29 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("all_gather", opts, outs, lambda a: C.all_gather(
             res, flat, self.group, async_op=a, timeout=timeout), own.done(spread))
 
+    @_refusing("gather")
     def gather(self, outputs, inputs, opts=c10d.GatherOptions()):
         inp, root, timeout = _one(inputs, "gather"), opts.rootRank, self._timeout(opts)
         src, res, spread = inp.contiguous(), None, None
         if self.group.rank == root:   # (torch's memory: see _Scratch)
+            outs = _per_rank(_one(outputs, "gather"), self.size(), "gather outputs", inp.numel())
             res = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
-            spread = _spreader(_one(outputs, "gather"), res)
+            spread = _spreader(outs, res)
         return self._issue("gather", opts, outputs, lambda a: C.gather(
             src, res, root, self.group, async_op=a, timeout=timeout), spread)
 
+    @_refusing("scatter")
     def scatter(self, outputs, inputs, opts=c10d.ScatterOptions()):
         out, root, timeout = _one(outputs, "scatter"), opts.rootRank, self._timeout(opts)
         src = None
         if self.group.rank == root:   # (torch's memory: see _Scratch)
-            src = torch.stack([t.reshape(out.shape) for t in _one(inputs, "scatter")])
+            ins = _per_rank(_one(inputs, "scatter"), self.size(), "scatter inputs", out.numel())
+            src = torch.stack([t.reshape(out.shape) for t in ins])
         buf, back = _dense(out)
         return self._issue("scatter", opts, outputs, lambda a: C.scatter(
             buf, src, root, self.group, async_op=a, timeout=timeout), back)
 
+    @_refusing("all_to_all_single", "_alltoall_numbers")
     def alltoall_base(self, out, inp, out_splits, in_splits, opts=c10d.AllToAllOptions()):
         buf, back = _dense(out)
         src, timeout = inp.contiguous(), self._timeout(opts)
@@ -807,6 +900,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issue("all_to_all", opts, [out], lambda a: C.all_to_all_single(
             buf, src, outs, ins, self.group, async_op=a, timeout=timeout), back)
 
+    @_refusing("all_to_all", 2)
     def alltoall(self, outs, ins, opts=c10d.AllToAllOptions()):
         dense = [_dense(o) for o in outs]
         srcs, timeout = [i.contiguous() for i in ins], self._timeout(opts)
@@ -819,6 +913,7 @@ class ProcessGroup(dist.ProcessGroup):
             [d for d, _ in dense], srcs, self.group, async_op=a, timeout=timeout),
             copy_back if backs else None)
 
+    @_refusing("barrier")
     def barrier(self, opts=c10d.BarrierOptions()):
         timeout = self._timeout(opts)
         return self._issue("barrier", opts, [], lambda a: C.barrier(

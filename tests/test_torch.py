@@ -189,6 +189,45 @@ def test_premul_sum_of_integers_is_refused_on_every_rank():
     launch(_premul_of_integers_refused, 3)
 
 
+def _lists_of_the_wrong_length(rank, n):
+    """A list collective given a list of the wrong length on one rank (the root, for
+    gather and scatter). Before: all_gather and gather filled fewer or more tensors than
+    the ranks with no error anywhere, and reduce_scatter left the calls after it a call
+    apart (or raised a bare IndexError)."""
+    from ringlet import CollectiveMismatch
+    bad = n - 1
+
+    def lists(length, size=3):
+        return [torch.full((size,), -1.0) for _ in range(length)]
+    cases = {
+        "all_gather": (bad, lambda m: dist.all_gather(lists(m), torch.full((3,), float(rank)))),
+        "all_gather (sizes)": (bad, lambda m: dist.all_gather(
+            lists(n, 3 + (m != n)), torch.full((3,), float(rank)))),
+        "reduce_scatter": (bad, lambda m: dist.reduce_scatter(
+            torch.zeros(3), [torch.ones(3) for _ in range(m)])),
+        "gather": (0, lambda m: dist.gather(torch.full((3,), float(rank)),
+                                            lists(m) if rank == 0 else None, dst=0)),
+        "scatter": (0, lambda m: dist.scatter(torch.zeros(3),
+                                              lists(m) if rank == 0 else None, src=0)),
+    }
+    for name, (who, call) in cases.items():
+        for extra in (1, -1):
+            if rank == who:
+                with pytest.raises(ValueError, match=r"ringlet \w+ \w+: (expected a list of "
+                                   rf"{n} tensors|tensor \d of the list has)"):
+                    call(n + extra)
+            else:
+                with pytest.raises(CollectiveMismatch, match=f"rank {who} refused it"):
+                    call(n)
+            t = torch.full((2,), float(rank))
+            dist.all_reduce(t)          # the next call pairs on every rank
+            assert torch.equal(t, torch.full((2,), n * (n - 1) / 2)), (name, extra)
+
+
+def test_a_list_of_the_wrong_length_on_one_rank_is_refused_everywhere():
+    launch(_lists_of_the_wrong_length, 3)
+
+
 def _resizing_hook(rank, n):
     def pad_then_reduce(state, bucket):     # as torch's batched PowerSGD pads its bucket
         t = bucket.buffer()

@@ -76,6 +76,8 @@ DEAD = 0xFFFFFFFE        # ABORT "culprit" meaning: a member died; msgid names i
 LEFT = 1                 # ... and a DEAD ABORT's second fingerprint word 1: it left the job
 GAVE_UP = 0xFFFFFFFD     # ABORT "culprit" meaning: the sender's timeout for the call ran out
 REFUSED = 0xFFFFFFFC     # ABORT "culprit" meaning: the call's arguments failed checks there
+ABANDONED = 0xFFFFFFFB   # ABORT "culprit" meaning: a part of one call whose earlier part
+                         # failed there (an uneven all_to_all's exchange after its table)
 
 
 class Request:

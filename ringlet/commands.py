@@ -458,8 +458,9 @@ def _explain_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tier", type=_link_arg, default=None,
                     help=f"price on a tier ({', '.join(TIERS)}, or ALPHA_US,GBPS) instead of "
                          "this host's calibrated profile; with --hosts it is the inter-host link")
-    ap.add_argument("--hosts", type=int, default=None,
-                    help="split the ranks over this many hosts (two-tier topology)")
+    ap.add_argument("--hosts", default=None,
+                    help="split the ranks over this many hosts (two-tier topology), or over "
+                         "hosts of these sizes: 3,3,2")
     ap.add_argument("--intra", type=_link_arg, default=None,
                     help="intra-host link with --hosts (default: nvlink with --tier, "
                          "else this host's shm)")
@@ -491,9 +492,9 @@ def _explain_main(argv) -> int:
                          "nothing, whatever the algorithm")
     if a.itemsize < 1:
         raise ValueError("--itemsize must be >= 1")
-    if a.hosts is not None and a.hosts < 1:
-        raise ValueError(f"--hosts must be >= 1, got {a.hosts}")
-    if a.intra is not None and (a.hosts or 1) == 1:
+    from .cost.simulate import host_layout
+    a.host_ids = host_layout(a.hosts, p) if a.hosts is not None else None
+    if a.intra is not None and a.host_ids is None:
         raise ValueError("--intra is the link inside each of several hosts: give --hosts N "
                          "too (with one host, --tier names the link)")
     _sweep_range(a)     # (a bad --range is refused before the table, not after it)
@@ -556,20 +557,16 @@ def _explain_where(a, p: int):
     from .cost.profile import load_profile, profile_path
     from .cost.simulate import Topology
     prof = None
-    if a.hosts is not None and a.hosts > 1:
-        if p % a.hosts:
-            raise ValueError(f"--hosts {a.hosts} must divide -n {p}")
+    if a.host_ids is not None:
         if a.tier is not None:
             intra = a.intra or TIERS["nvlink"]
-            inter = a.tier
-            g = a.gamma or 0.0
-            topology = Topology(a.hosts, p // a.hosts, intra, inter, g)
+            topology = Topology.from_host_ids(a.host_ids, intra, a.tier, a.gamma or 0.0)
         else:
             prof = load_profile()
-            topology = Topology(a.hosts, p // a.hosts, a.intra or prof.link("shm"),
-                                prof.link("inter"), prof.gamma("shm") if a.gamma is None else a.gamma,
-                                prof.delta("shm"), shared=prof.shared(),
-                                machine=prof.machine())
+            topology = Topology.from_host_ids(
+                a.host_ids, a.intra or prof.link("shm"), prof.link("inter"),
+                prof.gamma("shm") if a.gamma is None else a.gamma, prof.delta("shm"),
+                shared=prof.shared(), machine=prof.machine())
         where = str(topology)
         gamma = topology.gamma
     elif a.tier is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost.model import Link, count_of, format_size, format_time, nbytes_of
-from .cost.simulate import Topology, simulate
+from .cost.simulate import Topology, host_layout, simulate
 from .cost.profile import load_profile
 from .plotting import picture_path
 from .schedule import BUFFER_NAMES, REDUCE, Schedule, Transfer
@@ -350,9 +350,10 @@ def _parser():
     ap.add_argument("--ranks", default=None,
                     help="a subgroup: the world ranks of its members, e.g. 1,3,5,7 (-n is "
                          "then their number)")
-    ap.add_argument("--hosts", type=int, default=None,
+    ap.add_argument("--hosts", default=None,
                     help="spread the ranks over this many hosts (contiguous blocks; drawn "
-                         "as bands, priced intra shm / inter tcp or --tier)")
+                         "as bands, priced intra shm / inter tcp or --tier), or over hosts "
+                         "of these sizes: 3,3,2")
     ap.add_argument("--tier", type=_link_arg, default=None,
                     help="price on a tier (nvlink, pcie, infiniband, ethernet, or "
                          "ALPHA_US,GBPS) instead of this host's profile; with --hosts it is "
@@ -382,8 +383,9 @@ def main(argv=None) -> int:
             raise ValueError(f"--ranks takes comma-separated world ranks, e.g. 1,3,5,7; got "
                              f"{a.ranks!r}") from None
         p = len(ranks) if ranks else a.nranks
-        if p < 1:
-            raise ValueError(f"-n must be >= 1, got {p}")
+        if p < 2:     # (as explain and bench: it drew a header of 0 rounds)
+            raise ValueError(f"-n (group size) must be >= 2, got {p}: on one rank a call "
+                             f"moves nothing, whatever the algorithm")
         if a.itemsize < 1:
             raise ValueError(f"--itemsize must be >= 1, got {a.itemsize}")
         if ranks and len(set(ranks)) != len(ranks):
@@ -391,11 +393,7 @@ def main(argv=None) -> int:
         coll = a.collective
         if coll not in algorithms.CATALOG:
             raise ValueError(f"unknown collective {coll!r}; valid: {', '.join(algorithms.CATALOG)}")
-        hosts = None
-        if a.hosts and a.hosts > 1:
-            if p % a.hosts:
-                raise ValueError(f"--hosts {a.hosts} must divide the {p} ranks")
-            hosts = tuple(r // (p // a.hosts) for r in range(p))
+        hosts = host_layout(a.hosts, p) if a.hosts is not None else None
         nbytes = max(a.size, 0)
         topology = a.tier
         if a.tier is not None and hosts is not None:    # as `ringlet explain` prices it

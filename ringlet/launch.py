@@ -348,6 +348,9 @@ def run_main(argv) -> int:
                      "export RINGLET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')")
         if not a.master_port:
             ap.error("multi-node jobs need --master-port")
+    if not 0 <= a.master_port <= 65534:     # (+1: the job's second port)
+        ap.error(f"--master-port must be a TCP port, 1 to 65534 (0: a free one), got "
+                 f"{a.master_port}")
     if not a.module and not os.path.isfile(a.script):   # (before N ranks each say so)
         ap.error(f"no such script: {a.script!r} (or give a module with -m)")
     token = token or new_token()
@@ -359,8 +362,14 @@ def run_main(argv) -> int:
     try:
         port = a.master_port
         if a.node_rank == 0:
-            bind = "127.0.0.1" if is_loopback(a.master_addr) else local_address_towards(a.master_addr, port or 1)
-            server = StoreServer(bind, port, token)
+            try:
+                bind = "127.0.0.1" if is_loopback(a.master_addr) else \
+                    local_address_towards(a.master_addr, port or 1)
+                server = StoreServer(bind, port, token)
+            except OSError as exc:     # (socket.gaierror too: an address that does not resolve)
+                ap.error(f"cannot start the job's store at --master-addr {a.master_addr} "
+                         f"--master-port {port or '(a free one)'}: {exc.strerror or exc} (is "
+                         f"the port taken by another job, or the address not this node's?)")
             port = server.port
         env.update(_job_env(token, a.master_addr, port, world,
                             a.master_port + 1 if a.master_port else 0))

@@ -240,7 +240,12 @@ class RequestWork(Work):
         return self.req.done
 
     def _error(self):
-        return self.req.error
+        error = self.req.error
+        if error.__class__ is PeerFailure and error.rank is not None and \
+                not getattr(error, "call", None):
+            # (as a collective's: which of the rank's calls the peer's failure ended)
+            error = _in_call(error, f"rank {self.engine.rank}: {self.what}")
+        return error
 
     def _waiting_on(self):
         return () if self.req.done else (self.req.peer,)

@@ -209,12 +209,31 @@ def test_no_python_help_cites_the_textbook_bare():
 @pytest.mark.parametrize("args, says", [
     (["draw", "all_reduce", "-n", "8", "--algo", "hierarchical"], "say how many with --hosts"),
     (["draw", "all_reduce", "--ranks", "a,b"], "--ranks takes comma-separated world ranks"),
+    (["draw", "all_reduce", "-n", "1"], "must be >= 2"),
+    (["draw", "all_reduce", "-n", "8", "--hosts", "3"], "e.g. --hosts 3,3,2"),
+    (["draw", "all_reduce", "-n", "8", "--hosts", "3,3"], "add up to the 8 ranks"),
+    (["explain", "all_reduce", "-n", "8", "--hosts", "3"], "e.g. --hosts 3,3,2"),
+    (["explain", "all_reduce", "-n", "8", "--hosts", "x"], "give a number of hosts"),
 ])
 def test_draw_refuses_what_it_cannot_draw_saying_why(args, says, capsys):
     """hierarchical without --hosts drew the flat ring under its name; --ranks a,b said
     "invalid literal for int()"."""
     assert cli(args) == 2
     assert says in capsys.readouterr().err
+
+
+def test_hosts_of_other_sizes_are_given_by_size(capsys):
+    """The README says hosts may differ in size; explain and draw took a count only
+    ("--hosts 3 must divide -n 8")."""
+    assert cli(["explain", "all_reduce", "-n", "8", "--hosts", "3,3,2", "--size", "64M",
+                "--tier", "infiniband"]) == 0
+    out = capsys.readouterr().out
+    assert "3 hosts of 3,3,2 ranks" in out and "hierarchical" in out
+    assert cli(["draw", "all_reduce", "-n", "8", "--algo", "hierarchical", "--hosts", "3,3,2",
+                "--tier", "infiniband"]) == 0
+    out = capsys.readouterr().out
+    assert "on 3\nhosts" in out or "on 3 hosts" in out
+    assert "rank 7 (host 2)" in out and "rank 5 (host 1)" in out
 
 
 def test_text_shows_a_rounds_local_reduces(capsys):

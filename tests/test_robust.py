@@ -3,6 +3,7 @@ inits, spawn inside spawn."""
 import glob
 import hashlib
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -294,6 +295,28 @@ def test_ringlet_run_refuses_a_grace_that_is_not_a_number(tmp_path):
     assert proc.returncode == 2 and "--grace must be a number" in err and "ran" not in out, err
 
 
+@pytest.mark.parametrize("opts, says", [
+    (("--master-port", "99999"), "--master-port must be a TCP port"),
+    (("--master-port", "-5"), "--master-port must be a TCP port"),
+    (("--master-addr", "nosuchhost.invalid", "--master-port", "29556"),
+     "cannot start the job's store at --master-addr nosuchhost.invalid"),
+    (("--master-port", "TAKEN"), "Address already in use"),
+])
+def test_ringlet_run_says_why_its_store_cannot_start(tmp_path, opts, says):
+    """These had ended in tracebacks (OverflowError, socket.gaierror, OSError)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    opts = tuple(str(taken.getsockname()[1]) if o == "TAKEN" else o for o in opts)
+    try:
+        proc = _launch(tmp_path, "print('ran')\n", 2, opts=opts)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        taken.close()
+    assert proc.returncode == 2 and says in err and "Traceback" not in err \
+        and "ran" not in out, err
+
+
 def test_spawn_timeout_says_the_job_ran_out_of_time_and_stops_at_it():
     """spawn(timeout=3) failed "killed by SIGALRM" (nothing sent one) 5 s of grace late."""
     start = time.monotonic()
@@ -304,6 +327,24 @@ def test_spawn_timeout_says_the_job_ran_out_of_time_and_stops_at_it():
 
 def _sleeps(rank):
     time.sleep(60)
+
+
+def _recv_from_a_rank_that_dies(rank, path):
+    if rank == 1:
+        os._exit(3)
+    with pytest.raises(rl.PeerFailure, match=r"rank 0: recv from rank 1 \(tag 5, world\): "
+                                             r"rank 1 failed"):
+        rl.recv(np.empty(4), 1, tag=5, timeout=30)
+    open(path, "w").close()
+
+
+def test_a_peer_failure_in_a_receive_names_the_receive(tmp_path):
+    """It read "PeerFailure: rank 1 failed: process N exited", where a collective's names
+    its call."""
+    path = str(tmp_path / "named")
+    with pytest.raises(rl.ProcessFailed) as info:
+        run(_recv_from_a_rank_that_dies, 2, path)
+    assert info.value.rank == 1 and os.path.exists(path)
 
 
 def test_ringlet_run_blames_a_rank_that_left_while_the_others_needed_it(tmp_path):
@@ -407,6 +448,15 @@ def _splits_on_one_rank(rank):
             rl.all_to_all_single(y, x, [2] * p, [2] * p, timeout=20)
         else:
             rl.all_to_all_single(y, x, timeout=20)
+    # Rank 0 took two numbers (the table's, the exchange's), the others one: their next call
+    # fails, naming why - it had read "rank 0 gave up on it (its timeout ran out)", in 10 ms
+    # of a 20 s timeout - and the one after pairs.
+    z = np.full(3, rank + 1.0)
+    if rank != 0:
+        with pytest.raises(rl.RingletError, match="rank 0 abandoned it: .*uneven all_to_all"):
+            rl.all_reduce(z, timeout=20)
+    rl.all_reduce(z, timeout=20)
+    assert (z == p * (p + 1) / 2).all()
 
 
 def test_splits_given_on_some_ranks_only_are_named_as_such():

@@ -47,6 +47,36 @@ from . import model
 from .model import Link, Terms, _form, agreement_bound, count_of, tier
 
 
+def host_layout(spec, p: int) -> tuple[int, ...] | None:
+    """The host of each of ``p`` ranks from a command's ``--hosts``: "H" (H hosts of p / H
+    ranks each, in rank order) or "S1,S2,..." (hosts of those sizes, in rank order: hosts
+    may differ in size); None for one host. ValueError names what is wrong."""
+    text = str(spec).strip()
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--hosts {text}: give a number of hosts (e.g. 2) or their sizes "
+                         f"(e.g. 3,3,2)") from None
+    if len(sizes) == 1:
+        h = sizes[0]
+        if h < 1:
+            raise ValueError(f"--hosts must be >= 1, got {h}")
+        if p % h:
+            raise ValueError(f"--hosts {h} must divide the {p} ranks; hosts of other sizes "
+                             f"are given by size, e.g. --hosts {_sizes_hint(p, h)}")
+        sizes = [p // h] * h
+    if any(n < 1 for n in sizes) or sum(sizes) != p:
+        raise ValueError(f"--hosts {text}: the hosts' sizes must be >= 1 and add up to the "
+                         f"{p} ranks")
+    return None if len(sizes) == 1 else tuple(h for h, n in enumerate(sizes) for _ in range(n))
+
+
+def _sizes_hint(p: int, h: int) -> str:
+    """p ranks over h hosts as evenly as they go, as --hosts sizes ("3,3,2")."""
+    h = min(h, p)
+    return ",".join(str(p // h + (i < p % h)) for i in range(h))
+
+
 @dataclass(frozen=True)
 class Topology:
     """``hosts`` x ``ranks_per_host`` ranks; rank r lives on host ``r // ranks_per_host``.
@@ -153,7 +183,10 @@ class Topology:
             return f"{self.p} ranks on one host ({self.host})"
         if self.hosts == 1:
             return f"{self.p} ranks on one host ({self.intra})"
-        return (f"{self.hosts} hosts x {self.ranks_per_host} ranks; intra {self.intra}; "
+        sizes = np.bincount(self.host_array, minlength=self.hosts)
+        shape = f"{self.hosts} hosts x {self.ranks_per_host} ranks" if (sizes == sizes[0]).all() \
+            else f"{self.hosts} hosts of {','.join(map(str, sizes))} ranks"
+        return (f"{shape}; intra {self.intra}; "
                 f"inter {self.inter}" + ("; shared NIC" if self.nic_sharing else "")
                 + (f"; all on one machine of {self.machine.cores} cores"
                    + (f" ({self.machine.available:.2g} free)" if self.machine.available else "")

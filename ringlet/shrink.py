@@ -43,23 +43,23 @@ def shrink(timeout: float | None = None) -> Group:
     with eng.held():                   # (the background thread drives the engine too)
         for work in eng.works[:]:      # nothing more moves on the old world
             work.fail(gone)
-        eng.check_liveness()
-        eng.progress()
-        mine = {"dead": _dead(eng, old), "gid": runtime.highest_gid()}
     for w in S.outstanding:
         w._reported = True             # (their failures are why we shrink: not news)
     S.outstanding = []
     key = f"g{S.generation - 1}/shrink/{old.id}/"
     try:
-        S.store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
-        if S.store.add(f"{key}ticket", 1) == 1:
-            decision = _decide(eng, S.store, key, old, limit)
-            S.store.set(f"{key}decision", json.dumps(decision).encode())
-        decision = json.loads(S.store.get(f"{key}decision", timeout=limit + 5.0))
+        # Rounds: a decider that dies before its decision is written (its wait for the
+        # others is up to the timeout) is seen dead by the others, who decide again in
+        # the next round. (One round only: every survivor then waited out its timeout, and
+        # every later shrink too, on the same keys.)
+        decision, rnd = None, 0
+        while decision is None:
+            decision = _round(eng, S.store, f"{key}{rnd}/" if rnd else key, old, limit)
+            rnd += 1
     except TimeoutError as exc:
         raise TimeoutError(f"rank {eng.rank}: shrink: no decision on the new world within "
-                           f"{limit + 5:g} s (the deciding rank may have died too); "
-                           f"restart the job") from exc
+                           f"{limit + 5:g} s (no rank took the decision, or the deciding rank "
+                           f"cannot be reached); restart the job") from exc
     except RingletError as exc:
         raise RingletError(f"rank {eng.rank}: shrink needs the job's store, gone or out of "
                            f"reach ({exc}): it lives in the launcher of `ringlet run` (first "
@@ -82,6 +82,39 @@ def shrink(timeout: float | None = None) -> Group:
     S.last_gid = max(S.last_gid, gid)
     runtime.drop_lanes()      # (the peers' numbers changed)
     return world
+
+
+def _round(eng, store, key: str, old: Group, limit: float) -> dict | None:
+    """One round of the agreement under ``key``: join; the first to join decides; the
+    decision, or None once this rank sees the round's decider dead without one."""
+    with eng.held():
+        eng.check_liveness()
+        eng.progress()
+        mine = {"dead": _dead(eng, old), "gid": runtime.highest_gid()}
+    store.set(f"{key}join/{eng.rank}", json.dumps(mine).encode())
+    if store.add(f"{key}ticket", 1) == 1:
+        store.set(f"{key}decider", str(eng.rank).encode())
+        decision = _decide(eng, store, key, old, limit)
+        store.set(f"{key}decision", json.dumps(decision).encode())
+        return decision
+    deadline = time.monotonic() + limit + 5.0
+    decider = None
+    while True:
+        raw = store.try_get(f"{key}decision")
+        if raw is not None:
+            return json.loads(raw)
+        if decider is None:
+            raw = store.try_get(f"{key}decider")
+            decider = int(raw) if raw is not None else None
+        if decider is not None:
+            with eng.held():
+                eng.check_liveness()
+                eng.progress()
+                if eng.peers[decider].dead:
+                    return None
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no decision in {limit + 5:g} s")
+        time.sleep(POLL)
 
 
 def _dead(eng, group: Group) -> list:

@@ -432,6 +432,11 @@ def _finish_outstanding(eng) -> list:
     for w in works:
         if not w._done():
             lost.append(f"{w.what}: did not complete within {_S.timeout:g} s")
+            # (its wait and its future say so: a wait after destroy had met the closed
+            # transport - AttributeError - and the future's callbacks never ran)
+            w.error = RingletError(f"rank {eng.rank}: {w.what}: did not complete within "
+                                   f"{_S.timeout:g} s, and rl.destroy() ended it")
+            w._settle()
             continue
         err = w.error or w._error()
         if err is not None and not w._reported:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import PeerFailure, TimeoutError
+from .errors import PeerFailure, RingletError, TimeoutError
 from .profiling import profiled
 from .group import TAG_COLLECTIVE, TAG_GROUP_SHIFT
 from .schedule import REDUCE, LocalStep, PlanRound, RecvStep, SendStep
@@ -64,6 +64,8 @@ class Work:
         """True once it has finished (or failed: ``wait`` raises why). It only looks while
         the background thread drives; with RINGLET_PROGRESS=0 it drives one turn."""
         eng = self.engine
+        if eng.closed:          # (rl.destroy ended it, done or not: wait says how)
+            return True
         if not self._done() and not eng.background.on and eng.lock.acquire(False):
             try:
                 eng.progress()
@@ -92,6 +94,13 @@ class Work:
         ``timeout`` (seconds) defaults to the one given to ``init``."""
         if timeout is not None:
             check_timeout(timeout)
+        if self.engine.closed and not self._done():
+            if self.error is None:
+                self.error = RingletError(f"rank {self.engine.rank}: {self.what}: rl.destroy() "
+                                          f"ended ringlet before it completed: it never will")
+            self._settle()
+            self._reported = True
+            raise self.error
         spun, self._spun = self._spun, 0.0
         if not self._done() or self.error is not None:
             eng = self.engine

@@ -33,6 +33,31 @@ def test_destroy_completes_outstanding_async_work():
     run(_destroy_completes, 3)
 
 
+def _waited_after_destroy(rank):
+    done = rl.all_reduce(np.ones(4), async_op=True)
+    done.wait()
+    never = rl.irecv(np.empty(16), 1 - rank, tag=99)        # nobody sends it
+    called = []
+    never.get_future().add_done_callback(lambda f: called.append(f.exception()))
+    with pytest.raises(rl.RingletError, match="could not complete"):
+        rl.destroy()
+    assert done.wait(timeout=1) and done.is_completed()
+    assert never.is_completed()
+    for _ in range(2):
+        with pytest.raises(rl.RingletError, match=r"recv from rank \d \(tag 99, world\): did "
+                                                  r"not complete within 2 s, and rl.destroy"):
+            never.wait(timeout=1)
+    assert len(called) == 1 and isinstance(called[0], rl.RingletError), called
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_work_waited_after_destroy_says_destroy_ended_it(backend):
+    """wait() raised AttributeError from the closed transport (TCP: a PeerFailure blaming
+    the peer for this rank's own closed connection), and the future never completed."""
+    rl.spawn(_waited_after_destroy, 2, backend=backend, env={"RINGLET_TIMEOUT": "2"},
+             timeout=60)
+
+
 def _destroy_names_lost_work(rank, path):
     x = np.ones(1 << 16, np.float32)
     rl.all_reduce(x)

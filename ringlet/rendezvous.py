@@ -64,12 +64,35 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+#: seconds a connecting side has to prove the token, in all (each read's timeout alone let
+#: a stranger dripping a byte every 8 s hold its connection, and a thread, for good)
+HANDSHAKE_SECONDS = 10.0
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes (a handshake's few) by ``deadline`` (time.monotonic), else socket.timeout."""
+    parts, got = [], 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"the handshake took over {HANDSHAKE_SECONDS:g} s")
+        sock.settimeout(left)
+        part = sock.recv(n - got)
+        if not part:
+            raise ConnectionError("the other side closed the connection")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
 def handshake_server(sock: socket.socket, token: bytes, payload: bytes = b"") -> bytes:
-    """Challenge the connecting side; return the payload it sent after proving the token.
-    Raises AuthenticationError on a wrong or missing token."""
+    """Challenge the connecting side; return the payload it sent after proving the token
+    (within HANDSHAKE_SECONDS in all). Raises AuthenticationError on a wrong or missing
+    token, OSError (socket.timeout) on a slow one."""
+    deadline = time.monotonic() + HANDSHAKE_SECONDS
     nonce_s = secrets.token_bytes(NONCE)
     sock.sendall(MAGIC + nonce_s)
-    head = recv_exact(sock, len(MAGIC) + NONCE + 32 + 4)
+    head = _recv_by(sock, len(MAGIC) + NONCE + 32 + 4, deadline)
     if head[:len(MAGIC)] != MAGIC:
         raise AuthenticationError("peer does not speak the ringlet protocol")
     nonce_c = head[len(MAGIC):len(MAGIC) + NONCE]
@@ -79,7 +102,7 @@ def handshake_server(sock: socket.socket, token: bytes, payload: bytes = b"") ->
     (plen,) = struct.unpack("<I", head[-4:])
     if plen > 4096:
         raise AuthenticationError("oversized handshake payload")
-    their = recv_exact(sock, plen)
+    their = _recv_by(sock, plen, deadline)
     sock.sendall(_mac(token, b"server", nonce_c, nonce_s) + struct.pack("<I", len(payload)) + payload)
     return their
 
@@ -577,9 +600,11 @@ class SignedStore:
 
     That store authenticates nobody, so each value carries an HMAC of (key, value) under
     the job token and a value without a valid one is refused: a stranger who can reach the
-    store can delay the job but not steer it. Counters are not signed (c10d adds them
-    itself); a forged count can only end a wait early, before the signed values it waits
-    for exist, and reading those still waits."""
+    store can delay or stop the job but not steer it. Counters are not signed (c10d adds
+    them itself): a forged count can end a wait early, before the signed values it waits
+    for exist (reading those still waits), or take a ticket (shrink's decider's: then no
+    survivor decides, and shrink times out). Under ringlet's own store (``ringlet run``,
+    ``rl.spawn``, ``tcp://``) every connection proves the token first."""
 
     def __init__(self, store, token: str, prefix: str = "ringlet/", timeout: float = 60.0,
                  source: str = "RINGLET_TOKEN"):

@@ -531,6 +531,36 @@ def test_store_logs_a_flood_of_strangers_in_few_lines(caplog):
         server.close()
 
 
+def test_a_stranger_dripping_bytes_is_cut_off_at_the_handshakes_deadline(monkeypatch):
+    """Each read had its own 10 s timeout: a byte every 8 s held the connection (and the
+    store's thread for it) for good - 6000 such strangers, 5862 threads."""
+    from ringlet import rendezvous
+    monkeypatch.setattr(rendezvous, "HANDSHAKE_SECONDS", 0.5)
+    a, b = socket.socketpair()
+    import threading
+    stop = threading.Event()
+
+    def drip():
+        b.recv(64)
+        while not stop.is_set():
+            try:
+                b.sendall(b"R")
+            except OSError:
+                return
+            time.sleep(0.1)
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(OSError, match="the handshake took over 0.5 s"):
+            rendezvous.handshake_server(a, b"token")
+        assert time.monotonic() - start < 2.0
+    finally:
+        stop.set()
+        a.close()
+        b.close()
+
+
 def _intruded(rank, port):
     x = np.full(1000, rank, np.float64)
     rl.all_reduce(x)

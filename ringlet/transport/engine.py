@@ -19,6 +19,7 @@ user's making calls on groups of its own), the thread for one turn at a time.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -373,6 +374,7 @@ class Engine:
         # Each accepted connection proves itself in its own thread, so a silent or slow
         # stranger at the port cannot hold up the ranks that are really coming.
         proven: queue.Queue = queue.Queue()
+        refused = itertools.count(1)
 
         def prove(sock, addr):
             sock.settimeout(10.0)
@@ -381,7 +383,13 @@ class Engine:
                 r, _, lane = their.partition(b"/")
                 r, lane = int(r), int(lane or 0)
             except (AuthenticationError, OSError, ValueError, ConnectionError) as exc:
-                log.warning("ringlet rank %d: refused connection from %s: %s", self.rank, addr, exc)
+                n = next(refused)
+                # (a few, then one line in a hundred, as the store: 200 silent strangers had
+                # written 200 lines)
+                if n <= 3 or n % 100 == 0:
+                    log.warning("ringlet rank %d: refused connection from %s: %s%s", self.rank,
+                                addr, exc, f" ({n} refused so far; one in 100 is logged)"
+                                if n > 3 else "")
                 sock.close()
                 return
             proven.put((r, lane, sock, addr))

@@ -439,8 +439,9 @@ def _finish_outstanding(eng) -> list:
             w._settle()
             continue
         err = w.error or w._error()
-        if err is not None and not w._reported:
-            lost.append(f"{w.what}: {type(err).__name__}: {err}")
+        if err is not None and not w._reported:   # (a PeerFailure names its call itself)
+            lost.append(f"{type(err).__name__}: {err}" if getattr(err, "call", None)
+                        else f"{w.what}: {type(err).__name__}: {err}")
     return lost
 
 

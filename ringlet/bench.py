@@ -544,7 +544,13 @@ def main(argv=None) -> int:
         ap.error(f"--sizes: {exc}")
     # each row says the bytes the call moves: whole elements, at least one per rank's block
     # (asked 100 B of an all_gather at p = 3, it moves 96; asked 0, p elements)
+    asked = sizes
     sizes = sorted({counts(a.op, s, a.n, itemsize)[1] * itemsize for s in sizes})
+    rounded = sorted({s for s in asked if s not in sizes})
+    if rounded:     # (said, as explain and draw say theirs: --sizes 0 had read as 4 B, unsaid)
+        print(f"ringlet bench: --sizes {', '.join(map(str, rounded))} B moved as whole "
+              f"{a.dtype} elements, at least one per rank's block: the rows give the bytes "
+              f"each call moves", file=sys.stderr)
     algos = [x for x in a.algo.split(",") if x]
     from .algorithms import CATALOG     # unknown names fail here, before any rank starts
     bad = [x for x in algos if x != "auto" and x not in CATALOG[a.op]]
@@ -599,6 +605,8 @@ def _print(rows, peers, check):
         head += f" {'#wrong':>6}"
     for lib in peers:
         head += f" {lib + '(us)':>10} {'x' + lib:>7}"
+    print("# pred: the cost model's time for the call; err: pred / time - 1 (+: the model "
+          "prices it slower than it ran)")
     print(head)
     for r in rows:
         per, total = counts(r["op"], r["bytes"], r["p"], dtype_named(r["dtype"]).itemsize)

@@ -270,3 +270,14 @@ def test_a_rows_median_carries_an_interval_and_a_verdict_against_its_target():
     many = rng.normal(1.1, 0.3, 200)
     _, lo2, hi2 = median_interval(many)
     assert hi2 - lo2 < hi - lo
+
+
+def test_bench_says_which_sizes_it_rounded_and_what_err_is():
+    """--sizes 0 and 3 had read as rows of 4 B, unsaid; the err column's sign was nowhere."""
+    r = bench("-n", "2", "--op", "all_reduce", "--sizes", "0,3,8", "--iters", "2",
+              "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    assert "--sizes 0, 3 B moved as whole float32 elements" in r.stderr, r.stderr
+    assert "err: pred / time - 1" in r.stdout
+    assert [line.split()[0] for line in r.stdout.splitlines()
+            if line and line.split()[0].isdigit()] == ["4", "8"], r.stdout

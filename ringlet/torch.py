@@ -46,7 +46,7 @@ from torch.profiler import record_function
 from . import buffers
 from . import collectives as C
 from . import runtime
-from .errors import RingletError
+from .errors import CollectiveMismatch, RingletError
 from .ops import ReduceOp, tensor_array
 from .rendezvous import SignedStore, derive_token, job_token, torch_env
 from .transport import copies
@@ -469,6 +469,13 @@ def _refusing(name: str, numbers=1):
             try:
                 return method(self, *args, **kw)
             except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+                if name == "reduce_scatter" and self.gloo_order and \
+                        isinstance(exc, CollectiveMismatch) and "all_reduce" in str(exc):
+                    # (the user called a reduce_scatter: say why an all_reduce's counts)
+                    exc.add_note("ringlet: torch's reduce_scatter of floats runs as an "
+                                 "all_reduce of its whole input, in Gloo's order "
+                                 "(RINGLET_TORCH_ORDER=gloo): the counts above are the whole "
+                                 "inputs'")
                 if not getattr(exc, "_ringlet_refused", False) and not _issued(exc):
                     try:
                         n = getattr(self, numbers)(*args, **kw) if isinstance(numbers, str) \

@@ -228,6 +228,19 @@ def test_a_list_of_the_wrong_length_on_one_rank_is_refused_everywhere():
     launch(_lists_of_the_wrong_length, 3)
 
 
+def _reduce_scatter_sizes_differ(rank, n):
+    from ringlet import CollectiveMismatch
+    m = 3 + (rank == n - 1)
+    with pytest.raises(CollectiveMismatch, match="all_reduce") as info:
+        dist.reduce_scatter_tensor(torch.zeros(m), torch.ones(m * n))
+    assert any("runs as an all_reduce of its whole input" in x for x in info.value.__notes__)
+
+
+def test_a_reduce_scatter_mismatch_says_why_it_names_an_all_reduce():
+    """A review read 'all_reduce #17 ... count=9 vs count=12' for its reduce_scatter_tensor."""
+    launch(_reduce_scatter_sizes_differ, 3)
+
+
 def _resizing_hook(rank, n):
     def pad_then_reduce(state, bucket):     # as torch's batched PowerSGD pads its bucket
         t = bucket.buffer()

@@ -74,10 +74,13 @@ def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
     parts, got = [], 0
     while got < n:
         left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout(f"the handshake took over {HANDSHAKE_SECONDS:g} s")
-        sock.settimeout(left)
-        part = sock.recv(n - got)
+        try:
+            if left <= 0:
+                raise socket.timeout
+            sock.settimeout(left)
+            part = sock.recv(n - got)
+        except socket.timeout:
+            raise socket.timeout(f"the handshake took over {HANDSHAKE_SECONDS:g} s") from None
         if not part:
             raise ConnectionError("the other side closed the connection")
         parts.append(part)

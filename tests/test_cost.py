@@ -2074,3 +2074,20 @@ def test_an_unreadable_profile_is_said_not_taken_for_none(tmp_path, monkeypatch)
     with pytest.warns(UserWarning, match="cannot read ringlet profile .*bad.json"):
         prof = load_profile(bad)
     assert not prof.calibrated
+
+
+def test_a_one_host_hierarchical_schedule_priced_on_several_hosts_warns():
+    """Built without hosts= it is the flat ring: simulate priced it so on 2 hosts x 8 (2.61
+    ms, a ring's) where the two-level schedule takes 1.81, unsaid."""
+    import warnings
+    import ringlet as rl
+    from ringlet.cost import TIERS, Topology, simulate
+    topo = Topology(2, 8, TIERS["nvlink"], TIERS["infiniband"])
+    flat = rl.schedule("all_reduce", p=16, count=1 << 20, algorithm="hierarchical")
+    with pytest.warns(UserWarning, match="built for one host"):
+        as_flat = simulate(flat, topo).time
+    two = rl.schedule("all_reduce", p=16, count=1 << 20, algorithm="hierarchical",
+                      hosts=topo.host_array)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # (built for the topology: no warning)
+        assert simulate(two, topo).time < 0.8 * as_flat

@@ -54,6 +54,25 @@ def no_leftover_shm():
     assert not left, f"leftover shared memory: {sorted(left)}"
 
 
+#: the 2-core VM the default profile was fitted on (AMD EPYC, 512 KiB of L2 a core): tests
+#: that assert what the default profile prices pin it (``fixed_machine``), as the default
+#: profile otherwise takes this host's caches (an Intel VM of 2 MiB of L2 a core and a
+#: 480 MiB L3 priced another winner)
+FITTED_MACHINE = {"cores": 2, "l2_bytes": 1 << 20, "l3_bytes": 32 << 20}
+
+
+@pytest.fixture
+def fixed_machine(monkeypatch):
+    """The default profile on FITTED_MACHINE's cores and caches, not this host's."""
+    from ringlet.cost import profile, tune
+    monkeypatch.setattr(profile, "machine", lambda cpus=None: dict(FITTED_MACHINE))
+    for cache in (profile._CACHE, tune._CACHE):
+        cache.clear()
+    yield
+    for cache in (profile._CACHE, tune._CACHE):
+        cache.clear()
+
+
 @pytest.fixture(params=["auto", "tcp"])
 def backend(request):
     return request.param

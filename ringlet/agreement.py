@@ -237,8 +237,8 @@ class Agreement:
         if why == ABANDONED:
             return RingletError(
                 f"rank {self.engine.rank}: {what}: rank {sender} abandoned it: it is a part of "
-                f"one call whose earlier part (an uneven all_to_all's table of splits, a "
-                f"reduce_scatter's first block) failed there - rank {sender}'s error says why; "
+                f"one call whose earlier part (an uneven all_to_all's table of splits, an "
+                f"earlier block of a reduce_scatter) failed there - rank {sender}'s error says why; "
                 f"this call's outputs here are undefined")
         return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
                             f"timeout ran out); this call's outputs here are undefined")

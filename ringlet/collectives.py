@@ -530,11 +530,13 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
     """Reduce ``buf`` across the group in place; every rank ends with the same bits.
     ``label``: as all_gather's (which of a model's buckets of one size this call reduces)."""
     lane = None
-    if (group is None or group is _S.world) and not async_op and label is None \
+    if (group is None or group is _S.world) and not async_op \
             and type(buf) is np.ndarray and type(op) is ReduceOp and op is not _AVG \
             and type(algorithm) is str and buf.nbytes <= ZERO_COPY_MIN:
-        # (the world by name: the torch backend's)
-        lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm)
+        # (the world by name: the torch backend's; a label keys a lane of its own, whose
+        # fingerprint carries it)
+        lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm) if label is None \
+            else ("all_reduce", buf.dtype, buf.size, op._value_, algorithm, label)
         hit = _S.lane.get(lane)
         if hit is not None and _lane(hit, buf, None, timeout):
             return None
@@ -709,12 +711,11 @@ def _is_block(inp: np.ndarray, out: np.ndarray, k: int) -> bool:
 def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "auto",
                timeout: float | None = None, *, label: int | None = None):
     """Every rank contributes ``inp``; ``out`` (shape (p, *inp.shape), or a list of p
-    arrays) receives all contributions in rank order. ``label``: a number below 2**24
+    arrays) receives all contributions in rank order. ``label``: a number below 2**24 - 1
     every rank must pass alike, checked with the call's messages (which of a model's
     units of one size this call gathers: ranks whose calls disagree on it raise
     CollectiveMismatch, where the sizes alone would match)."""
-    lane = None if label is not None else \
-        _lane_key("all_gather", group, async_op, algorithm, None, inp, out)
+    lane = _lane_key("all_gather", group, async_op, algorithm, label, inp, out)
     if lane is not None and _laned(lane, timeout, inp, out):
         return None
     g = resolve(group)
@@ -728,13 +729,14 @@ def all_gather(out, inp, group=None, async_op: bool = False, algorithm: str = "a
 
 def _labelled(name: str, label) -> int | None:
     """Where a collective with no root keeps its ``label`` (checked with the call's
-    messages: the fingerprint's root field, label + 1), or None. With a label a call takes
-    no lane: a lane's fingerprint is its first call's."""
+    messages: the fingerprint's root field, label + 1, which 24 bits hold: 0 is no label),
+    or None. A labelled call's lane is keyed by its label too (its fingerprint is its
+    first call's)."""
     if label is None:
         return None
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) \
-            or not 0 < label + 1 <= 1 << 24:
-        raise ValueError(f"{name}: label must be an int in [0, 2**24), got {label!r}")
+            or not 0 <= label < (1 << 24) - 1:
+        raise ValueError(f"{name}: label must be an int in [0, 2**24 - 1), got {label!r}")
     return int(label) + 1
 
 
@@ -745,8 +747,9 @@ def reduce_scatter(out, inp, op=ReduceOp.SUM, group=None, async_op: bool = False
     """Reduce ``inp`` (shape (p, *out.shape), or a list of p arrays) across the group;
     rank i receives block i of the result in ``out``. ``inp`` is left unchanged.
     ``label``: as all_gather's (which of a model's shards of one size this call reduces)."""
-    lane = _lane_key("reduce_scatter", group, async_op, algorithm, op._value_, inp, out) \
-        if type(op) is ReduceOp and op is not _AVG and label is None else None
+    lane = _lane_key("reduce_scatter", group, async_op, algorithm,
+                     op._value_ if label is None else (op._value_, label), inp, out) \
+        if type(op) is ReduceOp and op is not _AVG else None
     if lane is not None and _laned(lane, timeout, inp, out):
         return None
     g = resolve(group)

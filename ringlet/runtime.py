@@ -416,9 +416,10 @@ def track(work, timeout: float | None = None):
     return work
 
 
-def _finish_outstanding(eng) -> list:
+def _finish_outstanding(eng) -> tuple[list, list]:
     """Drive every async work the user did not wait for to its end; return the lost ones
-    as lines "what: error"."""
+    as lines "what: error", and those that never completed (failed by destroy, which
+    settles their futures once the engine is closed)."""
     works, _S.outstanding = _S.outstanding, []
     # (the ranks they wait for: one that left the job - in destroy too - will send nothing
     # more, and fails them at once instead of after the whole timeout; Engine._fail_departed)
@@ -428,7 +429,7 @@ def _finish_outstanding(eng) -> list:
             eng.wait(lambda: all(w._done() for w in works), _S.timeout, lambda t: "", waits_for)
     except RingletError:
         pass
-    lost = []
+    lost, ended = [], []
     for w in works:
         if not w._done():
             lost.append(f"{w.what}: did not complete within {_S.timeout:g} s")
@@ -436,13 +437,13 @@ def _finish_outstanding(eng) -> list:
             # transport - AttributeError - and the future's callbacks never ran)
             w.error = RingletError(f"rank {eng.rank}: {w.what}: did not complete within "
                                    f"{_S.timeout:g} s, and rl.destroy() ended it")
-            w._settle()
+            ended.append(w)
             continue
         err = w.error or w._error()
         if err is not None and not w._reported:   # (a PeerFailure names its call itself)
             lost.append(f"{type(err).__name__}: {err}" if getattr(err, "call", None)
                         else f"{w.what}: {type(err).__name__}: {err}")
-    return lost
+    return lost, ended
 
 
 def destroy() -> None:
@@ -453,9 +454,9 @@ def destroy() -> None:
     if eng is None:
         return
     tracing.stop()
-    lost = []
+    lost, ended = [], []
     try:
-        lost = _finish_outstanding(eng)
+        lost, ended = _finish_outstanding(eng)
         with eng.held():
             eng.check_liveness()
             eng.progress()
@@ -495,6 +496,10 @@ def destroy() -> None:
         _S.spawned = False
         for forget in AT_DESTROY:   # caches that hold this job's groups (and so its engine)
             forget()
+        # Their futures fail now, the engine closed: a callback that waits on its work (the
+        # torch backend's) is told at once; settled before, each waited a whole timeout.
+        for w in ended:
+            w._settle()
     if lost:
         raise RingletError(f"rank {eng.rank}: destroy(): {len(lost)} async operation(s) could "
                            f"not complete, their results are missing: " + "; ".join(lost))

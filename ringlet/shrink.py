@@ -110,8 +110,13 @@ def _round(eng, store, key: str, old: Group, limit: float) -> dict | None:
             with eng.held():
                 eng.check_liveness()
                 eng.progress()
-                if eng.peers[decider].dead:
-                    return None
+                dead = eng.peers[decider].dead
+            if dead:
+                # (read again: a decider that wrote its decision and died between our look
+                # and its death would else leave this rank to a next round, and in another
+                # world than the ranks that read the decision)
+                raw = store.try_get(f"{key}decision")
+                return json.loads(raw) if raw is not None else None
         if time.monotonic() > deadline:
             raise TimeoutError(f"no decision in {limit + 5:g} s")
         time.sleep(POLL)

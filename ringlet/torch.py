@@ -458,25 +458,31 @@ def _per_rank(tensors, p: int, what: str, numel: int | None = None):
 
 def _refusing(name: str, numbers=1):
     """A process group method running ringlet's ``name``: where it fails before its call
-    is issued (its own checks, or torch's tensor ops on the arguments), it gives up the
-    numbers that call would have taken in the group's sequence (``numbers``, or the method
-    of that name's answer for the arguments), as ringlet's own checks do (collectives.refuse): the other ranks' calls
-    fail at once, saying this rank refused them, and every rank's next call pairs again.
-    (Before: a list of the wrong length on one rank left the calls after it a call apart.)"""
+    took a number in the group's sequence (its own checks, torch's tensor ops on the
+    arguments), it gives up the numbers that call would have taken (``numbers``, or the
+    answer of the method of that name for the arguments), as ringlet's own checks do
+    (collectives.refuse): the other ranks' calls fail at once, saying this rank refused
+    them, and every rank's next call pairs again. (Before: a list of the wrong length on
+    one rank left the calls after it a call apart.) Taken or not is read off the group's
+    sequence number, not where the error came from: a check inside the call's lambda (a
+    complex tensor's MAX) is one before its number too."""
     def wrap(method):
         @functools.wraps(method)
         def call(self, *args, **kw):
+            seq = self.group.seq
             try:
                 return method(self, *args, **kw)
             except (ValueError, TypeError, IndexError, RuntimeError) as exc:
                 if name == "reduce_scatter" and self.gloo_order and \
                         isinstance(exc, CollectiveMismatch) and "all_reduce" in str(exc):
                     # (the user called a reduce_scatter: say why an all_reduce's counts)
-                    exc.add_note("ringlet: torch's reduce_scatter of floats runs as an "
-                                 "all_reduce of its whole input, in Gloo's order "
-                                 "(RINGLET_TORCH_ORDER=gloo): the counts above are the whole "
-                                 "inputs'")
-                if not getattr(exc, "_ringlet_refused", False) and not _issued(exc):
+                    exc.add_note(
+                        "ringlet: torch's reduce_scatter of floats runs in Gloo's order "
+                        "(RINGLET_TORCH_ORDER=gloo) as all_reduces: " +
+                        ("one per rank's block, the counts above a block's"
+                         if method.__name__ == "reduce_scatter" else
+                         "one of its whole input, the counts above the whole inputs'"))
+                if not getattr(exc, "_ringlet_refused", False) and self.group.seq == seq:
                     try:
                         n = getattr(self, numbers)(*args, **kw) if isinstance(numbers, str) \
                             else numbers
@@ -486,17 +492,6 @@ def _refusing(name: str, numbers=1):
                 raise
         return call
     return wrap
-
-
-def _issued(exc) -> bool:
-    """Whether ``exc`` came from inside ``ProcessGroup._issue`` (the ringlet call, which
-    gives up its own number where its checks fail)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is ProcessGroup._issue.__code__:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def _promoted(tensors) -> torch.dtype:

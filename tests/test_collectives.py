@@ -820,13 +820,18 @@ def test_all_gathers_whose_labels_differ_raise():
 def _labelled_reductions(rank):
     x = np.full(5, rank + 1.0)
     out = np.zeros(2)
-    rl.all_reduce(x, label=9)
-    rl.reduce_scatter(out, np.arange(4.0), label=9)
-    assert (x == 3.0).all() and (out == [2.0 * rank * 2, 2.0 * rank * 2 + 2]).all()
+    for _ in range(3):      # (the second on: in the lane a labelled call opens)
+        x[:] = rank + 1.0
+        rl.all_reduce(x, label=9)
+        rl.reduce_scatter(out, np.arange(4.0), label=9)
+        assert (x == 3.0).all() and (out == [2.0 * rank * 2, 2.0 * rank * 2 + 2]).all()
     for call in (lambda lb: rl.all_reduce(x, label=lb, timeout=20),
                  lambda lb: rl.reduce_scatter(out, np.arange(4.0), label=lb, timeout=20)):
-        with pytest.raises(ValueError, match="label must be an int"):
-            call(-1)
+        for bad in (-1, (1 << 24) - 1):     # (2**24 - 1 + 1 fills 24 bits: read as none)
+            with pytest.raises(ValueError, match="label must be an int"):
+                call(bad)
+        call(3)     # a lane of label 3 on both ranks, then labels that differ
+        call(3)
         with pytest.raises(rl.CollectiveMismatch, match="they differ in label"):
             call(3 + rank)
     x[:] = rank + 1.0

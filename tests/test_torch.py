@@ -228,12 +228,36 @@ def test_a_list_of_the_wrong_length_on_one_rank_is_refused_everywhere():
     launch(_lists_of_the_wrong_length, 3)
 
 
+def _complex_max_on_one_rank(rank, n):
+    """The backend's own check inside the call (a complex tensor's MAX) on rank 0 only:
+    it had taken no number, and rank 0's next all_reduce paired with the others' reduce."""
+    from ringlet import CollectiveMismatch
+    calls = {"reduce": lambda t: dist.reduce(t, dst=1, op=R.MAX),
+             "reduce_scatter_tensor": lambda t: dist.reduce_scatter_tensor(
+                 torch.zeros(2, dtype=t.dtype), torch.ones(2 * n, dtype=t.dtype), op=R.MAX)}
+    for name, call in calls.items():
+        t = torch.ones(4, dtype=torch.complex64) if rank == 0 else torch.ones(4)
+        if rank == 0:
+            with pytest.raises(ValueError, match="cannot reduce complex tensors with MAX"):
+                call(t)
+        else:
+            with pytest.raises(CollectiveMismatch, match="rank 0 refused it"):
+                call(t)
+        x = torch.full((3,), float(rank))
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((3,), n * (n - 1) / 2)), name
+
+
+def test_a_check_inside_the_call_on_one_rank_is_refused_everywhere():
+    launch(_complex_max_on_one_rank, 2)
+
+
 def _reduce_scatter_sizes_differ(rank, n):
     from ringlet import CollectiveMismatch
     m = 3 + (rank == n - 1)
     with pytest.raises(CollectiveMismatch, match="all_reduce") as info:
         dist.reduce_scatter_tensor(torch.zeros(m), torch.ones(m * n))
-    assert any("runs as an all_reduce of its whole input" in x for x in info.value.__notes__)
+    assert any("all_reduces: one of its whole input" in x for x in info.value.__notes__)
 
 
 def test_a_reduce_scatter_mismatch_says_why_it_names_an_all_reduce():

@@ -877,6 +877,27 @@ def _moe_worst_case(rank):
     return int(priced)
 
 
+def _moe_worst_case_back(rank):
+    """Every other rank routes all its tokens to rank 0's experts, with room for them
+    (capacity factor 3): rank 0 sends them all back in combine, more than its own tokens."""
+    from ringlet import train
+    p, T, D, cf = rl.get_world_size(), 30, 4, 3.0
+    E = p
+    priced = train.moe.price_moe(T, D, 1, E, p, capacity_factor=cf).bytes_per_rank
+    x = np.ones((T, D), np.float32)
+    idx = np.zeros(T, np.int64) if rank else np.arange(T) % E
+    train.combine(*train.dispatch(x, idx, E, capacity_factor=cf))
+    rl.reset_stats()
+    train.combine(*train.dispatch(x, idx, E, capacity_factor=cf))
+    sent = np.array([sum(v["bytes"] for v in rl.stats()["sent"].values())])
+    rl.all_reduce(sent, rl.ReduceOp.MAX)
+    assert sent[0] <= priced, (sent[0], priced)      # (1648 sent, 1168 priced before)
+
+
+def test_moe_price_covers_combine_sending_back_more_than_its_tokens():
+    run(_moe_worst_case_back, 3)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_moe_price_is_the_worst_case_it_says(n):
     """Every row sent to another rank's experts, as many as their capacity takes: the
@@ -1240,8 +1261,15 @@ def _ps_experience_dtype(rank, staleness):
         with pytest.raises(ValueError, match="cannot travel as int32"):
             train.ParameterServer(np.zeros(4, np.int32), width=2, staleness=staleness,
                                   learner=2)._as_experience(rows, copy=True)
+        small = train.ParameterServer(np.zeros(4), width=2, staleness=staleness, learner=2,
+                                      experience_dtype=np.int16)
+        with pytest.raises(ValueError, match=r"overflow int16 \(-1 \.\. 70000\)"):
+            small._as_experience(np.array([[70000, -1]]), copy=True)      # (it read 4464)
+        assert small._as_experience(np.array([[7, -1]]), copy=True).tolist() == [[7, -1]]
     else:
         train.ParameterServer(np.zeros(4, np.int32), width=2, staleness=staleness, learner=2)
+        train.ParameterServer(np.zeros(4), width=2, staleness=staleness, learner=2,
+                              experience_dtype=np.int16)
     assert plain._as_experience(rows[:, 1:] * 0 + [[0.5]], copy=False).dtype == np.float16
 
 

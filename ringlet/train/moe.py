@@ -184,13 +184,14 @@ def price_moe(tokens: int, row_elements: int, k: int, num_experts: int, p: int,
               capacity_factor: float = 1.25, itemsize: int = 4, topology=None, hosts=None):
     """One MoE layer's routing per forward step on ``topology``: the all_to_all of per-expert
     counts, then the tokens out (dispatch) and back (combine), priced at the capacity's
-    worst case (every row a rank may send goes to another rank's experts: each of their
-    queues full, up to the rank's tokens x k, spread evenly over the other ranks); each exchange
+    worst case (out: every row a rank may send goes to another rank's experts, up to its
+    tokens x k; back: its experts' queues full of the other ranks' rows; each spread evenly
+    over the other ranks, both at the larger); each exchange
     first all_gathers its table of splits. The tokens a rank sends are about constant in
     p (the job's all-to-all volume, p times them, is the textbook's "O(batch * P)"); the
     tables grow as p^2 (2p^2 counts of 8 bytes, gathered twice a step), and they are most
     of a rank's bytes when its tokens are few (examples/train_moe.py: 41 KB at p = 4,
-    232 KB at p = 64)."""
+    280 KB at p = 64)."""
     return price(calls_moe(tokens, row_elements, k, num_experts, p, capacity_factor, itemsize),
                  topology, hosts)
 
@@ -199,12 +200,17 @@ def calls_moe(tokens: int, row_elements: int, k: int, num_experts: int, p: int,
               capacity_factor: float = 1.25, itemsize: int = 4) -> list:
     """The calls of :func:`price_moe`: the counts' all_to_all, each uneven exchange's table
     of splits (an all_gather, so every rank checks them before data moves) and its tokens."""
-    # The most rows a rank sends away: all its choices, where the other ranks' experts
-    # have room for them. Priced as an even all_to_all_single, whose 1/p stays home, of
-    # p/(p-1) times those bytes (the worst case had been priced at the rank's own rows
-    # spread over every rank: 12,288 B sent against 15,360 measured, examples' p = 4).
-    others = num_experts - num_experts // p if num_experts % p == 0 and p > 1 else num_experts
-    rows = min(tokens * k, others * capacity(tokens, k, num_experts, capacity_factor))
+    # The most rows a rank sends away in either exchange: out, all its choices where the
+    # other ranks' experts have room for them; back (combine), its experts' queues full of
+    # the other ranks' rows - each sender's capacity per expert. Both priced at the larger,
+    # as an even all_to_all_single, whose 1/p stays home, of p/(p-1) times those bytes
+    # (the worst case had been priced at the rank's own rows spread over every rank:
+    # 12,288 B sent against 15,360 measured, examples' p = 4).
+    cap = capacity(tokens, k, num_experts, capacity_factor)
+    mine = num_experts // p if num_experts % p == 0 else 0
+    out = min(tokens * k, (num_experts - mine) * cap)
+    back = (p - 1) * mine * cap
+    rows = max(out, back)
     nb = rows * row_elements * itemsize * p // (p - 1) if p > 1 else 0
     return [Call("all_to_all", num_experts * 8, p, 8, 1, "expert counts"),
             Call("all_gather", p * 2 * p * 8, p, 8, 2, "split tables"),

@@ -196,6 +196,12 @@ class ParameterServer:
                              f"as {want} (the weights' dtype, unless experience_dtype= says "
                              f"otherwise): pass ParameterServer(..., experience_dtype="
                              f"'{rows.dtype}') on every rank, or generate {want} rows")
+        if want.kind in "iu" and rows.dtype != want and rows.size:
+            info = np.iinfo(want)          # (an integer cast wraps: 70000 as int16 is 4464)
+            if rows.min() < info.min or rows.max() > info.max:
+                raise ValueError(f"rank {get_rank()}: experience values overflow {want} "
+                                 f"({rows.min()} .. {rows.max()}): pass ParameterServer(..., "
+                                 f"experience_dtype='{rows.dtype}') on every rank")
         with np.errstate(over="ignore", invalid="ignore"):
             out = np.array(rows, want, order="C", copy=True if copy else None)
         if want.kind == "f" and rows.dtype != want and \

@@ -473,8 +473,8 @@ def _refusing(name: str, numbers=1):
             try:
                 return method(self, *args, **kw)
             except (ValueError, TypeError, IndexError, RuntimeError) as exc:
-                if name == "reduce_scatter" and self.gloo_order and \
-                        isinstance(exc, CollectiveMismatch) and "all_reduce" in str(exc):
+                if name == "reduce_scatter" and self.gloo_order and hasattr(exc, "add_note") \
+                        and isinstance(exc, CollectiveMismatch) and "all_reduce" in str(exc):
                     # (the user called a reduce_scatter: say why an all_reduce's counts)
                     exc.add_note(
                         "ringlet: torch's reduce_scatter of floats runs in Gloo's order "

@@ -371,8 +371,10 @@ def why_absent(store) -> str:
     raw = store.try_get(REFUSED_KEY.decode())
     if raw:
         count, addr = raw.decode().split(" ", 1)
-        return (f"the store refused {count} connection(s) that failed to authenticate (from "
-                f"{addr}): a rank was likely started with another RINGLET_TOKEN")
+        return (f"the store refused {count} connection(s) that failed to authenticate (the "
+                f"last from {addr}): a rank started with another RINGLET_TOKEN, or something "
+                f"else that reached the port (a stranger's connection is refused too); if no "
+                f"rank of this job runs on {addr}, they likely never started")
     return ("none failed to authenticate with the store: they likely never started or died "
             "before init (or use another MASTER_ADDR/MASTER_PORT)")
 

@@ -51,6 +51,7 @@ class _State:
         # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
         # world, its Prepared, the Lane, its buffers' names), see collectives._lane
         self.lane: dict = {}
+        self.labelled_lanes = 0   # of them, those of labelled calls (collectives.LABELLED_LANES)
         # ranks that left the job (destroy) while this rank waited for them: counted once as
         # having left, in the store, so their destroy need not wait for this rank's (_departed)
         self.released: set = set()
@@ -932,6 +933,7 @@ def drop_lanes() -> None:
         fold_lanes(_S.engine)
         _S.engine.lanes.clear()
     _S.lane = {}
+    _S.labelled_lanes = 0
 
 
 # -- counters ----------------------------------------------------------------------------

@@ -473,15 +473,18 @@ def _refusing(name: str, numbers=1):
             try:
                 return method(self, *args, **kw)
             except (ValueError, TypeError, IndexError, RuntimeError) as exc:
-                if name == "reduce_scatter" and self.gloo_order and hasattr(exc, "add_note") \
+                if name == "reduce_scatter" and hasattr(exc, "add_note") \
                         and isinstance(exc, CollectiveMismatch) and "all_reduce" in str(exc):
                     # (the user called a reduce_scatter: say why an all_reduce's counts)
                     exc.add_note(
-                        "ringlet: torch's reduce_scatter of floats runs in Gloo's order "
-                        "(RINGLET_TORCH_ORDER=gloo) as all_reduces: " +
-                        ("one per rank's block, the counts above a block's"
-                         if method.__name__ == "reduce_scatter" else
-                         "one of its whole input, the counts above the whole inputs'"))
+                        "ringlet: torch's reduce_scatter ran here as " +
+                        ("all_reduces in Gloo's order (RINGLET_TORCH_ORDER=gloo), " +
+                         ("one per rank's block: the counts above are a block's"
+                          if method.__name__ == "reduce_scatter" else
+                          "one of its whole input: the counts above are the whole inputs'")
+                         if "gloo_ring" in str(exc) else
+                         "one all_reduce of the ranks' inputs of uneven sizes laid end to end: "
+                         "the counts above are their sum"))
                 if not getattr(exc, "_ringlet_refused", False) and self.group.seq == seq:
                     try:
                         n = getattr(self, numbers)(*args, **kw) if isinstance(numbers, str) \

@@ -827,9 +827,12 @@ def _labelled_reductions(rank):
         assert (x == 3.0).all() and (out == [2.0 * rank * 2, 2.0 * rank * 2 + 2]).all()
     for call in (lambda lb: rl.all_reduce(x, label=lb, timeout=20),
                  lambda lb: rl.reduce_scatter(out, np.arange(4.0), label=lb, timeout=20)):
-        for bad in (-1, (1 << 24) - 1):     # (2**24 - 1 + 1 fills 24 bits: read as none)
-            with pytest.raises(ValueError, match="label must be an int"):
+        # (2**24 - 1 + 1 filled 24 bits and read as none; from 2**23 - 1 on, label + 1 set
+        # the fingerprint word's sign bit: OverflowError in every call)
+        for bad in (-1, (1 << 23) - 1, (1 << 24) - 1, True, [1]):
+            with pytest.raises((ValueError, TypeError), match="label must be an int"):
                 call(bad)
+        call((1 << 23) - 2)     # the largest
         call(3)     # a lane of label 3 on both ranks, then labels that differ
         call(3)
         with pytest.raises(rl.CollectiveMismatch, match="they differ in label"):
@@ -852,6 +855,25 @@ def _barrier_algorithms(rank):
 def test_barrier_takes_an_algorithm_as_every_collective():
     """The README says every collective takes algorithm=; barrier raised TypeError."""
     run(_barrier_algorithms, 2)
+
+
+def _labelled_lanes_capped(rank):
+    from ringlet import collectives, runtime
+    x = np.ones(3)
+    for label in range(collectives.LABELLED_LANES + 40):
+        rl.all_reduce(x, label=label)
+    assert runtime._S.labelled_lanes == collectives.LABELLED_LANES
+    y = np.ones(5)
+    rl.all_reduce(y)
+    rl.all_reduce(y)       # a new unlabelled shape still gets its lane
+    assert ("all_reduce", y.dtype, 5, rl.ReduceOp.SUM._value_, "auto") in runtime._S.lane
+
+
+def test_labelled_calls_leave_room_in_the_lane_table():
+    """Every training object labels its pieces afresh: objects made again and again had
+    filled the table's 1024 lanes, and every later new shape ran without one (28 us an 8 B
+    all_reduce instead of 1.3)."""
+    run(_labelled_lanes_capped, 2)
 
 
 def test_all_reduce_and_reduce_scatter_take_labels_too():

@@ -148,7 +148,7 @@ def agree_on(pattern: str, differ: str, sizes, layout, settings, group, here: st
                          for r, (n, e, *_) in enumerate(every))
         raise ValueError(f"rank {get_rank()}: {pattern}: the ranks {what} ({said}; here "
                          f"{here}): {advice}")
-    return (group.seq % 4095) << 12      # (labels stay below 2**24 - 1: collectives._labelled)
+    return (group.seq % 2047) << 12      # (labels stay below 2**23 - 1: collectives._labelled)
 
 
 def label(base: int, k: int) -> int:

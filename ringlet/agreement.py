@@ -50,8 +50,8 @@ class Agreement:
         self.aborts: dict = {}     # tag -> the error of a call not entered yet
         self.failed: dict = {}     # tags of calls already failed here
         # tag -> (sender, why) of a call a peer gave up on (GAVE_UP: its timeout; REFUSED:
-        # its arguments; ABANDONED: an earlier part of its call failed) before this rank entered it, if it ever does: one it finished
-        # meanwhile (run whole in C) stands
+        # its arguments; ABANDONED: an earlier part of its call failed) before this rank
+        # entered it, if it ever does: one it finished meanwhile (run whole in C) stands
         self.given_up: dict = {}
 
     def attach(self, engine) -> None:
@@ -238,8 +238,8 @@ class Agreement:
             return RingletError(
                 f"rank {self.engine.rank}: {what}: rank {sender} abandoned it: it is a part of "
                 f"one call whose earlier part (an uneven all_to_all's table of splits, an "
-                f"earlier block of a reduce_scatter) failed there - rank {sender}'s error says why; "
-                f"this call's outputs here are undefined")
+                f"earlier block of a reduce_scatter) failed there - rank {sender}'s error "
+                f"says why; this call's outputs here are undefined")
         return TimeoutError(f"rank {self.engine.rank}: {what}: rank {sender} gave up on it (its "
                             f"timeout ran out); this call's outputs here are undefined")
 

@@ -108,12 +108,13 @@ class GradBuckets:
         # (each parameter's shape, in bucket order: ranks that listed parameters of one
         # bucket's size in another order, or another shape, averaged across them silently)
         layout = [[(self.shapes[i], b.buf.dtype.str) for i in b.indices] for b in self.buckets]
-        base = agree_on("GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets],
-                 layout, (float(cap_mb), str(comm_hook)), self.group,
-                 f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}, dtypes "
-                 f"{sorted({b.buf.dtype.name for b in self.buckets})}",
-                 "pass the same parameters, in the same order and shapes, bucket_cap_mb and "
-                 "comm_hook on every rank")
+        base = agree_on(
+            "GradBuckets", "cut different buckets", [b.buf.size for b in self.buckets], layout,
+            (float(cap_mb), str(comm_hook)), self.group,
+            f"bucket_cap_mb={cap_mb}, comm_hook={comm_hook!r}, dtypes "
+            f"{sorted({b.buf.dtype.name for b in self.buckets})}",
+            "pass the same parameters, in the same order and shapes, bucket_cap_mb and "
+            "comm_hook on every rank")
         for k, b in enumerate(self.buckets):
             b.label = label(base, k)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 import ringlet as rl
 from ringlet import ops
-from ringlet.bench import parse_sizes
+from ringlet.bench import parse_sizes, slowest_median_us
 from ringlet.transport import fast
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -59,22 +59,16 @@ def main() -> None:
         kernel = {name: [] for name in DTYPES}
         for block in range(a.blocks + 1):           # (the first block only warms up)
             for name in DTYPES[block % 3:] + DTYPES[:block % 3]:    # (turns rotated)
-                x, ts = bufs[name], np.empty(a.calls)
+                x = bufs[name]
                 spent[:] = [0.0, 0]
-                for i in range(a.calls):
-                    ops.fill(x, rank + 1)
-                    rl.barrier()
-                    t = time.perf_counter()
-                    rl.all_reduce(x, algorithm=a.algorithm)
-                    ts[i] = time.perf_counter() - t
-                med = np.array([np.median(ts)])
-                rl.all_reduce(med, rl.ReduceOp.MAX)
+                us = slowest_median_us(rl, lambda: rl.all_reduce(x, algorithm=a.algorithm),
+                                       a.calls, reset=lambda: ops.fill(x, rank + 1))
                 if block:
-                    blocks[name].append(med[0])
+                    blocks[name].append(us)
                     kernel[name].append(spent[0] / a.calls if spent[1] else None)
         if rank == 0:
             for name in DTYPES:
-                b = np.array(blocks[name]) * 1e6
+                b = np.array(blocks[name])
                 k = [x for x in kernel[name] if x is not None]
                 ktext = f"{np.median(k) * 1e6:8.0f}" if k else f"{'-':>8}"
                 print(f"{nbytes:>10} B {name:>9}: {np.median(b):8.0f} us "

@@ -373,10 +373,7 @@ def _room_for(table: dict, collective: str, root) -> bool:
     while fewer than LABELLED_LANES of the world's lanes are labelled ones)."""
     if root is None or collective in fingerprint.ROOTED or table is not _S.lane:
         return True
-    if _S.labelled_lanes >= LABELLED_LANES:
-        return False
-    _S.labelled_lanes += 1
-    return True
+    return _S.labelled_lanes < LABELLED_LANES
 
 
 def _open_lane(table: dict, key, collective: str, g: Group, call: Prepared, bufs: dict,
@@ -392,6 +389,8 @@ def _open_lane(table: dict, key, collective: str, g: Group, call: Prepared, bufs
                   call.fp, call.pool, g, g._tag_base, TAG_COLLECTIVE, call.algorithm)
     table[key] = (g, call, c, names)
     _S.engine.lanes.setdefault(collective, []).append(c)
+    if root is not None and collective not in fingerprint.ROOTED and table is _S.lane:
+        _S.labelled_lanes += 1      # (_room_for)
 
 
 def _lane_arrays(collective: str, bufs: dict) -> tuple:
@@ -494,14 +493,7 @@ def refuse(name: str, exc, group, numbers: int = 1) -> None:
         return
     if g.size == 1:
         return
-    eng = engine()
-    with eng.held():
-        seqs = []
-        for _ in range(numbers):
-            seq, tag = g.next_collective_tag()
-            eng.calls.gave_up_unstarted(tag, g.ranks, REFUSED)
-            seqs.append(f"#{seq}")
-        eng.flush_aborts()      # (the error may end the process: the ABORTs go first)
+    seqs = _give_up(g, numbers, REFUSED)
     if hasattr(exc, "add_note"):     # (Python 3.11 on)
         exc.add_note(f"ringlet: rank {_S.world.rank} told the other ranks of group {g.name} "
                      f"that it refused {name} {' and '.join(seqs)}: their call fails at once, "
@@ -513,14 +505,28 @@ def abandon(group, numbers: int, exc) -> None:
     backend's reduce_scatter in Gloo's order: one all_reduce per block): take its other
     ``numbers`` and give them up, so the ranks whose parts went on fail at once, and every
     rank's next call pairs again."""
-    g = resolve(group)
+    _give_up(resolve(group), numbers, _abandoned_by(exc))
+
+
+def _give_up(g: Group, numbers: int, why: int) -> list[str]:
+    """Take ``g``'s next ``numbers`` numbers and give each up, told to the others as ``why``
+    (protocol: REFUSED, GAVE_UP, ABANDONED); their "#seq" names."""
     eng = engine()
     with eng.held():
+        seqs = []
         for _ in range(numbers):
-            _, tag = g.next_collective_tag()
-            eng.calls.gave_up_unstarted(tag, g.ranks, GAVE_UP if isinstance(exc, TimeoutError)
-                                        else ABANDONED)
-        eng.flush_aborts()
+            seq, tag = g.next_collective_tag()
+            eng.calls.gave_up_unstarted(tag, g.ranks, why)
+            seqs.append(f"#{seq}")
+        eng.flush_aborts()      # (the error may end the process: the ABORTs go first)
+    return seqs
+
+
+def _abandoned_by(exc) -> int:
+    """How a call's later part is given up after its earlier part failed with ``exc``: as
+    a timeout where it timed out, else ABANDONED (a mismatch had read "its timeout ran
+    out" there)."""
+    return GAVE_UP if isinstance(exc, TimeoutError) else ABANDONED
 
 
 @profiled("broadcast", refused=_refused)
@@ -981,10 +987,8 @@ def _all_to_all_v(g, flat_out, flat_in, out_counts, in_counts, algorithm, async_
         except BaseException as exc:
             first._reported = True     # (raised here: destroy need not say it again)
             eng = engine()
-            with eng.held():   # (a mismatch had read "gave up (its timeout ran out)" there)
-                eng.calls.gave_up_unstarted(numbered[1], first.world_of,
-                                            GAVE_UP if isinstance(exc, TimeoutError)
-                                            else ABANDONED)
+            with eng.held():
+                eng.calls.gave_up_unstarted(numbered[1], first.world_of, _abandoned_by(exc))
             raise
         try:
             return exchange(numbered)

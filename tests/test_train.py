@@ -873,7 +873,6 @@ def _moe_worst_case(rank):
         rl.all_reduce(sent, rl.ReduceOp.MAX)
         assert sent[0] <= priced, (sent[0], priced)
         rl.barrier()
-    assert sent is not None
     return int(priced)
 
 

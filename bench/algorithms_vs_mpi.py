@@ -26,6 +26,16 @@ block, and on / off printed (above 1: the rule on was slower). The rules:
   sources lie in rl.empty buffers, sending them by CMA too (off: the engine has them read
   in place);
 
+``--knob NAME=BYTES[,NAME=BYTES]``: instead of the algorithms, one of them with size limits
+of every local peer (transport/shm.py's ShmPeer) set to BYTES and left as built ("built"),
+block by block; BYTES / built printed is the ratio of their times. The
+limits: ``cma_min`` (above it an exchange's plain message is read by CMA: limits.py,
+CMA_MIN), ``zc_oneway_min`` (above it a one-way message is read in place from rl.empty or
+offered by CMA from a plain buffer: ZERO_COPY_ONEWAY_MIN).
+
+    python bench/algorithms_vs_mpi.py --knob cma_min=524288 --op all_to_all -p 2 \
+        --sizes 1536K,2M,3M --kinds plain
+
 Each flip clears the prepared calls (collectives._CALLS), so every block's call is prepared
 under its own setting: C declines a call prepared under the other one (fast._cma_rule), which
 had made flipping the CMA rules unfair to one arm before.
@@ -55,7 +65,21 @@ def _child(a) -> None:
     names = a.algorithms.split(",") if a.algorithms else [
         n for n in algorithms.CATALOG[a.op] if n != "hierarchical"]
     switch = None
-    if a.flag:             # one algorithm, the rule on and off
+    if a.knob:             # one algorithm, a peer limit set and as built
+        from ringlet.runtime import engine
+        from ringlet.transport.shm import ShmPeer
+        knobs = {k: int(v) for k, v in (kv.split("=") for kv in a.knob.split(","))}
+        peers = [q for q in engine().peers.values() if isinstance(q, ShmPeer)
+                 and all(getattr(q, k) >= 0 for k in knobs)]
+        built = {q: {k: getattr(q, k) for k in knobs} for q in peers}
+        arms_of = {a.knob: a.algorithms or "auto", "built": a.algorithms or "auto"}
+
+        def switch(name):
+            for q in peers:
+                for k, v in knobs.items():
+                    setattr(q, k, built[q][k] if name == "built" else v)
+            collectives._CALLS.clear()      # (C's by_cma reads cma_min when it prepares)
+    elif a.flag:             # one algorithm, the rule on and off
         arms_of = {f"{a.flag}=on": a.algorithms or "auto", f"{a.flag}=off": a.algorithms or "auto"}
 
         def switch(name):
@@ -95,6 +119,8 @@ def main(argv=None) -> int:
                                                    "EMPTY_CMA_IN_C"],
                     help="A/B this rule of protocol.py (*CMA_IN_C: of transport/fast.py) on "
                          "one algorithm (module doc)")
+    ap.add_argument("--knob", default="", help="NAME=BYTES: A/B a local peers' limit (cma_min, "
+                    "zc_oneway_min) set so against as built (module doc)")
     ap.add_argument("-p", default="2,4", help="rank counts, comma-separated")
     ap.add_argument("--sizes", default="1M,8M")
     ap.add_argument("--kinds", default="plain,rl.empty")
@@ -113,6 +139,7 @@ def main(argv=None) -> int:
         try:
             rows = mpi_job_rows(__file__, p, ["--op", a.op, "--algorithms", a.algorithms,
                                               "--flag", a.flag,
+                                              "--knob", a.knob,
                                               "--sizes", a.sizes, "--kinds", a.kinds,
                                               "--blocks", str(a.blocks), "--calls",
                                               str(a.calls)])
@@ -122,8 +149,12 @@ def main(argv=None) -> int:
         for r in rows:
             med = r["median_us"]
             best = min(med, key=med.get)
-            tail = (f"on/off {med[a.flag + '=on'] / med[a.flag + '=off']:.2f}" if a.flag
-                    else f"fastest: {best}")
+            if a.knob:
+                tail = f"set/built {med[a.knob] / med['built']:.2f}"
+            elif a.flag:
+                tail = f"on/off {med[a.flag + '=on'] / med[a.flag + '=off']:.2f}"
+            else:
+                tail = f"fastest: {best}"
             print(f"{a.op} p={p} {r['bytes'] >> 10} KiB {r['kind']:8} "
                   + "  ".join(f"{k} {v:.0f}" for k, v in med.items()) + f"   {tail}",
                   flush=True)

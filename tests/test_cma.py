@@ -191,16 +191,22 @@ def test_split_only_where_ranks_have_cores(p, whole):
 
 def _crowded_exchange(rank, crowded):
     """An all_to_all, p = 3, of plain blocks a little larger than one EAGER packet and
-    smaller than the ring (CMA_MIN): where ranks outnumber cores (``crowded``, forced on
-    every rank) each block is read whole by CMA (protocol.CROWDED_EXCHANGE_CMA), with the
-    flag cleared or a core per rank it streams through the ring; the model prices it the
-    same way (simulate._read_in_place). Every element is where NumPy puts it."""
+    smaller than the peers' ``cma_min``, set here to the ring's size (as it was built on
+    the AMD VMs; now it is one EAGER packet, limits.py): where ranks outnumber cores
+    (``crowded``, forced on every rank) each block is read whole by CMA
+    (protocol.CROWDED_EXCHANGE_CMA), with the flag cleared or a core per rank it streams
+    through the ring; the model prices it the same way (simulate._read_in_place). Every
+    element is where NumPy puts it."""
     from ringlet.cost.simulate import _read_in_place
     from ringlet.transport import limits, protocol
     engine().crowded = crowded
+    cma_min = limits.RING_BYTES
+    for q in engine().peers.values():
+        if q.cma_min >= 0:
+            q.cma_min = cma_min
     p = rl.get_world_size()
     count = (limits.SHM_EAGER_BYTES + 4096) // 4
-    assert count * 4 <= limits.CMA_MIN
+    assert count * 4 <= cma_min
     got = []
     for flag in (True, False):
         protocol.CROWDED_EXCHANGE_CMA = flag
@@ -213,7 +219,7 @@ def _crowded_exchange(rank, crowded):
     assert got == ([p * (p - 1), 0] if crowded else [0, 0]), got
     src, dst = np.nonzero(~np.eye(p, dtype=bool))
     nb = np.full(len(src), count * 4)
-    _, by_cma = _read_in_place(nb, np.zeros(len(src), np.int64), (), -1, limits.CMA_MIN,
+    _, by_cma = _read_in_place(nb, np.zeros(len(src), np.int64), (), -1, cma_min,
                                src, dst, np.zeros(len(src), bool), None, crowded, None,
                                limits.SHM_EAGER_BYTES)
     assert by_cma.all() == crowded and by_cma.any() == crowded

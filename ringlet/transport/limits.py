@@ -32,14 +32,18 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   receives too, is read in place by the receiver: one copy instead of two through the
   ring. Not below: an EAGER packet through the C fast path beats one copy fewer plus the
   RTS round trip. ZERO_COPY_ONEWAY_MIN: the same for a sender that only sends in its
-  round (a broadcast's root, point-to-point): up to about what the ring takes at once the
-  plain path lets it go on as soon as its own copy is in the ring, while read in place it
-  waits for the receiver's copy and the round trip. An rl.empty message below these
-  takes the plain path, exactly as a NumPy buffer's. Measured at p = 2 (p2p-sized
-  messages, bench/inplace_threshold.py, same rl.empty buffers, both paths in alternating
-  blocks, load 3.6): in place / plain on the median block, one-way 768 KiB 1.52, 896 KiB
-  1.45, 1 MiB 0.90, 2 MiB 0.41; exchange (all_to_all) 384 KiB 1.00, 512 KiB 1.03,
-  640 KiB 0.82, 1 MiB 0.64.
+  round (a broadcast's root, point-to-point). An rl.empty message below these takes the
+  plain path, exactly as a NumPy buffer's. Both sit at one EAGER packet: past it a message
+  goes by RTS anyway, and one copy fewer wins. Measured at p = 2 on the Intel Xeon VM
+  (2026-12-06; p2p-sized messages, bench/inplace_threshold.py, same rl.empty buffers, both
+  paths in alternating blocks, load 1.6): in place / plain on the median block, one-way
+  512 KiB 1.00 (an EAGER packet either way), 768 KiB 0.70, 1 MiB 0.49, 2 MiB 0.44; exchange
+  (all_to_all) 768 KiB 0.72, 1 MiB 0.71. In collectives (bench/algorithms_vs_mpi.py --knob
+  zc_oneway_min=524288, against 896 KiB, rl.empty): broadcast p = 2 640-896 KiB 0.89-0.93,
+  scatter p = 2 1.25-1.75 MiB 0.57-0.61. On the AMD EPYC VMs before it the one-way limit
+  was 896 KiB, where the plain path had let a sender go on as soon as its copy was in the
+  ring (one-way 768 KiB 1.52, 896 KiB 1.45, 1 MiB 0.90; exchange 512 KiB 1.03, 640 KiB
+  0.82, load 3.6): a core there read another's fresh lines faster than this one does.
 * SPLIT_MIN: from it, a one-way message read in place whose receive lies in an rl.empty
   buffer too is copied (or reduced) by both ends at once, the receiver from the front and
   the sender from the back, in SPLIT_CHUNK pieces each claims by compare-and-swap
@@ -64,15 +68,25 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   any help 1.06-1.20x slower.
 * FAST_BYTES: the largest message of a call the C fast path runs: one EAGER packet.
 * CMA_MIN: above it, a send from a plain (private) buffer to a local peer offers its
-  address in the RTS (cma.py): one copy instead of two. Not below: up to the ring's size
-  a message streams without the round trip the read needs. In a round where the sender
+  address in the RTS (cma.py): one copy instead of two. From one EAGER packet: on the
+  Intel Xeon VM a message past it, streamed through the ring (two copies, in the Python
+  engine), ran 1.5x as long as read whole (bench/algorithms_vs_mpi.py --knob
+  cma_min=524288,zc_oneway_min=524288 against 1 MiB + 128 B and 896 KiB, plain, 10
+  alternating blocks, 2026-12-06; set / built on the median block): all_to_all p = 2
+  1.5 MiB 0.66, 2 MiB 0.64 (Open MPI's time over ringlet's 0.57 -> 0.90), 3-4 MiB 1.00;
+  all_gather p = 2 1.5-2 MiB 0.69; broadcast (direct) p = 2 640 KiB-1 MiB 0.79-0.87;
+  scatter p = 2 1.25-2 MiB 0.84-0.89, p = 4 2.5-4 MiB 0.50-0.81; gather p = 2 1.25-2 MiB
+  0.68-0.71, p = 4 0.78-0.89; neutral where nothing moves by it (reduce p = 2, 4 and
+  broadcast p = 4, 640 KiB-1 MiB: 0.98-1.04). On the AMD EPYC VMs it was the ring's
+  size, 1 MiB + 128 B: up to it a message streamed without the round trip the read
+  needs, and that won there. In a round where the sender
   also receives, the receiver reads it whole with process_vm_readv; sent one-way, the
   sender writes a head into the receive buffer (process_vm_writev; p = 2: half) while
   the receiver reads the rest (CMA_PUT_MIN, the same limit; only where ranks do not
   outnumber cores: where they do, the receiver reads it whole, as in an exchange round).
   Taken only by a receive that copies (cma.py says why). Where ranks outnumber cores, an
-  exchange's message is read whole from past one EAGER packet (SHM_EAGER_BYTES) instead
-  (protocol.CROWDED_EXCHANGE_CMA): streamed, both of its copies take CPU the ranks share,
+  exchange's message is read whole from past one EAGER packet (SHM_EAGER_BYTES) whatever
+  CMA_MIN is (protocol.CROWDED_EXCHANGE_CMA; the same limit now, measured first on AMD): streamed, both of its copies take CPU the ranks share,
   and a 1 MiB message with its headers overflows the ring, so its sender waits for the
   receiver to drain it. In-job A/B, bench/algorithms_vs_mpi.py --flag CROWDED_EXCHANGE_CMA
   (plain, 10 alternating blocks; read whole / streamed on the median block): all_to_all
@@ -184,13 +198,13 @@ SHM_PIECES = 4
 PIECES_MAX_RANKS = 16
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
-ZERO_COPY_ONEWAY_MIN = 896 << 10
+ZERO_COPY_ONEWAY_MIN = SHM_EAGER_BYTES
 SPLIT_MIN = 1 << 20
 SPLIT_REDUCE_MIN = 4 << 20
 SPLIT_CHUNK = 256 << 10
 SPLIT_BUSY_MIN = 4 << 20
 FAST_BYTES = SHM_EAGER_BYTES
-CMA_MIN = SHM_STREAM_BYTES
+CMA_MIN = SHM_EAGER_BYTES
 CMA_PUT_MIN = CMA_MIN
 
 TCP_EAGER_BYTES = 64 << 10

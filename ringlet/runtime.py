@@ -816,7 +816,7 @@ def _post(kind: str, world: int, wire: int, flat, who: tuple, watch: bool = True
         work = RequestWork(eng, req, what)
     else:
         if kind == "send":
-            tr.sent(tracing.path_of(eng.peers[world], flat, 0, flat.size), req.done)
+            tr.sent(tracing.path_of(eng.peers[world], flat, 0, flat.size, p2p=True), req.done)
         work = TracedRequestWork(eng, req, what, tr)
     if watch and not req.done:
         eng.background.watch(work)

@@ -259,13 +259,14 @@ class P2P:
 
 
 def path_of(peer, buf, start: int, stop: int, receiving: bool = False,
-            in_place: bool = True) -> str:
+            in_place: bool = True, p2p: bool = False) -> str:
     """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
     ``Peer.send_now`` and ``Peer.post_send`` (``receiving``: its round receives too;
-    ``in_place``: its call lets rl.empty messages be read in place). (A receiver cannot
-    tell; the merge gives a receive its send's.)"""
+    ``in_place``: its call lets rl.empty messages be read in place; ``p2p``: a
+    point-to-point send's limits). (A receiver cannot tell; the merge gives a receive its
+    send's.)"""
     n = (stop - start) * buf.itemsize
-    least = peer.zc_min if receiving else peer.zc_oneway_min
+    least = peer.p2p_zc_min if p2p else peer.zc_min if receiving else peer.zc_oneway_min
     if peer.zero_copy and in_place and n > least and locate(buf[start:stop]) is not None:
         return "read in place"
     if n <= peer.eager:

@@ -703,25 +703,24 @@ def test_in_place_all_gather_and_gather_copy_nothing(alloc):
 
 
 def _auto_by_buffer_kind(rank):
-    """Under a calibrated host profile, 1 MiB broadcast at p = 4 is dissemination (a
-    binomial tree) from NumPy buffers but direct from rl.empty ones (the root's one
-    announcement per peer, each peer copying in place, beats forwarding). Ranks that pass
-    different kinds of buffers disagree, and say why, on every rank."""
+    """Under a calibrated host profile, a 1 MiB all_reduce at p = 4 is rabenseifner from
+    NumPy buffers but tree from rl.empty ones (its reduce's large messages read in place).
+    Ranks that pass different kinds of buffers disagree, and say why, on every rank."""
     n = 256 << 10                                          # 1 MiB of float32
-    ran = lambda: rl.stats()["collectives"]["broadcast"]["algorithm"]  # noqa: E731
+    ran = lambda: rl.stats()["collectives"]["all_reduce"]["algorithm"]  # noqa: E731
     plain = np.full(n, rank, np.float32)
-    rl.broadcast(plain, 0)
-    assert (plain == 0).all() and ran() == "dissemination", ran()
+    rl.all_reduce(plain)
+    assert (plain == 6).all() and ran() == "rabenseifner", ran()
     shared = rl.empty(n, np.float32)
     shared[...] = rank
-    rl.broadcast(shared, 0)
-    assert (shared == 0).all() and ran() == "direct", ran()
+    rl.all_reduce(shared)
+    assert (shared == 6).all() and ran() == "tree", ran()
     mixed = shared if rank == 0 else plain
     with pytest.raises(rl.CollectiveMismatch) as info:
-        rl.broadcast(mixed, 0, timeout=20)
+        rl.all_reduce(mixed, timeout=20)
     msg = str(info.value)
     assert "they differ in algorithm, auto_for;" in msg, msg
-    assert "algorithm=direct" in msg and "algorithm=dissemination" in msg, msg
+    assert "algorithm=tree" in msg and "algorithm=rabenseifner" in msg, msg
     assert "auto_for=rl.empty" in msg and "pass the same kind on every rank" in msg, msg
     rl.barrier(timeout=20)                                 # and the group carries on
 

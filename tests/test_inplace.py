@@ -1,6 +1,6 @@
 """rl.empty messages read in place only where that measured faster (transport/limits.py):
 above ZERO_COPY_MIN in a round whose sender receives too, above ZERO_COPY_ONEWAY_MIN from a
-sender that only sends; below, and in a call auto runs on the plain path, exactly as a NumPy
+sender that only sends, above ZERO_COPY_P2P_MIN from a point-to-point send; below, and in a call auto runs on the plain path, exactly as a NumPy
 buffer's message. Large sends go before a round's local steps (work._independent). Every
 changed path against NumPy: both buffer kinds, odd sizes, dtypes, p = 2..4."""
 import itertools
@@ -30,13 +30,33 @@ def _thresholds(rank):
     assert isinstance(peer, ShmPeer)
     assert peer.zc_min == limits.ZERO_COPY_MIN
     assert peer.zc_oneway_min == limits.ZERO_COPY_ONEWAY_MIN
-    # one-way, at the one-way limit: the plain path (nothing mapped), the same bytes
-    n = limits.ZERO_COPY_ONEWAY_MIN
+    assert peer.p2p_zc_min == limits.ZERO_COPY_P2P_MIN
+    read = [0]                  # messages this rank read in place (a view of a peer's buffer)
+    real = engine().remote_maps.view
+
+    def counted(*a, **kw):
+        read[0] += 1
+        return real(*a, **kw)
+    engine().remote_maps.view = counted
+    # point-to-point, at its limit: the plain path (nothing mapped), the same bytes; and a
+    # blocking send of it completes before its receiver asks (both send, then receive)
+    n = limits.ZERO_COPY_P2P_MIN
     x = rl.empty(n, np.uint8)
-    x[...] = 7 if rank == 0 else 0
-    rl.send(x, 1) if rank == 0 else rl.recv(x, 0)
-    assert _maps() == 0, "a one-way message at ZERO_COPY_ONEWAY_MIN was read in place"
-    assert (x == 7).all()
+    x[...] = 7 + rank
+    y = rl.empty(n, np.uint8)
+    rl.send(x, 1 - rank, timeout=20)
+    rl.recv(y, 1 - rank, timeout=20)
+    assert read[0] == 0, "a point-to-point message at ZERO_COPY_P2P_MIN was read in place"
+    assert (y == 8 - rank).all()
+
+    # a collective's one-way message (broadcast, direct) at its limit: the plain path too
+    def one_way(m):
+        b = rl.empty(m, np.uint8)
+        b[...] = 5 if rank == 0 else 0
+        rl.broadcast(b, 0, algorithm="direct")
+        assert (b == 5).all()
+    one_way(limits.ZERO_COPY_ONEWAY_MIN)
+    assert read[0] == 0, "a one-way message at ZERO_COPY_ONEWAY_MIN was read in place"
 
     def exchange(m):     # (all_to_all: both send and receive)
         y = rl.empty((2, m), np.uint8)
@@ -45,19 +65,23 @@ def _thresholds(rank):
         rl.all_to_all(y, x2, algorithm="pairwise")
         assert (y == np.array([[rank], [10 + rank]], np.uint8)).all()
     exchange(limits.ZERO_COPY_MIN)       # at the exchange limit: the plain path
-    assert _maps() == 0, "an exchanged message at ZERO_COPY_MIN was read in place"
+    assert read[0] == 0, "an exchanged message at ZERO_COPY_MIN was read in place"
     exchange(limits.ZERO_COPY_MIN + 64 * KiB)
     # above it one copy: read in place by the engine, or by CMA in C (fast.run says why)
-    one_copy = _maps() + peer.cma.reads
+    one_copy = read[0] + peer.cma.reads
     assert one_copy == 1, "an exchanged message above ZERO_COPY_MIN was copied twice"
-    # one-way above the one-way limit: read in place
-    maps = _maps()
-    big = rl.empty(n + 64 * KiB, np.uint8)
-    big[...] = 9 if rank == 0 else 0
-    rl.send(big, 1) if rank == 0 else rl.recv(big, 0)
-    assert (big == 9).all()
-    assert _maps() == maps + (rank == 1), \
-        "a one-way message above ZERO_COPY_ONEWAY_MIN was not read in place"
+    # above their limits, read in place: a one-way message, then a point-to-point one
+    for m, send in ((limits.ZERO_COPY_ONEWAY_MIN + 64 * KiB, one_way),
+                    (limits.ZERO_COPY_P2P_MIN + 64 * KiB, None)):
+        before = read[0]
+        if send is not None:
+            send(m)
+        else:
+            big = rl.empty(m, np.uint8)
+            big[...] = 9 if rank == 0 else 0
+            rl.send(big, 1) if rank == 0 else rl.recv(big, 0)
+            assert (big == 9).all()
+        assert read[0] == before + (rank == 1), f"a {m} B one-way message was not read in place"
 
 
 def test_one_way_and_exchanged_messages_read_in_place_above_their_limits():

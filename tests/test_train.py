@@ -1382,28 +1382,30 @@ def _owned_job(rank):
     from ringlet.runtime import engine
     from ringlet.transport.shm import ZERO_COPY_MIN
     maps = engine().remote_maps.maps
+
+    def cma_reads():
+        return sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma"))
+
+    def one_copy(call, what):
+        """(an exchange C runs reads an rl.empty source by CMA: one copy too - fast.run)"""
+        maps.clear()
+        reads = cma_reads()
+        out = call()
+        assert maps or cma_reads() > reads, f"{what} neither in place nor by CMA (one copy)"
+        return out
     rows = 2 * ZERO_COPY_MIN // (4 * 256)
     x = np.random.default_rng(rank).standard_normal((rows, 256)).astype(np.float32)
     idx = np.full(rows, 1 - rank)                         # every token to the other rank
-    maps.clear()
-    toks, routing = train.dispatch(x, idx, 2, capacity_factor=10)
-    assert maps, "MoE's packed rows were not read in place"
-    maps.clear()
-    np.testing.assert_array_equal(train.combine(toks, routing), x)
-    assert maps, "combine's rows were not read in place"
+    toks, routing = one_copy(lambda: train.dispatch(x, idx, 2, capacity_factor=10),
+                             "MoE's packed rows were read")
+    got = one_copy(lambda: train.combine(toks, routing), "combine's rows were read")
+    np.testing.assert_array_equal(got, x)
 
     n = 4 * ZERO_COPY_MIN // 4
     z = train.ZeroOptimizer([np.ones(2 * n, np.float32)], stage=3, lr=0.1)
     assert buffers.locate(z.shards[0]) is not None
-    maps.clear()
-    def cma_reads():
-        return sum(q.cma.reads for q in engine().peers.values() if hasattr(q, "cma"))
-    reads = cma_reads()
-    full = z.gather(0)[0]
-    # (an exchange C runs reads an rl.empty source by CMA: one copy too - fast.run)
-    read = cma_reads() > reads
-    assert (full == 1).all() and (maps or read), \
-        "ZeRO-3's all_gather read the shards neither in place nor by CMA (one copy)"
+    full = one_copy(lambda: z.gather(0)[0], "ZeRO-3's all_gather read the shards")
+    assert (full == 1).all()
     z.free(0)
     again = z.gather(0)[0]      # into the same (reused, already faulted-in) memory
     assert again.ctypes.data == full.ctypes.data and (again == 1).all()

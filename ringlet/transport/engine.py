@@ -432,6 +432,7 @@ class Engine:
     def isend(self, peer: int, tag: int, data, fp=(0, 0)) -> SendRequest:
         """Post a send of ``data`` (a flat uint8 array viewing the caller's buffer)."""
         req = SendRequest(peer, tag, data, fp)
+        req.p2p = True
         self.peers[peer].post_send(req)
         return req
 

@@ -44,6 +44,11 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   was 896 KiB, where the plain path had let a sender go on as soon as its copy was in the
   ring (one-way 768 KiB 1.52, 896 KiB 1.45, 1 MiB 0.90; exchange 512 KiB 1.03, 640 KiB
   0.82, load 3.6): a core there read another's fresh lines faster than this one does.
+  ZERO_COPY_P2P_MIN: a point-to-point send keeps the limits it had, 896 KiB from rl.empty
+  (7/8 of the ring) and the ring's size from a plain buffer (no CMA below it): up to them
+  a blocking send goes through the ring and completes without its receiver (a program
+  whose ranks both send, then both receive, works up to there, as it did); past them it
+  waits for the receiver to read it.
 * SPLIT_MIN: from it, a one-way message read in place whose receive lies in an rl.empty
   buffer too is copied (or reduced) by both ends at once, the receiver from the front and
   the sender from the back, in SPLIT_CHUNK pieces each claims by compare-and-swap
@@ -199,6 +204,7 @@ PIECES_MAX_RANKS = 16
 SHM_STREAM_BYTES = RING_BYTES
 ZERO_COPY_MIN = SHM_EAGER_BYTES
 ZERO_COPY_ONEWAY_MIN = SHM_EAGER_BYTES
+ZERO_COPY_P2P_MIN = 896 << 10
 SPLIT_MIN = 1 << 20
 SPLIT_REDUCE_MIN = 4 << 20
 SPLIT_CHUNK = 256 << 10

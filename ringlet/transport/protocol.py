@@ -99,7 +99,7 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place", "ways")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place", "ways", "p2p")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -112,6 +112,7 @@ class SendRequest(Request):
         self.receiving = False  # its round receives too (cma.py: then offer it)
         self.in_place = True    # False: an rl.empty buffer's message takes the plain path
         self.ways = 1           # large messages its round sends (cma.py shares the copy by it)
+        self.p2p = False        # a point-to-point send's (its own limits: Peer.p2p_zc_min)
 
 
 class RecvRequest(Request):
@@ -258,14 +259,16 @@ class Peer:
             req.fail(self.dead)
             return
         if self.zero_copy and req.in_place and \
-                req.nbytes > (self.zc_min if req.receiving else self.zc_oneway_min):
+                req.nbytes > (self.p2p_zc_min if req.p2p else self.zc_min if req.receiving
+                              else self.zc_oneway_min):
             req.zc = locate(req.data)      # (once: send_now is not asked again)
             crowded = self.engine.crowded
             # (where ranks outnumber cores, an exchange's message past one EAGER packet is
             # read whole too: limits.py, CMA_MIN)
-            least = (min(self.eager, self.cma_min) if crowded and req.receiving
+            least = (self.p2p_cma_min if req.p2p else
+                     min(self.eager, self.cma_min) if crowded and req.receiving
                      and CROWDED_EXCHANGE_CMA else self.cma_min)
-            if (req.zc is None and self.cma_min >= 0 and req.nbytes > least
+            if (req.zc is None and least >= 0 and req.nbytes > least
                     and req.data.flags.c_contiguous):
                 # read whole where every rank copies anyway; offered where the sender
                 # idles: split, or read whole where ranks outnumber cores (cma.py)
@@ -688,6 +691,8 @@ class Peer:
     stream_max = 0      # largest message whose DATA follows its RTS at once (0: none does)
 
     cma_min = -1        # ... and above how many bytes a plain buffer's is offered by address
+    p2p_zc_min = 0      # zc_oneway_min and cma_min of a point-to-point send (limits.py,
+    p2p_cma_min = -1    # ZERO_COPY_P2P_MIN)
     cma = None          # ... and the cma.Reader that moves such messages (shm)
 
     def read_remote(self, req: RecvRequest, where, nbytes: int, msgid: int):

@@ -128,6 +128,10 @@ class ShmPeer(Peer):
         self.cma = cma.Reader(pid)           # reads this peer's private buffers in place
         # (above what streams: a ring smaller than CMA_MIN, RINGLET_SHM_RING, lowers it)
         self.cma_min = min(CMA_MIN, self.stream_max) if self.cma.ok else -1
+        # a point-to-point send keeps the ring's: up to it a blocking send completes without
+        # its receiver (limits.py, ZERO_COPY_P2P_MIN)
+        self.p2p_zc_min = max(self.zc_min, min(limits.ZERO_COPY_P2P_MIN, self.stream_max * 7 // 8))
+        self.p2p_cma_min = self.stream_max if self.cma.ok else -1
         # one-way messages read in place, copied by both ends (split.py)
         on = split.enabled()
         self.split_sender = split.Sender(self) if on else None

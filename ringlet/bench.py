@@ -369,7 +369,8 @@ def _predict(row: dict, backend: str) -> float | None:
         if algo == "auto":
             algo = row.get("ran") or "auto"
         shared = USER_BUFFERS[row["op"]] if row.get("zero_copy") else ()   # rl.empty
-        return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend, shared=shared)
+        return cost.predict_host(row["op"], row["bytes"], row["p"], algo, backend, shared=shared,
+                                 dtype=row.get("dtype"))
     except (ImportError, AttributeError, ValueError, KeyError, TypeError, RuntimeError):
         return None
 

@@ -29,12 +29,13 @@ _DEBUG_ALGO = "algo" in os.environ.get("RINGLET_DEBUG", "")
 _Trials = tuning.Trials     # (a module attribute less per call)
 
 
-def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, shared=()):
+def _pick(collective: str, algorithm: str, g: Group, count: int, dtype: np.dtype, shared=()):
     """(algorithm to run, why, whether auto picked it for rl.empty buffers, whether its
     messages may be read in place) for a call."""
     table = algorithms.CATALOG[collective]
+    itemsize = dtype.itemsize
     if algorithm == "auto":
-        return _auto(collective, g, count, itemsize, shared)
+        return _auto(collective, g, count, dtype, shared)
     if algorithm not in table:
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                          f"auto, {', '.join(table)}")
@@ -42,7 +43,7 @@ def _pick(collective: str, algorithm: str, g: Group, count: int, itemsize: int, 
                        f"(forced by algorithm=)"), False, True
 
 
-def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
+def _auto(collective: str, g: Group, count: int, dtype: np.dtype, shared=()):
     """Least predicted time under the job's profile (rank 0's, so every rank agrees).
     ``shared``: the call's buffers that are rl.empty arrays, whose large sends peers read
     in place; when that changes the pick, the fingerprint says so, and ranks that pass
@@ -50,10 +51,10 @@ def _auto(collective: str, g: Group, count: int, itemsize: int, shared=()):
     buffer's message can always take the plain path instead (as a NumPy buffer's does):
     when the plain pick is predicted faster than every pick read in place, the call runs
     it, and its messages are not read in place - the same call as with NumPy buffers."""
-    return _auto_candidates(collective, g, count, itemsize, shared, 1)[0][0]
+    return _auto_candidates(collective, g, count, dtype, shared, 1)[0][0]
 
 
-def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, shared=(),
+def _auto_candidates(collective: str, g: Group, count: int, dtype: np.dtype, shared=(),
                      most: int = 1) -> list:
     """Up to ``most`` picks for auto, fastest predicted first, each with its predicted
     seconds: ((algorithm, why, picked for rl.empty buffers, read in place), seconds).
@@ -68,15 +69,16 @@ def _auto_candidates(collective: str, g: Group, count: int, itemsize: int, share
         # one machine whose ranks talk TCP (backend="tcp"): they share its cores, as the
         # profile's tcp host model prices; not hosts of their own
         hosts, transport = None, "tcp"
-    nbytes = priced_size(cost.nbytes_of(collective, g.size, count, itemsize))
+    nbytes = priced_size(cost.nbytes_of(collective, g.size, count, dtype.itemsize))
+    # (a float16 or bfloat16 reduction at its own cost per byte: cost.reduce_gamma)
     name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
-                             itemsize=itemsize, shared=shared, transport=transport)
+                             dtype=dtype, shared=shared, transport=transport)
     why = explain_line(collective, nbytes, g.size, name, rows)
     if not shared:
         picks = [((r.algorithm, why, False, True), r.total) for r in rows]
     else:
         plain, prows = cost.choose(collective, nbytes, g.size, topology=job_profile(),
-                                   hosts=hosts, itemsize=itemsize, transport=transport)
+                                   hosts=hosts, dtype=dtype, transport=transport)
         kinds = f"rl.empty {', '.join(shared)}"
         picks = [((r.algorithm, f"{why} [{kinds}; with NumPy buffers: {plain}]",
                    r.algorithm != plain, True), r.total) for r in rows]
@@ -150,11 +152,11 @@ def _prepare(key: tuple):
         # Uneven all-to-all is priced at its mean block size.
         mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
         if algorithm != "auto":
-            hit = _build(key, *_pick(collective, algorithm, g, mean, dtype.itemsize, shared))
+            hit = _build(key, *_pick(collective, algorithm, g, mean, dtype, shared))
         else:
             trials = _S.tune if (g.size > 1 and splits is None and len(_TUNED) < tuning.LIMIT) \
                 else 0
-            picks = _auto_candidates(collective, g, mean, dtype.itemsize, shared,
+            picks = _auto_candidates(collective, g, mean, dtype, shared,
                                      tuning.MOST if trials else 1)
             calls = [_build(key, *pick) for pick, _ in picks]
             if len(calls) > 1:

@@ -466,7 +466,10 @@ def _explain_parser() -> argparse.ArgumentParser:
                          "else this host's shm)")
     ap.add_argument("--reduce-cost", dest="gamma", type=float, default=None,
                     help="seconds per byte reduced (default: the profile's; 0 with --tier)")
-    ap.add_argument("--itemsize", type=int, default=4, help="bytes per element (default 4)")
+    ap.add_argument("--itemsize", type=int, default=None, help="bytes per element (default 4, "
+                    "or --dtype's)")
+    ap.add_argument("--dtype", default=None, help="element type (float32, float16, bfloat16, "
+                    "...): its size, and for float16 and bfloat16 the cost of reducing it")
     ap.add_argument("--algorithms", type=lambda t: [x for x in t.split(",") if x], default=None,
                     help="comma-separated candidates (default: all)")
     ap.add_argument("--range", default=None, metavar="LO:HI",
@@ -480,6 +483,7 @@ def _explain_parser() -> argparse.ArgumentParser:
 
 
 def _explain_main(argv) -> int:
+    from .cost.profile import half_float
     from .cost.tune import choose, environment
 
     a = _explain_parser().parse_args(argv)
@@ -490,6 +494,19 @@ def _explain_main(argv) -> int:
     if p < 2:
         raise ValueError(f"-n (group size) must be >= 2, got {p}: on one rank a call moves "
                          "nothing, whatever the algorithm")
+    dtype = None
+    if a.dtype is not None:
+        from .ops import dtype_named
+        try:
+            dtype = dtype_named(a.dtype)
+        except TypeError:
+            raise ValueError(f"--dtype {a.dtype}: not a NumPy dtype name, nor bfloat16") from None
+        if a.itemsize not in (None, dtype.itemsize):
+            raise ValueError(f"--itemsize {a.itemsize} but --dtype {a.dtype} has "
+                             f"{dtype.itemsize}-byte elements: give one of them")
+        a.itemsize = dtype.itemsize
+    elif a.itemsize is None:
+        a.itemsize = 4
     if a.itemsize < 1:
         raise ValueError("--itemsize must be >= 1")
     from .cost.simulate import host_layout
@@ -500,6 +517,9 @@ def _explain_main(argv) -> int:
     _sweep_range(a)     # (a bad --range is refused before the table, not after it)
 
     topology, gamma, where, prof = _explain_where(a, p)
+    if dtype is not None and a.gamma is None and prof is not None:
+        # (float16, bfloat16: C reduces them in float32 and rounds back, at a cost of their own)
+        gamma = prof.reduce_gamma(dtype, "shm") if half_float(dtype) else gamma
 
     conv = "total" if coll in TOTAL_SIZE else "per rank"
     nb = a.size

@@ -2093,3 +2093,52 @@ def test_a_one_host_hierarchical_schedule_priced_on_several_hosts_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")      # (built for the topology: no warning)
         assert simulate(two, topo).time < 0.8 * as_flat
+
+
+def test_half_float_reductions_are_priced_at_their_own_cost():
+    """C reduces float16 and bfloat16 in float32 and rounds back, at a cost per byte of
+    their own (bfloat16's all_reduce ran 1.5-1.9x float32's in the calls, priced alike):
+    ``choose(dtype=)`` adds profile.HALF_GAMMA (or the profile's own) per byte reduced,
+    for reductions only; other dtypes and calls that reduce nothing price as before."""
+    prof = profile.Profile.from_fits({"shm": dict(HOST_PROFILE)})
+    g = prof.gamma("shm")
+    assert prof.reduce_gamma("bfloat16") == pytest.approx(g + profile.HALF_GAMMA["bfloat16"])
+    assert prof.reduce_gamma(np.float16) == pytest.approx(g + profile.HALF_GAMMA["float16"])
+    assert prof.reduce_gamma(np.float32) is None and prof.reduce_gamma(np.int16) is None
+    own = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, gamma_bfloat16=1e-9)})
+    assert own.reduce_gamma("bfloat16") == pytest.approx(g + 1e-9)
+    n, p = 8 << 20, 2
+    for coll in ("all_reduce", "reduce_scatter", "reduce"):
+        f16 = choose(coll, n, p, topology=prof, dtype=np.float16,
+                     candidates=("ring",) if coll != "reduce" else None)[1][0]
+        bf16 = choose(coll, n, p, topology=prof, dtype="bfloat16",
+                      candidates=(f16.algorithm,))[1][0]
+        plain = choose(coll, n, p, topology=prof, itemsize=2,
+                       candidates=(f16.algorithm,))[1][0]
+        # (the reduction column carries it: half the bytes reduced per rank at p = 2)
+        extra = bf16.total - plain.total
+        assert extra == pytest.approx(profile.HALF_GAMMA["bfloat16"] * n / 2, rel=0.05), coll
+        assert plain.total < f16.total < bf16.total, coll
+    for coll in ("all_gather", "broadcast"):
+        assert choose(coll, n, p, topology=prof, dtype="bfloat16")[1] == \
+            choose(coll, n, p, topology=prof, itemsize=2)[1]
+    # a tier or a link prices with its own gamma
+    assert tune.reduce_gamma("bfloat16", "nvlink") is None
+    assert choose("all_reduce", n, 4, topology="nvlink", dtype="bfloat16")[1] == \
+        choose("all_reduce", n, 4, topology="nvlink", itemsize=2)[1]
+
+
+def test_explain_prices_a_dtype(capsys):
+    """``ringlet explain --dtype``: its size, and a 16-bit float's own reduce cost; a name
+    NumPy does not know, or an --itemsize that disagrees, is refused."""
+    from ringlet.cli import main
+    assert main(["explain", "all_reduce", "--size", "8M", "-n", "2", "--algorithms", "ring",
+                 "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    g = profile.load_profile().reduce_gamma("bfloat16")
+    assert f"reduce cost = {g:.3g} s per byte reduced" in out, out
+    assert main(["explain", "all_reduce", "--size", "8M", "-n", "2", "--dtype", "bf16"]) == 2
+    assert "--dtype bf16: not a NumPy dtype name, nor bfloat16" in capsys.readouterr().err
+    assert main(["explain", "all_reduce", "--size", "8M", "-n", "2", "--dtype", "float16",
+                 "--itemsize", "4"]) == 2
+    assert "--itemsize 4 but --dtype float16 has 2-byte elements" in capsys.readouterr().err

@@ -165,6 +165,14 @@ def _fp16_job(rank):
     # bytes ride along in both counts).
     assert sent[1] < 0.55 * sent[0], sent
     assert half.price("infiniband").bytes_per_rank * 2 == plain.price("infiniband").bytes_per_rank
+    # priced at float16's own reduce cost (cost.reduce_gamma), and replayed as float16
+    assert {c.dtype for c in half.calls()} == {np.dtype(np.float16)}
+    assert {c.dtype for c in plain.calls()} == {np.dtype(np.float32)}
+    as_f16 = half.price().comm_seconds
+    assert as_f16 > train.price([c._replace(dtype=None) for c in half.calls()]).comm_seconds
+    from ringlet.ops import BFLOAT16
+    assert train.pricing.replay([train.Call("all_reduce", 1 << 16, p, 2, dtype=BFLOAT16)],
+                                repeats=3) > 0
 
 
 def test_buckets_fp16_hook_halves_bytes():

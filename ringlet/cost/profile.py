@@ -86,6 +86,33 @@ DEFAULT_PROFILE: dict = {
 }
 
 
+#: What reducing a 16-bit float costs over float32, in seconds per byte a rank reduces: C's
+#: kernels add float16 (F16C) and bfloat16 (AVX-512, else AVX2) in float32 and round back,
+#: bfloat16's with ~14 instructions for 16 elements where float32's add is one. Measured in
+#: the calls (bench/half_gamma.py: ring all_reduce and reduce_scatter p = 2 of 1, 4 and 8 MiB,
+#: each dtype in blocks taken in turn, fresh inputs; 2-core Intel Xeon VM, 2026-12-06, two
+#: runs): float16 -6 to 49 ps/B (median 18), bfloat16 92 to 292 (median 155) - on warm
+#: arrays in cache bfloat16's extra is ~43. A transport's entry may carry its own
+#: ("gamma_float16", "gamma_bfloat16"); calibrate does not time them.
+HALF_GAMMA = {"float16": 18e-12, "bfloat16": 155e-12}
+
+
+def half_float(dtype) -> str | None:
+    """"float16" or "bfloat16" for those dtypes (their reductions cost more), else None."""
+    from ..ops import BFLOAT16
+    d = dtype if isinstance(dtype, np.dtype) else None
+    if d is None:
+        if str(dtype) == "bfloat16":
+            return "bfloat16"
+        try:
+            d = np.dtype(dtype)
+        except TypeError:
+            return None
+    if d == BFLOAT16:
+        return "bfloat16"
+    return "float16" if d == np.float16 else None
+
+
 #: payload share of a TCP/IPv4 link's bytes at MTU 1500: 1448 of every 1514 bytes framed
 #: (IP and TCP headers with timestamps, the Ethernet header) - what shapers and NICs count
 TCP_GOODPUT = 1448 / 1514
@@ -212,6 +239,17 @@ class Profile:
 
     def delta(self, transport: str = "shm") -> float:
         return float(self.params(transport).get("delta", 0.0))
+
+    def reduce_gamma(self, dtype, transport: str = "shm") -> float | None:
+        """Seconds per byte a reduction of ``dtype`` costs on ``transport``: the profile's
+        gamma plus, for float16 and bfloat16, what theirs costs over float32's (the entry's
+        "gamma_float16" / "gamma_bfloat16", else :data:`HALF_GAMMA`); None for other dtypes,
+        which the profile's gamma prices as it is."""
+        kind = half_float(dtype)
+        if kind is None:
+            return None
+        extra = self.params(transport).get(f"gamma_{kind}", HALF_GAMMA[kind])
+        return self.gamma(transport) + float(extra)
 
     def host_model(self, transport: str = "shm"):
         """The transport's :class:`ringlet.cost.host.HostModel` (how ranks of one host

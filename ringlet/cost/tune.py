@@ -336,9 +336,19 @@ _CACHE: dict = {}
 _CACHE_MAX = 4096
 
 
+def reduce_gamma(dtype, topology=None, transport: str = "shm") -> float | None:
+    """The reduce cost per byte of ``dtype`` where it differs from float32's (float16,
+    bfloat16: :meth:`Profile.reduce_gamma`) on ``topology`` - a profile, or None for this
+    host's; None for other dtypes and other topologies (their own gamma prices them)."""
+    if topology is not None and not isinstance(topology, Profile):
+        return None
+    prof = topology if topology is not None else load_profile()
+    return prof.reduce_gamma(dtype, transport if transport in prof.transports else "shm")
+
+
 def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, candidates=None,
            *, itemsize: int = 4, gamma: float | None = None, shared=(),
-           transport: str = "shm") -> tuple[str, list[Row]]:
+           transport: str = "shm", dtype=None) -> tuple[str, list[Row]]:
     """The algorithm with the least predicted time, and every candidate's prediction.
 
     ``topology``: None (this host's calibrated profile, see :mod:`ringlet.cost.profile`),
@@ -352,8 +362,16 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     are ``rl.empty`` arrays ("buf", "in", "out"): a calibrated host prices their large
     sends as read in place by the receiver (one copy, not two through the ring).
     ``transport``: with a profile, what the ranks of one host use to talk - "shm", or
-    "tcp" in a job of backend="tcp" (the profile's tcp host model prices it)."""
+    "tcp" in a job of backend="tcp" (the profile's tcp host model prices it). ``dtype``
+    (a NumPy dtype, or "bfloat16"): sets ``itemsize``, and prices a float16 or bfloat16
+    reduction at its own cost per byte (:func:`reduce_gamma`) unless ``gamma`` is given."""
     check_collective(collective)
+    if dtype is not None:
+        from ..ops import dtype_named
+        dtype = dtype_named(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        itemsize = dtype.itemsize
+        if gamma is None:
+            gamma = reduce_gamma(dtype, topology, transport)
     if isinstance(p, bool) or int(p) != p or p < 1:
         raise ValueError(f"p (group size) must be an integer >= 1, got {p!r}")
     p = int(p)
@@ -463,7 +481,7 @@ def crossovers(collective: str, p: int, topology=None, hosts=None, candidates=No
 
 def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "auto",
                  backend: str = "shm", *, itemsize: int = 4, profile: Profile | None = None,
-                 shared=()) -> float:
+                 shared=(), dtype=None) -> float:
     """Predicted seconds of one call run by ``p`` local ranks of this host (what
     ``ringlet bench`` measures), from the calibrated profile (:func:`load_profile`).
 
@@ -471,21 +489,26 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
     "tcp" (every message over the profile's tcp link). ``algorithm="auto"`` (or None) is
     resolved as the runtime resolves it: ``choose`` on the profile of one host, for the
     transport the ranks use. ``nbytes`` follows the size convention of :mod:`ringlet.cost.model`;
-    ``shared``: the buffers that are ``rl.empty`` arrays (see :func:`choose`)."""
+    ``shared``: the buffers that are ``rl.empty`` arrays; ``dtype``: see :func:`choose`."""
     check_collective(collective)
     if backend not in ("shm", "tcp"):
         raise ValueError(f"unknown backend {backend!r}; valid: shm, tcp")
     prof = profile if profile is not None else load_profile()
+    gamma = None
+    if dtype is not None:
+        from ..ops import dtype_named
+        dtype = dtype_named(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        itemsize, gamma = dtype.itemsize, reduce_gamma(dtype, prof, backend)
     if algorithm in (None, "auto"):
         algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize,
-                           shared=shared, transport=backend)[0]
+                           shared=shared, transport=backend, gamma=gamma)[0]
     check_algorithm(collective, algorithm)
     if backend == "shm":
         topology = prof
     else:
         topology = Topology.from_profile(1, p, prof, transport="tcp")
     rows = choose(collective, nbytes, p, topology=topology, candidates=(algorithm,),
-                  itemsize=itemsize, shared=shared)[1]
+                  itemsize=itemsize, shared=shared, gamma=gamma)[1]
     return rows[0].total
 
 

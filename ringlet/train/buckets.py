@@ -270,7 +270,8 @@ class GradBuckets:
                      shared=shared_if_large("all_gather", b.gathered.nbytes, p, "in", "out"))
                 if b.gathered is not None else
                 Call("all_reduce", b.wire.nbytes, p, b.wire.dtype.itemsize, label=f"bucket {k}",
-                     shared=shared_if_large("all_reduce", b.wire.nbytes, p, "buf"))
+                     shared=shared_if_large("all_reduce", b.wire.nbytes, p, "buf"),
+                     dtype=b.wire.dtype)
                 for k, b in enumerate(self.buckets)]
 
     def price(self, topology=None):

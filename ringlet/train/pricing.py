@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import buffers, cost
+from .. import buffers, cost, ops
 from ..ops import ReduceOp
 from ..transport.shm import ZERO_COPY_MIN
 from ..cost.tune import build_schedule
@@ -32,6 +32,7 @@ class Call(NamedTuple):
     times: int = 1
     label: str = ""
     shared: tuple = ()      # its buffers that are rl.empty arrays, as ``shared_if_large``
+    dtype: object = None    # its elements' (a float16 or bfloat16 reduction costs more)
 
 
 def shared_if_large(collective: str, nbytes: int, p: int, *names: str) -> tuple:
@@ -209,7 +210,8 @@ def price(calls, topology=None, hosts=None) -> StepPrice:
             out.append(Priced(call, "-", 0.0, 0))
             continue
         algorithm, rows = cost.choose(call.collective, call.nbytes, call.p, topology=topo,
-                                      hosts=hosts, itemsize=call.itemsize, shared=call.shared)
+                                      hosts=hosts, itemsize=call.itemsize, shared=call.shared,
+                                      dtype=call.dtype)
         sched = build_schedule(call.collective, algorithm, call.p, call.nbytes, call.itemsize,
                                hosts=_host_ids(hosts, call.p, algorithm))
         sent = int(sched.traffic()["sent_bytes"].max())
@@ -247,19 +249,20 @@ def replay(calls, group=None, repeats: int = 20) -> float:
     for call in calls:
         if call.p != p or call.nbytes == 0 or p == 1:
             continue
-        dt = _DTYPES.get(call.itemsize, np.uint8)
+        dt = call.dtype if call.dtype is not None else _DTYPES.get(call.itemsize, np.uint8)
         n = max(call.nbytes // np.dtype(dt).itemsize, 1)
         k = call.collective
         if k in ("all_reduce", "broadcast"):
             buf = buffer(n, dt)
-            buf[:] = 1
+            ops.fill(buf, 1)
             fn = (lambda b=buf: c.all_reduce(b, group=g)) if k == "all_reduce" else \
                 (lambda b=buf: c.broadcast(b, 0, group=g))
         elif k in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
                    "all_to_all_single"):
             m = -(-n // p)
             whole, part = buffer(p * m, dt).reshape(p, m), buffer(m, dt)
-            whole[:], part[:] = 1, 1
+            ops.fill(whole, 1)
+            ops.fill(part, 1)
             fn = {"all_gather": lambda w=whole, q=part: c.all_gather(w, q, group=g),
                   "reduce_scatter": lambda w=whole, q=part: c.reduce_scatter(q, w, group=g),
                   "gather": lambda w=whole, q=part: c.gather(q, w if g.rank == 0 else None, 0, g),

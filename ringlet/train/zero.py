@@ -323,7 +323,8 @@ class ZeroOptimizer:
             nb, item = p * u.shard * u.dtype.itemsize, u.dtype.itemsize
             # (the block it reduces into is a plain array)
             out.append(Call("reduce_scatter", nb, p, item, label=f"unit {k} grad",
-                            shared=shared_if_large("reduce_scatter", nb, p, "in")))
+                            shared=shared_if_large("reduce_scatter", nb, p, "in"),
+                            dtype=u.dtype))
             out.append(Call("all_gather", nb, p, item, 2 if self.stage == 3 else 1,
                             label=f"unit {k} params",
                             shared=shared_if_large("all_gather", nb, p, "in", "out")))

@@ -534,7 +534,8 @@ def refit(prof: Profile, fit=None) -> tuple[Profile, dict]:
         f = fit_host(samples, base, **(FULL_FIT if fit is None else fit))
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred
-        f.update({k: t[k] for k in ("ranks", "others_load", "timings", "quick") if k in t})
+        f.update({k: t[k] for k in ("ranks", "others_load", "timings", "quick", "gamma_float16",
+                                    "gamma_bfloat16") if k in t})
         fits[tr] = f
         all_samples[tr] = samples
     if not fits:

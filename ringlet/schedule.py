@@ -217,11 +217,13 @@ class LocalStep:
 
 @dataclass(frozen=True, slots=True)
 class SendStep:
-    """Send ``sbuf[s0:s1]`` to world rank ``dst``."""
+    """Send ``sbuf[s0:s1]`` to world rank ``dst``; ``reduce``: its receive reduces it
+    (then no offer to read it by CMA, which that receive declines: transport/cma.py)."""
     dst: int
     sbuf: str
     s0: int
     s1: int
+    reduce: bool = False
 
 
 @dataclass(frozen=True, slots=True)

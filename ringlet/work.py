@@ -682,6 +682,7 @@ class CollectiveWork(Work):
                 req.receiving = _receives(rnd)    # this rank copies in too (cma.py)
                 req.in_place = in_place
                 req.ways = ways
+                req.reduced = t.reduce
                 sent.append(req)
                 peer.post_send(req)
 
@@ -879,7 +880,7 @@ def compile_plan(plan, world_of, pieces_of=None) -> tuple[PlanRound, ...]:
     return tuple(PlanRound(
         tuple(LocalStep(t.op == REDUCE, t.sbuf, t.soff, t.soff + t.n, t.dbuf, t.doff,
                         t.doff + t.n, *acc(t)) for t in rnd.local),
-        tuple(SendStep(world_of[t.dst], t.sbuf, t.soff + i, t.soff + i + n)
+        tuple(SendStep(world_of[t.dst], t.sbuf, t.soff + i, t.soff + i + n, t.op == REDUCE)
               for t in rnd.sends for i, n in spans(t)),
         tuple(r for t in rnd.recvs for r in recvs(t)),
         early if k == 0 else -1, k == early)

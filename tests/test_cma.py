@@ -556,3 +556,36 @@ def test_cma_messages_of_c_and_of_the_engine_meet():
     """One rank in C, the other in the Python engine: the same packets (RTS_CMA, CTS_DONE)
     each way, the same results."""
     run(_c_meets_python, 2, env=ANY)
+
+
+def _reduced_streams(rank):
+    """A message its receiver reduces is not offered by CMA (that receive declines the
+    read: its DATA would follow only after the round trip): up to the ring's size it
+    streams at once, as it did before plain messages past one EAGER packet went by CMA;
+    the all_gather half of the same ring all_reduce, which copies, still does. Every
+    element is NumPy's."""
+    from ringlet.transport import limits, protocol
+    seen = []
+    real = protocol.Peer.post_send
+
+    def spy(self, req):
+        real(self, req)
+        seen.append((req.nbytes, req.reduced, bool(req.cma), req.stream))
+    protocol.Peer.post_send = spy
+    try:
+        n = 2 * (limits.SHM_EAGER_BYTES + 256 * 1024) // 4     # halves of 768 KiB
+        x = np.arange(n, dtype=np.float32) + rank
+        rl.all_reduce(x, algorithm="ring")
+        np.testing.assert_array_equal(x, 2 * np.arange(n, dtype=np.float32) + 1)
+        y = np.zeros(n // 2, np.float32)
+        rl.reduce_scatter(y, np.full(n, rank + 1.0, np.float32), algorithm="ring")
+        assert (y == 3).all()
+    finally:
+        protocol.Peer.post_send = real
+    big = [s for s in seen if s[0] > limits.SHM_EAGER_BYTES]
+    assert (n * 2, True, False, True) in big and (n * 2, False, True, False) in big, big
+    assert all(not c for _, reduced, c, _ in big if reduced), big
+
+
+def test_a_message_its_receiver_reduces_streams_instead_of_an_offer_by_cma():
+    run(_reduced_streams, 2, env=ANY)

@@ -665,8 +665,9 @@ def test_rl_empty_message_above_zc_min_is_read_in_place():
 
 def _in_place_gather(rank, alloc_name):
     """all_gather(out, out[rank]) and gather at the root into out[root]: every algorithm,
-    message sizes from EAGER (in C) through streamed to RTS (read in place from rl.empty),
-    right results, and no copy of the input (tracemalloc sees no allocation its size)."""
+    message sizes from EAGER (in C) to past it (read in place from rl.empty, by CMA from
+    NumPy arrays, or streamed with CMA off), right results, and no copy of the input
+    (tracemalloc sees no allocation its size)."""
     import tracemalloc
     from ringlet.transport.shm import RING_BYTES
     p = rl.get_world_size()
@@ -697,9 +698,11 @@ def _in_place_gather(rank, alloc_name):
                     assert peak < 4 * count // 2, (collective, algo, count, peak)
 
 
-@pytest.mark.parametrize("alloc", ["numpy", "rl.empty"])
-def test_in_place_all_gather_and_gather_copy_nothing(alloc):
-    run(_in_place_gather, 3, alloc)
+@pytest.mark.parametrize("alloc,env", [("numpy", None), ("numpy", {"RINGLET_CMA": "0"}),
+                                       ("rl.empty", None)],
+                         ids=["numpy", "numpy-streamed", "rl.empty"])
+def test_in_place_all_gather_and_gather_copy_nothing(alloc, env):
+    run(_in_place_gather, 3, alloc, env=env)
 
 
 def _auto_by_buffer_kind(rank):

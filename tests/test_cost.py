@@ -2142,3 +2142,29 @@ def test_explain_prices_a_dtype(capsys):
     assert main(["explain", "all_reduce", "--size", "8M", "-n", "2", "--dtype", "float16",
                  "--itemsize", "4"]) == 2
     assert "--itemsize 4 but --dtype float16 has 2-byte elements" in capsys.readouterr().err
+
+
+def test_a_profiles_own_half_float_costs_are_checked_and_kept_by_refit():
+    """"gamma_float16" / "gamma_bfloat16" in a transport's entry: a bad one is refused when
+    the profile is read (not at auto's first pick), and ``calibrate --refit`` keeps them."""
+    d = profile.Profile.from_fits({"shm": dict(HOST_PROFILE, gamma_bfloat16=-1.0)}).to_dict()
+    with pytest.raises(ValueError, match="gamma_bfloat16 must be a number >= 0"):
+        profile.Profile.from_dict(d)
+    d["transports"]["shm"]["gamma_bfloat16"] = "fast"
+    with pytest.raises(ValueError, match="gamma_bfloat16 must be a number >= 0"):
+        profile.Profile.from_dict(d)
+    # --refit fits the saved timings again (the fit replaced here), the own costs kept
+    t = dict(HOST_PROFILE, gamma_bfloat16=2e-10, model="host",
+             timings=[{"collective": "all_reduce", "algorithm": "ring", "nbytes": 4096, "p": 2,
+                       "seconds": 1e-5, "shared": [], "passes": [1e-5]}])
+
+    def fake_fit(samples, base, **kw):
+        return dict(HOST_PROFILE, model="host", predicted=[1e-5] * len(samples))
+    real = calibrate.fit_host
+    calibrate.fit_host = fake_fit
+    try:
+        out, _ = calibrate.refit(profile.Profile.from_fits({"shm": t}))
+    finally:
+        calibrate.fit_host = real
+    assert out.transports["shm"]["gamma_bfloat16"] == 2e-10
+    assert out.reduce_gamma("bfloat16") == pytest.approx(out.gamma("shm") + 2e-10)

@@ -48,6 +48,12 @@ def _thresholds(rank):
     rl.recv(y, 1 - rank, timeout=20)
     assert read[0] == 0, "a point-to-point message at ZERO_COPY_P2P_MIN was read in place"
     assert (y == 8 - rank).all()
+    # ... and a plain one up to the ring's size (p2p_cma_min): through the ring, not by CMA
+    a = np.full(1 << 20, 3 + rank, np.uint8)
+    b = np.zeros_like(a)
+    rl.send(a, 1 - rank, timeout=20)
+    rl.recv(b, 1 - rank, timeout=20)
+    assert (b == 4 - rank).all() and peer.cma.reads == 0
 
     # a collective's one-way message (broadcast, direct) at its limit: the plain path too
     def one_way(m):
@@ -90,7 +96,7 @@ def test_one_way_and_exchanged_messages_read_in_place_above_their_limits():
 
 def _freed_buffers(rank):
     import gc
-    n = 2 * limits.ZERO_COPY_ONEWAY_MIN
+    n = 2 * limits.ZERO_COPY_P2P_MIN
     for i in range(12):                 # a fresh buffer a step, as `grad = rl.zeros(...)`
         x = rl.empty(n, np.uint8)
         x[...] = i if rank == 0 else 0

@@ -298,7 +298,8 @@ class Profile:
             for key in ("gamma", "delta", "alpha_fast", "alpha_fast_call", "alpha_hop",
                         "alpha_call", "alpha_array", "alpha_large", "alpha_crowd_call",
                         "alpha_rdv", "alpha_crowd", "mem_l2", "mem_l3", "beta_share",
-                        "beta_crowd", "beta_lag", "beta_cma", "idle_share"):
+                        "beta_crowd", "beta_lag", "beta_cma", "idle_share",
+                        "gamma_float16", "gamma_bfloat16"):
                 v = t.get(key, 0.0)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise ValueError(f"{source}: transport {name!r}: {key} must be a number >= 0")

@@ -173,11 +173,11 @@ def prepare(engine, plan: tuple, ufunc, dtype: np.dtype) -> FastCall | None:
         least = max(least, min(p.zc_min, FAST_BYTES))
         if n <= least or (rnd.copies_out if not sending else rnd.copies_in) == 0:
             return False
+        if t.reduce:           # (a receive that reduces declines it: cma.py)
+            return False
         if sending:
             sources.add(t.sbuf)
             return True
-        if t.reduce:
-            return False
         readers[t.src] = p.cma
         return True
 

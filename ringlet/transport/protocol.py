@@ -7,8 +7,10 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   is posted for its tag yet, the receiver keeps a copy (bounded by the eager limit).
   (Not one of more than ``zc_min`` bytes in an rl.empty buffer, where shared memory lets
   the receiver read it in place: that one goes by RTS. From a sender that does not
-  receive in its round, only above ``zc_oneway_min``: limits.py says why.)
-* A message of more than ``cma_min`` bytes in a plain buffer, sent in a collective's round
+  receive in its round, only above ``zc_oneway_min``; a point-to-point send's, above
+  ``p2p_zc_min``: limits.py says why.)
+* A message of more than ``cma_min`` bytes in a plain buffer (a point-to-point send's:
+  ``p2p_cma_min``), whose receive copies it, sent in a collective's round
   that also receives, on a link that can read a local sender's memory
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
   from there and answers CTS_DONE, or - when it reduces, the kernel refuses the read, or
@@ -99,7 +101,8 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place", "ways", "p2p")
+    __slots__ = ("data", "zc", "stream", "cma", "receiving", "in_place", "ways", "p2p",
+                 "reduced")
 
     def __init__(self, peer, tag, data: np.ndarray, fp=NO_FP):
         # (Request.__init__ inlined: a small collective creates several requests per call.)
@@ -113,6 +116,7 @@ class SendRequest(Request):
         self.in_place = True    # False: an rl.empty buffer's message takes the plain path
         self.ways = 1           # large messages its round sends (cma.py shares the copy by it)
         self.p2p = False        # a point-to-point send's (its own limits: Peer.p2p_zc_min)
+        self.reduced = False    # its receive reduces it: not offered by CMA (cma.py declines)
 
 
 class RecvRequest(Request):
@@ -258,17 +262,20 @@ class Peer:
         if self.dead:
             req.fail(self.dead)
             return
-        if self.zero_copy and req.in_place and \
+        if self.zero_copy and \
                 req.nbytes > (self.p2p_zc_min if req.p2p else self.zc_min if req.receiving
                               else self.zc_oneway_min):
-            req.zc = locate(req.data)      # (once: send_now is not asked again)
+            if req.in_place:    # (else an rl.empty buffer's message is a plain one's)
+                req.zc = locate(req.data)      # (once: send_now is not asked again)
             crowded = self.engine.crowded
             # (where ranks outnumber cores, an exchange's message past one EAGER packet is
             # read whole too: limits.py, CMA_MIN)
             least = (self.p2p_cma_min if req.p2p else
                      min(self.eager, self.cma_min) if crowded and req.receiving
                      and CROWDED_EXCHANGE_CMA else self.cma_min)
-            if (req.zc is None and least >= 0 and req.nbytes > least
+            # (a receive that reduces declines the read, after a round trip a stream up to
+            # stream_max does without: cma.py)
+            if (req.zc is None and least >= 0 and req.nbytes > least and not req.reduced
                     and req.data.flags.c_contiguous):
                 # read whole where every rank copies anyway; offered where the sender
                 # idles: split, or read whole where ranks outnumber cores (cma.py)

@@ -755,8 +755,10 @@ def _receives_offered(rnd: PlanRound, bufs: dict, peers: dict) -> bool:
     """Whether some receive of ``rnd`` is large enough that its sender, from a plain
     buffer, offers it by CMA (the peer's ``cma_min``; -1: never, as over TCP). Smaller ones
     stream through the ring, where posting them first gained nothing (gather p = 2 2 MiB,
-    0.91-1.0x)."""
+    0.91-1.0x); nor is one its receive reduces (SendStep.reduce)."""
     for t in rnd.recvs:
+        if t.reduce:
+            continue
         least = peers[t.src].cma_min
         if 0 <= least < (t.d1 - t.d0) * bufs[t.dbuf].itemsize:
             return True

@@ -862,9 +862,19 @@ def test_barrier_takes_an_algorithm_as_every_collective():
 def _labelled_lanes_capped(rank):
     from ringlet import collectives, runtime
     x = np.ones(3)
+    opened = np.zeros(1, np.int64)
     for label in range(collectives.LABELLED_LANES + 200):
-        for _ in range(3):      # (a lane opens once C ran the call whole: not if a peer was late)
-            rl.all_reduce(x, label=label)
+        # (a lane opens once C ran the call whole: not if a peer was late, as on a busy host
+        # it may be several times running; so both ranks call until theirs opened, or 30)
+        before = runtime._S.labelled_lanes
+        for _ in range(10):
+            for _ in range(3):
+                rl.all_reduce(x, label=label)
+            opened[0] = runtime._S.labelled_lanes > before or \
+                runtime._S.labelled_lanes == collectives.LABELLED_LANES
+            rl.all_reduce(opened, op="MIN")
+            if opened[0]:
+                break
     assert runtime._S.labelled_lanes == collectives.LABELLED_LANES
     y = np.ones(5)
     for _ in range(20):     # a new unlabelled shape still gets its lane

@@ -808,8 +808,9 @@ def test_crossovers_with_a_tie_keep_a_winner_within_it(fixed_machine):
     each other and traded places every few MiB (all_reduce p = 8, 1 MiB .. 1 GiB: 11
     changes). With ``tie`` a winner keeps its range while within that fraction of the
     fastest: far fewer changes, each to the fastest algorithm there, and at every sweep
-    point the range's winner is within the tie of the fastest. (On the machine the default
-    profile was fitted on: on one of a 480 MiB L3 the two never traded places here.)"""
+    point the range's winner is within the tie of the fastest. (On the profile and machine
+    the case was chosen on, conftest.CASES_PROFILE: on a 480 MiB L3 the two never traded
+    places here.)"""
     tie = 0.02
     kw = dict(candidates=["ring", "gloo_ring", "rabenseifner"], lo=1 << 20, hi=1 << 30)
     strict, sweep = tune.crossovers("all_reduce", 8, **kw)
@@ -859,7 +860,8 @@ def test_explain_says_what_auto_runs_where_the_crossover_list_keeps_another(caps
                                                                              fixed_machine):
     """The list keeps an algorithm until another is over 2% faster; at the size asked,
     where it names another than the winner, it says which one auto runs (the default
-    profile: reduce_scatter of 16 MiB at p = 4, ring listed, recursive_halving cheaper)."""
+    profile the case was chosen on, conftest.CASES_PROFILE: reduce_scatter of 16 MiB at
+    p = 4, ring listed, recursive_halving cheaper)."""
     assert commands.explain_main(["reduce_scatter", "--size", "16M", "-n", "4"]) == 0
     out = capsys.readouterr().out
     winner = out.split("winner: ")[1].split()[0]

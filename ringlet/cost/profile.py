@@ -47,8 +47,8 @@ from .model import Link, parse_size
 PROFILE_VERSION = 1
 
 #: used when no calibrated profile exists. Shared memory is priced with the host model
-#: (cost/host.py) at the terms ``ringlet calibrate`` fitted on a 2-core VM (AMD EPYC,
-#: 2026-12-02 14:55, quiet, 504 timings a transport, refitted to this model, rounded):
+#: (cost/host.py) at the terms ``ringlet calibrate`` fitted on a 2-core VM (Intel Xeon,
+#: Sapphire Rapids class, 2026-12-06 02:12, quiet, 504 timings a transport, rounded):
 #: what ringlet's own transport costs per message in C and in Python, per byte copied,
 #: reduced and copied locally, past the caches and on shared cores; TCP likewise, between
 #: local ranks over the loopback (between hosts the network sets its price: calibrate
@@ -56,32 +56,33 @@ PROFILE_VERSION = 1
 #: (:func:`default_profile`). A plain alpha-beta entry here priced a local copy at nothing
 #: and every message at 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked
 #: dissemination (a tree that copies 14 MiB along its critical path) over direct (5), and
-#: ran 2.5-3x slower. The fit before this one (the same VM at 02:47, busy) priced its quiet
-#: hours about 2x long: median error 106% and 114% on two accuracy grids of that day,
-#: against 19.5% and 20.1% for this one (docs/results.md, "Without a calibration").
+#: ran 2.5-3x slower. The fit before this one (an AMD EPYC VM, 2026-12-02) priced this VM's
+#: calls 20-60% short: median error 26.2% on an accuracy grid here, against 14.4% for this
+#: one and 14.2% for the calibration itself (docs/results.md, "The default profile, fitted
+#: on the Intel VM").
 DEFAULT_PROFILE: dict = {
     "version": PROFILE_VERSION,
     "host": "",
     "created": "",
     "transports": {
         "shm": {"model": "host",
-                "alpha": 18e-6, "alpha_fast": 0.30e-6, "alpha_fast_call": 1.9e-6,
-                "alpha_call": 0.0, "alpha_array": 0.41e-6, "alpha_large": 31e-6,
-                "alpha_hop": 0.0, "alpha_rdv": 0.41e-6, "alpha_crowd": 0.51e-6,
-                "alpha_crowd_call": 2.1e-6,
-                "beta": 34e-12, "gamma": 1.6e-12, "delta": 13e-12,
-                "mem_l2": 12e-12, "mem_l3": 45e-12, "beta_share": 9.5e-12,
-                "beta_crowd": 0.0, "beta_lag": 0.0, "beta_cma": 74e-12,
+                "alpha": 43e-6, "alpha_fast": 0.49e-6, "alpha_fast_call": 0.95e-6,
+                "alpha_call": 0.0, "alpha_array": 0.43e-6, "alpha_large": 12e-6,
+                "alpha_hop": 0.082e-6, "alpha_rdv": 20e-6, "alpha_crowd": 0.21e-6,
+                "alpha_crowd_call": 0.0,
+                "beta": 45e-12, "gamma": 0.66e-12, "delta": 34e-12,
+                "mem_l2": 40e-12, "mem_l3": 35e-12, "beta_share": 9.9e-12,
+                "beta_crowd": 0.0, "beta_lag": 7.2e-12, "beta_cma": 29e-12,
                 "idle_share": 0.25, "imbalance": 1.0},
         "tcp": {"model": "host",
-                "alpha": 15e-6, "alpha_fast": 0.0, "alpha_fast_call": 0.0,
-                "alpha_call": 7.7e-6, "alpha_array": 9.5e-6, "alpha_large": 22e-6,
-                "alpha_hop": 0.0, "alpha_rdv": 21e-6, "alpha_crowd": 0.0,
-                "alpha_crowd_call": 110e-6,
-                "beta": 190e-12, "gamma": 0.0, "delta": 6.4e-12,
-                "mem_l2": 35e-12, "mem_l3": 13e-12, "beta_share": 87e-12,
-                "beta_crowd": 19e-12, "beta_lag": 3.4e-12, "beta_cma": 0.0,
-                "idle_share": 0.25, "imbalance": 0.0},
+                "alpha": 10e-6, "alpha_fast": 0.0, "alpha_fast_call": 0.0,
+                "alpha_call": 8.9e-6, "alpha_array": 10e-6, "alpha_large": 15e-6,
+                "alpha_hop": 0.0, "alpha_rdv": 7.7e-6, "alpha_crowd": 14e-6,
+                "alpha_crowd_call": 53e-6,
+                "beta": 128e-12, "gamma": 0.0, "delta": 31e-12,
+                "mem_l2": 57e-12, "mem_l3": 24e-12, "beta_share": 49e-12,
+                "beta_crowd": 70e-12, "beta_lag": 5.8e-12, "beta_cma": 0.0,
+                "idle_share": 0.25, "imbalance": 1.0},
     },
 }
 

@@ -9,8 +9,9 @@ has a 64-byte header (kind, tag, message id, length, …) and, for EAGER and DAT
   the receiver read it in place: that one goes by RTS. From a sender that does not
   receive in its round, only above ``zc_oneway_min``; a point-to-point send's, above
   ``p2p_zc_min``: limits.py says why.)
-* A message of more than ``cma_min`` bytes in a plain buffer (a point-to-point send's:
-  ``p2p_cma_min``), whose receive copies it, sent in a collective's round
+* A message of more than ``cma_min`` bytes in a plain buffer (or in an rl.empty one its
+  call does not read in place; a point-to-point send's: ``p2p_cma_min``), whose receive
+  copies it (the plan says: SendStep.reduce), sent in a collective's round
   that also receives, on a link that can read a local sender's memory
   (shm: process_vm_readv), names its address in the RTS (RTS_CMA); the receiver reads it
   from there and answers CTS_DONE, or - when it reduces, the kernel refuses the read, or

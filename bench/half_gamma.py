@@ -28,7 +28,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter")
 def _worker(rank, sizes, blocks, calls, out):
     import ringlet as rl
     from ringlet import ops
-    from ringlet.bench import slowest_median_us
+    from ringlet.bench import alternating_blocks
     p = rl.get_world_size()
     res = {}
     for nb in sizes:
@@ -42,17 +42,7 @@ def _worker(rank, sizes, blocks, calls, out):
                 call = ((lambda a=a: rl.all_reduce(a, algorithm="ring")) if coll == "all_reduce"
                         else (lambda a=a, q=part: rl.reduce_scatter(q, a, algorithm="ring")))
                 arms[name] = (call, reset)
-            got = {name: [] for name in DTYPES}
-            for b in range(blocks + 1):
-                for k in range(len(DTYPES)):
-                    name = DTYPES[(b + k) % len(DTYPES)]
-                    call, reset = arms[name]
-                    reset()
-                    call()
-                    t = slowest_median_us(rl, call, calls, reset)
-                    if b:                      # (block 0 warms every arm up)
-                        got[name].append(t)
-            res[f"{coll} {nb}"] = got
+            res[f"{coll} {nb}"] = alternating_blocks(rl, arms, blocks, calls)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)

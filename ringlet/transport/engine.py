@@ -644,8 +644,9 @@ class Engine:
             peer = self.peers[r]
             if isinstance(peer, TcpPeer) and peer.arriving(1000):
                 continue
-            if isinstance(peer, ShmPeer):
-                peer._poll_in()      # (its last words first)
+            if isinstance(peer, ShmPeer) and peer._poll_in():
+                continue    # (its last words first: the wait takes them, and looks again -
+                            # failed now, the call they complete would fail with it)
             if not peer.dead:
                 peer.fail(peer_failure(r, "it has left the job (it called destroy()) while "
                                           "this rank still waits for it", left=True))

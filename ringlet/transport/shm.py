@@ -300,7 +300,11 @@ class ShmPeer(Peer):
                 raise FileNotFoundError
             return True
         except (FileNotFoundError, IndexError, ProcessLookupError):
-            self._poll_in()   # its last words first: an ABORT naming who failed before it
+            # its last words first (an ABORT naming who failed before it, or the message a
+            # call of ours waits for): while they still come, the wait takes them, and the
+            # next look, its ring empty, fails it
+            if self._poll_in():
+                return True
             self.fail(peer_failure(self.rank, f"process {self.pid} exited"))
             return False
 

@@ -1,7 +1,7 @@
 """rl.empty messages read in place only where that measured faster (transport/limits.py):
 above ZERO_COPY_MIN in a round whose sender receives too, above ZERO_COPY_ONEWAY_MIN from a
-sender that only sends, above ZERO_COPY_P2P_MIN from a point-to-point send; below, and in a call auto runs on the plain path, exactly as a NumPy
-buffer's message. Large sends go before a round's local steps (work._independent). Every
+sender that only sends, above ZERO_COPY_P2P_MIN from a point-to-point send; below, and in
+a call auto runs on the plain path, exactly as a NumPy buffer's message. Large sends go before a round's local steps (work._independent). Every
 changed path against NumPy: both buffer kinds, odd sizes, dtypes, p = 2..4."""
 import itertools
 

@@ -483,7 +483,6 @@ def _explain_parser() -> argparse.ArgumentParser:
 
 
 def _explain_main(argv) -> int:
-    from .cost.profile import half_float
     from .cost.tune import choose, environment
 
     a = _explain_parser().parse_args(argv)
@@ -519,7 +518,8 @@ def _explain_main(argv) -> int:
     topology, gamma, where, prof = _explain_where(a, p)
     if dtype is not None and a.gamma is None and prof is not None:
         # (float16, bfloat16: C reduces them in float32 and rounds back, at a cost of their own)
-        gamma = prof.reduce_gamma(dtype, "shm") if half_float(dtype) else gamma
+        own = prof.reduce_gamma(dtype, "shm")
+        gamma = gamma if own is None else own
 
     conv = "total" if coll in TOTAL_SIZE else "per rank"
     nb = a.size

@@ -100,18 +100,12 @@ HALF_GAMMA = {"float16": 18e-12, "bfloat16": 155e-12}
 
 def half_float(dtype) -> str | None:
     """"float16" or "bfloat16" for those dtypes (their reductions cost more), else None."""
-    from ..ops import BFLOAT16
-    d = dtype if isinstance(dtype, np.dtype) else None
-    if d is None:
-        if str(dtype) == "bfloat16":
-            return "bfloat16"
-        try:
-            d = np.dtype(dtype)
-        except TypeError:
-            return None
-    if d == BFLOAT16:
-        return "bfloat16"
-    return "float16" if d == np.float16 else None
+    from ..ops import BFLOAT16, dtype_named
+    try:
+        d = dtype_named(dtype)
+    except TypeError:
+        return None
+    return "bfloat16" if d == BFLOAT16 else "float16" if d == np.float16 else None
 
 
 #: payload share of a TCP/IPv4 link's bytes at MTU 1500: 1448 of every 1514 bytes framed

@@ -368,7 +368,7 @@ def choose(collective: str, nbytes: int, p: int, topology=None, hosts=None, cand
     check_collective(collective)
     if dtype is not None:
         from ..ops import dtype_named
-        dtype = dtype_named(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        dtype = dtype_named(dtype)
         itemsize = dtype.itemsize
         if gamma is None:
             gamma = reduce_gamma(dtype, topology, transport)
@@ -497,7 +497,7 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
     gamma = None
     if dtype is not None:
         from ..ops import dtype_named
-        dtype = dtype_named(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        dtype = dtype_named(dtype)
         itemsize, gamma = dtype.itemsize, reduce_gamma(dtype, prof, backend)
     if algorithm in (None, "auto"):
         algorithm = choose(collective, nbytes, p, topology=prof, itemsize=itemsize,

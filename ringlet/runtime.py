@@ -791,7 +791,7 @@ def _what(kind: str, who: tuple) -> str:
 
 def _traced(op: str, args: tuple, group, tag: int):
     kind, world, wire, flat, _ = args
-    return tracing.P2P(op, kind, world, wire, flat.nbytes, resolve(group).name, int(tag))
+    return tracing.P2P(op, kind, world, wire, flat, resolve(group).name, int(tag))
 
 
 def _traced_blocking(op: str, args: tuple, group, tag: int, timeout) -> None:

@@ -65,13 +65,15 @@ class Recorder:
     def predicted(self, coll: str, algo: str, p: int, nbytes: int,
                   shared: tuple = ()) -> float | None:
         """The cost model's seconds for this call on this host (cached per shape), from
-        ``shared``: the buffers that are rl.empty arrays."""
+        ``shared``: the buffers that are rl.empty arrays; a point-to-point one's
+        (``algo`` "point-to-point"): one message between two ranks."""
         key = (coll, algo, p, nbytes, shared)
         t = self._predicted.get(key, False)
         if t is False:
             try:
-                from .cost import predict_host
-                t = predict_host(coll, nbytes, p, algo, shared=shared)
+                from .cost import predict_host, predict_p2p
+                t = predict_p2p(nbytes, shared=bool(shared)) if algo == "point-to-point" \
+                    else predict_host(coll, nbytes, p, algo, shared=shared)
             except (ValueError, KeyError, RuntimeError, TypeError):
                 t = None
             self._predicted[key] = t
@@ -85,9 +87,9 @@ class Recorder:
                "waited_on": waited_on, "path": path}
         if pp is None:
             out["predicted"] = self.predicted(coll, algo, p, nbytes, shared)
-        else:       # one message between two ranks: a two-rank broadcast's price
+        else:       # one message between two ranks
             out.update(peer=pp[0], user_tag=pp[1],
-                       predicted=self.predicted("broadcast", "binomial", 2, nbytes))
+                       predicted=self.predicted(coll, algo, 2, nbytes, shared))
         if err is not None:
             out["error"] = err
         return out
@@ -218,14 +220,16 @@ class P2P:
     whole span (it waits for its sender); a send's time after it was posted if it could not
     go at once (a rendezvous waits for the receiver), else 0; in C, the span."""
     __slots__ = ("rec", "what", "kind", "peer", "wire", "nbytes", "user_tag", "start",
-                 "posted", "sent_at", "path")
+                 "posted", "sent_at", "path", "shared")
 
-    def __init__(self, op: str, kind: str, world: int, wire: int, nbytes: int, group: str,
+    def __init__(self, op: str, kind: str, world: int, wire: int, data, group: str,
                  user_tag: int):
         self.rec = _REC
         self.what = (op, None, group, "point-to-point")
         self.kind, self.peer, self.wire, self.nbytes, self.user_tag = \
-            kind, world, wire, nbytes, user_tag
+            kind, world, wire, data.nbytes, user_tag
+        # a send from an rl.empty buffer (read in place when large: priced so)
+        self.shared = ("buf",) if kind == "send" and locate(data) is not None else ()
         self.posted = self.path = None
         self.start = self.sent_at = time.perf_counter()
 
@@ -255,7 +259,7 @@ class P2P:
             rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
                               self.peer, "C" if in_c else "python",
                               None if error is None else f"{type(error).__name__}: {error}",
-                              (self.peer, self.user_tag, msg), ()))
+                              (self.peer, self.user_tag, msg), self.shared))
 
 
 def path_of(peer, buf, start: int, stop: int, receiving: bool = False,

@@ -10,10 +10,11 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import ringlet as rl
 from ringlet import timeline
-from ringlet.cost import predict_host
+from ringlet.cost import predict_host, predict_p2p
 from conftest import run, until_asleep
 
 
@@ -217,6 +218,8 @@ def test_point_to_point_is_traced_with_arrows(tmp_path):
     for d in ranks.values():
         for c in d["calls"]:
             assert c["algo"] == "point-to-point" and c["seq"] is None and c["predicted"] > 0
+            # one message, as a send meets the transport (its limits, whole)
+            assert c["predicted"] == pytest.approx(predict_p2p(c["bytes"]))
             assert c["end_us"] >= c["start_us"] and c["waited"] >= 0
     sends = sorted((r, m["peer"], m["bytes"], m["path"]) for r, d in ranks.items()
                    for m in d["msgs"] if m["ev"] == "send")

@@ -474,6 +474,21 @@ def test_replay_runs_the_priced_calls():
     run(_replay_job, 3)
 
 
+def test_calls_made_of_sends_are_priced_as_sends():
+    """The pipeline's activations and the parameter server's isends are point-to-point:
+    priced with a send's limits and whole (cost.predict_p2p), not as a collective's
+    messages (in pieces, by CMA or in place from 512 KiB: 52% short at 256 KiB)."""
+    from ringlet import train
+    from ringlet.cost.profile import default_profile
+    prof = default_profile()
+    for nb in (256 << 10, 640 << 10, 4 << 20):
+        sent = train.price([train.Call("broadcast", nb, 2, 1, p2p=True)], prof).comm_seconds
+        assert sent == pytest.approx(rl.cost.predict_p2p(nb, profile=prof))
+    coll = train.price([train.Call("broadcast", 256 << 10, 2, 1)], prof).comm_seconds
+    assert sent != coll and train.price([train.Call("broadcast", 256 << 10, 2, 1, p2p=True)],
+                                        prof).comm_seconds > 1.2 * coll
+
+
 def test_price_matches_the_cost_model_and_the_schedule():
     from ringlet import train
     N, p = 64 << 20, 8
@@ -1102,6 +1117,7 @@ def _pipe_priced_across_hosts(rank):
     pipe = train.Pipeline(EightD(), 4, loss=lambda y, t: (0.0, y), dtype=np.float32)
     across = pipe.price(1 << 16).comm_seconds           # 2 ranks, 2 hosts: over "inter"
     alone = train.price(pipe.calls(1 << 16)).comm_seconds
+    assert all(c.p2p for c in pipe.calls(1 << 16))      # isend / send: priced as sends
     assert across > 3 * alone, (across, alone)
     if rank == 0:     # (the last stage makes no call: the first raises before it sends)
         with pytest.raises(ValueError, match="8 dimensions, more than the 7"):
@@ -1181,6 +1197,9 @@ def _ps_job(rank, staleness, flag_dir, calls=1, reuse=False):
         if staleness:   # priced as it runs: the weights to each actor (it priced one copy)
             sent = sum(v["bytes"] for v in rl.stats()["sent"].values()) // rounds
             assert sent == 2 * ps.weights.nbytes == ps.price(3).calls[0].sent_bytes, sent
+            assert all(c.p2p for c in ps.calls(3))        # isends: priced as sends
+        else:
+            assert not any(c.p2p for c in ps.calls(3))    # collectives
         if staleness == 0:    # the price names the calls a round makes
             want = {}
             for c in ps.calls(3):

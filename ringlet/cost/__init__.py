@@ -17,7 +17,8 @@ from .model import (ALGORITHMS, COLLECTIVES, TIERS, Link, Terms, count_of, forma
 from .plan import StepRatio, break_even, step_ratio, strong_scaling, weak_scaling
 from .profile import Profile, fit, host_link, load_profile, profile_path
 from .simulate import SimResult, Topology, simulate
-from .tune import Row, breakdown, choose, crossovers, predict, predict_host, reduce_gamma
+from .tune import (Row, breakdown, choose, crossovers, predict, predict_host, predict_p2p,
+                   reduce_gamma)
 from .place import Comm, Placement, expert_parallel, place, tensor_data_parallel  # noqa: E402
 
 __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predict", "breakdown",
@@ -25,5 +26,5 @@ __all__ = ["Link", "TIERS", "tier", "Terms", "ALGORITHMS", "COLLECTIVES", "predi
            "Topology", "SimResult", "simulate",
            "StepRatio", "step_ratio", "strong_scaling", "weak_scaling", "break_even",
            "Profile", "load_profile", "host_link", "profile_path", "fit",
-           "choose", "Row", "crossovers", "predict_host", "reduce_gamma",
+           "choose", "Row", "crossovers", "predict_host", "predict_p2p", "reduce_gamma",
            "place", "Comm", "Placement", "tensor_data_parallel", "expert_parallel"]

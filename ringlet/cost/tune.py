@@ -512,5 +512,16 @@ def predict_host(collective: str, nbytes: int, p: int, algorithm: str | None = "
     return rows[0].total
 
 
+def predict_p2p(nbytes: int, backend: str = "shm", *, profile: Profile | None = None,
+                shared: bool = False) -> float:
+    """Predicted seconds of one point-to-point message of ``nbytes`` between two local
+    ranks (a blocking send and its receive, the later of the two to finish): a two-rank
+    direct broadcast priced as a send meets the transport (:meth:`Profile.point_to_point`);
+    ``shared``: the send's buffer is an ``rl.empty`` array."""
+    prof = profile if profile is not None else load_profile()
+    return predict_host("broadcast", max(int(nbytes), 1), 2, "direct", backend, itemsize=1,
+                        profile=prof.point_to_point(), shared=("buf",) if shared else ())
+
+
 __all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
-           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "SIM_MAX_P", "crossing"]
+           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "predict_p2p", "SIM_MAX_P", "crossing"]

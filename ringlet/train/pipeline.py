@@ -155,8 +155,9 @@ class Pipeline:
         activation forward (behind a header with its shape) and its gradient back,
         ``activation_elements`` each (a 2-rank broadcast is one message, so it prices one)."""
         nb = activation_elements * self.dtype.itemsize
-        return [Call("broadcast", _HEADER * 8, 2, 8, self.m, "activation's shape"),
-                Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient")]
+        return [Call("broadcast", _HEADER * 8, 2, 8, self.m, "activation's shape", p2p=True),
+                Call("broadcast", nb, 2, self.dtype.itemsize, 2 * self.m, "activation / gradient",
+                     p2p=True)]
 
     def price(self, activation_elements: int, topology=None):
         """This rank's messages with its next stage (the last stage: its previous) on

@@ -33,6 +33,7 @@ class Call(NamedTuple):
     label: str = ""
     shared: tuple = ()      # its buffers that are rl.empty arrays, as ``shared_if_large``
     dtype: object = None    # its elements' (a float16 or bfloat16 reduction costs more)
+    p2p: bool = False       # made of sends, one per message ("direct", a send's limits)
 
 
 def shared_if_large(collective: str, nbytes: int, p: int, *names: str) -> tuple:
@@ -209,9 +210,14 @@ def price(calls, topology=None, hosts=None) -> StepPrice:
         if call.p == 1 or call.nbytes == 0 and call.collective != "barrier":
             out.append(Priced(call, "-", 0.0, 0))
             continue
-        algorithm, rows = cost.choose(call.collective, call.nbytes, call.p, topology=topo,
-                                      hosts=hosts, itemsize=call.itemsize, shared=call.shared,
-                                      dtype=call.dtype)
+        on, only = topo, None
+        if call.p2p:        # one send per message, with a send's limits, whole
+            on = (topo if topo is not None else cost.load_profile())
+            on = on.point_to_point() if hasattr(on, "point_to_point") else on
+            only = ("direct",)
+        algorithm, rows = cost.choose(call.collective, call.nbytes, call.p, topology=on,
+                                      hosts=hosts, candidates=only, itemsize=call.itemsize,
+                                      shared=call.shared, dtype=call.dtype)
         sched = build_schedule(call.collective, algorithm, call.p, call.nbytes, call.itemsize,
                                hosts=_host_ids(hosts, call.p, algorithm))
         sent = int(sched.traffic()["sent_bytes"].max())

@@ -245,10 +245,11 @@ class ParameterServer:
         priced the synchronous round's calls: 8 MiB of weights where 24 MiB went, p = 4.)"""
         p, item, e = self.group.size, self.weights.dtype.itemsize, self.exp_dtype.itemsize
         rows = Call("gather", p * rows_per_actor * self.width * e, p, e, label="experience")
-        if self.s:
+        if self.s:     # (all of it isends, the weights from a lent rl.empty snapshot)
             return [Call("scatter", p * self.weights.nbytes, p, item,
-                         label="weights, an isend to each actor"),
-                    Call("gather", p * 3 * 8, p, 8, label="experience headers"), rows]
+                         label="weights, an isend to each actor", shared=("in",), p2p=True),
+                    Call("gather", p * 3 * 8, p, 8, label="experience headers", p2p=True),
+                    rows._replace(p2p=True)]
         return [Call("broadcast", self.weights.nbytes, p, item, label="weights"),
                 Call("gather", p * 8, p, 8, label="experience sizes"),
                 Call("all_gather", p * 2 * p * 8, p, 8, label="split table"), rows]

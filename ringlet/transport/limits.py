@@ -243,7 +243,9 @@ def facts(fast_path: bool) -> dict:
     third: cma.py), from how many bytes a one-way message read in place into an rl.empty
     buffer is copied by both its ends (-1: never; C does the claiming, so only with the
     fast path built, and not with RINGLET_SPLIT=0: split.py), the same for one its
-    receiver reduces (split_reduce_min), largest message of a C call
+    receiver reduces (split_reduce_min), a point-to-point send's zero_copy_min and cma_min
+    (``p2p_zero_copy_min``, ``p2p_cma_min``: up to them a blocking send completes without
+    its receiver; its messages go whole, never in pieces), largest message of a C call
     (0: no fast path here). ``fast_path``: whether C runs calls here (``fast.enabled()``)."""
     on = fast_path and os.environ.get("RINGLET_SPLIT", "1") != "0"
     split, split_reduce = (SPLIT_MIN, SPLIT_REDUCE_MIN) if on else (-1, -1)
@@ -253,12 +255,13 @@ def facts(fast_path: bool) -> dict:
                     "zero_copy_oneway_min": ZERO_COPY_ONEWAY_MIN,
                     "cma_min": CMA_MIN, "cma_put_min": CMA_PUT_MIN, "split_min": split,
                     "split_reduce_min": split_reduce,
+                    "p2p_zero_copy_min": ZERO_COPY_P2P_MIN, "p2p_cma_min": SHM_STREAM_BYTES,
                     "fast_bytes": FAST_BYTES if fast_path else 0},
             "tcp": {"eager": TCP_EAGER_BYTES, "rendezvous": TCP_EAGER_BYTES, "piece": 0,
                     "ring_bytes": TCP_FRAG_BYTES, "zero_copy_min": -1,
                     "zero_copy_oneway_min": -1, "cma_min": -1,
                     "cma_put_min": -1, "split_min": -1, "split_reduce_min": -1,
-                    "fast_bytes": 0}}
+                    "p2p_zero_copy_min": -1, "p2p_cma_min": -1, "fast_bytes": 0}}
 
 
 def affinity() -> list:

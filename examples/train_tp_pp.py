@@ -123,7 +123,7 @@ def main():
         params = [q for b in blocks for q in b.params()]
         gb = train.GradBuckets(params, bucket_cap_mb=0.005, group=across)
         rows = BATCH // 2
-        calls = [c for b in blocks for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
+        calls = [c for b in blocks for c in b.col.calls(rows) + b.row.calls(rows)]
         priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + gb.price().calls, priced.on)
         across_calls = gb.calls()
@@ -148,7 +148,7 @@ def main():
                               loss=mse if host == 1 else None)
         rows = BATCH // MICRO
         b = blocks[0]
-        calls = [c._replace(times=MICRO) for c in b.col.calls(rows, 8) + b.row.calls(rows, 8)]
+        calls = [c._replace(times=MICRO) for c in b.col.calls(rows) + b.row.calls(rows)]
         priced = train.price(calls, None, hosts_of(tp))
         priced = train.StepPrice(priced.calls + pipe.price(rows * MID).calls, priced.on)
         across_calls = pipe.calls(rows * MID)

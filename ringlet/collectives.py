@@ -14,7 +14,8 @@ from .buffers import locate
 from .errors import CollectiveMismatch
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
-from .ops import ReduceOp, as_array, as_op, as_real, average, check_op_dtype, reducer
+from .ops import (ReduceOp, as_array, as_op, as_real, average, check_op_dtype, dtype_name,
+                  reducer)
 from . import runtime
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
@@ -299,7 +300,8 @@ def _execute(call, collective: str, g: Group, count: int, dtype: np.dtype, bufs:
         tr = tracing.Call(CallId(collective, seq, g.name, call.algorithm), tag,
                           nbytes_of(collective, g.size, count, dtype.itemsize), g.size,
                           call.plan, eng.peers,
-                          _shared({k: v for k, v in bufs.items() if k != "tmp"}))
+                          _shared({k: v for k, v in bufs.items() if k != "tmp"}),
+                          dtype_name(dtype))
     # The caller takes the engine to post its call: the progress thread may drive it, and
     # so may another thread of the user's making calls of its own (on other groups; each
     # hands the engine over in its waits). Unlocked while the progress thread was parked,

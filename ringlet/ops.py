@@ -67,6 +67,11 @@ def dtype_named(name) -> np.dtype:
     return BFLOAT16 if str(name) == "bfloat16" else np.dtype(name)
 
 
+def dtype_name(dtype: np.dtype) -> str:
+    """A dtype's name, "bfloat16" included (``dtype_named``'s inverse)."""
+    return "bfloat16" if dtype == BFLOAT16 else dtype.name
+
+
 def fill(a: np.ndarray, value) -> None:
     """``a[...] = value`` for every dtype here (bfloat16 values rounded as torch would)."""
     if a.dtype == BFLOAT16:

@@ -6,21 +6,25 @@ tracing stops (the block ends, ``rl.destroy``, or the process exits): one JSON o
 line — a header (rank, host, clocks), then per call::
 
     {"ev": "call", "coll": "all_reduce", "algo": "ring", "group": "world", "seq": 12,
-     "bytes": 4096, "start": t, "end": t, "waited": s, "waited_on": r, "predicted": s,
-     "path": "python" | "C" | "C, then python", "tag": tag}
+     "bytes": 4096, "dtype": "float32", "start": t, "end": t, "waited": s, "waited_on": r,
+     "predicted": s, "path": "python" | "C" | "C, then python", "tag": tag}
 
 where "bytes" is the call's size as the cost model and every report count it (the whole
 output of an all_gather or gather, the whole input of a reduce_scatter, all_to_all or
-scatter) and "predicted" the model's seconds for a call of that size on this host;
+scatter) and "predicted" the model's seconds for a call of that size and dtype on this
+host;
 
 per point-to-point operation the same kind of record with "coll" send, recv, isend or
-irecv, "algo" "point-to-point", "seq" null, "peer" (world rank) and "user_tag"; and per
+irecv, "algo" "point-to-point", "seq" null, "peer" (world rank), "user_tag" and, for
+"predicted", one message's (``cost.predict_p2p``); and per
 message ``{"ev": "send" | "recv", "peer": r, "bytes": n, "path": P, "ts": t, "tag": tag,
 "seq": 12}`` (a point-to-point message: the wire tag, seq null), where P is how it travelled: "C fast path" (the whole call ran in C: its
 messages are stamped at the call's start and end, C keeps no clock), "eager" (one packet,
 copied in and out of the ring or socket), "streamed" (RTS with its data right behind),
-"rendezvous" (RTS, wait for CTS, then data) or "read in place" (the receiver copies
-straight out of the sender's rl.empty buffer). A receive is stamped when its round
+"rendezvous" (RTS, wait for CTS, then data), "read in place" (the receiver copies
+straight out of the sender's rl.empty buffer), "read by CMA" (the receiver reads it whole
+from the sender's private buffer by process_vm_readv) or "offered by CMA" (the same, or
+split with the sender, which has nothing else to do: cma.py). A receive is stamped when its round
 completed (the rank noticed every message of the round in). Times are seconds on the
 monotonic clock; the header pairs it with the wall clock so ranks of several hosts line up.
 
@@ -40,6 +44,7 @@ import socket
 import time
 
 from .buffers import locate
+from .transport.protocol import RTS_CMA
 
 ON = False          # checked by the runtime once per call: keep it a plain module global
 _REC = None         # the Recorder while ON
@@ -53,9 +58,10 @@ class Recorder:
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"rank{rank}.jsonl")
         self.rank, self.world_size = rank, world_size
-        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p, shared):
-        # what is (collective, seq, group, algorithm); p2p None, or (peer, user tag, its
-        # message); shared the names of the call's rl.empty buffers
+        # (what, p, bytes, tag, start, end, waited, waited_on, path, error, p2p, shared,
+        # dtype): what is (collective, seq, group, algorithm); p2p None, or (peer, user
+        # tag, its message); shared the names of the call's rl.empty buffers; dtype the
+        # elements' type's name
         self.calls: list = []
         self.msgs: list = []       # (send or recv, peer, bytes, path, ts, tag, seq)
         self.c_msgs: list = []     # what the C fast path sent and received, see c_messages
@@ -63,17 +69,18 @@ class Recorder:
         self.mono0, self.wall0 = time.perf_counter(), time.time()
 
     def predicted(self, coll: str, algo: str, p: int, nbytes: int,
-                  shared: tuple = ()) -> float | None:
+                  shared: tuple = (), dtype: str | None = None) -> float | None:
         """The cost model's seconds for this call on this host (cached per shape), from
-        ``shared``: the buffers that are rl.empty arrays; a point-to-point one's
-        (``algo`` "point-to-point"): one message between two ranks."""
-        key = (coll, algo, p, nbytes, shared)
+        ``shared``: the buffers that are rl.empty arrays, and ``dtype`` (a 16-bit float's
+        reduction costs more); a point-to-point one's (``algo`` "point-to-point"): one
+        message between two ranks."""
+        key = (coll, algo, p, nbytes, shared, dtype)
         t = self._predicted.get(key, False)
         if t is False:
             try:
                 from .cost import predict_host, predict_p2p
                 t = predict_p2p(nbytes, shared=bool(shared)) if algo == "point-to-point" \
-                    else predict_host(coll, nbytes, p, algo, shared=shared)
+                    else predict_host(coll, nbytes, p, algo, shared=shared, dtype=dtype)
             except (ValueError, KeyError, RuntimeError, TypeError):
                 t = None
             self._predicted[key] = t
@@ -81,12 +88,13 @@ class Recorder:
 
     def call_record(self, c) -> dict:
         (coll, seq, group, algo), p, nbytes, tag, t0, t1, waited, waited_on, path, err, pp, \
-            shared = c
+            shared, dtype = c
         out = {"ev": "call", "coll": coll, "algo": algo, "group": group, "seq": seq, "p": p,
                "bytes": nbytes, "tag": tag, "start": t0, "end": t1, "waited": waited,
                "waited_on": waited_on, "path": path}
         if pp is None:
-            out["predicted"] = self.predicted(coll, algo, p, nbytes, shared)
+            out["dtype"] = dtype
+            out["predicted"] = self.predicted(coll, algo, p, nbytes, shared, dtype)
         else:       # one message between two ranks
             out.update(peer=pp[0], user_tag=pp[1],
                        predicted=self.predicted(coll, algo, 2, nbytes, shared))
@@ -161,13 +169,15 @@ class Call:
     """One traced collective call; the runtime makes it only when :data:`ON` (see
     collectives._run). It stamps and keeps what it needs; the record is made at close."""
     __slots__ = ("rec", "what", "tag", "nbytes", "p", "plan", "peers", "path", "start",
-                 "shared")
+                 "shared", "dtype")
 
-    def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers, shared=()):
+    def __init__(self, what, tag: int, nbytes: int, p: int, plan, peers, shared=(),
+                 dtype: str | None = None):
         self.rec = _REC
         self.what, self.tag, self.nbytes, self.p, self.plan, self.peers = \
             what, tag, nbytes, p, plan, peers
         self.shared = shared     # the names of its rl.empty buffers (read in place)
+        self.dtype = dtype       # its elements' (the model prices a 16-bit reduction apart)
         self.path = "python"
         self.start = time.perf_counter()
 
@@ -178,7 +188,8 @@ class Call:
         for t in sends:
             b = bufs[t.sbuf]
             msgs.append(("send", t.dst, (t.s1 - t.s0) * b.itemsize,
-                         path_of(peers[t.dst], b, t.s0, t.s1, receiving, in_place), now, tag,
+                         path_of(peers[t.dst], b, t.s0, t.s1, receiving, in_place,
+                                 reduced=t.reduce), now, tag,
                          seq))
 
     def round_done(self, recvs, bufs) -> None:
@@ -208,7 +219,7 @@ class Call:
             rec.calls.append((self.what, self.p, self.nbytes, self.tag, self.start,
                               now or time.perf_counter(), waited, waited_on, self.path,
                               None if error is None else f"{type(error).__name__}: {error}",
-                              None, self.shared))
+                              None, self.shared, self.dtype))
 
 
 class P2P:
@@ -259,20 +270,26 @@ class P2P:
             rec.calls.append((self.what, 2, self.nbytes, self.wire, self.start, now, waited,
                               self.peer, "C" if in_c else "python",
                               None if error is None else f"{type(error).__name__}: {error}",
-                              (self.peer, self.user_tag, msg), self.shared))
+                              (self.peer, self.user_tag, msg), self.shared, None))
 
 
 def path_of(peer, buf, start: int, stop: int, receiving: bool = False,
-            in_place: bool = True, p2p: bool = False) -> str:
+            in_place: bool = True, p2p: bool = False, reduced: bool = False) -> str:
     """How a send of ``buf[start:stop]`` travels over ``peer``: the rules of
     ``Peer.send_now`` and ``Peer.post_send`` (``receiving``: its round receives too;
     ``in_place``: its call lets rl.empty messages be read in place; ``p2p``: a
-    point-to-point send's limits). (A receiver cannot tell; the merge gives a receive its
-    send's.)"""
-    n = (stop - start) * buf.itemsize
+    point-to-point send's limits; ``reduced``: its receiver reduces it). (A receiver
+    cannot tell; the merge gives a receive its send's.)"""
+    view = buf[start:stop]
+    n = view.nbytes
     least = peer.p2p_zc_min if p2p else peer.zc_min if receiving else peer.zc_oneway_min
-    if peer.zero_copy and in_place and n > least and locate(buf[start:stop]) is not None:
-        return "read in place"
+    if peer.zero_copy and n > least:
+        if in_place and locate(view) is not None:
+            return "read in place"
+        if not reduced and view.flags.c_contiguous:
+            way = peer.by_cma(n, receiving, p2p)
+            if way:
+                return "read by CMA" if way == RTS_CMA else "offered by CMA"
     if n <= peer.eager:
         return "eager"
     return "streamed" if n <= peer.stream_max else "rendezvous"

@@ -38,6 +38,52 @@ def _mixed_job(rank, straggler):
         rl.all_reduce(z, group=pair)
 
 
+def _half_job(rank):
+    from ringlet import ops
+    x = np.zeros(1 << 20, ops.BFLOAT16)           # 2 MiB of bfloat16
+    ops.fill(x, 1)
+    rl.all_reduce(x, algorithm="ring")
+    rl.all_reduce(np.ones(1 << 19, np.float32), algorithm="ring")    # the same bytes
+
+
+def test_a_16_bit_reduction_is_traced_at_its_own_price(tmp_path):
+    """A trace names each call's dtype and prices a bfloat16 reduction as the model does
+    (its reduce costs more than float32's of the same bytes)."""
+    out = tmp_path / "half"
+    run(_half_job, 2, env={"RINGLET_TRACE": str(out)})
+    for d in _read(out).values():
+        half, single = d["calls"]
+        assert (half["dtype"], single["dtype"]) == ("bfloat16", "float32")
+        assert half["predicted"] == predict_host("all_reduce", 2 << 20, 2, "ring",
+                                                 dtype="bfloat16")
+        assert single["predicted"] == predict_host("all_reduce", 2 << 20, 2, "ring")
+        assert half["predicted"] > single["predicted"]
+
+
+def _cma_job(rank):
+    from ringlet.runtime import engine
+    assert engine().peers[1 - rank].cma.ok      # (the kernel lets these ranks read each other)
+    x = np.full((2, 1 << 20), rank, np.float32)
+    y = np.empty_like(x)
+    rl.all_to_all(y, x)                         # 4 MiB blocks, both ways: read by CMA
+    assert (y[1 - rank] == 1 - rank).all()
+    z = np.ones(1 << 21, np.float32)
+    rl.reduce_scatter(np.empty(1 << 20, np.float32), z, algorithm="ring")   # reduced: not
+
+
+def test_messages_read_by_cma_are_traced_so(tmp_path):
+    """In the Python engine an exchange's plain 4 MiB message is read whole by CMA, and
+    the trace says so; one its receiver reduces streams (cma.py: it declines the read)."""
+    out = tmp_path / "cma"
+    run(_cma_job, 2, env={"RINGLET_TRACE": str(out), "RINGLET_NO_FASTPATH": "1"})
+    for d in _read(out).values():
+        paths = {(c, m["bytes"], m["path"]) for c in ("all_to_all", "reduce_scatter")
+                 for m in d["msgs"] if m["ev"] == "send" and m["seq"] == (
+                     [x["seq"] for x in d["calls"] if x["coll"] == c][0])}
+        assert paths == {("all_to_all", 4 << 20, "read by CMA"),
+                         ("reduce_scatter", 4 << 20, "rendezvous")}, paths
+
+
 def _read(d):
     return timeline.load(str(d))
 
@@ -225,7 +271,9 @@ def test_point_to_point_is_traced_with_arrows(tmp_path):
                    for m in d["msgs"] if m["ev"] == "send")
     assert [s[:3] for s in sends] == [(0, 1, 80), (0, 1, 80), (0, 1, 4 << 20), (1, 2, 80),
                                       (2, 0, 80)]
-    assert sends[2][3] in ("rendezvous", "streamed") and "C fast path" in {s[3] for s in sends}
+    # 4 MiB from a plain buffer: past the ring's size, offered by CMA (the kernel willing)
+    assert sends[2][3] in ("offered by CMA", "rendezvous") and \
+        "C fast path" in {s[3] for s in sends}
     doc = timeline.merge(str(out))
     ev = doc["traceEvents"]
     starts = {e["id"]: e for e in ev if e["ph"] == "s"}

@@ -997,6 +997,13 @@ def _tp_job(rank):
     np.testing.assert_allclose(row2.backward(np.ones_like(z)), np.ones_like(z) @ W1,
                                rtol=1e-12, atol=1e-12)
     assert len(col.price(T, "nvlink").calls) == 1 and len(col2.price(T, "nvlink").calls) == 2
+    # priced in the weights' dtype (float64 here), or at the itemsize given
+    (dx,) = col.calls(T)
+    assert (dx.nbytes, dx.itemsize, dx.dtype) == (T * W1.shape[0] * 8, 8, W1.dtype)
+    (dx,) = col.calls(T, 2)
+    assert (dx.nbytes, dx.itemsize, dx.dtype) == (T * W1.shape[0] * 2, 2, None)
+    half = train.ColumnParallelLinear(W1.astype(np.float16), group=tp)
+    assert half.price(T, "nvlink").comm_seconds > col.price(T, "nvlink", itemsize=2).comm_seconds
     with pytest.raises(ValueError, match="must divide evenly"):
         train.ColumnParallelLinear(np.ones((3, 5)), group=tp)
 

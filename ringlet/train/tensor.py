@@ -86,16 +86,26 @@ class ColumnParallelLinear:
         all_reduce(dx, group=self.group)
         return dx
 
-    def calls(self, tokens: int, itemsize: int = 4) -> list[Call]:
-        """Per step (forward and backward) for ``tokens`` rows of input."""
+    def calls(self, tokens: int, itemsize: int | None = None) -> list[Call]:
+        """Per step (forward and backward) for ``tokens`` rows of input, of the weight's
+        dtype (``itemsize``: bytes an element instead)."""
         p, (i, o) = self.group.size, (self.w.shape[0], self.w.shape[1] * self.group.size)
-        out = [Call("all_reduce", tokens * i * itemsize, p, itemsize, label="dx")]
+        itemsize, dt = _wire(self.w, itemsize)
+        out = [Call("all_reduce", tokens * i * itemsize, p, itemsize, label="dx", dtype=dt)]
         if self.gather_output:
-            out.append(Call("all_gather", tokens * o * itemsize, p, itemsize, label="y"))
+            out.append(Call("all_gather", tokens * o * itemsize, p, itemsize, label="y",
+                            dtype=dt))
         return out
 
-    def price(self, tokens: int, topology=None, itemsize: int = 4):
+    def price(self, tokens: int, topology=None, itemsize: int | None = None):
         return price(self.calls(tokens, itemsize), topology, hosts_of(self.group))
+
+
+def _wire(w, itemsize):
+    """(bytes an element, dtype) of a layer's collectives: its activations and gradients
+    are of its weight's dtype (a float16 reduction is priced as float16's: cost.reduce_gamma);
+    ``itemsize`` given: that many bytes, dtype unknown (priced as float32's reduction)."""
+    return (w.dtype.itemsize, w.dtype) if itemsize is None else (int(itemsize), None)
 
 
 class RowParallelLinear:
@@ -138,12 +148,15 @@ class RowParallelLinear:
         dx = dy @ self.w.T
         return dx if self.input_is_parallel else _join_columns(dx, self.group.size, self.group)
 
-    def calls(self, tokens: int, itemsize: int = 4) -> list[Call]:
+    def calls(self, tokens: int, itemsize: int | None = None) -> list[Call]:
+        """As ColumnParallelLinear's."""
         p, (i, o) = self.group.size, (self.w.shape[0] * self.group.size, self.w.shape[1])
-        out = [Call("all_reduce", tokens * o * itemsize, p, itemsize, label="y")]
+        itemsize, dt = _wire(self.w, itemsize)
+        out = [Call("all_reduce", tokens * o * itemsize, p, itemsize, label="y", dtype=dt)]
         if not self.input_is_parallel:
-            out.append(Call("all_gather", tokens * i * itemsize, p, itemsize, label="dx"))
+            out.append(Call("all_gather", tokens * i * itemsize, p, itemsize, label="dx",
+                            dtype=dt))
         return out
 
-    def price(self, tokens: int, topology=None, itemsize: int = 4):
+    def price(self, tokens: int, topology=None, itemsize: int | None = None):
         return price(self.calls(tokens, itemsize), topology, hosts_of(self.group))

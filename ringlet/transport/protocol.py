@@ -259,6 +259,22 @@ class Peer:
         self.bytes_sent += data.nbytes
         return True
 
+    def by_cma(self, nbytes: int, receiving: bool, p2p: bool) -> int:
+        """How a message past the zero-copy limit that is not read in place goes by CMA:
+        RTS_CMA (read whole, where every rank copies anyway: its sender's round
+        ``receiving`` too), RTS_OFFER (offered where the sender idles: split, or read whole
+        where ranks outnumber cores: cma.py), or 0 (not by CMA). Past ``cma_min`` for a
+        collective's message (where ranks outnumber cores, an exchange's past one EAGER
+        packet too: limits.py, CMA_MIN), past ``p2p_cma_min`` for a point-to-point one."""
+        crowded = self.engine.crowded
+        least = (self.p2p_cma_min if p2p else
+                 min(self.eager, self.cma_min) if crowded and receiving and CROWDED_EXCHANGE_CMA
+                 else self.cma_min)
+        if least < 0 or nbytes <= least:
+            return 0
+        return (RTS_CMA if receiving else
+                RTS_OFFER if self.cma.splits(crowded) or self.cma.reads_whole(crowded) else 0)
+
     def post_send(self, req: SendRequest) -> None:
         if self.dead:
             req.fail(self.dead)
@@ -268,21 +284,10 @@ class Peer:
                               else self.zc_oneway_min):
             if req.in_place:    # (else an rl.empty buffer's message is a plain one's)
                 req.zc = locate(req.data)      # (once: send_now is not asked again)
-            crowded = self.engine.crowded
-            # (where ranks outnumber cores, an exchange's message past one EAGER packet is
-            # read whole too: limits.py, CMA_MIN)
-            least = (self.p2p_cma_min if req.p2p else
-                     min(self.eager, self.cma_min) if crowded and req.receiving
-                     and CROWDED_EXCHANGE_CMA else self.cma_min)
             # (a receive that reduces declines the read, after a round trip a stream up to
             # stream_max does without: cma.py)
-            if (req.zc is None and least >= 0 and req.nbytes > least and not req.reduced
-                    and req.data.flags.c_contiguous):
-                # read whole where every rank copies anyway; offered where the sender
-                # idles: split, or read whole where ranks outnumber cores (cma.py)
-                req.cma = (RTS_CMA if req.receiving else
-                           RTS_OFFER if self.cma.splits(crowded) or self.cma.reads_whole(crowded)
-                           else 0)
+            if req.zc is None and not req.reduced and req.data.flags.c_contiguous:
+                req.cma = self.by_cma(req.nbytes, req.receiving, req.p2p)
         if req.nbytes <= self.eager and req.zc is None:
             if self._eager_now(req.tag, req.data, req.fp):
                 req.done = True

@@ -407,14 +407,19 @@ def _lane_arrays(collective: str, bufs: dict) -> tuple:
 
 def _lane_key(collective: str, group, async_op: bool, algorithm, extra, a, b=False):
     """The key of a call's lane (see ``_lane``) on buffer ``a`` (and ``b``: in and out), or
-    None when it cannot take one: not a blocking call on the world, an algorithm that is
+    None when it cannot take one: not a blocking call (a subgroup's lane is keyed by the
+    group too, so that one of several groups of a size never runs on another's), an algorithm that is
     not a string, a buffer that is not an ndarray (None: one the call ignores here, as a
     gather's output off the root), no bytes, or messages that may go by another path than
     C's (the smaller buffer above ZERO_COPY_MIN: rl.empty ones could change auto's pick).
     ``extra``: what else keys the call (its root, its op's value). Inline, not a loop: it
     runs on every small call (a loop over the buffers cost 0.7-1.0 us here)."""
-    if (group is not None and group is not _S.world) or async_op or type(algorithm) is not str:
+    if async_op or type(algorithm) is not str:
         return None
+    if group is not None and group is not _S.world:
+        if type(group) is not Group:
+            return None
+        extra = (extra, group)        # (a subgroup's lane: drop_group forgets it)
     if b is False:
         if type(a) is np.ndarray and 0 < a.nbytes <= ZERO_COPY_MIN:
             return collective, algorithm, extra, a.dtype, a.size
@@ -559,13 +564,15 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
     lane = root = None
     if label is not None:     # (checked first: True would find label 1's lane)
         root = _labelled("all_reduce", label)
-    if (group is None or group is _S.world) and not async_op \
-            and type(buf) is np.ndarray and type(op) is ReduceOp and op is not _AVG \
-            and type(algorithm) is str and buf.nbytes <= ZERO_COPY_MIN:
+    if not async_op and type(buf) is np.ndarray and type(op) is ReduceOp and op is not _AVG \
+            and type(algorithm) is str and buf.nbytes <= ZERO_COPY_MIN \
+            and (group is None or group is _S.world or type(group) is Group):
         # (the world by name: the torch backend's; a label keys a lane of its own, whose
-        # fingerprint carries it)
+        # fingerprint carries it; a subgroup's is keyed by the group too: _lane_key)
         lane = ("all_reduce", buf.dtype, buf.size, op._value_, algorithm) if root is None \
             else ("all_reduce", buf.dtype, buf.size, op._value_, algorithm, root)
+        if group is not None and group is not _S.world:
+            lane += (group,)
         hit = _S.lane.get(lane)
         if hit is not None and _lane(hit, buf, None, timeout):
             return None
@@ -587,7 +594,7 @@ def all_reduce(buf, op=ReduceOp.SUM, group=None, async_op: bool = False,
 
 
 def _lane(hit: tuple, a, b, timeout) -> bool:
-    """A small blocking collective on the world (every message at most ZERO_COPY_MIN
+    """A small blocking collective on a group (every message at most ZERO_COPY_MIN
     bytes, so no rl.empty pick) that repeats one C ran whole - same collective, algorithm,
     root, op, dtypes and sizes (``_S.lane``, beside point-to-point's: runtime._lane) - is
     run again by its ``_fastpath.Lane`` in one C call: what the full path checked and
@@ -1018,9 +1025,9 @@ def barrier(group=None, async_op: bool = False, timeout: float | None = None, *,
         raise ValueError(f"barrier: unknown algorithm {algorithm!r}; valid: auto, "
                          f"dissemination")
     lane = None
-    if (group is None or group is _S.world) and not async_op:   # (a repeated one: _lane)
-        lane = _BARRIER
-        hit = _S.lane.get(lane)
+    if not async_op and (group is None or group is _S.world or type(group) is Group):
+        lane = _BARRIER if group is None or group is _S.world else (*_BARRIER, group)
+        hit = _S.lane.get(lane)     # (a repeated one: _lane)
         if hit is not None and _lane(hit, None, None, timeout):
             return None
     g = resolve(group)

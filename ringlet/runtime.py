@@ -701,9 +701,18 @@ def _ids_taken(ranks: tuple, key: str) -> set[int]:
 
 
 def drop_group(g: Group) -> None:
-    """Forget a subgroup (torch destroyed it); its id may be used again."""
+    """Forget a subgroup (torch destroyed it), and its calls' lanes (a lane's call runs
+    without asking whether its group is live); its id may be used again."""
     if g is not _S.world:
         _S.groups.pop(g, None)
+        gone = [k for k, hit in _S.lane.items() if type(hit) is tuple and hit[0] is g]
+        if gone and _S.engine is not None:
+            fold_lanes(_S.engine)       # (count what they ran first)
+            lanes = {id(_S.lane[k][2]) for k in gone}
+            for kind, made in _S.engine.lanes.items():
+                made[:] = [c for c in made if id(c) not in lanes]
+        for k in gone:
+            del _S.lane[k]
 
 
 def default_timeout() -> float:

@@ -430,6 +430,57 @@ def test_every_small_collective_takes_a_lane_and_still_checks():
     run(_every_lane, 3)
 
 
+def _group_lanes(rank):
+    """Subgroups' small blocking calls take lanes too, each group its own: two groups of
+    one size whose calls alternate (the same shapes, the same algorithm) keep their own
+    sums and numbering; the calls count in the stats; a barrier on each; and a destroyed
+    group's lanes are gone with it (its next call raises, as the full path does)."""
+    from ringlet import collectives
+    from ringlet.runtime import _S
+    p = rl.get_world_size()
+    engine().fast_budget = 5.0     # (a partner late past the budget would leave C)
+    halves = [rl.new_group(list(range(0, p, 2))), rl.new_group(list(range(1, p, 2)))]
+    evens = rl.new_group(list(range(0, p, 2)))          # the same ranks as halves[0]
+    mine = [g for g in halves if g.rank >= 0][0]
+    full = []
+    checked = collectives._run
+    collectives._run = lambda *a, **k: full.append(a[0]) or checked(*a, **k)
+    reps = 20
+    for i in range(reps):
+        for g in (mine, evens) if rank % 2 == 0 else (mine, mine):
+            x = np.full(5, rank + i, np.float32)
+            rl.all_reduce(x, group=g)
+            np.testing.assert_array_equal(x, sum(r + i for r in g.ranks))
+            out = np.empty((g.size, 3), np.int64)
+            rl.all_gather(out, np.full(3, rank * i, np.int64), group=g)
+            np.testing.assert_array_equal(out[:, 0], [r * i for r in g.ranks])
+            rl.barrier(group=g)
+    calls = 2 * reps
+    for name in ("all_reduce", "all_gather", "barrier"):
+        took = full.count(name)
+        assert took <= 8, f"{took} of {calls} {name} calls took the full path"
+    st = rl.stats()["collectives"]
+    assert st["all_reduce"]["calls"] == calls and st["all_reduce"]["fast_calls"] >= calls - 8
+    assert any(type(h) is tuple and h[0] is mine for h in _S.lane.values())
+    collectives._run = checked
+    rl.barrier()
+    rl.destroy_group(evens)
+    assert not any(type(h) is tuple and h[0] is evens for h in _S.lane.values())
+    if rank % 2 == 0:
+        with pytest.raises(ValueError, match="not a live ringlet group"):
+            rl.all_reduce(np.ones(5, np.float32), group=evens)
+        with pytest.raises(ValueError, match="not a live ringlet group"):
+            rl.barrier(group=evens)
+    x = np.ones(5, np.float32)
+    rl.all_reduce(x, group=mine)            # (the other group's lanes still run)
+    np.testing.assert_array_equal(x, mine.size)
+    assert rl.stats()["collectives"]["all_reduce"]["calls"] == calls + 1
+
+
+def test_subgroups_take_lanes_of_their_own():
+    run(_group_lanes, 4)
+
+
 def _handover_scratch(rank):
     """A lane handed to the Python engine on a rank whose own plan needs no scratch, though
     the schedule has some (recursive doubling at p = 3: rank 1's): the scratch that goes

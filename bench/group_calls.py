@@ -1,0 +1,64 @@
+"""The same blocking collective on the world and on a subgroup of the same ranks, in
+alternating blocks inside one job: what a call costs for being a subgroup's (a training
+job's tensor-, data- or pipeline-parallel groups are all subgroups).
+
+    .venv/bin/ringlet run -n 2 bench/group_calls.py [--sizes 8,64K,1M] [--ops all_reduce,all_gather]
+
+Per row: the slowest rank's median over each block's calls (barrier, time one call), the
+median block of each arm, in us.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import ringlet as rl
+from ringlet.bench import bind_like_mpirun
+from ringlet.cost import format_size, parse_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="8,64K,1M")
+    ap.add_argument("--ops", default="all_reduce,all_gather,barrier")
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--calls", type=int, default=50)
+    a = ap.parse_args()
+    rl.init()
+    r, p = rl.get_rank(), rl.get_world_size()
+    bind_like_mpirun(r, p)
+    arms = {"world": None, "subgroup": rl.new_group(list(range(p)))}
+    for op in a.ops.split(","):
+        for size in ([0] if op == "barrier" else [int(parse_size(s)) for s in a.sizes.split(",")]):
+            n = max(size // 4 // p, 1)
+            x, y = np.ones(n * p, np.float32), np.empty((p, n), np.float32)
+            call = {"all_reduce": lambda g: rl.all_reduce(x, group=g),
+                    "all_gather": lambda g: rl.all_gather(y, x[:n], group=g),
+                    "barrier": lambda g: rl.barrier(group=g)}[op]
+            got = {name: [] for name in arms}
+            for block in range(a.blocks):
+                for name in (list(arms) if block % 2 else list(arms)[::-1]):
+                    for _ in range(3):
+                        call(arms[name])
+                    ts = []
+                    for _ in range(a.calls):
+                        rl.barrier()
+                        t0 = time.perf_counter()
+                        call(arms[name])
+                        ts.append(time.perf_counter() - t0)
+                    t = np.array([statistics.median(ts)])
+                    rl.all_reduce(t, op=rl.ReduceOp.MAX)
+                    got[name].append(float(t[0]))
+            if r == 0:
+                med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+                print(f"{op:<11} p={p} {format_size(size) if size else '-':>8}  world "
+                      f"{med['world']:8.1f}  subgroup {med['subgroup']:8.1f}  "
+                      f"subgroup/world {med['subgroup'] / med['world']:.2f}", flush=True)
+    rl.destroy()
+
+
+if __name__ == "__main__":
+    main()

@@ -609,6 +609,8 @@ def _lane(hit: tuple, a, b, timeout) -> bool:
     Python lane before, 2.4 of them in C."""
     if timeout is not None:
         check_timeout(timeout)
+    else:
+        timeout = hit[0].timeout    # (new_group's, if it gave one; else init's: as _run)
     eng = _S.engine
     if eng.works or eng.calls.aborts or not eng.background.idle or tracing.ON:
         return False

@@ -481,6 +481,32 @@ def test_subgroups_take_lanes_of_their_own():
     run(_group_lanes, 4)
 
 
+def _group_lane_timeout(rank):
+    """A subgroup's lane call that C hands to the engine waits by the group's timeout
+    (new_group's), as its full path does - not init's."""
+    from ringlet.errors import RingletError
+    g = rl.new_group([0, 1], timeout=0.5)
+    x = np.ones(4, np.float32)
+    for _ in range(4):                   # (its lane opens)
+        rl.all_reduce(x, group=g)
+    rl.barrier()
+    if rank == 0:
+        t = time.monotonic()
+        with pytest.raises(rl.TimeoutError):
+            rl.all_reduce(x, group=g)    # rank 1 comes 3 s late
+        assert time.monotonic() - t < 2.5
+    else:
+        time.sleep(3)
+        try:     # (rank 0's message went before it gave up: this rank's call may finish)
+            rl.all_reduce(x, group=g)
+        except RingletError:
+            pass
+
+
+def test_a_subgroup_lane_waits_by_the_groups_timeout():
+    run(_group_lane_timeout, 2)
+
+
 def _handover_scratch(rank):
     """A lane handed to the Python engine on a rank whose own plan needs no scratch, though
     the schedule has some (recursive doubling at p = 3: rank 1's): the scratch that goes

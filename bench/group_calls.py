@@ -1,4 +1,4 @@
-"""The same blocking collective on the world and on a subgroup of the same ranks, in
+"""The same blocking collective (or send and receive) on the world and on a subgroup of the same ranks, in
 alternating blocks inside one job: what a call costs for being a subgroup's (a training
 job's tensor-, data- or pipeline-parallel groups are all subgroups).
 
@@ -23,7 +23,7 @@ from ringlet.cost import format_size, parse_size
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="8,64K,1M")
-    ap.add_argument("--ops", default="all_reduce,all_gather,barrier")
+    ap.add_argument("--ops", default="all_reduce,all_gather,barrier,send")
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--calls", type=int, default=50)
     a = ap.parse_args()
@@ -37,7 +37,10 @@ def main() -> None:
             x, y = np.ones(n * p, np.float32), np.empty((p, n), np.float32)
             call = {"all_reduce": lambda g: rl.all_reduce(x, group=g),
                     "all_gather": lambda g: rl.all_gather(y, x[:n], group=g),
-                    "barrier": lambda g: rl.barrier(group=g)}[op]
+                    "barrier": lambda g: rl.barrier(group=g),
+                    # rank 0 to rank 1, the others idle
+                    "send": lambda g: (rl.send(x, 1, group=g) if r == 0 else
+                                       rl.recv(x, 0, group=g) if r == 1 else None)}[op]
             got = {name: [] for name in arms}
             for block in range(a.blocks):
                 for name in (list(arms) if block % 2 else list(arms)[::-1]):

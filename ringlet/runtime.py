@@ -46,10 +46,11 @@ class _State:
         self.spawned = False     # init was done by rl.spawn before calling the user's function
         self.outstanding: list = []   # async works handed to the user, until destroy accounts for them
         self.track_limit = 64    # when track next prunes them
-        # blocking calls on the world that C ran, to run again in one C call (_fastpath.Lane):
-        # sends and receives, (kind, peer, tag, bytes) -> the Lane, see _lane; small
-        # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier",)) -> (the
-        # world, its Prepared, the Lane, its buffers' names), see collectives._lane
+        # blocking calls that C ran, to run again in one C call (_fastpath.Lane): sends and
+        # receives, (kind, peer, tag, bytes[, subgroup]) -> the Lane, see _lane; small
+        # collectives (keys: collectives._lane_key, all_reduce's own, ("barrier"[,
+        # subgroup])) -> (the group, its Prepared, the Lane, its buffers' names), see
+        # collectives._lane; a subgroup's go with it (drop_group)
         self.lane: dict = {}
         self.labelled_lanes = 0   # of them, those of labelled calls (collectives.LABELLED_LANES)
         # ranks that left the job (destroy) while this rank waited for them: counted once as
@@ -705,10 +706,12 @@ def drop_group(g: Group) -> None:
     without asking whether its group is live); its id may be used again."""
     if g is not _S.world:
         _S.groups.pop(g, None)
-        gone = [k for k, hit in _S.lane.items() if type(hit) is tuple and hit[0] is g]
+        # (a collective's lane keeps its group first; a send's or receive's, last in its key)
+        gone = [k for k, hit in _S.lane.items()
+                if (hit[0] if type(hit) is tuple else k[-1]) is g]
         if gone and _S.engine is not None:
             fold_lanes(_S.engine)       # (count what they ran first)
-            lanes = {id(_S.lane[k][2]) for k in gone}
+            lanes = {id(_S.lane[k][2]) for k in gone if type(_S.lane[k]) is tuple}
             for kind, made in _S.engine.lanes.items():
                 made[:] = [c for c in made if id(c) not in lanes]
         for k in gone:
@@ -758,7 +761,7 @@ def irecv(buf, src: int, group: Group | None = None, tag: int = 0,
 def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> None:
     if timeout is not None:
         check_timeout(timeout)
-    if group is None and _lane("send", dst, tag, buf):
+    if _lane("send", dst, tag, buf, group):
         return
     args = _p2p("send", buf, dst, group, tag)
     if tracing.ON:
@@ -770,7 +773,7 @@ def send(buf, dst: int, group: Group | None = None, tag: int = 0, timeout: float
 def recv(buf, src: int, group: Group | None = None, tag: int = 0, timeout: float | None = None) -> int:
     if timeout is not None:
         check_timeout(timeout)
-    if group is None and _lane("recv", src, tag, buf):
+    if _lane("recv", src, tag, buf, group):
         return src
     args = _p2p("recv", buf, src, group, tag)
     if tracing.ON:
@@ -846,9 +849,10 @@ def _blocking(args: tuple, timeout, tr=None) -> bool:
         finally:
             eng.leave()
         if done:
-            key = (kind, peer, tag, flat.nbytes)
-            if g is _S.world and type(peer) is int and type(tag) is int and \
-                    key not in _S.lane and len(_S.lane) < 1024:
+            key = (kind, peer, tag, flat.nbytes) if g is _S.world else \
+                (kind, peer, tag, flat.nbytes, g)
+            if type(peer) is int and type(tag) is int and key not in _S.lane and \
+                    len(_S.lane) < 1024:
                 _S.lane[key] = fast.lane(eng.fast_p2p[(kind, world, flat.nbytes)], ("buf",),
                                          (flat.nbytes,), (kind == "recv",), tag=wire)
             return True
@@ -910,9 +914,10 @@ def _withdraw(work, world: int, exc) -> bool:
         eng.leave()
 
 
-def _lane(kind: str, peer, tag, buf) -> bool:
-    """Run a blocking send or receive on the world in one C call (its ``_fastpath.Lane``),
-    as C ran one before with the same kind, peer, tag and size (``_S.lane``): its checks
+def _lane(kind: str, peer, tag, buf, group=None) -> bool:
+    """Run a blocking send or receive in one C call (its ``_fastpath.Lane``), as C ran
+    one before with the same kind, peer, tag, size and group (``_S.lane``; a subgroup's
+    key ends with the group, whose ``destroy_group`` drops it): its checks
     passed then, and what they checked has not changed; only the buffer is new, checked
     here (an ndarray, not of objects) and by C (C-contiguous, writable to receive into).
     Not while a progress thread may drive the engine, anything else is in flight on it,
@@ -922,7 +927,12 @@ def _lane(kind: str, peer, tag, buf) -> bool:
     way, 0.4-1.6 of it in C (bench/small_vs_mpi.py)."""
     if type(buf) is not np.ndarray or type(peer) is not int or type(tag) is not int:
         return False
-    lane = _S.lane.get((kind, peer, tag, buf.nbytes))
+    if group is None or group is _S.world:
+        lane = _S.lane.get((kind, peer, tag, buf.nbytes))
+    elif type(group) is Group:
+        lane = _S.lane.get((kind, peer, tag, buf.nbytes, group))
+    else:
+        return False
     if lane is None:
         return False
     eng = _S.engine

@@ -296,6 +296,42 @@ def test_repeated_blocking_calls_take_the_lane_and_still_check_their_buffers():
     run(_lane, 2)
 
 
+def _group_lanes(rank):
+    """Sends and receives on subgroups take lanes too, each group its own: two groups of
+    the same two ranks, where group rank 0 is a different world rank, alternate calls of
+    one shape and tag (a lane keyed without its group would send to the wrong rank); a
+    destroyed group's lanes go with it."""
+    from ringlet import runtime
+    a, b = rl.new_group([0, 1]), rl.new_group([1, 0])     # b's rank 0 is world rank 1
+    full = []
+    checked = runtime._p2p
+    runtime._p2p = lambda *args: full.append(args) or checked(*args)
+    for i in range(50):
+        for g in (a, b):
+            me = g.rank
+            x = np.full(4, 10 * i + me, np.float32)
+            if me == 0:
+                rl.send(x, 1, group=g)
+                rl.recv(x, 1, group=g)
+                assert (x == 10 * i + 1).all(), (i, x)
+            else:
+                y = np.empty(4, np.float32)
+                rl.recv(y, 0, group=g)
+                assert (y == 10 * i).all(), (i, y)
+                rl.send(x, 0, group=g)
+    runtime._p2p = checked
+    assert len(full) <= 20, f"{len(full)} of 200 calls took the full path"   # (was: all)
+    rl.barrier()
+    rl.destroy_group(b)
+    assert not any(k[-1] is b for k in runtime._S.lane)
+    with pytest.raises(ValueError, match="not a live ringlet group"):
+        rl.send(np.ones(4, np.float32), 1 - b.rank, group=b)
+
+
+def test_subgroups_sends_take_lanes_of_their_own():
+    run(_group_lanes, 2)
+
+
 def test_bad_input_rejected_before_any_byte_moves():
     run(_bad_input, 2)
 

@@ -63,8 +63,9 @@ def same_timings(samples, transport):
         return (abs(nb - s["nbytes"]) <= nb // 100 + 64
                 and (nb not in only or (s["collective"], s["algorithm"]) in only[nb]))
     mc = machine()
-    base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                     cores=mc["cores"], **limits.facts(fast.enabled())[transport])
+    base = HostModel.from_params({**FIT_START, "l2_bytes": mc["l2_bytes"],
+                                    "l3_bytes": mc["l3_bytes"], "cores": mc["cores"],
+                                    **limits.facts(fast.enabled())[transport]})
     n = min(len(s["passes"]) for s in samples)
     for use in [(k,) for k in range(n)] + [(k, k + 1) for k in range(n - 1)]:
         sub = []

@@ -495,8 +495,9 @@ def calibrate(transports=("shm", "tcp"), p=DEFAULT_RANKS, sizes=DEFAULT_SIZES,
         samples = [s for n in ranks for s in _samples(n, runs[n])]
         if prog is not None:
             prog.start(f"{tr}, fitting the model to {len(samples)} timings")
-        base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                         cores=mc["cores"], **limits.facts(fast.enabled())[tr])
+        base = HostModel.from_params({**FIT_START, "l2_bytes": mc["l2_bytes"],
+                                        "l3_bytes": mc["l3_bytes"], "cores": mc["cores"],
+                                        **limits.facts(fast.enabled())[tr]})
         f = fit_host(samples, base, **fit)
         if prog is not None:
             prog.finish_step()
@@ -529,8 +530,9 @@ def refit(prof: Profile, fit=None) -> tuple[Profile, dict]:
         samples = [dict(s) for s in t.get("timings", ())]
         if not samples:
             continue
-        base = HostModel(**FIT_START, l2_bytes=mc["l2_bytes"], l3_bytes=mc["l3_bytes"],
-                         cores=mc["cores"], **limits.facts(fast.enabled())[tr])
+        base = HostModel.from_params({**FIT_START, "l2_bytes": mc["l2_bytes"],
+                                        "l3_bytes": mc["l3_bytes"], "cores": mc["cores"],
+                                        **limits.facts(fast.enabled())[tr]})
         f = fit_host(samples, base, **(FULL_FIT if fit is None else fit))
         for s_, pred in zip(samples, f.pop("predicted")):
             s_["predicted"] = pred

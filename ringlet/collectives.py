@@ -377,7 +377,7 @@ def _room_for(table: dict, collective: str, root) -> bool:
     while fewer than LABELLED_LANES of the world's lanes are labelled ones)."""
     if root is None or collective in fingerprint.ROOTED or table is not _S.lane:
         return True
-    return _S.labelled_lanes < LABELLED_LANES
+    return len(_S.labelled_lanes) < LABELLED_LANES
 
 
 def _open_lane(table: dict, key, collective: str, g: Group, call: Prepared, bufs: dict,
@@ -394,7 +394,7 @@ def _open_lane(table: dict, key, collective: str, g: Group, call: Prepared, bufs
     table[key] = (g, call, c, names)
     _S.engine.lanes.setdefault(collective, []).append(c)
     if root is not None and collective not in fingerprint.ROOTED and table is _S.lane:
-        _S.labelled_lanes += 1      # (_room_for)
+        _S.labelled_lanes.add(key)      # (_room_for)
 
 
 def _lane_arrays(collective: str, bufs: dict) -> tuple:

@@ -52,7 +52,7 @@ class _State:
         # subgroup])) -> (the group, its Prepared, the Lane, its buffers' names), see
         # collectives._lane; a subgroup's go with it (drop_group)
         self.lane: dict = {}
-        self.labelled_lanes = 0   # of them, those of labelled calls (collectives.LABELLED_LANES)
+        self.labelled_lanes: set = set()   # of them, labelled calls' keys (LABELLED_LANES)
         # ranks that left the job (destroy) while this rank waited for them: counted once as
         # having left, in the store, so their destroy need not wait for this rank's (_departed)
         self.released: set = set()
@@ -704,18 +704,21 @@ def _ids_taken(ranks: tuple, key: str) -> set[int]:
 def drop_group(g: Group) -> None:
     """Forget a subgroup (torch destroyed it), and its calls' lanes (a lane's call runs
     without asking whether its group is live); its id may be used again."""
-    if g is not _S.world:
-        _S.groups.pop(g, None)
+    if g is _S.world:
+        return
+    _S.groups.pop(g, None)
+    eng = _S.engine
+    if eng is None:
+        return
+    with eng.lock:      # (stats() folds the lanes; another thread may open one)
         # (a collective's lane keeps its group first; a send's or receive's, last in its key)
-        gone = [k for k, hit in _S.lane.items()
-                if (hit[0] if type(hit) is tuple else k[-1]) is g]
-        if gone and _S.engine is not None:
-            fold_lanes(_S.engine)       # (count what they ran first)
-            lanes = {id(_S.lane[k][2]) for k in gone if type(_S.lane[k]) is tuple}
-            for kind, made in _S.engine.lanes.items():
-                made[:] = [c for c in made if id(c) not in lanes]
-        for k in gone:
+        for k in [k for k, hit in _S.lane.items()
+                  if (hit[0] if type(hit) is tuple else k[-1]) is g]:
             del _S.lane[k]
+            _S.labelled_lanes.discard(k)
+        fold_lanes(eng)       # (count what they ran first; the tuner's trial lanes too)
+        for made in eng.lanes.values():
+            made[:] = [c for c in made if c.group is not g]
 
 
 def default_timeout() -> float:
@@ -952,7 +955,7 @@ def drop_lanes() -> None:
         fold_lanes(_S.engine)
         _S.engine.lanes.clear()
     _S.lane = {}
-    _S.labelled_lanes = 0
+    _S.labelled_lanes = set()
 
 
 # -- counters ----------------------------------------------------------------------------

@@ -866,16 +866,16 @@ def _labelled_lanes_capped(rank):
     for label in range(collectives.LABELLED_LANES + 200):
         # (a lane opens once C ran the call whole: not if a peer was late, as on a busy host
         # it may be several times running; so both ranks call until theirs opened, or 30)
-        before = runtime._S.labelled_lanes
+        before = len(runtime._S.labelled_lanes)
         for _ in range(10):
             for _ in range(3):
                 rl.all_reduce(x, label=label)
-            opened[0] = runtime._S.labelled_lanes > before or \
-                runtime._S.labelled_lanes == collectives.LABELLED_LANES
+            opened[0] = len(runtime._S.labelled_lanes) > before or \
+                len(runtime._S.labelled_lanes) == collectives.LABELLED_LANES
             rl.all_reduce(opened, op="MIN")
             if opened[0]:
                 break
-    assert runtime._S.labelled_lanes == collectives.LABELLED_LANES
+    assert len(runtime._S.labelled_lanes) == collectives.LABELLED_LANES
     y = np.ones(5)
     for _ in range(20):     # a new unlabelled shape still gets its lane
         rl.all_reduce(y)

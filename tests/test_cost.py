@@ -2199,8 +2199,8 @@ def test_point_to_point_is_priced_with_the_limits_a_send_keeps():
     """A send keeps the ring's limits (up to them a blocking send completes without its
     receiver: limits.ZERO_COPY_P2P_MIN, and CMA only past what streams) and goes whole,
     where a collective's one-way message goes in pieces and, from 512 KiB, by CMA or in
-    place. Priced as a collective's, a 256 KiB send came out 52% short (measured: 38 us
-    against a broadcast's 26), a 640 KiB plain one 31% long."""
+    place. Priced as a collective's, a 256 KiB send came out 58% short (measured: 44 us
+    against a broadcast's 29; 41% short priced as a send)."""
     from ringlet.transport import limits
     prof = profile.default_profile()
     p2p = prof.point_to_point()

@@ -463,18 +463,27 @@ def _group_lanes(rank):
     assert st["all_reduce"]["calls"] == calls and st["all_reduce"]["fast_calls"] >= calls - 8
     assert any(type(h) is tuple and h[0] is mine for h in _S.lane.values())
     collectives._run = checked
+    labelled = len(_S.labelled_lanes)
+    if rank % 2 == 0:
+        for label in range(3):
+            for _ in range(4):
+                rl.all_reduce(np.ones(6, np.float32), group=evens, label=label)
+        assert len(_S.labelled_lanes) > labelled      # (they count in the world's budget)
     rl.barrier()
     rl.destroy_group(evens)
     assert not any(type(h) is tuple and h[0] is evens for h in _S.lane.values())
+    assert len(_S.labelled_lanes) == labelled         # ... until their group goes
+    assert not any(c.group is evens for made in engine().lanes.values() for c in made)
     if rank % 2 == 0:
         with pytest.raises(ValueError, match="not a live ringlet group"):
             rl.all_reduce(np.ones(5, np.float32), group=evens)
         with pytest.raises(ValueError, match="not a live ringlet group"):
             rl.barrier(group=evens)
     x = np.ones(5, np.float32)
+    before = rl.stats()["collectives"]["all_reduce"]["calls"]
     rl.all_reduce(x, group=mine)            # (the other group's lanes still run)
     np.testing.assert_array_equal(x, mine.size)
-    assert rl.stats()["collectives"]["all_reduce"]["calls"] == calls + 1
+    assert rl.stats()["collectives"]["all_reduce"]["calls"] == before + 1
 
 
 def test_subgroups_take_lanes_of_their_own():

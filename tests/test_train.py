@@ -477,7 +477,7 @@ def test_replay_runs_the_priced_calls():
 def test_calls_made_of_sends_are_priced_as_sends():
     """The pipeline's activations and the parameter server's isends are point-to-point:
     priced with a send's limits and whole (cost.predict_p2p), not as a collective's
-    messages (in pieces, by CMA or in place from 512 KiB: 52% short at 256 KiB)."""
+    messages (in pieces, by CMA or in place from 512 KiB: 58% short at 256 KiB)."""
     from ringlet import train
     from ringlet.cost.profile import default_profile
     prof = default_profile()
@@ -485,8 +485,8 @@ def test_calls_made_of_sends_are_priced_as_sends():
         sent = train.price([train.Call("broadcast", nb, 2, 1, p2p=True)], prof).comm_seconds
         assert sent == pytest.approx(rl.cost.predict_p2p(nb, profile=prof))
     coll = train.price([train.Call("broadcast", 256 << 10, 2, 1)], prof).comm_seconds
-    assert sent != coll and train.price([train.Call("broadcast", 256 << 10, 2, 1, p2p=True)],
-                                        prof).comm_seconds > 1.2 * coll
+    sent = train.price([train.Call("broadcast", 256 << 10, 2, 1, p2p=True)], prof).comm_seconds
+    assert sent > 1.2 * coll        # (whole, where the collective's goes in pieces)
 
 
 def test_price_matches_the_cost_model_and_the_schedule():

@@ -254,8 +254,9 @@ class Profile:
         up to them a blocking send completes without its receiver, so it streams where a
         collective's message would be read in place or by CMA) and whole messages (a
         collective's one-way message of several pieces goes as that many packets). Priced
-        with the collectives' limits, a 256 KiB send came out 52% short (32% with these),
-        a 640 KiB one 31% long (18%). Kept on the profile: asked once per call priced."""
+        with the collectives' limits, a 256 KiB send came out 58% short (41% with these:
+        bench/p2p_price.py, docs/results.md). Kept on the profile: asked once per call
+        priced."""
         hit = self._models.get("point-to-point")
         if hit is None:
             transports = copy.deepcopy(self.transports)

@@ -258,11 +258,13 @@ def replay(calls, group=None, repeats: int = 20) -> float:
         dt = call.dtype if call.dtype is not None else _DTYPES.get(call.itemsize, np.uint8)
         n = max(call.nbytes // np.dtype(dt).itemsize, 1)
         k = call.collective
+        # (sends, as priced: one message per rank; else what auto runs)
+        a = "direct" if call.p2p else "auto"
         if k in ("all_reduce", "broadcast"):
             buf = buffer(n, dt)
             ops.fill(buf, 1)
             fn = (lambda b=buf: c.all_reduce(b, group=g)) if k == "all_reduce" else \
-                (lambda b=buf: c.broadcast(b, 0, group=g))
+                (lambda b=buf: c.broadcast(b, 0, group=g, algorithm=a))
         elif k in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all",
                    "all_to_all_single"):
             m = -(-n // p)
@@ -271,8 +273,10 @@ def replay(calls, group=None, repeats: int = 20) -> float:
             ops.fill(part, 1)
             fn = {"all_gather": lambda w=whole, q=part: c.all_gather(w, q, group=g),
                   "reduce_scatter": lambda w=whole, q=part: c.reduce_scatter(q, w, group=g),
-                  "gather": lambda w=whole, q=part: c.gather(q, w if g.rank == 0 else None, 0, g),
-                  "scatter": lambda w=whole, q=part: c.scatter(q, w if g.rank == 0 else None, 0, g),
+                  "gather": lambda w=whole, q=part: c.gather(q, w if g.rank == 0 else None, 0,
+                                                             g, algorithm=a),
+                  "scatter": lambda w=whole, q=part: c.scatter(q, w if g.rank == 0 else None, 0,
+                                                               g, algorithm=a),
                   "all_to_all": lambda w=whole, q=whole.copy(): c.all_to_all(q, w, group=g),
                   "all_to_all_single": lambda w=whole, q=whole.copy():
                       c.all_to_all_single(q, w, [1] * p, [1] * p, group=g)}[k]

@@ -1382,6 +1382,7 @@ static PyMethodDef LANE_METHODS[] = {
 static PyMemberDef LANE_MEMBERS[] = {
     {"algorithm", T_OBJECT, offsetof(Lane, algorithm), READONLY, "the algorithm it runs"},
     {"calls", T_LONGLONG, offsetof(Lane, calls), READONLY, "calls run since last taken"},
+    {"group", T_OBJECT, offsetof(Lane, group), READONLY, "the group it numbers, or None"},
     {NULL, 0, 0, 0, NULL},
 };
 

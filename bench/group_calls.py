@@ -1,5 +1,5 @@
-"""The same blocking collective (or send and receive) on the world and on a subgroup of the same ranks, in
-alternating blocks inside one job: what a call costs for being a subgroup's (a training
+"""The same blocking collective (or send and receive) on the world and on a subgroup of
+the same ranks, in alternating blocks inside one job: what a call costs for being a subgroup's (a training
 job's tensor-, data- or pipeline-parallel groups are all subgroups).
 
     .venv/bin/ringlet run -n 2 bench/group_calls.py [--sizes 8,64K,1M] [--ops all_reduce,all_gather]

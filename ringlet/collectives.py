@@ -408,8 +408,8 @@ def _lane_arrays(collective: str, bufs: dict) -> tuple:
 def _lane_key(collective: str, group, async_op: bool, algorithm, extra, a, b=False):
     """The key of a call's lane (see ``_lane``) on buffer ``a`` (and ``b``: in and out), or
     None when it cannot take one: not a blocking call (a subgroup's lane is keyed by the
-    group too, so that one of several groups of a size never runs on another's), an algorithm that is
-    not a string, a buffer that is not an ndarray (None: one the call ignores here, as a
+    group too, so that one of several groups of a size never runs on another's), an
+    algorithm that is not a string, a buffer that is not an ndarray (None: one the call ignores here, as a
     gather's output off the root), no bytes, or messages that may go by another path than
     C's (the smaller buffer above ZERO_COPY_MIN: rl.empty ones could change auto's pick).
     ``extra``: what else keys the call (its root, its op's value). Inline, not a loop: it

@@ -55,8 +55,8 @@ PROFILE_VERSION = 1
 #: there, or give the link's rate). The machine's cores and caches are this one's
 #: (:func:`default_profile`), but for an L3 larger than the fit's: its memory terms hold
 #: past the L3 they were fitted with (64 MiB of the 480 MiB sysfs reported there, where the
-#: VM shares its L3 with other tenants). A plain alpha-beta entry here priced a local copy at nothing
-#: and every message at 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked
+#: VM shares its L3 with other tenants). A plain alpha-beta entry here priced a local copy
+#: at nothing and every message at 20 us: an uncalibrated scatter of 8 MiB at p = 4 then picked
 #: dissemination (a tree that copies 14 MiB along its critical path) over direct (5), and
 #: ran 2.5-3x slower. The fit before this one (an AMD EPYC VM, 2026-12-02) priced this VM's
 #: calls 20-60% short: median error 26.2% on an accuracy grid here, against 14.4% for this
@@ -357,8 +357,8 @@ def default_profile(cpus=None) -> Profile:
     limits and fast path as this ringlet has them - what a calibration here would record
     beside its fit. An L3 larger than the one the terms were fitted with counts as that one
     (a VM's sysfs may report the whole socket's, shared with other tenants: priced with
-    the 480 MiB one reported here, 64 MiB calls came out 30% short). The machine is read once a process per set of cores (sysfs: a file per
-    cache and core, at every init)."""
+    the 480 MiB one reported here, 64 MiB calls came out 30% short). The machine is read
+    once a process per set of cores (sysfs: a file per cache and core, at every init)."""
     key = ("default dict", None if cpus is None else tuple(sorted(set(cpus))))
     d = _CACHE.get(key)
     if d is None:

@@ -524,4 +524,5 @@ def predict_p2p(nbytes: int, backend: str = "shm", *, profile: Profile | None = 
 
 
 __all__ = ["choose", "Row", "crossovers", "environment", "predict_terms", "build_schedule",
-           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host", "predict_p2p", "SIM_MAX_P", "crossing"]
+           "two_tier_breakdown", "breakdown", "predict", "explain_line", "predict_host",
+           "predict_p2p", "SIM_MAX_P", "crossing"]

@@ -829,7 +829,7 @@ def fold_lanes(engine, collective: str | None = None) -> None:
     they ran (the last one's algorithm and last arrival stand)."""
     for name in (engine.lanes if collective is None else (collective,)):
         taken = [(*lane.take(), lane.algorithm) for lane in engine.lanes[name] if lane.calls]
-        taken.sort(key=lambda t: t[4])      # (by the last call's number)
+        taken.sort(key=lambda t: t[4])      # (in the order their last calls ran)
         for calls, waited, longest, last_peer, _seq, algorithm in taken:
             st = engine.coll_stats.get(name)
             if st is None:

@@ -479,6 +479,17 @@ def _group_lanes(rank):
             rl.all_reduce(np.ones(5, np.float32), group=evens)
         with pytest.raises(ValueError, match="not a live ringlet group"):
             rl.barrier(group=evens)
+    # the stats name the algorithm of the call that ran last, of whichever group: the world's
+    # calls here are numbered far past the group's
+    fresh = rl.new_group(list(range(p)))       # (numbering its calls from 0)
+    w, v = np.ones(7, np.float32), np.ones(7, np.float32)
+    for _ in range(60):
+        rl.all_reduce(w, algorithm="direct")
+    for _ in range(3):
+        rl.all_reduce(v, group=fresh, algorithm="ring")
+    rl.all_reduce(w, algorithm="direct")
+    rl.all_reduce(v, group=fresh, algorithm="ring")
+    assert rl.stats()["collectives"]["all_reduce"]["algorithm"] == "ring"
     x = np.ones(5, np.float32)
     before = rl.stats()["collectives"]["all_reduce"]["calls"]
     rl.all_reduce(x, group=mine)            # (the other group's lanes still run)

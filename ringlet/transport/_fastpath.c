@@ -1078,6 +1078,7 @@ typedef struct {
 
 static PyObject *S_seq;
 static int64_t unfolded;   /* calls the lanes ran and have not been taken yet */
+static int64_t ticks;      /* calls the lanes ran, ever: each lane's stamp orders its last */
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->plan);
@@ -1325,7 +1326,7 @@ static PyObject *lane_run(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
             self->wait_s += x.waited;
             if (x.waited >= self->max_wait_s) self->max_wait_s = x.waited;
             if (x.last >= 0) self->last_rank = self->ranks[x.last];
-            self->stamp = seq;
+            self->stamp = ++ticks;     /* (not seq: every group numbers its own calls) */
         }
         Py_RETURN_TRUE;
     }
@@ -1347,7 +1348,8 @@ declined:     /* a buffer it does not take, or no scratch free: nothing done */
 }
 
 /* lane.take(): (calls, seconds waited, the longest wait, world rank waited on last or None,
- * the last call's number) since the last take, and start counting again. */
+ * when its last call ran: a count over every lane's calls) since the last take, and start
+ * counting again. */
 static PyObject *lane_take(Lane *self, PyObject *unused) {
     (void)unused;
     PyObject *last = self->last_rank >= 0 ? PyLong_FromLongLong(self->last_rank)

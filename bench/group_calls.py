@@ -4,19 +4,18 @@ job's tensor-, data- or pipeline-parallel groups are all subgroups).
 
     .venv/bin/ringlet run -n 2 bench/group_calls.py [--sizes 8,64K,1M] [--ops all_reduce,all_gather]
 
-Per row: the slowest rank's median over each block's calls (barrier, time one call), the
-median block of each arm, in us.
+Per row: the median block of each arm (ringlet.bench.alternating_blocks: the slowest rank's
+median over each block's calls, a barrier before each), in us.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 import ringlet as rl
-from ringlet.bench import bind_like_mpirun
+from ringlet.bench import alternating_blocks, bind_like_mpirun
 from ringlet.cost import format_size, parse_size
 
 
@@ -30,7 +29,7 @@ def main() -> None:
     rl.init()
     r, p = rl.get_rank(), rl.get_world_size()
     bind_like_mpirun(r, p)
-    arms = {"world": None, "subgroup": rl.new_group(list(range(p)))}
+    groups = {"world": None, "subgroup": rl.new_group(list(range(p)))}
     for op in a.ops.split(","):
         for size in ([0] if op == "barrier" else [int(parse_size(s)) for s in a.sizes.split(",")]):
             n = max(size // 4 // p, 1)
@@ -41,22 +40,11 @@ def main() -> None:
                     # rank 0 to rank 1, the others idle
                     "send": lambda g: (rl.send(x, 1, group=g) if r == 0 else
                                        rl.recv(x, 0, group=g) if r == 1 else None)}[op]
-            got = {name: [] for name in arms}
-            for block in range(a.blocks):
-                for name in (list(arms) if block % 2 else list(arms)[::-1]):
-                    for _ in range(3):
-                        call(arms[name])
-                    ts = []
-                    for _ in range(a.calls):
-                        rl.barrier()
-                        t0 = time.perf_counter()
-                        call(arms[name])
-                        ts.append(time.perf_counter() - t0)
-                    t = np.array([statistics.median(ts)])
-                    rl.all_reduce(t, op=rl.ReduceOp.MAX)
-                    got[name].append(float(t[0]))
+            arms = {name: (lambda g=g, c=call: c(g), lambda: None)
+                    for name, g in groups.items()}
+            got = alternating_blocks(rl, arms, a.blocks, a.calls)
             if r == 0:
-                med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+                med = {k: statistics.median(v) for k, v in got.items()}
                 print(f"{op:<11} p={p} {format_size(size) if size else '-':>8}  world "
                       f"{med['world']:8.1f}  subgroup {med['subgroup']:8.1f}  "
                       f"subgroup/world {med['subgroup'] / med['world']:.2f}", flush=True)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +21,7 @@ def _job(rank, sizes, calls):
     import numpy as np
 
     import ringlet as rl
-    from ringlet.bench import bind_like_mpirun
+    from ringlet.bench import bind_like_mpirun, slowest_median_us
     from ringlet.cost import predict_host, predict_p2p
     bind_like_mpirun(rank, 2)
     rows = []
@@ -40,21 +38,15 @@ def _job(rank, sizes, calls):
             def broadcast():
                 rl.broadcast(x, 0, algorithm="direct")
 
+            def write():
+                if rank == 0:
+                    x[...] = 1
+
             got = {}
             for name, call in (("send", send), ("broadcast", broadcast)):
                 for _ in range(5):
                     call()
-                ts = []
-                for _ in range(calls):
-                    if rank == 0:
-                        x[...] = 1
-                    rl.barrier()
-                    t0 = time.perf_counter()
-                    call()
-                    ts.append(time.perf_counter() - t0)
-                t = np.array([statistics.median(ts)])
-                rl.all_reduce(t, op=rl.ReduceOp.MAX)
-                got[name] = float(t[0])
+                got[name] = slowest_median_us(rl, call, calls, write) * 1e-6
             shared = kind == "rl.empty"
             rows.append((nb, kind, got["send"], got["broadcast"],
                          predict_p2p(nb, shared=shared),

@@ -282,8 +282,7 @@ def path_of(peer, buf, start: int, stop: int, receiving: bool = False,
     cannot tell; the merge gives a receive its send's.)"""
     view = buf[start:stop]
     n = view.nbytes
-    least = peer.p2p_zc_min if p2p else peer.zc_min if receiving else peer.zc_oneway_min
-    if peer.zero_copy and n > least:
+    if peer.zero_copy and n > peer.zero_copy_least(receiving, p2p):
         if in_place and locate(view) is not None:
             return "read in place"
         if not reduced and view.flags.c_contiguous:

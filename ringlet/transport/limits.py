@@ -92,16 +92,16 @@ Shared memory (shm.py): every direction of every local pair is a ring of RING_BY
   Taken only by a receive that copies (cma.py says why). Where ranks outnumber cores, an
   exchange's message is read whole from past one EAGER packet (SHM_EAGER_BYTES) whatever
   CMA_MIN is (protocol.CROWDED_EXCHANGE_CMA; the same limit now, measured first on AMD):
-  streamed, both of its copies take CPU the ranks share, and a 1 MiB message with its headers overflows the ring, so its sender waits for the
-  receiver to drain it. In-job A/B, bench/algorithms_vs_mpi.py --flag CROWDED_EXCHANGE_CMA
+  streamed, both of its copies take CPU the ranks share, and a 1 MiB message with its
+  headers overflows the ring, so its sender waits for the receiver to drain it. In-job A/B, bench/algorithms_vs_mpi.py --flag CROWDED_EXCHANGE_CMA
   (plain, 10 alternating blocks; read whole / streamed on the median block): all_to_all
   p = 4 3 MiB (768 KiB messages) 0.90, 0.80, 4 MiB 0.74, 0.68; p = 3 2 MiB 0.84, 3 MiB
   0.68; all_gather p = 4 3 MiB 0.91, 4 MiB 0.55; p = 3 2 MiB 0.89, 3 MiB 0.72. A
   receive that reduces declines it (neutral there: reduce_scatter, all_reduce p = 4 at
   3-4 MiB 0.95-1.04), so a message its receiver reduces is not offered at all
   (SendStep.reduce): up to the ring's size it streams without the round trip. Not from
-  smaller messages, which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB messages read whole
-  ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B) - read by the
+  smaller messages, which go as EAGER packets, in C: all_to_all p = 4 with 384-512 KiB
+  messages read whole ran 1.4-2.1x slower, with 256 KiB ones 2.1x (a patched tree, the same A/B) - read by the
   Python engine; read in C not faster either (bench/algorithms_vs_mpi.py --flag
   CROWDED_EAGER_CMA on a tree that had the switch, in blocks each prepared under its own
   setting, plain and rl.empty, p = 4 640 KiB-1.5 MiB: read whole / two copies 1.00-1.15

@@ -259,6 +259,13 @@ class Peer:
         self.bytes_sent += data.nbytes
         return True
 
+    def zero_copy_least(self, receiving: bool, p2p: bool) -> int:
+        """Above how many bytes a message goes by RTS to be read in place (an rl.empty
+        buffer's) or by CMA (:meth:`by_cma`): ``zc_min`` where its sender's round
+        ``receiving`` too, else ``zc_oneway_min``; a point-to-point send's ``p2p_zc_min``
+        (limits.py says why each)."""
+        return self.p2p_zc_min if p2p else self.zc_min if receiving else self.zc_oneway_min
+
     def by_cma(self, nbytes: int, receiving: bool, p2p: bool) -> int:
         """How a message past the zero-copy limit that is not read in place goes by CMA:
         RTS_CMA (read whole, where every rank copies anyway: its sender's round
@@ -279,9 +286,7 @@ class Peer:
         if self.dead:
             req.fail(self.dead)
             return
-        if self.zero_copy and \
-                req.nbytes > (self.p2p_zc_min if req.p2p else self.zc_min if req.receiving
-                              else self.zc_oneway_min):
+        if self.zero_copy and req.nbytes > self.zero_copy_least(req.receiving, req.p2p):
             if req.in_place:    # (else an rl.empty buffer's message is a plain one's)
                 req.zc = locate(req.data)      # (once: send_now is not asked again)
             # (a receive that reduces declines the read, after a round trip a stream up to

@@ -271,7 +271,7 @@ def _decide(trials, key, collective, g, count, dtype, timeout) -> Prepared:
     """Every rank ran every trial of ``key``: agree on the times, keep the fastest."""
     agreed = trials.medians()
     all_reduce(agreed, op=ReduceOp.MAX, group=g, algorithm="direct", timeout=timeout)
-    what = (f"{collective} {count} x {dtype} p={g.size} on group {g.name}"
+    what = (f"{collective} {count} x {dtype_name(dtype)} p={g.size} on group {g.name}"
             f"{' (rl.empty ' + ', '.join(key[-1]) + ')' if key[-1] else ''}")
     best = trials.calls[tuning.decide(trials, agreed, what)]
     why = tuning.describe(tuning.decisions()[-1])
@@ -688,8 +688,8 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         arrs = [as_array(a, f"{what}[{i}]", writable=writable) for i, a in enumerate(x)]
         for i, a in enumerate(arrs):
             if a.dtype != like.dtype or a.size != like.size:
-                raise ValueError(f"{what}[{i}]: expected {like.size} elements of {like.dtype}, "
-                                 f"got {a.size} of {a.dtype}")
+                raise ValueError(f"{what}[{i}]: expected {like.size} elements of {dtype_name(like.dtype)}, "
+                                 f"got {a.size} of {dtype_name(a.dtype)}")
         # A list of rl.empty arrays binds to a temporary of the same kind: the ranks that
         # pass no list (a gather's senders, a scatter's receivers) count the root's as
         # rl.empty too, and auto must price both alike (a plain temporary at a gather's
@@ -712,7 +712,7 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         return flat, copy_back
     arr = as_array(x, what, writable=writable)
     if arr.dtype != like.dtype:
-        raise TypeError(f"{what}: dtype {arr.dtype} differs from {like.dtype}")
+        raise TypeError(f"{what}: dtype {dtype_name(arr.dtype)} differs from {dtype_name(like.dtype)}")
     if arr.size != p * like.size:
         raise ValueError(f"{what}: expected {p} x {like.size} = {p * like.size} elements "
                          f"(shape {(p, *like.shape)}), got {arr.size} (shape {arr.shape})")
@@ -886,7 +886,8 @@ def _all_to_all_lists(out, inp, g: Group, algorithm, async_op, timeout):
     dtype = ins[0].dtype if ins else np.dtype(np.float32)
     for i, a in enumerate(ins + outs):
         if a.dtype != dtype:
-            raise TypeError(f"all_to_all: every array must have dtype {dtype}, one has {a.dtype}")
+            raise TypeError(f"all_to_all: every array must have dtype {dtype_name(dtype)}, "
+                            f"one has {dtype_name(a.dtype)}")
     flat_in = np.empty(sum(a.size for a in ins), dtype)
     off = 0
     for a in ins:    # (not np.concatenate: its memcpy crawls at some distances, copies.py)
@@ -920,7 +921,8 @@ def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None,
     i = as_array(inp, "all_to_all input")
     o = as_array(out, "all_to_all output", writable=True)
     if i.dtype != o.dtype:
-        raise TypeError(f"all_to_all: input dtype {i.dtype} differs from output dtype {o.dtype}")
+        raise TypeError(f"all_to_all: input dtype {dtype_name(i.dtype)} differs from output dtype "
+                        f"{dtype_name(o.dtype)}")
     p = g.size
     if out_splits is None and in_splits is None:
         if i.size != o.size or i.size % p:

@@ -110,14 +110,15 @@ def as_op(op) -> ReduceOp:
 def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Reject an op that makes no sense for the dtype (BAND on floats, AVG on integers)."""
     kind = "f" if dtype == BFLOAT16 else dtype.kind
+    name = "bfloat16" if dtype == BFLOAT16 else str(dtype)    # (not its (name, <u2) record)
     if kind not in "biuf":
-        raise TypeError(f"cannot reduce dtype {dtype}: only bool, integer, float and (with SUM "
+        raise TypeError(f"cannot reduce dtype {name}: only bool, integer, float and (with SUM "
                         f"or AVG) complex arrays reduce")
     if op in _BITWISE and kind == "f":
-        raise TypeError(f"ReduceOp.{op.name} needs an integer or bool dtype, not {dtype}; "
+        raise TypeError(f"ReduceOp.{op.name} needs an integer or bool dtype, not {name}; "
                         f"use SUM/PROD/MIN/MAX/AVG for floats")
     if op is ReduceOp.AVG and kind != "f":
-        raise TypeError(f"ReduceOp.AVG needs a float dtype, not {dtype}; "
+        raise TypeError(f"ReduceOp.AVG needs a float dtype, not {name}; "
                         f"reduce with SUM and divide, or cast to float first")
 
 

@@ -609,6 +609,15 @@ def test_the_op_dtype_check_cached_with_the_plan_cannot_go_stale():
     run(_op_checked_with_the_plan, 2)
 
 
+def test_an_op_refused_for_a_dtype_names_the_dtype_as_the_user_knows_it():
+    from ringlet.ops import BFLOAT16, check_op_dtype
+    for dtype, name in ((BFLOAT16, "bfloat16"), (np.dtype(np.float16), "float16")):
+        with pytest.raises(TypeError, match=rf"BXOR needs an integer or bool dtype, not {name};"):
+            check_op_dtype(rl.ReduceOp.BXOR, dtype)
+    with pytest.raises(TypeError, match=r"cannot reduce dtype <U3"):
+        check_op_dtype(rl.ReduceOp.SUM, np.dtype("<U3"))
+
+
 # -- zero-copy buffers ------------------------------------------------------------------------
 def _zero_copy(rank):
     from ringlet.runtime import engine

@@ -561,6 +561,14 @@ def _non_contiguous(rank, n):
     dist.all_gather(outs, torch.full((2, 4), float(rank)))
     for r in range(n):
         _same(outs[r], torch.full((2, 4), float(r)), "all_gather into non-contiguous")
+    # Layouts that differ by rank: reduced in logical order, element meets element (in
+    # memory order, as Gloo goes, rank 0's [i, j] would meet the others' [j, i]).
+    logical = torch.arange(12, dtype=torch.float32).view(3, 4) * (rank + 1)
+    x = logical.t().contiguous().t() if rank == 0 else logical.clone()
+    assert x.is_contiguous() == (rank != 0)
+    dist.all_reduce(x)
+    _same(x, torch.arange(12, dtype=torch.float32).view(3, 4) * (n * (n + 1) // 2),
+          "all_reduce of layouts that differ by rank")
 
 
 def test_non_contiguous_tensors():

@@ -15,7 +15,7 @@ from .errors import CollectiveMismatch
 from .group import TAG_COLLECTIVE, Group
 from .profiling import profiled
 from .ops import (ReduceOp, as_array, as_op, as_real, average, check_op_dtype, dtype_name,
-                  reducer)
+                  dtype_named, reducer)
 from . import runtime
 from .runtime import _S, engine, job_profile, resolve, track
 from .transport import copies, fast, limits
@@ -1053,12 +1053,29 @@ def _root(root, g: Group, what: str, name: str) -> None:
 _NUMBERED = {_execute.__code__}
 
 
-def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: str = "ring",
+def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: str | None = None,
              root: int = 0, hosts=None, splits=None):
-    """The Schedule an algorithm runs — print it to see its rounds and transfers."""
+    """The Schedule an algorithm runs — print it to see its rounds and transfers.
+
+    ``algorithm``: a name from ``ringlet.algorithms.CATALOG[collective]``; None, the
+    collective's usual one (``cost.DEFAULT_ALGORITHM``: ring, binomial, pairwise, ...);
+    "auto", the one this host's cost model picks for ``count`` elements of ``dtype`` on
+    plain arrays (what ``algorithm="auto"`` runs before any tuning; ``hosts``, one host id
+    per rank, prices them on several hosts)."""
+    from .cost.model import DEFAULT_ALGORITHM, check_collective
+    check_collective(collective)
+    dtype = dtype_named(dtype)
     hosts = tuple(hosts) if hosts is not None else None
     splits = tuple(tuple(r) for r in splits) if splits is not None else None
-    return algorithms.build(collective, algorithm, p, count, itemsize=np.dtype(dtype).itemsize,
+    if algorithm is None:
+        algorithm = DEFAULT_ALGORITHM[collective]
+    elif algorithm == "auto":
+        from . import cost
+        many = hosts is not None and len(set(hosts)) > 1
+        nbytes = cost.nbytes_of(collective, p, count, dtype.itemsize)
+        algorithm = cost.choose(collective, nbytes, p, hosts=hosts if many else None,
+                                dtype=dtype)[0]
+    return algorithms.build(collective, algorithm, p, count, itemsize=dtype.itemsize,
                             root=root, hosts=hosts, splits=splits)
 
 

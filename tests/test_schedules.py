@@ -690,3 +690,21 @@ def test_reference_round_semantics():
     s.validate()
     bufs = run(s, [{"buf": np.array([1., 2.])}, {"buf": np.array([10., 20.])}])
     assert bufs[0]["buf"].tolist() == [1, 10] and bufs[1]["buf"].tolist() == [11, 22]
+
+
+def test_rl_schedule_runs_with_its_defaults_for_every_collective():
+    """rl.schedule(c, p, count) for every collective: the usual algorithm, and "auto" the
+    cost model's pick at that size (its default was "ring", which 7 of 10 have not)."""
+    import ringlet as rl
+    from ringlet.cost import choose, nbytes_of
+    from ringlet.cost.model import DEFAULT_ALGORITHM
+    for c in CATALOG:
+        splits = [[1] * 4 for _ in range(4)] if c == "all_to_all_single" else None
+        assert rl.schedule(c, 4, 16, splits=splits).algorithm == DEFAULT_ALGORITHM[c]
+        picked = rl.schedule(c, 4, 1 << 18, algorithm="auto", splits=splits).algorithm
+        assert picked == choose(c, nbytes_of(c, 4, 1 << 18, 4), 4)[0]
+    two_hosts = choose("all_reduce", 4 << 20, 4, hosts=(0, 0, 1, 1))[0]
+    assert rl.schedule("all_reduce", 4, 1 << 20, algorithm="auto",
+                       hosts=[0, 0, 1, 1]).algorithm == two_hosts
+    with pytest.raises(ValueError, match="unknown collective"):
+        rl.schedule("allreduce", 4, 16)

@@ -1,7 +1,7 @@
 """ringlet's main demonstration: run it with `ringlet run -n 4 examples/demo.py`.
 
 Every rank runs this file; rank 0 narrates. It walks the substrate (ranks, send/recv,
-isend/irecv, subgroups), rebuilds the classic hand-written ring all-reduce from send/recv and
+isend/irecv, subgroups), rebuilds the naive hand-written ring all-reduce from send/recv and
 checks its message count, then runs every collective against a NumPy reference, shows
 a schedule, and prices the same algorithms with the cost model.
 """
@@ -39,7 +39,9 @@ def main():
     say("1. point-to-point: every rank isend()s to its right neighbour and irecv()s from its "
         "left;\n   rank 0 send()s 42.0 to rank 1 with tag 3 — all arrived intact")
 
-    # -- 2. the classic ring all-reduce, built by hand from send/recv ---------------------------
+    # -- 2. the naive ring all-reduce, built by hand from send/recv -----------------------------
+    # (whole vectors: a running sum walks the ring, then the total walks it again; the real
+    # ring of section 5 slices each vector into K chunks, so each message carries n/K)
     rng = np.random.default_rng(0)
     local = [rng.integers(1, 10, size=3) for _ in range(K)]
     rl.reset_stats()
@@ -57,10 +59,11 @@ def main():
             rl.send(acc, rank + 1)
     sent = np.array([sum(v["messages"] for v in rl.stats()["sent"].values())])
     rl.all_reduce(sent)
-    say("\n2. the classic ring all-reduce, by hand with send/recv only:")
+    say("\n2. the naive ring all-reduce, by hand with send/recv only (a running sum walks the "
+        "ring,\n   then the total walks it again; section 5 shows the real ring, in chunks):")
     for r in range(K):
         say(f"     rank {r}: {local[r]}")
-    say(f"   point-to-point messages sent : {sent[0]}  (= 2*(K-1) for K={K})")
+    say(f"   point-to-point messages sent : {sent[0]}  (= 2*(K-1) for K={K}, in all)")
     say(f"   every rank holds the sum?    : {np.array_equal(acc, np.sum(local, axis=0))}"
         f"  {acc}")
 
@@ -75,8 +78,9 @@ def main():
     for w in works:
         w.wait()
     say(f"\n3. subgroups: tensor-parallel {[list(g.ranks) for g in tp_groups]} and data-parallel "
-        f"{[list(g.ranks) for g in dp_groups]}\n   two async all_reduces in flight at once; "
-        f"rank 0 got tp-sum {a[0]:g}, dp-sum {b[0]:g}")
+        f"{[list(g.ranks) for g in dp_groups]}\n   every rank passes its own rank number; two "
+        f"async all_reduces in flight at once:\n   rank 0 got tp-sum {a[0]:g} "
+        f"(= {' + '.join(map(str, tp.ranks))}), dp-sum {b[0]:g} (= {' + '.join(map(str, dp.ranks))})")
 
     # -- 4. every collective, checked against NumPy --------------------------------------------
     say("\n4. the collectives (checked on every rank against NumPy):")

@@ -161,6 +161,8 @@ def _prepare(key: tuple):
                                      tuning.MOST if trials else 1)
             calls = [_build(key, *pick) for pick, _ in picks]
             if len(calls) > 1:
+                calls = [_on_trial(c, k, calls[0].algorithm, len(calls), t)
+                         for k, (c, (_, t)) in enumerate(zip(calls, picks))]
                 hit = _TRIALS[key] = tuning.Trials(calls, trials, [t for _, t in picks])
             else:
                 hit = calls[0]
@@ -168,6 +170,16 @@ def _prepare(key: tuple):
         _CALLS.clear()
     _CALLS[key] = hit
     return hit
+
+
+def _on_trial(call: Prepared, k: int, pick: str, n: int, predicted: float) -> Prepared:
+    """Candidate ``k`` of ``n`` on trial, saying so (RINGLET_DEBUG=algo): each candidate's
+    own why was auto's, which named the model's pick whichever candidate ran."""
+    why = (f"on trial (RINGLET_TUNE): {call.algorithm}, candidate {k + 1} of {n}, predicted "
+           f"{predicted * 1e6:.1f} us" + ("; the model's pick: " + call.why if k == 0
+                                          else f" (the model's pick is {pick})"))
+    return Prepared(call.collective, call.algorithm, call.plan, call.tmp, call.pool,
+                    call.ufunc, call.fp, why, call.fast, call.in_place)
 
 
 def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Prepared:

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -259,6 +261,33 @@ def test_rank_0s_setting_counts_for_the_whole_job(tmp_path):
                    for l in proc.stdout.splitlines() if "decided" in l)
     assert [r for r, _ in lines] == ["0", "1", "2"]
     assert len({d for _, d in lines}) == 1 and lines[0][1] != "[]"
+
+
+def test_the_algo_debug_log_names_the_candidate_each_trial_ran(tmp_path):
+    """RINGLET_DEBUG=algo logged auto's reason, naming the model's pick, on every trial
+    call whichever candidate it ran."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import numpy as np, ringlet as rl\n"
+        "from ringlet import tuning\n"
+        "rl.init()\n"
+        "for _ in range(tuning.BLOCKS * 2 * tuning.MOST + 1):\n"
+        "    rl.all_reduce(np.ones(1 << 16, np.float32))\n"
+        "rl.destroy()\n")
+    # (the launcher's ranks import ringlet before the script runs: set in their environment)
+    env = dict(os.environ, RINGLET_TUNE="1", RINGLET_DEBUG="algo")
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "2", str(script)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    log = proc.stdout + proc.stderr
+    ran = re.findall(r"rank 0, world #(\d+): on trial \(RINGLET_TUNE\): (\w+), candidate "
+                     r"(\d) of (\d)", log)
+    n = int(ran[0][3])
+    assert n >= 2 and len(ran) == tuning.BLOCKS * n * 2, log[-3000:]
+    # blocks of 1 + 1 calls, each candidate's in turn: every candidate named on its own calls
+    names = [name for _, name, _, _ in ran]
+    assert len(set(names[:2 * n])) == n and names[:2 * n] == names[2 * n:4 * n]
+    assert [int(k) for _, _, k, _ in ran[:2 * n]] == [k for k in range(1, n + 1) for _ in "ab"]
 
 
 def _killed_during_trials(rank, path, at):

@@ -145,12 +145,14 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
     procs = [ctx.Process(target=_spawn_child, args=(fn, r, nprocs, args, job_env, backend, errq,
                                                  os.getpid()),
                          daemon=False) for r in range(nprocs)]
+    stopped: list = []
+    end = None if timeout is None else time.time() + timeout
     try:
         for p in procs:
             p.start()
         failures = _watch([p.sentinel for p in procs], lambda i: procs[i].exitcode, timeout,
                           lambda i: procs[i].kill(), lambda i: procs[i].terminate(),
-                          keep_going=keep_going)
+                          stopped=stopped, keep_going=keep_going)
     finally:
         for p in procs:
             if p.is_alive():
@@ -165,9 +167,55 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         rank, code = _first_failure(failures, reports,
                                     left=[i for i, p in enumerate(procs) if p.exitcode == 0])
         detail = _describe_exit(code) if code else LEFT_EARLY
+        if code == TIMED_OUT and stopped:
+            with server.data.cond:
+                kv = dict(server.data.kv)
+            rank, detail = _out_of_time(_waiting_at(kv, stopped, end), stopped, timeout)
         if rank in reports:
             detail = reports[rank]
         raise ProcessFailed(rank, detail)
+
+
+#: how recent a rank's state must be to say it waits in a ringlet call (a wait publishes
+#: it once it has lasted REPORT_AFTER, then every LIVENESS_EVERY: transport/engine.py)
+FRESH_STATE = 2.0
+
+
+def _waiting_at(kv: dict, ranks, at: float) -> dict:
+    """{rank: the call it waited in} for those of ``ranks`` whose latest state in the job's
+    store (runtime._publish_state) was fresh at wall-clock time ``at``."""
+    import json
+    latest = {}
+    for key, raw in kv.items():
+        m = re.fullmatch(rb"g(\d+)/state/(\d+)", key)
+        if m and int(m.group(2)) in ranks and int(m.group(1)) >= latest.get(int(m.group(2)),
+                                                                             (-1, b""))[0]:
+            latest[int(m.group(2))] = (int(m.group(1)), raw)
+    waiting = {}
+    for r, (_, raw) in latest.items():
+        try:
+            st = json.loads(raw)
+        except ValueError:
+            continue
+        if st.get("waiting") and at - st.get("at", 0.0) <= FRESH_STATE:
+            waiting[r] = st["waiting"]
+    return waiting
+
+
+def _out_of_time(waiting: dict, running: list, timeout: float) -> tuple[int, str]:
+    """(rank to blame, why) when the job's time ran out with ``running`` ranks still
+    running: the first that was not waiting inside a ringlet call (the others waited for
+    it), else the first of them, with what each waited in."""
+    outside = sorted(r for r in running if r not in waiting)
+    inside = "; ".join(waiting[r] for r in sorted(waiting))
+    why = f"still running when the job's timeout ({timeout:g} s) ran out"
+    if outside:
+        others = f"; the others waited inside ringlet ({inside})" if inside else ""
+        more = f" (as were ranks {', '.join(map(str, outside[1:]))})" if outside[1:] else ""
+        return outside[0], (f"{why}, outside any ringlet call: busy in its own code, or hung "
+                            f"there{more}{others}; stopped by the launcher")
+    return min(running), (f"{why}, every rank waiting inside ringlet ({inside}); stopped "
+                          f"by the launcher")
 
 
 def _watch(sentinels, exitcode, timeout, kill, terminate, grace=GRACE, stopped=None,

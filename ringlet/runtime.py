@@ -305,6 +305,7 @@ def _publish_state(waiting: str | None = None) -> None:
         calls = [w.what for w in _S.engine.works] if _S.engine is not None else []
         waiting = f"rank {_S.world.rank}: " + ("; ".join(calls) if calls else "a point-to-point call")
     state = {"seq": {str(g.id): g.seq for g in _S.groups}, "waiting": waiting,
+             "at": time.time(),    # (a launcher out of time tells who still waited: launch.py)
              "gave_up": {str(k): v for k, v in _S.gave_up.items()},
              # (members, for groups small enough to say so: ranks that made one id from
              # different lists meet in no call, and a report must not call one "inside it")

@@ -2,6 +2,7 @@
 inits, spawn inside spawn."""
 import glob
 import hashlib
+import json
 import os
 import socket
 import signal
@@ -345,13 +346,40 @@ def test_ringlet_run_says_why_its_store_cannot_start(tmp_path, opts, says):
 def test_spawn_timeout_says_the_job_ran_out_of_time_and_stops_at_it():
     """spawn(timeout=3) failed "killed by SIGALRM" (nothing sent one) 5 s of grace late."""
     start = time.monotonic()
-    with pytest.raises(rl.ProcessFailed, match="still running when the job's timeout ran out"):
+    with pytest.raises(rl.ProcessFailed, match=r"still running when the job's timeout \(2 s\) "
+                                               r"ran out, outside any ringlet call"):
         rl.spawn(_sleeps, 2, timeout=2)
     assert time.monotonic() - start < 5.5
 
 
 def _sleeps(rank):
     time.sleep(60)
+
+
+def _one_sleeps(rank):
+    if rank == 1:
+        time.sleep(60)
+    rl.barrier()
+
+
+def test_spawn_timeout_blames_the_rank_the_others_waited_for():
+    """Rank 1 sleeps while ranks 0 and 2 wait for it in a barrier: the timeout blamed rank
+    0 (the lowest still running), naming neither the sleeper nor the barrier."""
+    with pytest.raises(rl.ProcessFailed) as info:
+        rl.spawn(_one_sleeps, 3, timeout=6)
+    msg = str(info.value)
+    assert info.value.rank == 1 and "outside any ringlet call" in msg, msg
+    assert "rank 0: barrier #1 of group world" in msg and "rank 2: barrier #1" in msg, msg
+
+
+def test_only_a_fresh_state_of_the_latest_world_says_a_rank_waits():
+    from ringlet.launch import _waiting_at
+    state = lambda what, at: json.dumps({"waiting": what, "at": at}).encode()   # noqa: E731
+    kv = {b"g0/state/0": state("rank 0: barrier #1", 100.0),     # a shrunk-away world's
+          b"g1/state/0": state("rank 0: all_reduce #7", 99.5),
+          b"g0/state/1": state("rank 1: broadcast #2", 90.0),    # long ago: since moved on
+          b"g0/state/2": state("rank 2: barrier #1", 100.0)}
+    assert _waiting_at(kv, [0, 1], 100.5) == {0: "rank 0: all_reduce #7"}
 
 
 def _recv_from_a_rank_that_dies(rank, path):

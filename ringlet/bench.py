@@ -665,8 +665,10 @@ def _plot(rows, peers, path, op, p):
         size_axis(ax)
         ax.set_xlabel("size in bytes (nccl-tests convention)")
         ax.grid(True, which="major", color="0.9")
-    ax_t.set_yscale("log")
-    ax_b.set_yscale("log")      # small sizes' bandwidth is orders below large ones
+    from .plotting import value_axis
+    value_axis(ax_t)
+    value_axis(ax_b)            # small sizes' bandwidth is orders below large ones
+    ax_t.margins(x=0.08)        # (room for the name of what auto ran at the largest size)
     ax_t.set_ylabel("time per call (us, slowest rank's median)")
     ax_b.set_ylabel("bus bandwidth (GB/s)")
     ax_t.set_title("time (lower is better; auto: what it picked is named)", fontsize=9)

@@ -53,7 +53,8 @@ class Drawing:
         what = "blocks" if s.collective in _BLOCKS else "buffer"
         root = "" if s.root is None or s.collective not in ROOTED_DRAWN else (
             f"root rank {self.lanes[s.root]}, ")   # (--root is a place in the group)
-        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {root}{size} {what}, "
+        size = "" if s.collective == "barrier" else f"{size} {what}, "   # (it moves no bytes)
+        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {root}{size}"
                 f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
@@ -216,7 +217,10 @@ def picture(d: Drawing, path: str) -> None:
     plt = pyplot()
     s = d.schedule
     R, p = max(len(s.rounds), 1), s.p
-    fig, ax = plt.subplots(figsize=(min(3 + 1.6 * R, 40), min(1.5 + 0.55 * p, 40)))
+    # (at least 7 inches: the title and legend of a one-round drawing; less per round when
+    # there are many, or a ring of 8 ranks came out 2800 pixels wide)
+    fig, ax = plt.subplots(figsize=(min(max(7.0, 3 + (1.6 if R <= 6 else 1.1) * R), 40),
+                                    min(1.5 + 0.55 * p, 40)))
     y = {r: p - 1 - r for r in range(p)}                 # rank 0 on top
     if d.hosts:
         for h in sorted(set(d.hosts)):
@@ -262,9 +266,11 @@ def _draw_round(ax, d: Drawing, k: int, rows: list, y: dict) -> bool:
     # a round's syncs are labelled only where they leave room: a rooted call's last round
     # carries its data and its agreement, and had labelled neither
     named = msgs if len(msgs) <= p else [t for t in msgs if not d.sync(t)]
+    # (every rank to every other, as a direct all_to_all's round: labelled up to 3 ranks)
+    most = p * (p - 1) if p <= 3 else p
     fan = {t.src: sum(u.src == t.src for u in named) for t in named}
     for t in named:
-        if p <= 16 and len(named) <= p:
+        if p <= 16 and len(named) <= most:
             # label near the sender: a lane sends few messages a round, so labels
             # of different senders do not sit on each other where arrows cross;
             # near the receiver when one rank sends several (a direct broadcast's
@@ -315,8 +321,8 @@ def _dress(ax, d: Drawing, R: int, p: int, y: dict, syncs: bool) -> None:
     cols = max(40, min(110, int(ax.figure.get_figwidth() * 14)))
     ax.set_title(textwrap.fill(d.title, cols) + "\n" + textwrap.fill(
         f"{ROUND_TIME} (below each round): the model's time of that round on its own (rounds "
-        f"overlap in the whole call: their sum may exceed its prediction); "
-        f"chunks numbered by offset"
+        f"overlap in the whole call: their sum may exceed its prediction)"
+        + ("; chunks numbered by offset" if d.schedule.count else "")
         + ("; (with 0): posted with round 0, its data moving beside the rounds between"
            if d.schedule.early >= 0 else ""), cols), fontsize=8, pad=18)
 

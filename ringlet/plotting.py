@@ -75,3 +75,22 @@ def format_bytes(v: float) -> str:
             q = v / s
             return f"{q:.0f}{unit}" if abs(q - round(q)) < 1e-6 else f"{q:.3g}{unit}"
     return f"{v:.0f}"
+
+
+def value_axis(ax, which: str = "y") -> None:
+    """A log axis of values labelled as plain numbers (0.01, 6, 200; not 10^-2 or 6x10^0):
+    the decades always, and 2, 3, 4 and 6 between them when the axis spans less than
+    about one decade (as matplotlib's own log axis then labels them)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    limits = ax.get_xlim if which == "x" else ax.get_ylim
+
+    def minor(v, _):
+        lo, hi = limits()
+        lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
+        return f"{v:g}" if hi / max(lo, 1e-300) < 15 and lead in (2, 3, 4, 6) else ""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))

@@ -281,3 +281,22 @@ def test_bench_says_which_sizes_it_rounded_and_what_err_is():
     assert "err: pred / time - 1" in r.stdout
     assert [line.split()[0] for line in r.stdout.splitlines()
             if line and line.split()[0].isdigit()] == ["4", "8"], r.stdout
+
+
+@pytest.mark.parametrize("ys, major, minor", [
+    ((1.6, 8.5), ["1", "10"], ["2", "3", "4", "6"]),          # less than a decade
+    ((0.004, 5.0), ["0.001", "0.01", "0.1", "1", "10"], []),   # several: decades only
+])
+def test_a_plots_log_values_read_as_plain_numbers(ys, major, minor):
+    """bench --plot's time axis (1.6-8.5 us) was labelled 2x10^0, 3x10^0, ... 6x10^0."""
+    pytest.importorskip("matplotlib")
+    from ringlet.plotting import pyplot, value_axis
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([8, 30000], ys)
+    value_axis(ax)
+    fig.canvas.draw()
+    shown = lambda ts: [t.get_text() for t in ts if t.get_text()]   # noqa: E731
+    assert shown(ax.get_yticklabels()) == major
+    assert shown(ax.get_yticklabels(minor=True)) == minor
+    plt.close(fig)

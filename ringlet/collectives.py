@@ -61,7 +61,7 @@ def _auto_candidates(collective: str, g: Group, count: int, dtype: np.dtype, sha
     seconds: ((algorithm, why, picked for rl.empty buffers, read in place), seconds).
     The first is auto's pick; the others are the tuner's candidates (tuning.shortlist)."""
     from . import cost
-    from .cost.tune import explain_line, priced_size
+    from .cost.tune import explain_line
     hosts = g.host_indices()
     hosts = hosts if len(set(hosts)) > 1 else None
     transport = "shm"
@@ -70,7 +70,7 @@ def _auto_candidates(collective: str, g: Group, count: int, dtype: np.dtype, sha
         # one machine whose ranks talk TCP (backend="tcp"): they share its cores, as the
         # profile's tcp host model prices; not hosts of their own
         hosts, transport = None, "tcp"
-    nbytes = priced_size(cost.nbytes_of(collective, g.size, count, dtype.itemsize))
+    nbytes = _priced_bytes(collective, g.size, count, dtype.itemsize)
     # (a float16 or bfloat16 reduction at its own cost per byte: cost.reduce_gamma)
     name, rows = cost.choose(collective, nbytes, g.size, topology=job_profile(), hosts=hosts,
                              dtype=dtype, shared=shared, transport=transport)
@@ -116,6 +116,12 @@ class Prepared:
         self.fast = fast        # its fast.FastCall, or None when C cannot run it
         self.in_place = in_place   # its rl.empty messages may be read in place (else: plain path)
 
+    def but(self, fp=None, why=None) -> "Prepared":
+        """The same call with another fingerprint or reason."""
+        return Prepared(self.collective, self.algorithm, self.plan, self.tmp, self.pool,
+                        self.ufunc, self.fp if fp is None else fp,
+                        self.why if why is None else why, self.fast, self.in_place)
+
 
 _TMP: dict = {}     # (elements, dtype) -> scratch arrays free for reuse
 _CALLS: dict = {}   # (collective, algorithm, group, count, dtype, root, splits, op, shared) -> Prepared
@@ -133,6 +139,19 @@ def _forget_job() -> None:
 runtime.AT_DESTROY.append(_forget_job)
 
 
+def _mean_count(count: int, splits, p: int) -> int:
+    """What a call is priced at: an uneven all-to-all at its mean block."""
+    return sum(map(sum, splits)) // (p * p) if splits else count
+
+
+def _priced_bytes(collective: str, p: int, count: int, itemsize: int) -> int:
+    """The bytes auto prices ``count`` elements at (one price for nearby sizes:
+    cost.tune.priced_size) - in a call, and in ``schedule(algorithm="auto")``."""
+    from .cost import nbytes_of
+    from .cost.tune import priced_size
+    return priced_size(nbytes_of(collective, p, count, itemsize))
+
+
 def _prepare(key: tuple):
     """Everything about a call that does not depend on the buffers' addresses, computed once
     per ``key`` (see ``_run``): the algorithm (auto asks the cost model, or its candidates
@@ -144,14 +163,11 @@ def _prepare(key: tuple):
         # label - each training object labels its pieces, and had kept a plan per piece
         plain = _prepare(key[:5] + (None,) + key[6:])
         if plain.__class__ is Prepared:
-            hit = Prepared(plain.collective, plain.algorithm, plain.plan, plain.tmp, plain.pool,
-                           plain.ufunc, fingerprint.labelled(plain.fp, root), plain.why,
-                           plain.fast, plain.in_place)
+            hit = plain.but(fp=fingerprint.labelled(plain.fp, root))
     if hit is None:
         if op is not None:   # a pure function of (op, dtype), both in the key: cannot go stale
             check_op_dtype(ReduceOp(op), dtype)
-        # Uneven all-to-all is priced at its mean block size.
-        mean = sum(map(sum, splits)) // (g.size * g.size) if splits else count
+        mean = _mean_count(count, splits, g.size)
         if algorithm != "auto":
             hit = _build(key, *_pick(collective, algorithm, g, mean, dtype, shared))
         else:
@@ -175,11 +191,12 @@ def _prepare(key: tuple):
 def _on_trial(call: Prepared, k: int, pick: str, n: int, predicted: float) -> Prepared:
     """Candidate ``k`` of ``n`` on trial, saying so (RINGLET_DEBUG=algo): each candidate's
     own why was auto's, which named the model's pick whichever candidate ran."""
-    why = (f"on trial (RINGLET_TUNE): {call.algorithm}, candidate {k + 1} of {n}, predicted "
-           f"{predicted * 1e6:.1f} us" + ("; the model's pick: " + call.why if k == 0
-                                          else f" (the model's pick is {pick})"))
-    return Prepared(call.collective, call.algorithm, call.plan, call.tmp, call.pool,
-                    call.ufunc, call.fp, why, call.fast, call.in_place)
+    plain = "" if call.in_place else " on the plain path (rl.empty buffers copied as NumPy's)"
+    why = (f"on trial (RINGLET_TUNE): {call.algorithm}{plain}, candidate {k + 1} of {n}, "
+           f"predicted {predicted * 1e6:.1f} us" + (
+               "; the model's pick (async calls run it untimed): " + call.why if k == 0
+               else f" (the model's pick is {pick})"))
+    return call.but(why=why)
 
 
 def _build(key: tuple, name: str, why: str, by_kind: bool, in_place: bool) -> Prepared:
@@ -287,8 +304,7 @@ def _decide(trials, key, collective, g, count, dtype, timeout) -> Prepared:
             f"{' (rl.empty ' + ', '.join(key[-1]) + ')' if key[-1] else ''}")
     best = trials.calls[tuning.decide(trials, agreed, what)]
     why = tuning.describe(tuning.decisions()[-1])
-    chosen = Prepared(best.collective, best.algorithm, best.plan, best.tmp, best.pool,
-                      best.ufunc, best.fp, why, best.fast, best.in_place)
+    chosen = best.but(why=why)
     _TUNED[key] = _CALLS[key] = chosen
     del _TRIALS[key]
     if _DEBUG_ALGO:
@@ -1082,11 +1098,11 @@ def schedule(collective: str, p: int, count: int, dtype="float32", algorithm: st
     if algorithm is None:
         algorithm = DEFAULT_ALGORITHM[collective]
     elif algorithm == "auto":
-        from . import cost
+        from .cost import choose
         many = hosts is not None and len(set(hosts)) > 1
-        nbytes = cost.nbytes_of(collective, p, count, dtype.itemsize)
-        algorithm = cost.choose(collective, nbytes, p, hosts=hosts if many else None,
-                                dtype=dtype)[0]
+        nbytes = _priced_bytes(collective, p, _mean_count(count, splits, p), dtype.itemsize)
+        algorithm = choose(collective, nbytes, p, hosts=hosts if many else None,
+                           dtype=dtype)[0]
     return algorithms.build(collective, algorithm, p, count, itemsize=dtype.itemsize,
                             root=root, hosts=hosts, splits=splits)
 

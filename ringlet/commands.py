@@ -870,14 +870,13 @@ def _plot_explain(path, coll, p, nb, sweep, cross, winner, where):
             if any(m >= n for m, _ in sweep) else None
         if t is None:
             continue
-        # crossovers within a factor of 4 of the previous one: their labels stacked under
-        # the first one's, each tied to its circle (2, 3.34 and 6.9 MiB had been written
+        # crossovers within a factor of 4 of the first of a stack: their labels stacked
+        # under its label, each tied to its circle (2, 3.34 and 6.9 MiB had been written
         # over each other)
-        if first is not None and n < 4 * last:
+        if first is not None and n < 4 * first[0]:
             k += 1
         else:
             first, k = (n, t), 0
-        last = n
         ax.plot([n], [t], "o", ms=6, mfc="white", mec=colour.get(new, "k"), zorder=5)
         ax.annotate(f"{format_size(n)}: {old} -> {new}", (n, t), xytext=first,
                     textcoords=offset_copy(ax.transData, fig=fig, x=10, y=-14 - 11 * k,

@@ -218,9 +218,9 @@ def picture(d: Drawing, path: str) -> None:
     s = d.schedule
     R, p = max(len(s.rounds), 1), s.p
     # (at least 7 inches: the title and legend of a one-round drawing; less per round when
-    # there are many, or a ring of 8 ranks came out 2800 pixels wide)
-    fig, ax = plt.subplots(figsize=(min(max(7.0, 3 + (1.6 if R <= 6 else 1.1) * R), 40),
-                                    min(1.5 + 0.55 * p, 40)))
+    # there are more than 6, or a ring of 8 ranks came out 2800 pixels wide)
+    wide = 3 + 1.6 * min(R, 6) + 1.1 * max(R - 6, 0)
+    fig, ax = plt.subplots(figsize=(min(max(7.0, wide), 40), min(1.5 + 0.55 * p, 40)))
     y = {r: p - 1 - r for r in range(p)}                 # rank 0 on top
     if d.hosts:
         for h in sorted(set(d.hosts)):

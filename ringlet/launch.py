@@ -23,6 +23,7 @@ from .errors import RingletError
 from .rendezvous import StoreServer, is_loopback, local_address_towards, new_token
 
 GRACE = 5.0  # seconds survivors get to notice a failure and report it themselves
+TRACEBACK_LINES = 400   # a rank's traceback is held back at most this long, to go out whole
 
 
 class ProcessFailed(RingletError):
@@ -176,29 +177,44 @@ def spawn(fn, nprocs: int, args=(), backend: str | None = None, timeout: float |
         raise ProcessFailed(rank, detail)
 
 
-#: how recent a rank's state must be to say it waits in a ringlet call (a wait publishes
-#: it once it has lasted REPORT_AFTER, then every LIVENESS_EVERY: transport/engine.py)
-FRESH_STATE = 2.0
+#: how recent a rank's state must be to say it waits in a ringlet call: a wait publishes
+#: it once it has lasted REPORT_AFTER (1 s), then at most once a second (runtime.py,
+#: _publish_state), from a thread of its own that a crowded host may hold back a while
+FRESH_STATE = 3.5
 
 
 def _waiting_at(kv: dict, ranks, at: float) -> dict:
-    """{rank: the call it waited in} for those of ``ranks`` whose latest state in the job's
-    store (runtime._publish_state) was fresh at wall-clock time ``at``."""
+    """{rank: what it waited for inside ringlet} for those of ``ranks`` the job's store
+    shows waiting at wall-clock time ``at``: in a call (its latest state, published by a
+    long wait, runtime._publish_state, still fresh), in destroy() (it left: the others
+    have not), or in init() while another rank never joined."""
     import json
-    latest = {}
+    latest, left, joined = {}, set(), set()
     for key, raw in kv.items():
-        m = re.fullmatch(rb"g(\d+)/state/(\d+)", key)
-        if m and int(m.group(2)) in ranks and int(m.group(1)) >= latest.get(int(m.group(2)),
-                                                                             (-1, b""))[0]:
-            latest[int(m.group(2))] = (int(m.group(1)), raw)
+        m = re.fullmatch(rb"g(\d+)/(state|left|joined/[^/]+)/(\d+)", key)
+        if not m or int(m.group(3)) not in ranks:
+            continue
+        gen, what, r = int(m.group(1)), m.group(2), int(m.group(3))
+        if what == b"left":
+            left.add(r)
+        elif what != b"state":
+            joined.add(r)
+        elif gen >= latest.get(r, (-1, b""))[0]:
+            latest[r] = (gen, raw)
     waiting = {}
     for r, (_, raw) in latest.items():
         try:
             st = json.loads(raw)
         except ValueError:
             continue
-        if st.get("waiting") and at - st.get("at", 0.0) <= FRESH_STATE:
-            waiting[r] = st["waiting"]
+        if isinstance(st, dict) and st.get("waiting") and \
+                at - float(st.get("at", 0.0)) <= FRESH_STATE:
+            waiting[r] = str(st["waiting"])
+    for r in left - set(waiting):
+        waiting[r] = f"rank {r}: destroy(), waiting for the other ranks to leave"
+    absent = sorted(set(ranks) - joined)
+    for r in (joined - set(waiting) - left) if absent else ():
+        waiting[r] = f"rank {r}: init(), waiting for rank(s) {absent} to join"
     return waiting
 
 
@@ -211,7 +227,8 @@ def _out_of_time(waiting: dict, running: list, timeout: float) -> tuple[int, str
     why = f"still running when the job's timeout ({timeout:g} s) ran out"
     if outside:
         others = f"; the others waited inside ringlet ({inside})" if inside else ""
-        more = f" (as were ranks {', '.join(map(str, outside[1:]))})" if outside[1:] else ""
+        more = f" (as was rank {outside[1]})" if len(outside) == 2 else \
+            f" (as were ranks {', '.join(map(str, outside[1:]))})" if outside[1:] else ""
         return outside[0], (f"{why}, outside any ringlet call: busy in its own code, or hung "
                             f"there{more}{others}; stopped by the launcher")
     return min(running), (f"{why}, every rank waiting inside ringlet ({inside}); stopped "
@@ -522,24 +539,40 @@ class _Job:
                 self.pumps.append(t)
 
     def _pump(self, rank: int, src, dst, keep) -> None:
-        """Copy a rank's output line by line, each prefixed with its rank."""
+        """Copy a rank's output line by line, each prefixed with its rank. A traceback goes
+        out whole, up to its exception's line: those of ranks failing at once had been
+        interleaved line by line."""
         prefix = f"[{rank}] ".encode()
         out = getattr(dst, "buffer", None)
+        held: list = []
+
+        def write(lines) -> None:
+            text = b"".join(prefix + line for line in lines)
+            with self.lock:
+                try:
+                    if out is not None:
+                        out.write(text)
+                        out.flush()
+                    else:
+                        dst.write(text.decode(errors="replace"))
+                        dst.flush()
+                except (OSError, ValueError):
+                    pass    # our own output is gone (| head): keep draining, or the rank blocks
         for line in iter(src.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
             if keep is not None and line.strip():
                 keep.append(line.decode(errors="replace").rstrip())
-            with self.lock:
-                try:
-                    if out is not None:
-                        out.write(prefix + line)
-                        out.flush()
-                    else:
-                        dst.write((prefix + line).decode(errors="replace"))
-                        dst.flush()
-                except (OSError, ValueError):
-                    pass    # our own output is gone (| head): keep draining, or the rank blocks
+            if held or line.startswith(b"Traceback (most recent call last):"):
+                held.append(line)
+                # (its frames are indented; the first line that is not names the exception)
+                if len(held) > 1 and not line[:1].isspace() or len(held) >= TRACEBACK_LINES:
+                    write(held)
+                    held = []
+                continue
+            write((line,))
+        if held:
+            write(held)
         src.close()
 
     def reports(self) -> dict:

@@ -78,19 +78,16 @@ def format_bytes(v: float) -> str:
 
 
 def value_axis(ax, which: str = "y") -> None:
-    """A log axis of values labelled as plain numbers (0.01, 6, 200; not 10^-2 or 6x10^0):
-    the decades always, and 2, 3, 4 and 6 between them when the axis spans less than
-    about one decade (as matplotlib's own log axis then labels them)."""
-    import math
+    """A log axis of values labelled as plain numbers (0.01, 6, 200; not 10^-2 or 6x10^0),
+    at the ticks matplotlib's own log axis labels (between the decades too, when the axis
+    spans too little for them to be enough)."""
+    from matplotlib.ticker import LogFormatterSciNotation
 
-    from matplotlib.ticker import FuncFormatter
+    class Plain(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
-    limits = ax.get_xlim if which == "x" else ax.get_ylim
-
-    def minor(v, _):
-        lo, hi = limits()
-        lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
-        return f"{v:g}" if hi / max(lo, 1e-300) < 15 and lead in (2, 3, 4, 6) else ""
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(minor))
+    axis.set_major_formatter(Plain())
+    axis.set_minor_formatter(Plain(labelOnlyBase=False))

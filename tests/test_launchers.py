@@ -242,6 +242,29 @@ def test_ranks_bound_one_core_each_count_the_jobs_cores(tmp_path):
                 f"overlap=False") in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_ringlet_run_writes_each_ranks_traceback_whole(tmp_path):
+    """Ranks that fail at once: each one's traceback comes out in one piece (they had been
+    interleaved line by line), and a rank's own lines keep their order."""
+    script = tmp_path / "fails.py"
+    script.write_text("import time, ringlet as rl\nrl.init()\n"
+                      "def deep(n):\n"
+                      "    if n == 0:\n"
+                      "        raise RuntimeError(f'boom on rank {rl.get_rank()}')\n"
+                      "    return deep(n - 1)\n"
+                      "rl.barrier()\n"
+                      "deep(6)\n")
+    proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3", "--keep-going",
+                           str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if re.match(r"\[\d\] ", line)]
+    for r in range(3):
+        mine = [i for i, line in enumerate(lines) if line.startswith(f"[{r}] ")]
+        start = next(i for i in mine if "Traceback (most recent call last)" in lines[i])
+        end = next(i for i in mine if f"RuntimeError: boom on rank {r}" in lines[i])
+        assert end - start > 10 and all(lines[i].startswith(f"[{r}] ")
+                                        for i in range(start, end + 1)), proc.stderr
+
+
 def test_ringlet_run_refuses_a_missing_script_before_starting_ranks(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ringlet.cli", "run", "-n", "3",
                            str(tmp_path / "nonexist.py")], capture_output=True, text=True,

@@ -380,6 +380,23 @@ def test_only_a_fresh_state_of_the_latest_world_says_a_rank_waits():
           b"g0/state/1": state("rank 1: broadcast #2", 90.0),    # long ago: since moved on
           b"g0/state/2": state("rank 2: barrier #1", 100.0)}
     assert _waiting_at(kv, [0, 1], 100.5) == {0: "rank 0: all_reduce #7"}
+    assert _waiting_at({b"g0/state/0": b"not json", b"g0/state/1": b"[1]", b"g0/x/1": b"1"},
+                       [0, 1], 100.0) == {}
+
+
+def test_a_rank_in_destroy_or_in_init_waits_inside_ringlet():
+    """A rank that returned and waits in destroy() for a sleeping one publishes no state:
+    the timeout had blamed it as "outside any ringlet call"."""
+    from ringlet.launch import _out_of_time, _waiting_at
+    kv = {b"g0/joined/job/0": b"1", b"g0/joined/job/1": b"1", b"g0/left/0": b"1"}
+    waiting = _waiting_at(kv, [0, 1], 100.0)
+    assert list(waiting) == [0] and "destroy()" in waiting[0]
+    rank, why = _out_of_time(waiting, [0, 1], 4.0)
+    assert rank == 1 and "outside any ringlet call" in why and "rank 0: destroy()" in why
+    # rank 2 never joined: the others wait for it in init()
+    waiting = _waiting_at({b"g0/joined/j/0": b"1", b"g0/joined/j/1": b"1"}, [0, 1, 2], 100.0)
+    assert sorted(waiting) == [0, 1] and "waiting for rank(s) [2] to join" in waiting[1]
+    assert _out_of_time(waiting, [0, 1, 2], 4.0)[0] == 2
 
 
 def _recv_from_a_rank_that_dies(rank, path):

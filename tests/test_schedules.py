@@ -698,11 +698,16 @@ def test_rl_schedule_runs_with_its_defaults_for_every_collective():
     import ringlet as rl
     from ringlet.cost import choose, nbytes_of
     from ringlet.cost.model import DEFAULT_ALGORITHM
+    from ringlet.cost.tune import priced_size
     for c in CATALOG:
-        splits = [[1] * 4 for _ in range(4)] if c == "all_to_all_single" else None
-        assert rl.schedule(c, 4, 16, splits=splits).algorithm == DEFAULT_ALGORITHM[c]
-        picked = rl.schedule(c, 4, 1 << 18, algorithm="auto", splits=splits).algorithm
-        assert picked == choose(c, nbytes_of(c, 4, 1 << 18, 4), 4)[0]
+        assert rl.schedule(c, 4, 16, splits=[[1] * 4] * 4 if c == "all_to_all_single"
+                           else None).algorithm == DEFAULT_ALGORITHM[c]
+        # priced as a call is: at the size auto rounds to, an uneven all-to-all at its mean
+        # block (34047 elements: auto prices 557056 B, where ring and recursive doubling part)
+        count, splits = (0, [[1 << 20] * 4] * 4) if c == "all_to_all_single" else (34047, None)
+        mean = 1 << 20 if splits else count
+        picked = rl.schedule(c, 4, count, algorithm="auto", splits=splits).algorithm
+        assert picked == choose(c, priced_size(nbytes_of(c, 4, mean, 4)), 4)[0], c
     two_hosts = choose("all_reduce", 4 << 20, 4, hosts=(0, 0, 1, 1))[0]
     assert rl.schedule("all_reduce", 4, 1 << 20, algorithm="auto",
                        hosts=[0, 0, 1, 1]).algorithm == two_hosts

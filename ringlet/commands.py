@@ -192,7 +192,7 @@ def _plan_main(argv) -> int:
         if K_star == float("inf"):
             lines.append("break-even (gamma = 1): never - weak scaling stays compute-bound")
         else:
-            lines.append(f"break-even (gamma = 1): K* = {K_star:.2f} workers")
+            lines.append(f"break-even (gamma = 1): K* = {K_star:.2f} workers{_bound_from(K_star)}")
         if alpha:
             lines.append(_latency_note(rows, alpha, B, g))
         out.append("\n".join(lines))
@@ -212,8 +212,9 @@ def _plan_main(argv) -> int:
         else:
             formula = "1 + fppe*G*B/(2*g*R)"
         lines = [f"break-even (gamma = 1): K* = {K_star:.2f} workers{where} "
-                 f"({formula})" if alpha else
-                 f"break-even (gamma = 1): K* = {formula} = {K_star:.2f} workers{where}"]
+                 f"({formula}){_bound_from(K_star)}" if alpha else
+                 f"break-even (gamma = 1): K* = {formula} = {K_star:.2f} workers{where}"
+                 f"{_bound_from(K_star)}"]
         if not alpha:
             lines.append("P cancels: T_comm and T_comp both grow with the model, so only "
                          "the batch per worker and the cluster shape move gamma.")
@@ -239,6 +240,14 @@ def _link_used(a, B: float, alpha: float) -> str:
     src_a = "--alpha" if a.alpha is not None else tier or "none given"
     return (f"all-reduce priced at B = {B / 1e9:g} GB/s ({src_b}) and "
             f"alpha = {alpha * 1e6:g} us ({src_a})")
+
+
+def _bound_from(K_star: float) -> str:
+    """K* in whole workers: gamma grows with K, so the step is communication-bound from the
+    first whole K past K* (K* = 1.01 reads "from K = 2": every added worker waits)."""
+    if not math.isfinite(K_star):
+        return ""
+    return f": communication-bound from K = {max(2, math.floor(K_star) + 1)} on"
 
 
 def _latency_note(rows, alpha, B, g) -> str:

@@ -71,6 +71,8 @@ def test_plan_without_arguments_prints_output_4_1_1(capsys):
     out = capsys.readouterr().out
     assert out.startswith(OUTPUT_4_1_1 + "\n")
     assert "6.91" in out  # the break-even K of Exercise 4.1.1
+    assert "= 6.91 workers, between the K = 4 and K = 16 rows: communication-bound from K = 7" \
+        in out   # (in whole workers: gamma grows with K)
     assert plan.seed_output() == OUTPUT_4_1_1
 
 

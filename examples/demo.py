@@ -80,7 +80,8 @@ def main():
     say(f"\n3. subgroups: tensor-parallel {[list(g.ranks) for g in tp_groups]} and data-parallel "
         f"{[list(g.ranks) for g in dp_groups]}\n   every rank passes its own rank number; two "
         f"async all_reduces in flight at once:\n   rank 0 got tp-sum {a[0]:g} "
-        f"(= {' + '.join(map(str, tp.ranks))}), dp-sum {b[0]:g} (= {' + '.join(map(str, dp.ranks))})")
+        f"(= {' + '.join(map(str, tp.ranks))}), dp-sum {b[0]:g} "
+        f"(= {' + '.join(map(str, dp.ranks))})")
 
     # -- 4. every collective, checked against NumPy --------------------------------------------
     say("\n4. the collectives (checked on every rank against NumPy):")

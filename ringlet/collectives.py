@@ -716,8 +716,9 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         arrs = [as_array(a, f"{what}[{i}]", writable=writable) for i, a in enumerate(x)]
         for i, a in enumerate(arrs):
             if a.dtype != like.dtype or a.size != like.size:
-                raise ValueError(f"{what}[{i}]: expected {like.size} elements of {dtype_name(like.dtype)}, "
-                                 f"got {a.size} of {dtype_name(a.dtype)}")
+                raise ValueError(f"{what}[{i}]: expected {like.size} elements of "
+                                 f"{dtype_name(like.dtype)}, got {a.size} of "
+                                 f"{dtype_name(a.dtype)}")
         # A list of rl.empty arrays binds to a temporary of the same kind: the ranks that
         # pass no list (a gather's senders, a scatter's receivers) count the root's as
         # rl.empty too, and auto must price both alike (a plain temporary at a gather's
@@ -740,7 +741,8 @@ def _blocks(x, p: int, like: np.ndarray, what: str, writable: bool):
         return flat, copy_back
     arr = as_array(x, what, writable=writable)
     if arr.dtype != like.dtype:
-        raise TypeError(f"{what}: dtype {dtype_name(arr.dtype)} differs from {dtype_name(like.dtype)}")
+        raise TypeError(f"{what}: dtype {dtype_name(arr.dtype)} differs from "
+                        f"{dtype_name(like.dtype)}")
     if arr.size != p * like.size:
         raise ValueError(f"{what}: expected {p} x {like.size} = {p * like.size} elements "
                          f"(shape {(p, *like.shape)}), got {arr.size} (shape {arr.shape})")

@@ -629,8 +629,11 @@ def _memory_job(rank, name):
     # 1/p (and the optimizer's Python objects: tens of KB) ...
     assert z3.held <= ddp.held / p + 32768, (z3.held, ddp.held)
     # ... and in flight at the peak: the unit in use and the prefetched one, a unit's
-    # gradients and their copy being reduce-scattered
-    assert z3.peak <= ddp.held / p + 4 * largest + 32768, (z3.peak, ddp.held, largest)
+    # gradients and their copy being reduce-scattered, and the messages of a call that
+    # reached this rank before it asked for them (the transport holds a copy of each: a
+    # peer's 64 KiB reduce_scatter block, whose copy had put the peak 59 KB past the bound
+    # without it, in one CI run of many)
+    assert z3.peak <= ddp.held / p + 5 * largest + 32768, (z3.peak, ddp.held, largest)
     if rank == 0:
         print(f"measured per rank: DDP held {ddp.held:,} B (peak {ddp.peak:,}); ZeRO-3 held "
               f"{z3.held:,} B = {z3.held / ddp.held:.3f} of DDP (peak {z3.peak:,}); largest "

@@ -49,12 +49,12 @@ class Drawing:
     @property
     def title(self) -> str:
         s = self.schedule
-        size = format_size(s.count * s.itemsize)
         what = "blocks" if s.collective in _BLOCKS else "buffer"
+        moved = "" if s.collective == "barrier" else (      # (a barrier moves no bytes)
+            f"{format_size(s.count * s.itemsize)} {what}, ")
         root = "" if s.root is None or s.collective not in ROOTED_DRAWN else (
             f"root rank {self.lanes[s.root]}, ")   # (--root is a place in the group)
-        size = "" if s.collective == "barrier" else f"{size} {what}, "   # (it moves no bytes)
-        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {root}{size}"
+        return (f"{s.collective} / {s.algorithm}: {s.p} ranks, {root}{moved}"
                 f"{_count(len(s.rounds), 'round')}, {_count(s.messages, 'message')}; predicted "
                 f"{format_time(self.total)} on {self.where}")
 
